@@ -1,0 +1,185 @@
+// Command couchrepd runs a couchrep node: the replicator's supervision tree,
+// its job store, its HTTP API and its admin endpoint.
+//
+//	couchrepd [--config FILE] [--data DIR] [--store PATH] [--http ADDR]
+//	          [--admin ADDR] [--node-name NAME] [--log-level LEVEL]
+//	couchrepd replicate [flags] SOURCE_URL TARGET_URL
+//
+// Settings come from CouchDB's defaults, then the ini file, then COUCHREP_*
+// environment variables, then flags. SIGINT or SIGTERM stops the node
+// cleanly, its actors in reverse start order.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep"
+	"github.com/couchrep/couchrep/internal/admin"
+	"github.com/couchrep/couchrep/internal/config"
+	clog "github.com/couchrep/couchrep/internal/log"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is couchrepd's whole life; it returns the process exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "replicate" {
+		logger, _ := clog.New(stderr, "warn", "auto")
+		return runReplicate(ctx, args[1:], stdout, stderr, logger)
+	}
+	cfg, err := loadConfig(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
+		return 2
+	}
+	logger, err := clog.New(stderr, cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
+		return 2
+	}
+	if err := serve(ctx, cfg, logger); err != nil {
+		logger.Error().Err(err).Msg("couchrepd stopped with an error")
+		return 1
+	}
+	return 0
+}
+
+// loadConfig applies defaults < file < environment < flags.
+func loadConfig(args []string, stderr io.Writer) (config.Config, error) {
+	var configPath string
+	newFlags := func(cfg *config.Config) *flag.FlagSet {
+		fs := flag.NewFlagSet("couchrepd", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		fs.StringVar(&configPath, "config", "", "ini `file` with CouchDB-style sections ([replicator], [replicator.shares], [couchrep], ...)")
+		cfg.RegisterFlags(fs)
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
+			fs.PrintDefaults()
+		}
+		return fs
+	}
+	// First pass: find --config (and --help) without applying anything.
+	scratch := config.Default()
+	if err := newFlags(&scratch).Parse(args); err != nil {
+		return config.Config{}, err
+	}
+	cfg := config.Default()
+	if configPath != "" {
+		loaded, err := config.Load(configPath)
+		if err != nil {
+			return config.Config{}, err
+		}
+		cfg = loaded
+	}
+	if err := cfg.ApplyEnv(os.Environ()); err != nil {
+		return config.Config{}, err
+	}
+	fs := newFlags(&cfg)
+	if err := fs.Parse(args); err != nil {
+		return config.Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config.Config{}, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return config.Config{}, err
+	}
+	return cfg, nil
+}
+
+// serve runs a node until ctx ends or the node's tree gives up.
+func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error {
+	if cfg.Couchrep.DataDir != "" {
+		if err := os.MkdirAll(cfg.Couchrep.DataDir, 0o755); err != nil {
+			return fmt.Errorf("create data directory: %w", err)
+		}
+	}
+	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	adminSrv, adminAddr, err := startAdmin(cfg, node, logger)
+	if err != nil {
+		_ = node.Stop(context.Background())
+		return err
+	}
+	logger.Info().Str("admin", adminAddr).Str("node", node.Name()).Msg("couchrepd ready")
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		logger.Info().Msg("signal received, stopping")
+	case <-node.Done():
+		runErr = fmt.Errorf("supervision tree stopped: %w", node.Err())
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := adminSrv.Shutdown(shutdownCtx); err != nil {
+		logger.Warn().Err(err).Msg("admin endpoint shutdown")
+	}
+	if err := node.Stop(shutdownCtx); err != nil && runErr == nil {
+		runErr = err
+	}
+	return runErr
+}
+
+// startAdmin serves the admin endpoint. The address it really listens on
+// (useful with port 0) is written to <data>/admin.addr.
+func startAdmin(cfg config.Config, node *couchrep.Node, logger zerolog.Logger) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", cfg.Couchrep.AdminBind)
+	if err != nil {
+		return nil, "", fmt.Errorf("admin endpoint: %w", err)
+	}
+	mux := http.NewServeMux()
+	path, handler := admin.Handler(node, classify)
+	mux.Handle(path, handler)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error().Err(err).Msg("admin endpoint failed")
+		}
+	}()
+	addr := ln.Addr().String()
+	if cfg.Couchrep.DataDir != "" {
+		if err := os.WriteFile(filepath.Join(cfg.Couchrep.DataDir, "admin.addr"), []byte(addr+"\n"), 0o644); err != nil {
+			logger.Warn().Err(err).Msg("write admin.addr")
+		}
+	}
+	return srv, addr, nil
+}
+
+func classify(err error) connect.Code {
+	switch {
+	case errors.Is(err, couchrep.ErrUnknownActor):
+		return connect.CodeNotFound
+	case errors.Is(err, couchrep.ErrUnknownRequest):
+		return connect.CodeUnimplemented
+	case errors.Is(err, couchrep.ErrStopped):
+		return connect.CodeUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.CodeDeadlineExceeded
+	default:
+		return connect.CodeInternal
+	}
+}

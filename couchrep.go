@@ -1,0 +1,321 @@
+// Package couchrep runs a couchrep node: the replicator's supervision tree of
+// actors, started inside the calling program.
+//
+// A node is what the couchrepd daemon runs; Start gives the same node to a Go
+// program that wants to embed one. Admin requests (the protobuf messages of
+// package messages) are sent to a node with Node.Request, which is also the
+// code path of the node's admin endpoint that couchrepctl talks to.
+package couchrep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// RootName is the name of a node's top supervisor.
+const RootName = "couchrep_sup"
+
+// Sentinel errors callers branch on.
+var (
+	// ErrUnknownActor is returned for a request naming an actor the node
+	// does not have.
+	ErrUnknownActor = errors.New("couchrep: unknown actor")
+	// ErrUnknownRequest is returned for a message type no actor handles.
+	ErrUnknownRequest = errors.New("couchrep: unknown request type")
+	// ErrStopped is returned by requests to a node that has stopped.
+	ErrStopped = errors.New("couchrep: node stopped")
+)
+
+// Config is a node's configuration: the same settings couchrepd reads from
+// its ini file, flags and environment.
+type Config = config.Config
+
+// DefaultConfig returns the configuration with CouchDB's defaults.
+func DefaultConfig() Config { return config.Default() }
+
+// Option customises Start.
+type Option func(*options)
+
+type options struct {
+	logger zerolog.Logger
+	system *actor.ActorSystem
+}
+
+// WithLogger sets the logger the node and all its actors log to.
+func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithActorSystem runs the node's actors in an existing protoactor actor
+// system instead of a new one. The node never shuts that system down.
+func WithActorSystem(s *actor.ActorSystem) Option { return func(o *options) { o.system = s } }
+
+// Node is a running couchrep node.
+type Node struct {
+	cfg       Config
+	log       zerolog.Logger
+	system    *actor.ActorSystem
+	ownSystem bool
+	sup       *supervisor.Supervisor
+	events    *actor.Subscription
+}
+
+// Start starts a node and returns once its whole supervision tree is running.
+func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
+	o := options{logger: zerolog.Nop()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("couchrep: invalid config: %w", err)
+	}
+	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system}
+	if n.system == nil {
+		n.system = actor.NewActorSystem()
+		n.ownSystem = true
+	}
+	n.events = n.system.EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*supervisor.Event); ok {
+			n.logEvent(e)
+		}
+	})
+	sup, err := supervisor.Start(ctx, n.system, RootName, n.spec())
+	if err != nil {
+		n.system.EventStream.Unsubscribe(n.events)
+		n.shutdownSystem()
+		return nil, fmt.Errorf("couchrep: start supervision tree: %w", err)
+	}
+	n.sup = sup
+	n.log.Info().Msg("node started")
+	return n, nil
+}
+
+// spec is the node's supervision tree (DESIGN.md §3): a rest_for_one root
+// whose later children may call the earlier ones.
+func (n *Node) spec() supervisor.Spec {
+	worker := func(name string) supervisor.ChildSpec {
+		return supervisor.ChildSpec{Name: name, Props: placeholder.Props(name, n.log)}
+	}
+	return supervisor.Spec{
+		Strategy:    supervisor.RestForOne,
+		MaxRestarts: 10,
+		Period:      time.Second,
+		Children: []supervisor.ChildSpec{
+			worker("event_bus"),
+			worker("clustering"),
+			worker("connection_pool"),
+			worker("rate_limiter"),
+			worker("scheduler"),
+			{
+				Name: "job_server",
+				Supervisor: &supervisor.Spec{
+					Strategy:    supervisor.RestForOne,
+					MaxRestarts: 10,
+					Period:      time.Second,
+					Children: []supervisor.ChildSpec{
+						{
+							Name:       "jobs_sup",
+							Restart:    supervisor.Permanent,
+							Supervisor: &supervisor.Spec{Strategy: supervisor.SimpleOneForOne, MaxRestarts: 100, Period: time.Second, Children: []supervisor.ChildSpec{{Name: "replication_job", Restart: supervisor.Temporary}}},
+						},
+						worker("acceptor"),
+					},
+				},
+			},
+			worker("activity_monitor"),
+			worker("doc_processor"),
+			worker("http_api"),
+		},
+	}
+}
+
+func (n *Node) logEvent(e *supervisor.Event) {
+	lvl := zerolog.InfoLevel
+	switch e.Kind {
+	case supervisor.ChildStarted:
+		lvl = zerolog.DebugLevel
+	case supervisor.GaveUp, supervisor.Escalated, supervisor.ShutdownTimeout, supervisor.StartFailed:
+		lvl = zerolog.ErrorLevel
+	case supervisor.ChildExited:
+		if e.Reason != "normal" && e.Reason != "shutdown" {
+			lvl = zerolog.WarnLevel
+		}
+	}
+	ev := n.log.WithLevel(lvl).Str("event", e.Kind.String()).Str("supervisor", e.Supervisor).
+		Str("child", e.Child).Int("restart_count", e.RestartCount)
+	if e.Reason != "" {
+		ev = ev.Str("reason", e.Reason)
+	}
+	if e.PID != nil {
+		ev = ev.Str("pid", e.PID.Id)
+	}
+	ev.Msg("supervisor")
+}
+
+// Name is the node's name.
+func (n *Node) Name() string { return n.cfg.Couchrep.NodeName }
+
+// Done is closed when the node has stopped, by Stop or because its top
+// supervisor gave up.
+func (n *Node) Done() <-chan struct{} { return n.sup.Done() }
+
+// Err says why the node stopped: nil after Stop, an error wrapping
+// supervisor.ErrEscalated if the tree gave up.
+func (n *Node) Err() error { return n.sup.Err() }
+
+// Stop stops the node's actors in reverse start order and waits for them.
+func (n *Node) Stop(ctx context.Context) error {
+	err := n.sup.Stop(ctx)
+	n.system.EventStream.Unsubscribe(n.events)
+	n.shutdownSystem()
+	n.log.Info().Err(err).Msg("node stopped")
+	return err
+}
+
+func (n *Node) shutdownSystem() {
+	if n.ownSystem {
+		n.system.Shutdown()
+	}
+}
+
+// Request delivers an admin message to the actor that handles it and returns
+// that actor's reply. It is the code path of the admin endpoint.
+func (n *Node) Request(ctx context.Context, msg proto.Message) (proto.Message, error) {
+	select {
+	case <-n.sup.Done():
+		return nil, ErrStopped
+	default:
+	}
+	switch m := msg.(type) {
+	case *messages.TreeRequest:
+		return n.tree(ctx)
+	case *messages.KillRequest:
+		return n.kill(ctx, m)
+	default:
+		return nil, fmt.Errorf("%w: %s", ErrUnknownRequest, msg.ProtoReflect().Descriptor().FullName())
+	}
+}
+
+func (n *Node) tree(ctx context.Context) (*messages.TreeResponse, error) {
+	root, err := supervisor.Which(ctx, n.system, n.sup.PID())
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: list tree: %w", err)
+	}
+	return &messages.TreeResponse{Node: n.Name(), Root: treeToProto(root)}, nil
+}
+
+func (n *Node) kill(ctx context.Context, req *messages.KillRequest) (*messages.KillResponse, error) {
+	root, err := supervisor.Which(ctx, n.system, n.sup.PID())
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: list tree: %w", err)
+	}
+	target := findActor(root, req.GetActor())
+	if target == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownActor, req.GetActor())
+	}
+	if target == root {
+		return nil, fmt.Errorf("couchrep: refusing to kill the top supervisor %q: stop the node instead", root.Name)
+	}
+	if target.IsSupervisor {
+		// A supervisor is killed through its own supervisor: it has no
+		// couchrep middleware of its own.
+		if err := supervisor.Kill(ctx, n.system, target.PID, killReason(req)); err != nil {
+			return nil, fmt.Errorf("couchrep: kill %s: %w", target.PID.Id, err)
+		}
+		return &messages.KillResponse{Pid: target.PID.Id, Incarnation: target.Incarnation}, nil
+	}
+	res, err := n.system.Root.RequestFuture(target.PID, req, requestTimeout(ctx)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: kill %s: %w", target.PID.Id, err)
+	}
+	reply, ok := res.(*messages.KillResponse)
+	if !ok {
+		return nil, fmt.Errorf("couchrep: kill %s: unexpected reply %T", target.PID.Id, res)
+	}
+	reply.Incarnation = target.Incarnation
+	return reply, nil
+}
+
+func killReason(req *messages.KillRequest) string {
+	if r := req.GetReason(); r != "" {
+		return r
+	}
+	return "requested"
+}
+
+// requestTimeout is how long a request to an actor may take: the context's
+// deadline if it has one, else 10 s.
+func requestTimeout(ctx context.Context) time.Duration {
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d); left > 0 {
+			return left
+		}
+		return time.Millisecond
+	}
+	return 10 * time.Second
+}
+
+// findActor finds an actor by child name, by full actor id, or by a path
+// relative to the root ("job_server/jobs_sup").
+func findActor(root *supervisor.TreeNode, name string) *supervisor.TreeNode {
+	if f := walkFind(root, name); f != nil {
+		return f
+	}
+	if root.PID != nil && !strings.HasPrefix(name, root.PID.Id+"/") {
+		return walkFind(root, root.PID.Id+"/"+name)
+	}
+	return nil
+}
+
+func walkFind(t *supervisor.TreeNode, name string) *supervisor.TreeNode {
+	if t.Name == name || (t.PID != nil && t.PID.Id == name) {
+		return t
+	}
+	for _, c := range t.Children {
+		if f := walkFind(c, name); f != nil {
+			return f
+		}
+	}
+	return nil
+}
+
+// enumValue maps a supervisor enum's name ("rest_for_one") to the value of
+// the protobuf enum that mirrors it ("STRATEGY_REST_FOR_ONE").
+func enumValue(values map[string]int32, prefix, name string) int32 {
+	return values[prefix+strings.ToUpper(name)]
+}
+
+func treeToProto(t *supervisor.TreeNode) *messages.TreeNode {
+	p := &messages.TreeNode{
+		Name:         t.Name,
+		Supervisor:   t.IsSupervisor,
+		Restart:      messages.RestartType(enumValue(messages.RestartType_value, "RESTART_TYPE_", t.Restart.String())),
+		State:        messages.ChildState(enumValue(messages.ChildState_value, "CHILD_STATE_", t.State.String())),
+		RestartCount: uint32(t.RestartCount),
+		Incarnation:  t.Incarnation,
+	}
+	if t.PID != nil {
+		p.Pid = t.PID.Id
+	}
+	if t.IsSupervisor {
+		p.Strategy = messages.Strategy(enumValue(messages.Strategy_value, "STRATEGY_", t.Strategy.String()))
+	}
+	if !t.StartedAt.IsZero() {
+		p.StartedAt = timestamppb.New(t.StartedAt)
+	}
+	for _, c := range t.Children {
+		p.Children = append(p.Children, treeToProto(c))
+	}
+	return p
+}
