@@ -1,0 +1,395 @@
+package couch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// Defaults, as in CouchDB's replicator.
+const (
+	// DefaultRetries is CouchDB's retries_per_request.
+	DefaultRetries = 5
+	// DefaultRetryBackoff is the first wait before a retry; it doubles each time.
+	DefaultRetryBackoff = 250 * time.Millisecond
+	// DefaultMaxRetryBackoff caps the doubling (CouchDB: 5 minutes).
+	DefaultMaxRetryBackoff = 5 * time.Minute
+)
+
+// Options configure a DB. The zero value works: http.DefaultClient, no
+// logging, no retries, no rate limiter.
+type Options struct {
+	// HTTPClient sends the requests (the connection pool lives in its
+	// Transport). nil means http.DefaultClient.
+	HTTPClient *http.Client
+	// Logger receives retry warnings. Credentials are never logged.
+	Logger zerolog.Logger
+	// Retries is retries_per_request: how many times a request that failed
+	// with 408, 5xx or a connection error is sent again. 0 means never;
+	// CouchDB's default is DefaultRetries.
+	Retries int
+	// RetryBackoff is the first wait before a retry (doubling each time);
+	// 0 means DefaultRetryBackoff.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the wait; 0 means DefaultMaxRetryBackoff.
+	MaxRetryBackoff time.Duration
+	// Limiter, when set, is consulted before every request and told about
+	// every 429 (which is then retried without using up a retry). When nil
+	// a 429 is retried like a 5xx.
+	Limiter Limiter
+	// UserAgent overrides the User-Agent header ("couchrep/<version>").
+	UserAgent string
+	// Gzip asks for gzip-compressed responses. Off by default: CouchDB does
+	// not compress, and PouchDB Server's gzip costs a third of the
+	// throughput on a loopback connection.
+	Gzip bool
+}
+
+// LimitKey identifies what a Limiter limits: CouchDB keys its rate limiter
+// by endpoint URL and method.
+type LimitKey struct {
+	// Endpoint is the redacted database URL.
+	Endpoint string
+	// Method is the HTTP method.
+	Method string
+}
+
+// Limiter is the seam for the rate limiter (CouchDB's AIMD limiter on 429
+// responses). Implementations must be safe for concurrent use.
+type Limiter interface {
+	// Wait blocks until a request for key may be sent. An error aborts the
+	// request (it is returned wrapped); e.g. the limiter's maximum backoff
+	// was reached.
+	Wait(ctx context.Context, key LimitKey) error
+	// Success records a response that was not a 429.
+	Success(key LimitKey)
+	// Failure records a 429 response.
+	Failure(key LimitKey)
+}
+
+// DB is a client for one database. It is safe for concurrent use.
+type DB struct {
+	ep      Endpoint
+	base    string // scheme://host/escaped/db/path/ (always a trailing slash, no query)
+	server  string // scheme://host/escaped/server/root/
+	red     string // redacted database URL, for errors and limiter keys
+	opts    Options
+	client  *http.Client
+	log     zerolog.Logger
+	headers http.Header
+}
+
+// userAgent is sent unless Options.UserAgent says otherwise.
+const userAgent = "couchrep/0.1"
+
+// NewDB returns a client for the database at ep.
+func NewDB(ep Endpoint, opts Options) *DB {
+	d := &DB{ep: ep, opts: opts, client: opts.HTTPClient, log: opts.Logger}
+	if d.client == nil {
+		d.client = http.DefaultClient
+	}
+	if d.opts.RetryBackoff <= 0 {
+		d.opts.RetryBackoff = DefaultRetryBackoff
+	}
+	if d.opts.MaxRetryBackoff <= 0 {
+		d.opts.MaxRetryBackoff = DefaultMaxRetryBackoff
+	}
+	if d.opts.Retries < 0 {
+		d.opts.Retries = 0
+	}
+	if ep.URL != nil {
+		u := *ep.URL
+		u.User, u.RawQuery, u.ForceQuery, u.Fragment = nil, "", false, ""
+		d.base = u.String()
+		if !strings.HasSuffix(d.base, "/") {
+			d.base += "/"
+		}
+		d.server = ep.ServerURL().String()
+	}
+	d.red = ep.Redacted()
+	h := http.Header{}
+	h.Set("Accept", "application/json")
+	ua := opts.UserAgent
+	if ua == "" {
+		ua = userAgent
+	}
+	h.Set("User-Agent", ua)
+	if !opts.Gzip {
+		// Setting the header also stops net/http from adding gzip itself.
+		h.Set("Accept-Encoding", "identity")
+	}
+	for k, vs := range ep.Headers {
+		h[k] = append([]string(nil), vs...)
+	}
+	d.headers = h
+	return d
+}
+
+// Endpoint returns the endpoint the DB talks to.
+func (d *DB) Endpoint() Endpoint { return d.ep }
+
+// String returns the redacted database URL.
+func (d *DB) String() string { return d.red }
+
+// request describes one HTTP request; it is rebuilt for every attempt.
+type request struct {
+	method string
+	// path is the escaped path relative to the database URL ("" is the
+	// database itself), or to the server root when root is set.
+	path  string
+	root  bool
+	query string // encoded query string, without "?"
+	// body returns a fresh reader over the same bytes for each attempt; nil for no body.
+	body        func() io.Reader
+	bodyLen     int64 // -1 when unknown
+	contentType string
+	accept      string
+	// okStatus accepts a non-2xx status as success (the caller reads the body).
+	okStatus func(int) bool
+	// noRetry disables retries (streaming feeds handle their own).
+	noRetry bool
+}
+
+func (r *request) url(d *DB) string {
+	base := d.base
+	if r.root {
+		base = d.server
+	}
+	s := base + r.path
+	if r.query != "" {
+		s += "?" + r.query
+	}
+	return s
+}
+
+// redactedURL is the request URL for errors and logs: the base is already
+// credential-free; long query strings are shortened.
+func (r *request) redactedURL(d *DB) string {
+	s := r.url(d)
+	if i := strings.IndexByte(s, '?'); i >= 0 && len(s)-i > 200 {
+		s = s[:i+200] + "..."
+	}
+	return s
+}
+
+func bytesBody(b []byte) (func() io.Reader, int64) {
+	return func() io.Reader { return bytes.NewReader(b) }, int64(len(b))
+}
+
+func jsonBody(v any) (func() io.Reader, int64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, 0, fmt.Errorf("couch: encoding request: %w", err)
+	}
+	f, n := bytesBody(b)
+	return f, n, nil
+}
+
+// do sends r with retries and returns the response when its status is 2xx
+// (or accepted by r.okStatus); otherwise an *HTTPError or a wrapped
+// transport error. The caller closes the body.
+func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
+	key := LimitKey{Endpoint: d.red, Method: r.method}
+	wait := d.opts.RetryBackoff
+	retries := d.opts.Retries
+	if r.noRetry {
+		retries = 0
+	}
+	for attempt := 0; ; {
+		if lim := d.opts.Limiter; lim != nil {
+			if err := lim.Wait(ctx, key); err != nil {
+				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+			}
+		}
+		resp, err := d.send(ctx, r)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), context.Cause(ctx))
+			}
+			if attempt >= retries {
+				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+			}
+			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).
+				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
+		} else {
+			code := resp.StatusCode
+			if code == http.StatusTooManyRequests && d.opts.Limiter != nil {
+				drain(resp)
+				d.opts.Limiter.Failure(key)
+				continue // a 429 does not use up a retry; the limiter paces us
+			}
+			if d.opts.Limiter != nil {
+				d.opts.Limiter.Success(key)
+			}
+			if code/100 == 2 || (r.okStatus != nil && r.okStatus(code)) {
+				return resp, nil
+			}
+			herr := readHTTPError(resp, r.method, r.redactedURL(d))
+			if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries {
+				return nil, herr
+			}
+			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Int("status", code).
+				Str("error", herr.ErrorName).Str("reason", herr.Reason).
+				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+		}
+		attempt++
+		wait = min(wait*2, d.opts.MaxRetryBackoff)
+	}
+}
+
+func (d *DB) send(ctx context.Context, r *request) (*http.Response, error) {
+	var body io.Reader
+	if r.body != nil {
+		body = r.body()
+	}
+	req, err := http.NewRequestWithContext(ctx, r.method, r.url(d), body)
+	if err != nil {
+		return nil, err
+	}
+	if r.body != nil {
+		req.ContentLength = r.bodyLen
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(r.body()), nil }
+	}
+	for k, vs := range d.headers {
+		req.Header[k] = vs
+	}
+	if r.accept != "" {
+		req.Header.Set("Accept", r.accept)
+	}
+	if r.contentType != "" {
+		req.Header.Set("Content-Type", r.contentType)
+	}
+	if d.ep.Username != "" || d.ep.Password != "" {
+		req.SetBasicAuth(d.ep.Username, d.ep.Password)
+	}
+	return d.client.Do(req)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// drain reads a little of an unwanted body so the connection can be
+// reused, then closes it.
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+}
+
+// readHTTPError consumes resp and turns it into an *HTTPError.
+func readHTTPError(resp *http.Response, method, u string) *HTTPError {
+	defer drain(resp)
+	e := &HTTPError{Method: method, URL: u, Status: resp.StatusCode}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	var body struct {
+		Error  any    `json:"error"`
+		Reason string `json:"reason"`
+	}
+	if json.Unmarshal(b, &body) == nil {
+		switch v := body.Error.(type) {
+		case string:
+			e.ErrorName = v
+		case nil:
+		default:
+			e.ErrorName = fmt.Sprint(v)
+		}
+		e.Reason = body.Reason
+	} else if s := strings.TrimSpace(string(b)); s != "" {
+		if len(s) > 200 {
+			s = s[:200] + "..."
+		}
+		e.Reason = s
+	}
+	return e
+}
+
+// decodeBody decodes a whole JSON response into v and closes it.
+func decodeBody(resp *http.Response, r *request, d *DB, v any) error {
+	defer drain(resp)
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return badResponse(r, d, err)
+	}
+	return nil
+}
+
+func badResponse(r *request, d *DB, err error) error {
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return fmt.Errorf("%w: %s %s: %w", ErrBadResponse, r.method, r.redactedURL(d), err)
+}
+
+// escapeDocID escapes a document ID for a URL path. Every byte outside
+// RFC 3986's unreserved set is percent-encoded ("+" and "/" included, as
+// CouchDB's replicator does), except the slash after "_design" and
+// "_local", which CouchDB expects literally.
+func escapeDocID(id string) string {
+	for _, p := range [...]string{"_design/", "_local/"} {
+		if strings.HasPrefix(id, p) {
+			return p + escapeStrict(id[len(p):])
+		}
+	}
+	return escapeStrict(id)
+}
+
+func escapeStrict(s string) string {
+	const hex = "0123456789ABCDEF"
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if !unreserved(s[i]) {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	b := make([]byte, 0, len(s)+2*n)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if unreserved(c) {
+			b = append(b, c)
+		} else {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		}
+	}
+	return string(b)
+}
+
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' ||
+		c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// encodeQuery is url.Values.Encode without sorting surprises: keys in the
+// given order.
+func encodeQuery(kv ...string) string {
+	var sb strings.Builder
+	for i := 0; i+1 < len(kv); i += 2 {
+		if sb.Len() > 0 {
+			sb.WriteByte('&')
+		}
+		sb.WriteString(url.QueryEscape(kv[i]))
+		sb.WriteByte('=')
+		sb.WriteString(url.QueryEscape(kv[i+1]))
+	}
+	return sb.String()
+}
