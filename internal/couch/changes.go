@@ -4,6 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
 	"time"
 )
 
@@ -41,10 +46,11 @@ type ChangesOptions struct {
 	// it also arms a client-side stall detector (nothing received for
 	// 2×Heartbeat+5 s ends the request with ErrFeedStalled).
 	Heartbeat time.Duration
-	// Timeout is sent as timeout=; the server should end the feed after so
-	// long without changes. Client-side, if the server does not (PouchDB
-	// Server never does), the feed is ended cleanly after Timeout+5 s
-	// without a change row, returning the last seq seen.
+	// Timeout is sent as timeout=; the server should end a longpoll or
+	// continuous feed after so long without changes. Client-side, if the
+	// server does not (PouchDB Server never does), the feed is ended
+	// cleanly after Timeout+max(1 s, Timeout/4) without a change row,
+	// returning the last seq seen.
 	Timeout time.Duration
 	// DocIDs filters by document ID (POST filter=_doc_ids; on 405 the feed
 	// is read unfiltered and filtered here, as CouchDB's replicator does).
@@ -72,6 +78,9 @@ type Change struct {
 // errTODO marks API parts whose implementation is still being written.
 var errTODO = errors.New("couch: not implemented yet")
 
+// errFeedTimedOut cancels a feed whose server ignored timeout=.
+var errFeedTimedOut = errors.New("couch: changes feed timeout reached")
+
 // Changes reads the changes feed, calling fn for every row in order, and
 // returns the feed's last_seq. The response is decoded as a stream: memory
 // does not grow with the feed. Blank lines (heartbeats) are ignored
@@ -80,9 +89,300 @@ var errTODO = errors.New("couch: not implemented yet")
 // returned as is).
 //
 // On any error lastSeq is the seq of the last row delivered to fn (or
-// opts.Since), so a caller can resume from it. Errors before the first
-// byte of the response are retried per Options; errors mid-stream are not
-// (the caller resumes).
+// opts.Since), so a caller can resume from it. Errors before the response
+// arrives are retried per Options; errors mid-stream are not (the caller
+// resumes from lastSeq).
 func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) error) (lastSeq Seq, err error) {
-	return opts.Since, errTODO
+	lastSeq = opts.Since
+	r, clientIDs, err := changesRequest(opts)
+	if err != nil {
+		return lastSeq, err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	resp, err := d.do(ctx, r)
+	if err != nil && clientIDs == nil && opts.DocIDs != nil && isStatus(err, http.StatusMethodNotAllowed) {
+		// The server cannot filter by POSTed doc_ids: read everything and filter here.
+		o := opts
+		o.DocIDs = nil
+		if r, _, err = changesRequest(o); err != nil {
+			return lastSeq, err
+		}
+		clientIDs = make(map[string]struct{}, len(opts.DocIDs))
+		for _, id := range opts.DocIDs {
+			clientIDs[id] = struct{}{}
+		}
+		resp, err = d.do(ctx, r)
+	}
+	if err != nil {
+		return lastSeq, err
+	}
+	defer drain(resp)
+
+	w := newFeedWatch(cancel, opts)
+	defer w.stop()
+	body := io.Reader(resp.Body)
+	if w.stall != nil {
+		body = &activityReader{r: resp.Body, w: w}
+	}
+	dec := json.NewDecoder(body)
+	deliver := func(row *changeRow) error {
+		w.rowSeen()
+		ch := Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted}
+		if row.Seq != nil {
+			lastSeq = row.Seq
+		}
+		if clientIDs != nil {
+			if _, ok := clientIDs[row.ID]; !ok {
+				return nil
+			}
+		}
+		ch.Revs = make([]string, len(row.Changes))
+		for i, c := range row.Changes {
+			ch.Revs[i] = c.Rev
+		}
+		return fn(ch)
+	}
+	fail := func(err error) (Seq, error) {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+			switch {
+			case errors.Is(cause, errFeedTimedOut):
+				return lastSeq, nil
+			case errors.Is(cause, ErrFeedStalled):
+				return lastSeq, fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, r.method, r.redactedURL(d), w.stallAfter)
+			}
+			return lastSeq, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), cause)
+		}
+		return lastSeq, badResponse(r, d, err)
+	}
+	if opts.Feed == FeedContinuous {
+		for {
+			var row changeRow
+			if err := dec.Decode(&row); err != nil {
+				return fail(err)
+			}
+			if row.Error != nil {
+				return lastSeq, feedRowError(r, d, &row)
+			}
+			if row.LastSeq != nil {
+				return row.LastSeq, nil
+			}
+			if err := deliver(&row); err != nil {
+				return lastSeq, err
+			}
+		}
+	}
+	// normal and longpoll: {"results":[...],"last_seq":...,"pending":...}
+	if err := expectDelim(dec, '{'); err != nil {
+		return fail(err)
+	}
+	var final Seq
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return fail(err)
+		}
+		switch tok {
+		case "results":
+			if err := expectDelim(dec, '['); err != nil {
+				return fail(err)
+			}
+			for dec.More() {
+				var row changeRow
+				if err := dec.Decode(&row); err != nil {
+					return fail(err)
+				}
+				if err := deliver(&row); err != nil {
+					return lastSeq, err
+				}
+			}
+			if err := expectDelim(dec, ']'); err != nil {
+				return fail(err)
+			}
+		case "last_seq":
+			if err := dec.Decode(&final); err != nil {
+				return fail(err)
+			}
+		case "error":
+			var e json.RawMessage
+			_ = dec.Decode(&e)
+			return lastSeq, badResponse(r, d, fmt.Errorf("feed reported error %s", e))
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if err := expectDelim(dec, '}'); err != nil {
+		return fail(err)
+	}
+	if final == nil {
+		return lastSeq, nil
+	}
+	return final, nil
+}
+
+type changeRow struct {
+	Seq     Seq    `json:"seq"`
+	ID      string `json:"id"`
+	Changes []struct {
+		Rev string `json:"rev"`
+	} `json:"changes"`
+	Deleted bool            `json:"deleted"`
+	LastSeq Seq             `json:"last_seq"`
+	Error   json.RawMessage `json:"error"`
+	Reason  string          `json:"reason"`
+}
+
+func feedRowError(r *request, d *DB, row *changeRow) error {
+	return fmt.Errorf("couch: %s %s: feed reported error %s: %s", r.method, r.redactedURL(d), row.Error, row.Reason)
+}
+
+func expectDelim(dec *json.Decoder, want json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != want {
+		return fmt.Errorf("expected %q, got %v", want, tok)
+	}
+	return nil
+}
+
+func isStatus(err error, code int) bool {
+	var he *HTTPError
+	return errors.As(err, &he) && he.Status == code
+}
+
+// changesRequest builds the request; it never needs client-side filtering
+// itself (the 405 fallback does).
+func changesRequest(o ChangesOptions) (*request, map[string]struct{}, error) {
+	n := 0
+	if o.DocIDs != nil {
+		n++
+	}
+	if o.Selector != nil {
+		n++
+	}
+	if o.Filter != "" {
+		n++
+	}
+	if n > 1 {
+		return nil, nil, fmt.Errorf("couch: changes: doc_ids, selector and filter are mutually exclusive")
+	}
+	q := make([]string, 0, 16)
+	switch o.Feed {
+	case "", FeedNormal:
+	case FeedLongpoll, FeedContinuous:
+		q = append(q, "feed", o.Feed)
+	default:
+		return nil, nil, fmt.Errorf("couch: changes: unknown feed %q", o.Feed)
+	}
+	if o.Style != "" {
+		q = append(q, "style", o.Style)
+	}
+	if !o.Since.IsZero() {
+		q = append(q, "since", o.Since.Param())
+	}
+	if o.Limit > 0 {
+		q = append(q, "limit", strconv.Itoa(o.Limit))
+	}
+	if o.SeqInterval > 0 {
+		q = append(q, "seq_interval", strconv.Itoa(o.SeqInterval))
+	}
+	if o.Heartbeat > 0 {
+		q = append(q, "heartbeat", strconv.FormatInt(max(o.Heartbeat.Milliseconds(), 1), 10))
+	}
+	if o.Timeout > 0 {
+		q = append(q, "timeout", strconv.FormatInt(max(o.Timeout.Milliseconds(), 1), 10))
+	}
+	r := &request{method: http.MethodGet, path: "_changes"}
+	switch {
+	case o.DocIDs != nil:
+		q = append(q, "filter", "_doc_ids")
+		body, l, err := jsonBody(struct {
+			DocIDs []string `json:"doc_ids"`
+		}{o.DocIDs})
+		if err != nil {
+			return nil, nil, err
+		}
+		r.method, r.body, r.bodyLen, r.contentType = http.MethodPost, body, l, "application/json"
+	case o.Selector != nil:
+		q = append(q, "filter", "_selector")
+		body, l, err := jsonBody(struct {
+			Selector json.RawMessage `json:"selector"`
+		}{o.Selector})
+		if err != nil {
+			return nil, nil, err
+		}
+		r.method, r.body, r.bodyLen, r.contentType = http.MethodPost, body, l, "application/json"
+	case o.Filter != "":
+		q = append(q, "filter", o.Filter)
+	}
+	keys := make([]string, 0, len(o.QueryParams))
+	for k := range o.QueryParams {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		q = append(q, k, o.QueryParams[k])
+	}
+	r.query = encodeQuery(q...)
+	return r, nil, nil
+}
+
+// feedWatch ends a feed the server keeps open: after Timeout+grace without
+// a row (cleanly), or after 2×Heartbeat+5 s without a byte (ErrFeedStalled).
+type feedWatch struct {
+	idle       *time.Timer
+	idleAfter  time.Duration
+	stall      *time.Timer
+	stallAfter time.Duration
+}
+
+func newFeedWatch(cancel context.CancelCauseFunc, o ChangesOptions) *feedWatch {
+	w := &feedWatch{}
+	if o.Timeout > 0 && (o.Feed == FeedLongpoll || o.Feed == FeedContinuous) {
+		w.idleAfter = o.Timeout + max(time.Second, o.Timeout/4)
+		w.idle = time.AfterFunc(w.idleAfter, func() { cancel(errFeedTimedOut) })
+	}
+	if o.Heartbeat > 0 {
+		w.stallAfter = 2*o.Heartbeat + 5*time.Second
+		w.stall = time.AfterFunc(w.stallAfter, func() { cancel(ErrFeedStalled) })
+	}
+	return w
+}
+
+func (w *feedWatch) rowSeen() {
+	if w.idle != nil {
+		w.idle.Reset(w.idleAfter)
+	}
+}
+
+func (w *feedWatch) bytesSeen() {
+	w.stall.Reset(w.stallAfter)
+}
+
+func (w *feedWatch) stop() {
+	if w.idle != nil {
+		w.idle.Stop()
+	}
+	if w.stall != nil {
+		w.stall.Stop()
+	}
+}
+
+// activityReader tells the feed watch about every byte received.
+type activityReader struct {
+	r io.Reader
+	w *feedWatch
+}
+
+func (a *activityReader) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.w.bytesSeen()
+	}
+	return n, err
 }

@@ -1,0 +1,407 @@
+// Package testserver starts real CouchDB-protocol servers for tests: PouchDB
+// Server (npm pouchdb-server, pinned in integration/package.json and
+// installed by `make testdeps`) in memory on a free loopback port, one
+// process per call, killed with its process group when the test ends.
+//
+// It also has small helpers to create databases and to store documents with
+// given revision histories, conflicts and attachments (new_edits=false), so
+// tests can build a source exactly. The helpers use plain net/http, not the
+// code under test.
+//
+// PouchDB Server's differences from Apache CouchDB are listed in
+// integration/README.md; work around them in tests, never in the product.
+package testserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Server is one running pouchdb-server process.
+type Server struct {
+	// URL is the server root, "http://127.0.0.1:<port>/".
+	URL string
+
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{} // closed when the process has exited
+	waitErr error
+	mu      sync.Mutex
+	stopped bool
+	client  *http.Client
+}
+
+// startTimeout bounds the wait for a fresh server to answer GET /; Node
+// needs a few seconds on a loaded 2-core machine.
+const startTimeout = 60 * time.Second
+
+// PouchDBServerBin returns the path of the pinned pouchdb-server binary,
+// found by walking up from the working directory to integration/.
+func PouchDBServerBin() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "integration", "package.json")); err == nil {
+			return filepath.Join(dir, "integration", "node_modules", ".bin", "pouchdb-server"), nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("testserver: integration/package.json not found above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// StartPouchDB starts an in-memory pouchdb-server on a free loopback port
+// and waits until it answers. The process is killed when the test ends;
+// if it died on its own before that (pouchdb-server crashes on some
+// requests), the test fails with the tail of its log.
+//
+// Without integration/node_modules the test is skipped, unless CI is set,
+// in which case it fails: run `make testdeps`.
+func StartPouchDB(t testing.TB) *Server {
+	t.Helper()
+	bin, err := PouchDBServerBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		msg := fmt.Sprintf("testserver: %s not installed (run `make testdeps`)", bin)
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	var lastErr error
+	for range 3 { // a port picked free may be taken before the server binds it
+		s, err := start(t, bin)
+		if err == nil {
+			return s
+		}
+		lastErr = err
+	}
+	t.Fatalf("testserver: pouchdb-server did not start: %v", lastErr)
+	return nil
+}
+
+func start(t testing.TB, bin string) (*Server, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "server.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	// An explicit config file and data dir keep pouchdb-server from writing
+	// config.json or log.txt into the repository.
+	cmd := exec.Command(bin, "--in-memory", "--no-color",
+		"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--dir", dir, "--config", filepath.Join(dir, "config.json"))
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testserver: starting %s: %w", bin, err)
+	}
+	s := &Server{
+		URL:     fmt.Sprintf("http://127.0.0.1:%d/", port),
+		cmd:     cmd,
+		logPath: logPath,
+		exited:  make(chan struct{}),
+		client:  &http.Client{Timeout: 60 * time.Second},
+	}
+	go func() {
+		s.waitErr = cmd.Wait()
+		close(s.exited)
+	}()
+	if err := s.awaitReady(); err != nil {
+		s.kill()
+		return nil, err
+	}
+	t.Cleanup(func() {
+		if s.Crashed() {
+			t.Errorf("testserver: pouchdb-server at %s exited on its own (%v); log tail:\n%s", s.URL, s.waitErr, s.LogTail(4096))
+		}
+		s.Stop()
+	})
+	return s, nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// awaitReady polls GET / until the server answers, it exits, or the
+// deadline passes.
+func (s *Server) awaitReady() error {
+	deadline := time.Now().Add(startTimeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, s.URL, nil)
+		resp, err := s.client.Do(req)
+		cancel()
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("testserver: pouchdb-server exited during start (%v): %s", s.waitErr, s.LogTail(2048))
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("testserver: pouchdb-server not answering on %s after %s: %s", s.URL, startTimeout, s.LogTail(2048))
+		}
+	}
+}
+
+// Crashed reports whether the process exited without Stop being called.
+func (s *Server) Crashed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return false
+	}
+	select {
+	case <-s.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Exited is closed when the process has exited (crash or Stop).
+func (s *Server) Exited() <-chan struct{} { return s.exited }
+
+// Stop kills the server's process group and waits for it. Safe to call
+// more than once; the test's cleanup calls it too.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.kill()
+}
+
+func (s *Server) kill() {
+	if s.cmd.Process != nil {
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	<-s.exited
+}
+
+// LogTail returns up to n bytes from the end of the server's output.
+func (s *Server) LogTail(n int) string {
+	b, err := os.ReadFile(s.logPath)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// DBURL returns the URL of database name (escaped, trailing slash).
+func (s *Server) DBURL(name string) string {
+	return s.URL + url.PathEscape(name) + "/"
+}
+
+// CreateDB creates database name and returns its URL. Avoid "/" in names:
+// pouchdb-server strips it.
+func (s *Server) CreateDB(t testing.TB, name string) string {
+	t.Helper()
+	u := s.DBURL(name)
+	s.Do(t, http.MethodPut, u, nil, http.StatusCreated)
+	return u
+}
+
+// Do sends a JSON request (body marshalled unless it is []byte or nil) and
+// fails the test unless the status is want; it returns the response body.
+func (s *Server) Do(t testing.TB, method, u string, body any, want int) []byte {
+	t.Helper()
+	b, status, err := s.do(method, u, body)
+	if err != nil {
+		t.Fatalf("testserver: %s %s: %v", method, u, err)
+	}
+	if status != want {
+		t.Fatalf("testserver: %s %s: status %d, want %d: %s", method, u, status, want, b)
+	}
+	return b
+}
+
+func (s *Server) do(method, u string, body any) ([]byte, int, error) {
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			return nil, 0, err
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if rd != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return out, resp.StatusCode, err
+}
+
+// Doc builds a document revision for PutRevs: id, body fields, and a
+// revision history newest first ("3-c", "2-b", "1-a"; the generations
+// must count down by one).
+func Doc(id string, history []string, fields map[string]any) map[string]any {
+	d := make(map[string]any, len(fields)+3)
+	for k, v := range fields {
+		d[k] = v
+	}
+	d["_id"] = id
+	if len(history) > 0 {
+		gen, _, _ := strings.Cut(history[0], "-")
+		start, _ := strconv.Atoi(gen)
+		ids := make([]string, len(history))
+		for i, r := range history {
+			_, ids[i], _ = strings.Cut(r, "-")
+		}
+		d["_rev"] = history[0]
+		d["_revisions"] = map[string]any{"start": start, "ids": ids}
+	}
+	return d
+}
+
+// Deleted marks a document built by Doc as a tombstone.
+func Deleted(d map[string]any) map[string]any {
+	d["_deleted"] = true
+	return d
+}
+
+// WithAttachment adds an inline attachment to a document built by Doc.
+func WithAttachment(d map[string]any, name, contentType string, data []byte) map[string]any {
+	atts, _ := d["_attachments"].(map[string]any)
+	if atts == nil {
+		atts = map[string]any{}
+		d["_attachments"] = atts
+	}
+	atts[name] = map[string]any{"content_type": contentType, "data": base64.StdEncoding.EncodeToString(data)}
+	return d
+}
+
+// PutRevs stores document revisions exactly as given (POST _bulk_docs
+// with new_edits=false): several revisions of one id make conflicts.
+func (s *Server) PutRevs(t testing.TB, dbURL string, docs ...map[string]any) {
+	t.Helper()
+	body := map[string]any{"new_edits": false, "docs": docs}
+	out := s.Do(t, http.MethodPost, dbURL+"_bulk_docs", body, http.StatusCreated)
+	var res []map[string]any
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("testserver: _bulk_docs answer %s: %v", out, err)
+	}
+	for _, r := range res {
+		if r["error"] != nil {
+			t.Fatalf("testserver: _bulk_docs rejected %v", r)
+		}
+	}
+}
+
+// PutDocs writes new documents the normal way (new edits; the server
+// assigns revisions) and returns their revisions in order.
+func (s *Server) PutDocs(t testing.TB, dbURL string, docs ...map[string]any) []string {
+	t.Helper()
+	out := s.Do(t, http.MethodPost, dbURL+"_bulk_docs", map[string]any{"docs": docs}, http.StatusCreated)
+	var res []struct {
+		ID, Rev, Error, Reason string
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("testserver: _bulk_docs answer %s: %v", out, err)
+	}
+	revs := make([]string, len(res))
+	for i, r := range res {
+		if r.Error != "" {
+			t.Fatalf("testserver: _bulk_docs: %s: %s %s", r.ID, r.Error, r.Reason)
+		}
+		revs[i] = r.Rev
+	}
+	return revs
+}
+
+// PutAttachment adds an attachment to revision rev of document id with
+// PUT /db/id/name and returns the new revision.
+func (s *Server) PutAttachment(t testing.TB, dbURL, id, rev, name, contentType string, data []byte) string {
+	t.Helper()
+	u := dbURL + url.PathEscape(id) + "/" + url.PathEscape(name) + "?rev=" + url.QueryEscape(rev)
+	req, err := http.NewRequest(http.MethodPut, u, bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", contentType)
+	req.Header.Set("Accept", "application/json")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatalf("testserver: PUT %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		t.Fatalf("testserver: PUT %s: status %d: %s", u, resp.StatusCode, b)
+	}
+	var r struct{ Rev string }
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("testserver: PUT %s: %s: %v", u, b, err)
+	}
+	return r.Rev
+}
+
+// GetJSON fetches u and decodes the JSON answer into v; it fails the test
+// unless the status is 200.
+func (s *Server) GetJSON(t testing.TB, u string, v any) {
+	t.Helper()
+	b := s.Do(t, http.MethodGet, u, nil, http.StatusOK)
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("testserver: GET %s: %s: %v", u, b, err)
+	}
+}
