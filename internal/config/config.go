@@ -1,0 +1,353 @@
+package config
+
+import (
+	"errors"
+	"path/filepath"
+	"time"
+)
+
+// ErrInvalid is wrapped by every *Error: a setting that is unknown, malformed
+// or out of range, in a file, an environment variable, a flag or a Config
+// built in Go.
+var ErrInvalid = errors.New("config: invalid setting")
+
+// Node types ([couchrep] node_types).
+const (
+	// NodeTypeReplication nodes accept and run replication jobs.
+	NodeTypeReplication = "replication"
+	// NodeTypeAPIFrontend nodes serve the HTTP API and turn _replicator
+	// documents into jobs.
+	NodeTypeAPIFrontend = "api_frontend"
+)
+
+// Store durability ([couchrep] durability).
+const (
+	// DurabilityNormal survives a crash of the process (kill -9): SQLite
+	// WAL with synchronous=NORMAL. A power loss may lose the last commits.
+	DurabilityNormal = "normal"
+	// DurabilityFull also survives a power loss: every commit is fsynced.
+	DurabilityFull = "full"
+)
+
+// Fair-share bounds for [replicator.shares], as in CouchDB
+// (couch_replicator_share: ?DEFAULT_SHARES, ?MIN_SHARES, ?MAX_SHARES).
+const (
+	DefaultShares = 100
+	MinShares     = 1
+	MaxShares     = 1000
+)
+
+// StoreFileName is the embedded store's file name inside the data directory,
+// used when [couchrep] store is not set.
+const StoreFileName = "couchrep.db"
+
+// Config is a node's whole configuration. Build it with Default (or Load /
+// Parse), then ApplyEnv and flags; call Validate before use.
+type Config struct {
+	// Couchrep is the [couchrep] section: couchrep's own node settings.
+	Couchrep Couchrep
+	// Replicator is the [replicator] section, CouchDB's keys and defaults.
+	Replicator Replicator
+	// Shares is [replicator.shares]: _replicator database name to its
+	// fair-share weight (MinShares..MaxShares). Databases not listed get
+	// DefaultShares; use SharesFor.
+	Shares map[string]int
+	// CouchDB is the [couchdb] section.
+	CouchDB CouchDB
+	// Log is the [log] section.
+	Log Log
+	// Admin is the [admin] section: the admin endpoint.
+	Admin Admin
+	// Admins is the [admins] section, as in CouchDB: user name to password
+	// for HTTP API basic auth. Values are kept verbatim: a plain password or
+	// a CouchDB password hash ("-pbkdf2-...").
+	Admins map[string]string
+
+	// Ignored lists keys that CouchDB has but couchrep accepts without
+	// effect (Erlang socket options, auth plugins, removed keys), so that a
+	// [replicator] section copied from CouchDB loads; log them as warnings.
+	Ignored []Ignored
+
+	// origin records where each setting was last set, so that Validate
+	// can name the file and line of a cross-field error. Copied on write.
+	origin map[[2]string]origin
+}
+
+// origin is where a setting was set: a file and line, or "env NAME" /
+// "flag --name" with line 0.
+type origin struct {
+	file string
+	line int
+}
+
+// Ignored is one accepted-but-ignored setting and why it has no effect.
+type Ignored struct {
+	// Where names the file and line or the variable that set it.
+	Where   string
+	Section string
+	Key     string
+	Reason  string
+}
+
+// Couchrep is the [couchrep] section.
+type Couchrep struct {
+	// Store is the embedded store file (store). Empty means
+	// <DataDir>/couchrep.db; see StorePath.
+	Store string
+	// DataDir is the node's data directory (data_dir): the persisted server
+	// UUID and node name live there, and the store by default.
+	DataDir string
+	// NodeName names this node in the cluster (node_name). Empty means
+	// derived by Complete: couchrep-<8 hex>@<hostname>, the hex persisted in
+	// the data directory so that a restarted node keeps its name.
+	NodeName string
+	// NodeTypes is what this node does (node_types): NodeTypeReplication,
+	// NodeTypeAPIFrontend, or both (the default).
+	NodeTypes []string
+	// HTTPBind is the HTTP API's listen address (http_bind).
+	HTTPBind string
+	// AdminBind is the admin endpoint's listen address (admin_bind).
+	AdminBind string
+	// Watch lists the CouchDB servers whose _replicator databases this node
+	// turns into jobs (watch, comma-separated URLs).
+	Watch []string
+	// Durability is the store's commit durability (durability):
+	// DurabilityNormal or DurabilityFull.
+	Durability string
+}
+
+// Replicator is the [replicator] section. Times are time.Duration; in the
+// file they are integers in CouchDB's unit for that key (see the package
+// documentation) or Go duration strings such as "30s".
+type Replicator struct {
+	// MaxJobs is the most jobs running on this node (max_jobs, 500).
+	MaxJobs int
+	// Interval is the scheduler's period (interval, 60000 ms).
+	Interval time.Duration
+	// MaxChurn is the most jobs stopped per scheduler cycle (max_churn, 20).
+	MaxChurn int
+	// MaxHistory is the number of events kept per job (max_history, 20).
+	MaxHistory int
+	// HealthThreshold is how long a job must run cleanly for its crash count
+	// to reset (health_threshold, 120 s).
+	HealthThreshold time.Duration
+	// StartupJitter is the upper bound of the random delay before a job
+	// starts (startup_jitter, 5000 ms).
+	StartupJitter time.Duration
+	// UpdateDocs writes triggered/error states into _replicator documents
+	// too, not only terminal states (update_docs, false).
+	UpdateDocs bool
+	// ClusterStartPeriod delays the first scan of _replicator databases
+	// (cluster_start_period, 5 s).
+	ClusterStartPeriod time.Duration
+
+	// WorkerProcesses is the per-job default of worker_processes (4).
+	WorkerProcesses int
+	// WorkerBatchSize is the per-job default of worker_batch_size (500).
+	WorkerBatchSize int
+	// HTTPConnections is the per-job default of http_connections (20).
+	HTTPConnections int
+	// ConnectionTimeout is the per-job default of connection_timeout
+	// (30000 ms).
+	ConnectionTimeout time.Duration
+	// RetriesPerRequest is the per-job default of retries_per_request (5).
+	RetriesPerRequest int
+	// CheckpointInterval is the per-job default of checkpoint_interval
+	// (30000 ms).
+	CheckpointInterval time.Duration
+	// UseCheckpoints is the per-job default of use_checkpoints (true).
+	UseCheckpoints bool
+	// UseBulkGet is the per-job default of use_bulk_get (true).
+	UseBulkGet bool
+
+	// ValidEndpointProtocols are the URL schemes accepted for sources and
+	// targets (valid_endpoint_protocols, "http,https").
+	ValidEndpointProtocols []string
+	// ValidProxyProtocols are the proxy URL schemes accepted
+	// (valid_proxy_protocols, "http,https,socks5").
+	ValidProxyProtocols []string
+	// ValidEndpointProtocolsLog logs a security warning for plain-http
+	// endpoints (valid_endpoint_protocols_log, false).
+	ValidEndpointProtocolsLog bool
+	// VerifySSLCertificates verifies TLS certificates and host names of
+	// endpoints (verify_ssl_certificates, false — CouchDB's default).
+	VerifySSLCertificates bool
+	// VerifySSLCertificatesLog logs a security warning for certificates
+	// that do not verify (verify_ssl_certificates_log, false).
+	VerifySSLCertificatesLog bool
+	// SSLTrustedCertificatesFile is a PEM bundle of CAs trusted instead of
+	// the system's (ssl_trusted_certificates_file).
+	SSLTrustedCertificatesFile string
+	// SSLCertificateMaxDepth is the longest accepted chain below the root
+	// (ssl_certificate_max_depth, 3).
+	SSLCertificateMaxDepth int
+	// CertFile is a client certificate (PEM) presented to endpoints
+	// (cert_file).
+	CertFile string
+	// KeyFile is CertFile's private key (key_file).
+	KeyFile string
+	// Password decrypts KeyFile (password).
+	Password string
+	// CACertReloadInterval is how often the system CA pool is re-read
+	// (cacert_reload_interval_hours, 24 h).
+	CACertReloadInterval time.Duration
+	// RequestTimeout bounds every request except _changes
+	// (request_timeout, infinity). Zero means no timeout.
+	RequestTimeout time.Duration
+	// ConnectionCloseInterval closes idle pooled connections after this
+	// long (connection_close_interval, 90000 ms).
+	ConnectionCloseInterval time.Duration
+	// MaxDocumentIDLength skips documents with longer IDs, counting them
+	// as doc_write_failures (max_document_id_length, infinity). Zero means
+	// no limit.
+	MaxDocumentIDLength int
+	// MissingDocRetry is the wait before refetching a document after
+	// missing_doc/missing_stub (missing_doc_retry_msec, 2000 ms).
+	MissingDocRetry time.Duration
+	// SessionRefreshInterval is how often a session cookie without Max-Age
+	// is refreshed (session_refresh_interval_sec, 550 s).
+	SessionRefreshInterval time.Duration
+	// SessionMinUpdateInterval is the least time between two cookie
+	// refreshes caused by 401/403 (session_min_update_interval, 5 s).
+	SessionMinUpdateInterval time.Duration
+	// ConnectTo overrides where endpoints connect, like curl --connect-to:
+	// entries "host:port:target_host:target_port", host may start with "*."
+	// (connect_to, comma-separated).
+	ConnectTo []string
+	// UsageCoeff is the fair-share usage decay K1 (usage_coeff, 0.5).
+	UsageCoeff float64
+	// PriorityCoeff is the fair-share priority decay K2 (priority_coeff,
+	// 0.98).
+	PriorityCoeff float64
+
+	// The keys below are those of CouchDB's couch_jobs-based replicator
+	// (the FoundationDB branch), whose job server couchrep follows.
+
+	// MaxAcceptors is the number of idle acceptors waiting on the job queue
+	// (max_acceptors, 2).
+	MaxAcceptors int
+	// MinRunTime protects a continuous job from being stopped for rotation
+	// before it has run this long (min_run_time_sec, 60 s).
+	MinRunTime time.Duration
+	// TransientJobMaxAge is how long a finished _replicate job is kept for
+	// _scheduler/jobs (transient_job_max_age_sec, 86400 s).
+	TransientJobMaxAge time.Duration
+	// MinBackoff is the first crash backoff; it doubles per consecutive
+	// crash (min_backoff_penalty_sec, 32 s).
+	MinBackoff time.Duration
+	// MaxBackoff caps the crash backoff (max_backoff_penalty_sec,
+	// 172800 s, at most 30 days).
+	MaxBackoff time.Duration
+	// CreateReplicatorDB creates missing _replicator databases on watched
+	// servers (create_replicator_db, false).
+	CreateReplicatorDB bool
+}
+
+// CouchDB is the [couchdb] section.
+type CouchDB struct {
+	// UUID is the server UUID, the first element of every replication ID
+	// (uuid). Set it to a CouchDB server's [couchdb] uuid to resume from
+	// that server's checkpoints. Empty means generated once and persisted
+	// in the data directory (see Complete and EnsureUUID).
+	UUID string
+}
+
+// Log is the [log] section.
+type Log struct {
+	// Level is the least severe level logged (level, "info"): CouchDB's
+	// names (debug, info, notice, warning, error, critical, alert,
+	// emergency, none) plus trace and warn.
+	Level string
+	// Format is "auto" (console text on a terminal, JSON otherwise),
+	// "json" or "console" (format, "auto").
+	Format string
+}
+
+// Admin is the [admin] section: couchrep's admin endpoint.
+type Admin struct {
+	// Token is the admin endpoint's shared secret (token). It is required
+	// when AdminBind is not a loopback address.
+	Token string
+}
+
+// Default returns the configuration with CouchDB's defaults where CouchDB
+// has the key, and couchrep's own otherwise.
+func Default() Config {
+	return Config{
+		Couchrep: Couchrep{
+			DataDir:    ".data",
+			NodeTypes:  []string{NodeTypeReplication, NodeTypeAPIFrontend},
+			HTTPBind:   "127.0.0.1:5986",
+			AdminBind:  "127.0.0.1:5987",
+			Durability: DurabilityNormal,
+		},
+		Replicator: Replicator{
+			MaxJobs:            500,
+			Interval:           60000 * time.Millisecond,
+			MaxChurn:           20,
+			MaxHistory:         20,
+			HealthThreshold:    120 * time.Second,
+			StartupJitter:      5000 * time.Millisecond,
+			UpdateDocs:         false,
+			ClusterStartPeriod: 5 * time.Second,
+
+			WorkerProcesses:    4,
+			WorkerBatchSize:    500,
+			HTTPConnections:    20,
+			ConnectionTimeout:  30000 * time.Millisecond,
+			RetriesPerRequest:  5,
+			CheckpointInterval: 30000 * time.Millisecond,
+			UseCheckpoints:     true,
+			UseBulkGet:         true,
+
+			ValidEndpointProtocols:   []string{"http", "https"},
+			ValidProxyProtocols:      []string{"http", "https", "socks5"},
+			SSLCertificateMaxDepth:   3,
+			CACertReloadInterval:     24 * time.Hour,
+			ConnectionCloseInterval:  90000 * time.Millisecond,
+			MissingDocRetry:          2000 * time.Millisecond,
+			SessionRefreshInterval:   550 * time.Second,
+			SessionMinUpdateInterval: 5 * time.Second,
+			UsageCoeff:               0.5,
+			PriorityCoeff:            0.98,
+
+			MaxAcceptors:       2,
+			MinRunTime:         60 * time.Second,
+			TransientJobMaxAge: 86400 * time.Second,
+			MinBackoff:         32 * time.Second,
+			MaxBackoff:         172800 * time.Second,
+		},
+		Shares: map[string]int{},
+		Log:    Log{Level: "info", Format: "auto"},
+		Admins: map[string]string{},
+	}
+}
+
+// SharesFor returns the fair-share weight of a _replicator database:
+// its [replicator.shares] value, or DefaultShares.
+func (c Config) SharesFor(db string) int {
+	if s, ok := c.Shares[db]; ok {
+		return s
+	}
+	return DefaultShares
+}
+
+// StorePath returns the embedded store's file: [couchrep] store, or
+// couchrep.db in the data directory.
+func (c Config) StorePath() string {
+	if c.Couchrep.Store != "" {
+		return c.Couchrep.Store
+	}
+	return filepath.Join(c.Couchrep.DataDir, StoreFileName)
+}
+
+// HasNodeType reports whether the node is of type t (NodeTypeReplication or
+// NodeTypeAPIFrontend).
+func (c Config) HasNodeType(t string) bool {
+	for _, nt := range c.Couchrep.NodeTypes {
+		if nt == t {
+			return true
+		}
+	}
+	return false
+}

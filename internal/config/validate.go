@@ -1,0 +1,82 @@
+package config
+
+import (
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Validate checks every setting, including values set in Go, and the
+// relations between settings. Errors are *Error values naming where the
+// offending setting was last set (file and line, variable or flag), joined
+// when there are several.
+func (c Config) Validate() error {
+	var errs []error
+	fail := func(section, key, expected, got string) {
+		o := c.origin[[2]string{section, key}]
+		errs = append(errs, &Error{File: o.file, Line: o.line, Section: section, Key: key, Expected: expected, Got: got})
+	}
+	for _, s := range schema {
+		if s.ignored == "" && !s.v.valid(&c) {
+			fail(s.section, s.key, s.v.expected(), s.v.get(&c))
+		}
+	}
+	for _, db := range sortedKeys(c.Shares) {
+		n := c.Shares[db]
+		switch {
+		case !validShareDB(db):
+			fail(SectionShares, db, expectedShareDB, db)
+		case n < MinShares || n > MaxShares:
+			fail(SectionShares, db, expectedShare, strconv.Itoa(n))
+		}
+	}
+	for _, name := range sortedKeys(c.Admins) {
+		if name == "" || strings.ContainsAny(name, "=\n") {
+			fail(SectionAdmins, name, "a user name without \"=\"", name)
+		} else if c.Admins[name] == "" {
+			fail(SectionAdmins, name, expectedAdmin, "")
+		}
+	}
+	r := c.Replicator
+	if r.MinBackoff > r.MaxBackoff {
+		fail(SectionReplicator, "max_backoff_penalty_sec",
+			"at least min_backoff_penalty_sec ("+formatIn(r.MinBackoff, time.Second)+")", formatIn(r.MaxBackoff, time.Second))
+	}
+	if (r.CertFile == "") != (r.KeyFile == "") {
+		key, got := "key_file", r.KeyFile
+		if r.CertFile == "" {
+			key, got = "cert_file", r.CertFile
+		}
+		fail(SectionReplicator, key, "cert_file and key_file set together", got)
+	}
+	if c.Couchrep.HTTPBind != "" && c.Couchrep.HTTPBind == c.Couchrep.AdminBind && !strings.HasSuffix(c.Couchrep.HTTPBind, ":0") {
+		fail(SectionCouchrep, "admin_bind", "an address other than http_bind", c.Couchrep.AdminBind)
+	}
+	return errors.Join(errs...)
+}
+
+// IsLoopback reports whether a listen address (host:port) only accepts
+// connections from this machine: 127.0.0.0/8, ::1 or "localhost".
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
