@@ -75,9 +75,6 @@ type Change struct {
 	Deleted bool
 }
 
-// errTODO marks API parts whose implementation is still being written.
-var errTODO = errors.New("couch: not implemented yet")
-
 // errFeedTimedOut cancels a feed whose server ignored timeout=.
 var errFeedTimedOut = errors.New("couch: changes feed timeout reached")
 
@@ -332,6 +329,12 @@ func changesRequest(o ChangesOptions) (*request, map[string]struct{}, error) {
 	return r, nil, nil
 }
 
+// Grace periods of feedWatch; variables so tests can shorten them.
+var (
+	idleGrace  = time.Second
+	stallGrace = 5 * time.Second
+)
+
 // feedWatch ends a feed the server keeps open: after Timeout+grace without
 // a row (cleanly), or after 2×Heartbeat+5 s without a byte (ErrFeedStalled).
 type feedWatch struct {
@@ -344,11 +347,11 @@ type feedWatch struct {
 func newFeedWatch(cancel context.CancelCauseFunc, o ChangesOptions) *feedWatch {
 	w := &feedWatch{}
 	if o.Timeout > 0 && (o.Feed == FeedLongpoll || o.Feed == FeedContinuous) {
-		w.idleAfter = o.Timeout + max(time.Second, o.Timeout/4)
+		w.idleAfter = o.Timeout + max(idleGrace, o.Timeout/4)
 		w.idle = time.AfterFunc(w.idleAfter, func() { cancel(errFeedTimedOut) })
 	}
 	if o.Heartbeat > 0 {
-		w.stallAfter = 2*o.Heartbeat + 5*time.Second
+		w.stallAfter = 2*o.Heartbeat + stallGrace
 		w.stall = time.AfterFunc(w.stallAfter, func() { cancel(ErrFeedStalled) })
 	}
 	return w
