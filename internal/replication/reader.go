@@ -1,0 +1,202 @@
+package replication
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// batchIdle flushes a partial batch when the feed has been quiet this long
+// (continuous feeds, slow sources).
+const batchIdle = 20 * time.Millisecond
+
+// changesOptions builds the _changes request for the job's filters.
+func (r *Replication) changesOptions(since couch.Seq) couch.ChangesOptions {
+	o := couch.ChangesOptions{Feed: couch.FeedNormal, Since: since, Style: couch.StyleAllDocs}
+	if r.p.WinningRevsOnly {
+		o.Style = couch.StyleMainOnly
+	}
+	if r.p.Continuous {
+		o.Feed = couch.FeedContinuous
+		o.Timeout = max(time.Second, r.p.ConnectionTimeout/3)
+	}
+	switch {
+	case r.p.DocIDs != nil:
+		o.DocIDs = r.p.DocIDs
+	case r.p.Selector != nil:
+		o.Selector = r.p.Selector
+	case r.p.Filter != "":
+		o.Filter = r.p.Filter
+		if r.p.QueryParams != nil {
+			var m map[string]any
+			_ = json.Unmarshal(r.p.QueryParams, &m)
+			o.QueryParams = make(map[string]string, len(m))
+			for k, v := range m {
+				o.QueryParams[k] = queryValue(v)
+			}
+		}
+	}
+	return o
+}
+
+// readChanges is the changes reader plus the changes manager: it reads the
+// feed (re-requesting a continuous feed from its last seq forever) and
+// hands out batches of worker_batch_size rows, each registered with the
+// seq tracker in feed order. A feed's end is marked by a change-less batch
+// carrying last_seq, so through_seq reaches it once all earlier batches
+// are done.
+func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
+	r := s.r
+	rows := make(chan couch.Change, r.p.WorkerBatchSize)
+	type feedEnd = struct{ seq couch.Seq }
+	ends := make(chan feedEnd) // unbuffered: a feed end is taken only after its rows
+	batcherErr := make(chan error, 1)
+
+	go func() {
+		batcherErr <- s.batcher(ctx, rows, ends, out)
+	}()
+	// The batcher owns rows/ends; marks are sent through ends after the
+	// rows of the same feed (ends is drained only when rows is empty).
+	sendEnd := func(seq couch.Seq) error {
+		select {
+		case ends <- feedEnd{seq}:
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
+	err := func() error {
+		since := s.startSeq
+		failures := 0
+		wait := r.o.RetryBackoff
+		if wait <= 0 {
+			wait = couch.DefaultRetryBackoff
+		}
+		for {
+			got := false
+			last, err := r.src.Changes(ctx, r.changesOptions(since), func(c couch.Change) error {
+				got = true
+				select {
+				case rows <- c:
+					return nil
+				case <-ctx.Done():
+					return context.Cause(ctx)
+				}
+			})
+			if ctx.Err() != nil {
+				return nil
+			}
+			if last != nil {
+				since = last
+			}
+			if err == nil {
+				failures = 0
+				if err := sendEnd(since); err != nil {
+					return nil
+				}
+				if !r.p.Continuous {
+					return nil
+				}
+				continue
+			}
+			var herr *couch.HTTPError
+			if errors.As(err, &herr) && !herr.Retryable() {
+				return fmt.Errorf("%w: %w", ErrChangesFailed, err)
+			}
+			if got {
+				failures = 0
+			}
+			failures++
+			if failures > r.p.RetriesPerRequest {
+				return fmt.Errorf("%w: after %d attempts: %w", ErrChangesFailed, failures, err)
+			}
+			r.log.Warn().Err(err).Int("attempt", failures).Str("since", seqOrZero(since).String()).
+				Msg("replication: changes feed failed, resuming")
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return nil
+			}
+			wait = min(wait*2, 5*time.Minute)
+		}
+	}()
+	close(rows)
+	berr := <-batcherErr
+	if err != nil {
+		return err
+	}
+	return berr
+}
+
+func (s *runState) batcher(ctx context.Context, rows <-chan couch.Change, ends <-chan struct{ seq couch.Seq }, out chan<- batch) error {
+	size := s.r.p.WorkerBatchSize
+	cur := make([]couch.Change, 0, size)
+	idle := time.NewTimer(time.Hour)
+	idle.Stop()
+	emit := func(changes []couch.Change, seq couch.Seq) error {
+		s.mu.Lock()
+		n := s.tracker.start(seq)
+		s.mu.Unlock()
+		select {
+		case out <- batch{n: n, changes: changes, seq: seq}:
+			return nil
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	flush := func() error {
+		if len(cur) == 0 {
+			return nil
+		}
+		b := cur
+		cur = make([]couch.Change, 0, size)
+		return emit(b, b[len(b)-1].Seq)
+	}
+	for {
+		var c couch.Change
+		var ok bool
+		select {
+		case c, ok = <-rows:
+		default:
+			// Nothing buffered: a feed end may be pending, else wait.
+			select {
+			case c, ok = <-rows:
+			case e := <-ends:
+				if err := flush(); err != nil {
+					return err
+				}
+				if err := emit(nil, e.seq); err != nil {
+					return err
+				}
+				continue
+			case <-idle.C:
+				if err := flush(); err != nil {
+					return err
+				}
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if !ok {
+			return nil
+		}
+		if c.Seq == nil && len(cur) > 0 {
+			c.Seq = cur[len(cur)-1].Seq
+		}
+		cur = append(cur, c)
+		if len(cur) >= size {
+			if err := flush(); err != nil {
+				return err
+			}
+			continue
+		}
+		idle.Reset(batchIdle)
+	}
+}
