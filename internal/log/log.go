@@ -122,37 +122,164 @@ const SlogLevel = slog.LevelWarn
 
 // SlogHandler returns a slog.Handler that writes to l, for libraries that log
 // through log/slog (protoactor-go's actor system). Only records at SlogLevel
-// (warn) or above reach l, and then only if l's own level allows them; slog
-// attributes become zerolog fields, groups become dotted prefixes.
+// (warn) or above reach l, and then only if l's own level allows them. slog
+// attributes become zerolog fields; a group's attributes are prefixed with
+// the group name and a dot ("g.size"). The event's time is l's (New adds a
+// timestamp to every event), not the record's.
+//
+// zerolog.NewSlogHandler is not used: it applies a group to attributes
+// added before the group was opened, which slog's contract forbids.
 func SlogHandler(l zerolog.Logger) slog.Handler {
-	return minLevelHandler{next: zerolog.NewSlogHandler(l), min: SlogLevel}
+	return slogHandler{ctx: l.With(), min: SlogLevel}
 }
 
-// minLevelHandler drops records below min before they reach next.
-type minLevelHandler struct {
-	next slog.Handler
-	min  slog.Level
+// slogHandler is a slog.Handler over a zerolog context.
+type slogHandler struct {
+	ctx    zerolog.Context // the logger with the attributes added so far
+	prefix string          // open groups, "a.b."
+	min    slog.Level
 }
 
 // Enabled implements slog.Handler.
-func (h minLevelHandler) Enabled(ctx context.Context, level slog.Level) bool {
-	return level >= h.min && h.next.Enabled(ctx, level)
+func (h slogHandler) Enabled(_ context.Context, level slog.Level) bool {
+	if level < h.min {
+		return false
+	}
+	l := h.ctx.Logger()
+	return l.GetLevel() <= zerologLevel(level) && zerologLevel(level) >= zerolog.GlobalLevel()
 }
 
 // Handle implements slog.Handler.
-func (h minLevelHandler) Handle(ctx context.Context, r slog.Record) error {
-	if r.Level < h.min {
+func (h slogHandler) Handle(ctx context.Context, r slog.Record) error {
+	if !h.Enabled(ctx, r.Level) {
 		return nil
 	}
-	return h.next.Handle(ctx, r)
+	l := h.ctx.Logger()
+	ev := l.WithLevel(zerologLevel(r.Level))
+	if ev == nil {
+		return nil
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		addAttr(ev, h.prefix, a)
+		return true
+	})
+	ev.Msg(r.Message)
+	return nil
 }
 
 // WithAttrs implements slog.Handler.
-func (h minLevelHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
-	return minLevelHandler{next: h.next.WithAttrs(attrs), min: h.min}
+func (h slogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
+	if len(attrs) == 0 {
+		return h
+	}
+	// A fresh copy: zerolog.Context values share their field buffer, and
+	// two handlers derived from h must not write into each other's.
+	l := h.ctx.Logger()
+	ctx := l.With()
+	for _, a := range attrs {
+		ctx = addContextAttr(ctx, h.prefix, a)
+	}
+	h.ctx = ctx
+	return h
 }
 
 // WithGroup implements slog.Handler.
-func (h minLevelHandler) WithGroup(name string) slog.Handler {
-	return minLevelHandler{next: h.next.WithGroup(name), min: h.min}
+func (h slogHandler) WithGroup(name string) slog.Handler {
+	if name == "" {
+		return h
+	}
+	h.prefix += name + "."
+	return h
+}
+
+// zerologLevel maps a slog level to zerolog's.
+func zerologLevel(l slog.Level) zerolog.Level {
+	switch {
+	case l < slog.LevelDebug:
+		return zerolog.TraceLevel
+	case l < slog.LevelInfo:
+		return zerolog.DebugLevel
+	case l < slog.LevelWarn:
+		return zerolog.InfoLevel
+	case l < slog.LevelError:
+		return zerolog.WarnLevel
+	}
+	return zerolog.ErrorLevel
+}
+
+// addAttr adds a slog attribute to an event, groups flattened with dots.
+func addAttr(ev *zerolog.Event, prefix string, a slog.Attr) {
+	v := a.Value.Resolve()
+	if a.Equal(slog.Attr{}) {
+		return
+	}
+	key := prefix + a.Key
+	switch v.Kind() {
+	case slog.KindGroup:
+		p := prefix
+		if a.Key != "" {
+			p = key + "."
+		}
+		for _, ga := range v.Group() {
+			addAttr(ev, p, ga)
+		}
+	case slog.KindString:
+		ev.Str(key, v.String())
+	case slog.KindInt64:
+		ev.Int64(key, v.Int64())
+	case slog.KindUint64:
+		ev.Uint64(key, v.Uint64())
+	case slog.KindFloat64:
+		ev.Float64(key, v.Float64())
+	case slog.KindBool:
+		ev.Bool(key, v.Bool())
+	case slog.KindDuration:
+		ev.Dur(key, v.Duration())
+	case slog.KindTime:
+		ev.Time(key, v.Time())
+	default:
+		if err, ok := v.Any().(error); ok {
+			ev.AnErr(key, err)
+		} else {
+			ev.Interface(key, v.Any())
+		}
+	}
+}
+
+// addContextAttr is addAttr for a logger context (WithAttrs).
+func addContextAttr(ctx zerolog.Context, prefix string, a slog.Attr) zerolog.Context {
+	v := a.Value.Resolve()
+	if a.Equal(slog.Attr{}) {
+		return ctx
+	}
+	key := prefix + a.Key
+	switch v.Kind() {
+	case slog.KindGroup:
+		p := prefix
+		if a.Key != "" {
+			p = key + "."
+		}
+		for _, ga := range v.Group() {
+			ctx = addContextAttr(ctx, p, ga)
+		}
+		return ctx
+	case slog.KindString:
+		return ctx.Str(key, v.String())
+	case slog.KindInt64:
+		return ctx.Int64(key, v.Int64())
+	case slog.KindUint64:
+		return ctx.Uint64(key, v.Uint64())
+	case slog.KindFloat64:
+		return ctx.Float64(key, v.Float64())
+	case slog.KindBool:
+		return ctx.Bool(key, v.Bool())
+	case slog.KindDuration:
+		return ctx.Dur(key, v.Duration())
+	case slog.KindTime:
+		return ctx.Time(key, v.Time())
+	}
+	if err, ok := v.Any().(error); ok {
+		return ctx.AnErr(key, err)
+	}
+	return ctx.Interface(key, v.Any())
 }
