@@ -1,0 +1,353 @@
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/rand/v2"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+// errRetry marks a commit failure worth running the transaction again for
+// (the file was busy beyond the busy timeout).
+var errRetry = errors.New("sqlite: store busy")
+
+// Transact implements kv.Database.
+func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
+	var last error
+	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if db.isClosed() {
+			return kv.ErrClosed
+		}
+		t := newTx(ctx, db)
+		err := fn(t)
+		if err == nil {
+			err = t.err
+		}
+		if err != nil {
+			t.finish(err)
+			return err
+		}
+		t.finishReads()
+		if err := ctx.Err(); err != nil {
+			t.finish(err)
+			return err // never committed
+		}
+		err = db.commit(ctx, t)
+		if err == nil {
+			return nil
+		}
+		t.finish(err)
+		if !errors.Is(err, kv.ErrConflict) && !errors.Is(err, errRetry) {
+			return err
+		}
+		last = err
+		if err := backoff(ctx, attempt); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("sqlite: gave up after %d attempts: %w", db.opts.MaxAttempts, last)
+}
+
+// backoff waits about 0.1ms·2^attempt (jittered, capped at 20ms), or until
+// ctx ends.
+func backoff(ctx context.Context, attempt int) error {
+	if attempt == 0 {
+		return nil // the first retry runs at once: the conflict is resolved already
+	}
+	d := 100 * time.Microsecond << min(attempt, 8)
+	d = min(d, 20*time.Millisecond)
+	d = d/2 + rand.N(d/2+1)
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ReadTransact implements kv.Database.
+func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if db.isClosed() {
+		return kv.ErrClosed
+	}
+	t := newTx(ctx, db)
+	err := fn(t)
+	if err == nil {
+		err = t.err
+	}
+	t.finish(err)
+	return err
+}
+
+// commitReq is a transaction waiting for the writer.
+type commitReq struct {
+	t    *tx
+	err  error
+	done chan struct{}
+	// Set by the batch that committed it.
+	stamp [kv.VersionstampLength]byte
+	armed []armedWatch
+}
+
+type armedWatch struct {
+	w       *watch
+	value   []byte
+	present bool
+}
+
+func (r *commitReq) finish(err error) {
+	r.err = err
+	close(r.done)
+}
+
+// commit validates and writes t. A transaction without writes commits at
+// its snapshot: it only arms its watches.
+func (db *DB) commit(ctx context.Context, t *tx) error {
+	if !t.hasWrites() {
+		var armed []armedWatch
+		for _, w := range t.watches {
+			v, err := t.get(w.key, true)
+			if err != nil {
+				return err
+			}
+			armed = append(armed, armedWatch{w: w, value: v, present: v != nil})
+		}
+		t.finish(nil)
+		db.watches.arm(armed)
+		return nil
+	}
+	t.endSnapshot() // the writer validates against the current state
+	req := &commitReq{t: t, done: make(chan struct{})}
+	db.mu.Lock()
+	if db.closed {
+		db.mu.Unlock()
+		return kv.ErrClosed
+	}
+	db.pending = append(db.pending, req)
+	lead := !db.leading
+	if lead {
+		db.leading = true
+	}
+	db.mu.Unlock()
+	if lead {
+		db.lead()
+	}
+	select {
+	case <-req.done:
+	case <-ctx.Done():
+		db.mu.Lock()
+		for i, r := range db.pending {
+			if r == req {
+				db.pending = append(db.pending[:i], db.pending[i+1:]...)
+				db.mu.Unlock()
+				return ctx.Err() // never handed to the writer: nothing committed
+			}
+		}
+		db.mu.Unlock()
+		<-req.done // already in a batch: its outcome is the answer
+	}
+	if req.err != nil {
+		return req.err
+	}
+	t.finish(nil)
+	for _, f := range t.stamps {
+		f.resolve(req.stamp, nil)
+	}
+	db.watches.arm(req.armed)
+	return nil
+}
+
+// lead runs batches until no commit is pending. Only one goroutine leads at
+// a time; the others wait for their request to be done.
+func (db *DB) lead() {
+	for {
+		db.mu.Lock()
+		n := min(len(db.pending), db.opts.MaxBatch)
+		if n == 0 {
+			db.leading = false
+			db.idle.Broadcast()
+			db.mu.Unlock()
+			return
+		}
+		batch := make([]*commitReq, n)
+		copy(batch, db.pending)
+		db.pending = append(db.pending[:0], db.pending[n:]...)
+		db.mu.Unlock()
+		db.runBatch(batch)
+	}
+}
+
+// runBatch commits batch in one write transaction; if that fails as a
+// whole, each request is committed alone so one bad request fails alone.
+func (db *DB) runBatch(batch []*commitReq) {
+	touched, version, err := db.writeBatch(batch)
+	if err != nil && len(batch) > 1 {
+		db.log.Warn().Err(err).Int("batch", len(batch)).Msg("group commit failed; committing one by one")
+		for _, r := range batch {
+			db.runBatch([]*commitReq{r})
+		}
+		return
+	}
+	if err != nil {
+		batch[0].finish(err)
+		return
+	}
+	db.watches.committed(version, touched)
+	for _, r := range batch {
+		r.finish(r.err)
+	}
+}
+
+// writeBatch runs one SQLite write transaction holding every request of
+// batch that validates. It returns the keys written (for watches) and the
+// commit version.
+func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64, err error) {
+	w := db.writer
+	if err := db.lockFile(); err != nil {
+		return touched, 0, err
+	}
+	defer db.unlockFile()
+	if err := w.exec("BEGIN IMMEDIATE"); err != nil {
+		return touched, 0, fmt.Errorf("%w: begin: %v", errRetry, err)
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			_ = w.exec("ROLLBACK")
+		}
+	}()
+	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
+		return touched, 0, fmt.Errorf("sqlite: read commit counter: %w", err)
+	}
+	version++
+	var order uint16
+	for _, r := range batch {
+		r.err = nil
+		ok, err := db.validate(r.t)
+		if err != nil {
+			return touched, 0, err
+		}
+		if !ok {
+			r.err = kv.ErrConflict
+			continue
+		}
+		binary.BigEndian.PutUint64(r.stamp[:8], uint64(version))
+		binary.BigEndian.PutUint16(r.stamp[8:], order)
+		order++
+		if err := db.apply(r.t, r.stamp, &touched); err != nil {
+			return touched, 0, err
+		}
+		r.armed = r.armed[:0]
+		for _, wt := range r.t.watches {
+			v, present, err := w.getValue(wt.key)
+			if err != nil {
+				return touched, 0, err
+			}
+			r.armed = append(r.armed, armedWatch{w: wt, value: v, present: present})
+		}
+	}
+	if order == 0 {
+		return touched, 0, nil // every request conflicted; the rollback is free
+	}
+	if _, err := w.setCommit.Exec(version); err != nil {
+		return touched, 0, fmt.Errorf("sqlite: write commit counter: %w", err)
+	}
+	if err := w.exec("COMMIT"); err != nil {
+		return touched, 0, fmt.Errorf("sqlite: commit: %w", err)
+	}
+	committed = true
+	return touched, version, nil
+}
+
+// validate re-reads t's read set inside the write transaction.
+func (db *DB) validate(t *tx) (bool, error) {
+	w := db.writer
+	for _, p := range t.points {
+		v, present, err := w.getValue(p.key)
+		if err != nil {
+			return false, fmt.Errorf("sqlite: validate %x: %w", p.key, err)
+		}
+		if present != p.present || !bytes.Equal(v, p.value) {
+			return false, nil
+		}
+	}
+	for _, rr := range t.ranges {
+		if bytes.Compare(rr.begin, rr.end) >= 0 {
+			continue
+		}
+		var h maphash.Hash
+		h.SetSeed(db.seed)
+		if err := digestRange(w.stmts, rr.begin, rr.end, rr.reverse, &h); err != nil {
+			return false, fmt.Errorf("sqlite: validate range: %w", err)
+		}
+		if h.Sum64() != rr.h.Sum64() {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// apply writes t's buffered mutations; clears first, since any buffered
+// write to a cleared key came after the clear.
+func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKeys) error {
+	w := db.writer
+	for _, r := range t.clears {
+		if _, err := w.delRange.Exec(r.begin, nonNil(r.end)); err != nil {
+			return fmt.Errorf("sqlite: clear range: %w", err)
+		}
+		touched.ranges = append(touched.ranges, r)
+	}
+	for k, o := range t.writes {
+		key := []byte(k)
+		var err error
+		switch o.kind {
+		case opSet:
+			_, err = w.set.Exec(nonNil(key), o.value)
+		case opClear:
+			_, err = w.del.Exec(nonNil(key))
+		case opAdd:
+			var cur []byte
+			cur, _, err = w.getValue(key)
+			if err == nil {
+				_, err = w.set.Exec(nonNil(key), kv.EncodeInt64LE(kv.Int64LE(cur)+o.delta))
+			}
+		case opSetVSV:
+			v := bytes.Clone(o.value)
+			copy(v[o.vsOffset:], stamp[:])
+			_, err = w.set.Exec(nonNil(key), v)
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: write %x: %w", key, err)
+		}
+		touched.keys = append(touched.keys, key)
+	}
+	for _, vk := range t.vsKeys {
+		key := bytes.Clone(vk.key)
+		copy(key[vk.offset:], stamp[:])
+		if _, err := w.set.Exec(key, vk.value); err != nil {
+			return fmt.Errorf("sqlite: write %x: %w", key, err)
+		}
+		touched.keys = append(touched.keys, key)
+	}
+	return nil
+}
+
+// touchedKeys are the keys and ranges a batch wrote.
+type touchedKeys struct {
+	keys   [][]byte
+	ranges []keyRange
+}

@@ -1,0 +1,375 @@
+// Package sqlite is couchrep's embedded job store: an implementation of
+// kv.Database on one SQLite file (pure Go, modernc.org/sqlite, no cgo) in
+// WAL mode, shared safely by several node processes on one machine.
+//
+// Layout: an ordered `kv(k BLOB PRIMARY KEY, v BLOB) WITHOUT ROWID` table and
+// a `meta` table holding the format version and the commit counter; the file
+// is marked with SQLite's application_id so that Open refuses files that are
+// not couchrep stores without writing to them.
+//
+// Transactions are optimistic. A transaction's function runs against a
+// read snapshot (a read transaction on a pooled reader connection) and
+// buffers its writes; its non-snapshot reads are recorded (point reads with
+// their values, range reads with a digest of the rows consumed). Commit
+// hands the transaction to the process's single writer: concurrent commits
+// are grouped into one SQLite write transaction (group commit), and each
+// logical transaction is first validated by re-reading its read set inside
+// that write transaction, so a read invalidated by an earlier transaction in
+// the batch, by an earlier batch or by another process makes it fail with
+// kv.ErrConflict, and Transact runs it again. Because validation happens
+// under SQLite's write lock, read-modify-write is serializable across
+// processes.
+//
+// Between processes, a blocking flock on the sidecar file "<path>.lock" is
+// held around every write transaction, so waiting writers are woken by the
+// kernel in turn instead of polling SQLite's busy handler (which starves
+// them). kill -9 releases the lock with the process; SQLite's WAL rolls back
+// anything uncommitted.
+//
+// Versionstamps are the commit counter stored in the file (incremented in
+// every write transaction, so strictly increasing across processes), 8 bytes
+// big-endian, followed by the transaction's 2-byte position in its batch.
+//
+// Watches: an in-process commit notifies the watch goroutine of the keys it
+// wrote; commits by other processes are found by polling PRAGMA data_version
+// (one goroutine per DB, only while watches are pending) and comparing the
+// commit counter with this process's own commits. A watch fires when the
+// value at its key differs from the value it was armed with at commit.
+package sqlite
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"net/url"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+// ErrNotStore is returned (wrapped, with the path) by Open for a file that
+// exists but is not a couchrep store.
+var ErrNotStore = errors.New("sqlite: not a couchrep store")
+
+// applicationID marks couchrep store files ("crkv").
+const applicationID = 0x63726b76
+
+// formatVersion is the schema version kept in the meta table.
+const formatVersion = 1
+
+// Durability selects what a commit survives.
+type Durability int
+
+const (
+	// DurabilityNormal (the default) is WAL with synchronous=NORMAL: commits
+	// survive a process crash (kill -9); the last commits may roll back on an
+	// OS crash or power loss. The file is never corrupted.
+	DurabilityNormal Durability = iota
+	// DurabilityFull is WAL with synchronous=FULL: every commit is fsynced
+	// and survives power loss.
+	DurabilityFull
+)
+
+// Options configure Open. The zero value is usable.
+type Options struct {
+	// Durability of commits; DurabilityNormal by default.
+	Durability Durability
+	// Logger receives the store's structured logs.
+	Logger zerolog.Logger
+	// MaxAttempts bounds how many times Transact runs a transaction that
+	// keeps conflicting; 100 by default.
+	MaxAttempts int
+	// MaxBatch bounds how many logical transactions one group commit holds;
+	// 64 by default.
+	MaxBatch int
+	// PollInterval is how often pending watches check for commits by other
+	// processes (PRAGMA data_version); 5ms by default.
+	PollInterval time.Duration
+	// BusyTimeout is SQLite's busy timeout for locks the lock file does not
+	// cover (checkpoints, processes without the lock file); 30s by default.
+	BusyTimeout time.Duration
+}
+
+func (o *Options) fill() {
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 100
+	}
+	if o.MaxBatch <= 0 {
+		o.MaxBatch = 64
+	}
+	if o.MaxBatch > 65535 {
+		o.MaxBatch = 65535
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = 5 * time.Millisecond
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = 30 * time.Second
+	}
+}
+
+// DB is an open store. It implements kv.Database and is safe for concurrent
+// use.
+type DB struct {
+	path string
+	opts Options
+	log  zerolog.Logger
+	sql  *sql.DB
+	lock *os.File // the sidecar lock file, flocked around write transactions
+	seed maphash.Seed
+
+	writer *writerConn
+	readers chan *readerConn // idle reader connections
+
+	mu      sync.Mutex // guards the fields below
+	idle    *sync.Cond // signalled when leading turns false
+	pending []*commitReq
+	leading bool // a goroutine is running batches
+	closed  bool
+
+	watches *watchSet
+	closing chan struct{}
+	done    sync.WaitGroup
+}
+
+var _ kv.Database = (*DB)(nil)
+
+// Open opens (creating if needed) the store at path. It refuses, without
+// writing to it, a file that is not a couchrep store.
+func Open(ctx context.Context, path string, opts Options) (*DB, error) {
+	opts.fill()
+	if err := checkHeader(path); err != nil {
+		return nil, err
+	}
+	dsn := (&url.URL{Scheme: "file", Path: path}).String() +
+		fmt.Sprintf("?_pragma=busy_timeout(%d)", opts.BusyTimeout.Milliseconds())
+	sdb, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	sdb.SetMaxIdleConns(64)
+	sdb.SetConnMaxIdleTime(0)
+	sdb.SetConnMaxLifetime(0)
+	db := &DB{
+		path:    path,
+		opts:    opts,
+		log:     opts.Logger.With().Str("component", "kv/sqlite").Str("path", path).Logger(),
+		sql:     sdb,
+		seed:    maphash.MakeSeed(),
+		readers: make(chan *readerConn, 64),
+		closing: make(chan struct{}),
+	}
+	db.idle = sync.NewCond(&db.mu)
+	if err := db.init(ctx); err != nil {
+		db.closeResources()
+		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	db.watches = newWatchSet(db)
+	db.done.Add(1)
+	go db.watchLoop()
+	db.log.Debug().Int("durability", int(opts.Durability)).Msg("store opened")
+	return db, nil
+}
+
+// checkHeader refuses a non-empty file that is not an SQLite database.
+func checkHeader(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("sqlite: open %s: is a directory", path)
+	}
+	hdr := make([]byte, 16)
+	n, _ := f.Read(hdr)
+	if n == 0 {
+		return nil
+	}
+	if n < 16 || !bytes.Equal(hdr, []byte("SQLite format 3\x00")) {
+		return fmt.Errorf("sqlite: open %s: %w (not an SQLite file)", path, ErrNotStore)
+	}
+	return nil
+}
+
+func (db *DB) init(ctx context.Context) error {
+	conn, err := db.sql.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	var appID int64
+	if err := conn.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		conn.Close()
+		return err
+	}
+	if appID != applicationID {
+		var tables int
+		if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
+			conn.Close()
+			return err
+		}
+		if appID != 0 || tables != 0 {
+			conn.Close()
+			return fmt.Errorf("%w (application_id %#x, %d schema entries)", ErrNotStore, appID, tables)
+		}
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA journal_mode=WAL"); err != nil {
+		conn.Close()
+		return err
+	}
+	sync := "NORMAL"
+	if db.opts.Durability == DurabilityFull {
+		sync = "FULL"
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous="+sync); err != nil {
+		conn.Close()
+		return err
+	}
+	lock, err := os.OpenFile(db.path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("lock file: %w", err)
+	}
+	db.lock = lock
+	w, err := newWriterConn(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	db.writer = w
+	if err := db.lockFile(); err != nil {
+		return err
+	}
+	defer db.unlockFile()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return err
+	}
+	if err := createSchema(ctx, conn); err != nil {
+		_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+		return err
+	}
+	_, err = conn.ExecContext(ctx, "COMMIT")
+	if err != nil {
+		return err
+	}
+	return w.prepare(ctx)
+}
+
+func createSchema(ctx context.Context, conn *sql.Conn) error {
+	var n int
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE name = 'kv'").Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		for _, q := range []string{
+			"CREATE TABLE kv (k BLOB PRIMARY KEY, v BLOB NOT NULL) WITHOUT ROWID",
+			"CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID",
+			fmt.Sprintf("INSERT INTO meta VALUES ('format', %d), ('commit', 0)", formatVersion),
+			fmt.Sprintf("PRAGMA application_id = %d", applicationID),
+		} {
+			if _, err := conn.ExecContext(ctx, q); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var format int
+	if err := conn.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = 'format'").Scan(&format); err != nil {
+		return fmt.Errorf("%w: reading format: %v", ErrNotStore, err)
+	}
+	if format != formatVersion {
+		return fmt.Errorf("%w: format %d, this build reads %d", ErrNotStore, format, formatVersion)
+	}
+	return nil
+}
+
+func (db *DB) lockFile() error {
+	for {
+		err := syscall.Flock(int(db.lock.Fd()), syscall.LOCK_EX)
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("sqlite: lock %s.lock: %w", db.path, err)
+		}
+		return nil
+	}
+}
+
+func (db *DB) unlockFile() {
+	_ = syscall.Flock(int(db.lock.Fd()), syscall.LOCK_UN)
+}
+
+// Path returns the file the store was opened on.
+func (db *DB) Path() string { return db.path }
+
+// Close waits for in-flight commits, fails pending watches with
+// kv.ErrClosed and releases the file. It is safe to call twice.
+func (db *DB) Close() error {
+	db.mu.Lock()
+	if db.closed {
+		db.mu.Unlock()
+		return nil
+	}
+	db.closed = true
+	for db.leading {
+		db.idle.Wait() // let the running batch finish; new commits are refused
+	}
+	pending := db.pending
+	db.pending = nil
+	db.mu.Unlock()
+	for _, r := range pending {
+		r.finish(kv.ErrClosed)
+	}
+	close(db.closing)
+	db.done.Wait()
+	return db.closeResources()
+}
+
+func (db *DB) closeResources() error {
+	var errs []error
+	for {
+		select {
+		case r := <-db.readers:
+			errs = append(errs, r.close())
+			continue
+		default:
+		}
+		break
+	}
+	if db.writer != nil {
+		errs = append(errs, db.writer.close())
+	}
+	if db.sql != nil {
+		errs = append(errs, db.sql.Close())
+	}
+	if db.lock != nil {
+		errs = append(errs, db.lock.Close())
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("sqlite: close %s: %w", db.path, err)
+	}
+	return nil
+}
+
+func (db *DB) isClosed() bool {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.closed
+}
