@@ -127,7 +127,7 @@ type DB struct {
 	lock *os.File // the sidecar lock file, flocked around write transactions
 	seed maphash.Seed
 
-	writer *writerConn
+	writer  *writerConn
 	readers chan *readerConn // idle reader connections
 
 	mu      sync.Mutex // guards the fields below

@@ -15,10 +15,10 @@ import (
 type opKind uint8
 
 const (
-	opSet     opKind = iota // value is the new value
-	opClear                 // the key is removed
-	opAdd                   // delta is added to the stored value at commit
-	opSetVSV                // value with a versionstamp at vsOffset
+	opSet    opKind = iota // value is the new value
+	opClear                // the key is removed
+	opAdd                  // delta is added to the stored value at commit
+	opSetVSV               // value with a versionstamp at vsOffset
 )
 
 type op struct {
