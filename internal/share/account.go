@@ -1,0 +1,161 @@
+package share
+
+import (
+	"math"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/messages"
+)
+
+// Shares bounds for [replicator.shares], as in CouchDB's couch_replicator_share
+// (?DEFAULT_SHARES, ?MIN_SHARES, ?MAX_SHARES).
+const (
+	DefaultShares = 100
+	MinShares     = 1
+	MaxShares     = 1000
+)
+
+// Defaults for Params.
+const (
+	DefaultQuantum  = time.Minute
+	DefaultHalfLife = 24 * time.Hour
+)
+
+// ClampShares returns n clamped to [MinShares, MaxShares], as CouchDB does
+// with a configured value.
+func ClampShares(n int) int {
+	return min(max(n, MinShares), MaxShares)
+}
+
+// Key is the share key of a job, CouchDB's couch_replicator_share:key/1: the
+// _replicator database name for jobs from documents, the user name for
+// transient (_replicate) jobs.
+func Key(dbName, user string) string {
+	if dbName != "" {
+		return dbName
+	}
+	return user
+}
+
+// Params are the fair-share tunables shared by every account.
+type Params struct {
+	// Quantum is the running time reserved for a job when it is enqueued
+	// (normally the scheduler interval). It sets how far apart the
+	// deadlines of one key's jobs enqueued together are; the actual running
+	// time is settled by Charge. Zero means DefaultQuantum.
+	Quantum time.Duration
+	// HalfLife is the half-life of a key's debt above the frontier. Zero
+	// means DefaultHalfLife; negative means debt never decays.
+	HalfLife time.Duration
+}
+
+func (p Params) quantum() time.Duration {
+	if p.Quantum <= 0 {
+		return DefaultQuantum
+	}
+	return p.Quantum
+}
+
+func (p Params) halfLife() time.Duration {
+	if p.HalfLife == 0 {
+		return DefaultHalfLife
+	}
+	return p.HalfLife
+}
+
+// Account is one share key's fair-share state: its virtual finish time and
+// when that was written. The zero Account is a key that never ran.
+type Account struct {
+	// Finish is the key's virtual finish time (virtual microseconds).
+	Finish uint64
+	// UpdatedAt is when Finish was last written; debt decays from here.
+	UpdatedAt time.Time
+}
+
+// Effective is the account's finish time as of now: at least the frontier,
+// with the debt above the frontier decayed by p.HalfLife since UpdatedAt.
+func (a Account) Effective(p Params, frontier uint64, now time.Time) uint64 {
+	if a.Finish <= frontier {
+		return frontier
+	}
+	debt := a.Finish - frontier
+	hl := p.halfLife()
+	if hl > 0 && now.After(a.UpdatedAt) && !a.UpdatedAt.IsZero() {
+		f := math.Exp2(-float64(now.Sub(a.UpdatedAt)) / float64(hl))
+		debt = uint64(float64(debt) * f)
+	}
+	return frontier + debt
+}
+
+// cost is ran in virtual microseconds for a key with the given shares.
+func cost(ran time.Duration, shares int) uint64 {
+	if ran <= 0 {
+		return 0
+	}
+	us := uint64(ran / time.Microsecond)
+	shares = ClampShares(shares)
+	hi, lo := mulDiv(us, DefaultShares, uint64(shares))
+	if hi {
+		return math.MaxUint64
+	}
+	return lo
+}
+
+// mulDiv returns a*b/c and whether it overflowed uint64.
+func mulDiv(a, b, c uint64) (overflow bool, v uint64) {
+	if a != 0 && b > math.MaxUint64/a {
+		return true, 0
+	}
+	return false, a * b / c
+}
+
+func satAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
+}
+
+// Charge returns the account after the key ran for ran (negative: a refund
+// of reserved time that was not used) with the given shares.
+func (a Account) Charge(p Params, shares int, frontier uint64, ran time.Duration, now time.Time) Account {
+	f := a.Effective(p, frontier, now)
+	if ran >= 0 {
+		f = satAdd(f, cost(ran, shares))
+	} else {
+		c := cost(-ran, shares)
+		if c > f {
+			f = 0
+		} else {
+			f -= c
+		}
+	}
+	return Account{Finish: f, UpdatedAt: now}
+}
+
+// Enqueue returns the account after one quantum was reserved for a job
+// enqueued now, and the job's priority (its virtual deadline).
+func (a Account) Enqueue(p Params, shares int, frontier uint64, now time.Time) (Account, uint64) {
+	f := satAdd(a.Effective(p, frontier, now), cost(p.quantum(), shares))
+	return Account{Finish: f, UpdatedAt: now}, f
+}
+
+// Proto is the account as the stored record of key.
+func (a Account) Proto(key string) *messages.ShareAccount {
+	m := &messages.ShareAccount{Key: key, Finish: a.Finish}
+	if !a.UpdatedAt.IsZero() {
+		m.UpdatedAt = timestamppb.New(a.UpdatedAt)
+	}
+	return m
+}
+
+// AccountFromProto is the key and account of a stored record.
+func AccountFromProto(m *messages.ShareAccount) (string, Account) {
+	a := Account{Finish: m.GetFinish()}
+	if m.GetUpdatedAt() != nil {
+		a.UpdatedAt = m.GetUpdatedAt().AsTime()
+	}
+	return m.GetKey(), a
+}
