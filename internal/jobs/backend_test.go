@@ -1,18 +1,33 @@
 package jobs
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
 )
 
-// openTestDB opens the store the unit tests run on.
+// openTestDB opens the store the unit tests run on: the real embedded
+// SQLite backend, or the in-memory one with JOBS_TEST_BACKEND=mem.
 func openTestDB(t *testing.T) kv.Database {
 	t.Helper()
-	db := newMemDB()
-	t.Cleanup(func() { _ = db.Close() })
-	return db
+	if os.Getenv("JOBS_TEST_BACKEND") == "mem" {
+		db := newMemDB()
+		t.Cleanup(func() { _ = db.Close() })
+		return db
+	}
+	return openSQLite(t, filepath.Join(t.TempDir(), "jobs.db"), sqlite.Options{})
 }
 
-func isHelperProcess() bool { return false }
-func helperMain()           {}
+func openSQLite(tb testing.TB, path string, opts sqlite.Options) *sqlite.DB {
+	tb.Helper()
+	db, err := sqlite.Open(context.Background(), path, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = db.Close() })
+	return db
+}
