@@ -1,0 +1,192 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/replication"
+)
+
+// runReplicate implements `couchrepd replicate [flags] SOURCE_URL TARGET_URL`:
+// one replication in the foreground. The result (CouchDB's POST /_replicate
+// body) goes to stdout, progress to stderr. Exit codes: 0 success, 1
+// failure, 2 usage error.
+func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, logger zerolog.Logger) int {
+	fs := flag.NewFlagSet("replicate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: couchrepd replicate [flags] SOURCE_URL TARGET_URL\n       couchrepd replicate [flags] --doc FILE")
+		fs.PrintDefaults()
+	}
+	var (
+		docFile      = fs.String("doc", "", "read the whole replication document (JSON) from `FILE` (- for stdin)")
+		uuid         = fs.String("uuid", "", "server UUID used in the replication id ([couchdb] uuid)")
+		continuous   = fs.Bool("continuous", false, "follow the source until interrupted")
+		createTarget = fs.Bool("create-target", false, "create the target database")
+		ctParams     = fs.String("create-target-params", "", "JSON object of parameters for creating the target (e.g. {\"q\":1})")
+		docIDs       = fs.String("doc-ids", "", "only these documents: a JSON array or a comma-separated list")
+		selector     = fs.String("selector", "", "Mango selector (JSON object)")
+		filter       = fs.String("filter", "", "named filter ddoc/name (or _view, _design)")
+		queryParams  = fs.String("query-params", "", "JSON object passed to the filter")
+		sinceSeq     = fs.String("since-seq", "", "start sequence when there is no checkpoint (JSON, or a bare string)")
+		workers      = fs.Int("worker-processes", replication.DefaultWorkerProcesses, "worker_processes")
+		batchSize    = fs.Int("worker-batch-size", replication.DefaultWorkerBatchSize, "worker_batch_size")
+		conns        = fs.Int("http-connections", replication.DefaultHTTPConnections, "http_connections")
+		connTimeout  = fs.Int("connection-timeout", int(replication.DefaultConnectionTimeout/time.Millisecond), "connection_timeout in ms")
+		retries      = fs.Int("retries-per-request", replication.DefaultRetriesPerRequest, "retries_per_request")
+		ckptInterval = fs.Int("checkpoint-interval", int(replication.DefaultCheckpointInterval/time.Millisecond), "checkpoint_interval in ms")
+		useCkpt      = fs.Bool("use-checkpoints", true, "record and use checkpoints")
+		useBulkGet   = fs.Bool("use-bulk-get", true, "fetch documents with _bulk_get")
+		winning      = fs.Bool("winning-revs-only", false, "replicate only winning revisions")
+	)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+
+	doc := map[string]json.RawMessage{}
+	if *docFile != "" {
+		var b []byte
+		var err error
+		if *docFile == "-" {
+			b, err = io.ReadAll(os.Stdin)
+		} else {
+			b, err = os.ReadFile(*docFile)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+			return 2
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: %s: not a JSON object: %v\n", *docFile, err)
+			return 2
+		}
+	}
+	switch n := fs.NArg(); {
+	case n == 2:
+		doc["source"], _ = json.Marshal(fs.Arg(0))
+		doc["target"], _ = json.Marshal(fs.Arg(1))
+	case n == 0 && *docFile != "":
+	default:
+		fs.Usage()
+		return 2
+	}
+	jsonFlag := func(flagName, field, value string) error {
+		if !set[flagName] {
+			return nil
+		}
+		if !json.Valid([]byte(value)) {
+			return fmt.Errorf("--%s: not valid JSON: %s", flagName, value)
+		}
+		doc[field] = json.RawMessage(value)
+		return nil
+	}
+	put := func(flagName, field string, v any) {
+		if set[flagName] {
+			doc[field], _ = json.Marshal(v)
+		}
+	}
+	put("continuous", "continuous", *continuous)
+	put("create-target", "create_target", *createTarget)
+	put("filter", "filter", *filter)
+	put("worker-processes", "worker_processes", *workers)
+	put("worker-batch-size", "worker_batch_size", *batchSize)
+	put("http-connections", "http_connections", *conns)
+	put("connection-timeout", "connection_timeout", *connTimeout)
+	put("retries-per-request", "retries_per_request", *retries)
+	put("checkpoint-interval", "checkpoint_interval", *ckptInterval)
+	put("use-checkpoints", "use_checkpoints", *useCkpt)
+	put("use-bulk-get", "use_bulk_get", *useBulkGet)
+	put("winning-revs-only", "winning_revs_only", *winning)
+	for _, j := range [][3]string{
+		{"create-target-params", "create_target_params", *ctParams},
+		{"selector", "selector", *selector},
+		{"query-params", "query_params", *queryParams},
+	} {
+		if err := jsonFlag(j[0], j[1], j[2]); err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+			return 2
+		}
+	}
+	if set["since-seq"] {
+		if json.Valid([]byte(*sinceSeq)) {
+			doc["since_seq"] = json.RawMessage(*sinceSeq)
+		} else {
+			doc["since_seq"], _ = json.Marshal(*sinceSeq)
+		}
+	}
+	if set["doc-ids"] {
+		var ids []string
+		if err := json.Unmarshal([]byte(*docIDs), &ids); err != nil {
+			ids = nil
+			for _, id := range strings.Split(*docIDs, ",") {
+				if id = strings.TrimSpace(id); id != "" {
+					ids = append(ids, id)
+				}
+			}
+		}
+		doc["doc_ids"], _ = json.Marshal(ids)
+	}
+	body, _ := json.Marshal(doc)
+	p, err := replication.ParseParams(body)
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+		return 2
+	}
+
+	live := isTerminal(stderr)
+	start := time.Now()
+	report := func(s replication.Stats) {
+		elapsed := time.Since(start).Seconds()
+		rate := 0.0
+		if elapsed > 0 {
+			rate = float64(s.DocsWritten) / elapsed
+		}
+		line := fmt.Sprintf("docs_read=%d docs_written=%d doc_write_failures=%d through_seq=%s checkpointed_source_seq=%s (%.0f docs/s)",
+			s.DocsRead, s.DocsWritten, s.DocWriteFailures, s.ThroughSeq, s.CheckpointedSourceSeq, rate)
+		if live {
+			fmt.Fprintf(stderr, "\r\033[K%s", line)
+		} else {
+			fmt.Fprintln(stderr, line)
+		}
+	}
+	rep := replication.New(p, replication.Options{ServerUUID: *uuid, Logger: logger, OnProgress: report})
+	res, err := rep.Run(ctx)
+	if live {
+		fmt.Fprintln(stderr)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd replicate: replication %s failed: %v\n", rep.ID(), err)
+		return 1
+	}
+	out := res.Body
+	if p.Continuous {
+		out, _ = json.Marshal(map[string]any{"ok": true, "_local_id": res.ID})
+	}
+	fmt.Fprintf(stdout, "%s\n", out)
+	return 0
+}
+
+// isTerminal reports whether w is a character device (a live progress line
+// makes sense there).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
