@@ -41,6 +41,7 @@ var envSettings = func() map[string]*setting {
 // other tools. Errors are *Error values with File "env NAME".
 func (c *Config) ApplyEnv(environ []string) error {
 	var errs []error
+	c.own()
 	for _, kv := range environ {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(name, envPrefix) || val == "" {

@@ -52,6 +52,7 @@ func (v *flagValue) String() string {
 
 // Set applies s to the bound Config.
 func (v *flagValue) Set(s string) error {
+	v.c.own()
 	if err := v.c.set(origin{file: "flag --" + v.spec.name}, v.spec.section, v.spec.key, s); err != nil {
 		return err
 	}

@@ -40,9 +40,10 @@ func Load(path string) (Config, error) {
 // section may appear more than once; a key may not.
 func Parse(name string, r io.Reader) (Config, error) {
 	c := Default()
+	c.own()
 	p := parser{c: &c, name: name, seen: map[[2]string]int{}}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64*1024), maxLine)
+	sc.Buffer(make([]byte, 0, 4096), maxLine)
 	for sc.Scan() {
 		p.line++
 		p.parseLine(sc.Text())
@@ -145,8 +146,26 @@ func stripComment(v string) string {
 	return v
 }
 
+// own gives c its own copies of its maps, so that set does not write into
+// maps shared with a copy of c made by assignment.
+func (c *Config) own() {
+	c.Shares = maps.Clone(c.Shares)
+	if c.Shares == nil {
+		c.Shares = map[string]int{}
+	}
+	c.Admins = maps.Clone(c.Admins)
+	if c.Admins == nil {
+		c.Admins = map[string]string{}
+	}
+	c.origin = maps.Clone(c.origin)
+	if c.origin == nil {
+		c.origin = map[[2]string]origin{}
+	}
+}
+
 // set applies one setting from where; an empty val restores the default.
-// It returns an *Error for an unknown key or an invalid value.
+// It returns an *Error for an unknown key or an invalid value. Call own
+// first.
 func (c *Config) set(where origin, section, key, val string) *Error {
 	fail := func(expected, got string) *Error {
 		return &Error{File: where.file, Line: where.line, Section: section, Key: key, Expected: expected, Got: got}
@@ -155,10 +174,6 @@ func (c *Config) set(where origin, section, key, val string) *Error {
 	case SectionShares:
 		if !validShareDB(key) {
 			return fail(expectedShareDB, key)
-		}
-		c.Shares = maps.Clone(c.Shares)
-		if c.Shares == nil {
-			c.Shares = map[string]int{}
 		}
 		if val == "" {
 			delete(c.Shares, key)
@@ -170,10 +185,6 @@ func (c *Config) set(where origin, section, key, val string) *Error {
 		}
 		c.Shares[key] = n
 	case SectionAdmins:
-		c.Admins = maps.Clone(c.Admins)
-		if c.Admins == nil {
-			c.Admins = map[string]string{}
-		}
 		if val == "" {
 			delete(c.Admins, key)
 			break
@@ -198,10 +209,6 @@ func (c *Config) set(where origin, section, key, val string) *Error {
 		} else if !s.v.set(c, val) {
 			return fail(s.v.expected(), val)
 		}
-	}
-	c.origin = maps.Clone(c.origin)
-	if c.origin == nil {
-		c.origin = map[[2]string]origin{}
 	}
 	c.origin[[2]string{section, key}] = where
 	return nil
