@@ -95,7 +95,7 @@ func hasSession(id string, h []HistoryEntry) bool {
 }
 
 // rfc1123 formats t as httpd_util:rfc1123_date does ("Sun, 11 Aug 2013 20:38:50 GMT").
-func rfc1123(t time.Time) string { return t.UTC().Format(time.RFC1123) }
+func rfc1123(t time.Time) string { return t.UTC().Format("Mon, 02 Jan 2006 15:04:05 GMT") }
 
 // newCheckpoint builds the document written at a checkpoint.
 func newCheckpoint(session string, startSeq, seq couch.Seq, start, now time.Time, s Stats, old []HistoryEntry, docIDs bool) Checkpoint {

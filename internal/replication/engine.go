@@ -528,7 +528,9 @@ func (s *runState) checkpoint(ctx context.Context) error {
 	if sr.err != nil {
 		return fmt.Errorf("%w: failure on source commit: %w", ErrCheckpointFailed, sr.err)
 	}
-	same := func(now, start string) bool { return now == start || now == "0" || start == "0" || now == "" || start == "" }
+	same := func(now, start string) bool {
+		return now == start || now == "0" || start == "0" || now == "" || start == ""
+	}
 	switch srcOK, tgtOK := same(sr.ist, s.srcStart), same(tgtIST, s.tgtStart); {
 	case !srcOK && !tgtOK:
 		return fmt.Errorf("%w: instance_start_time on source and target database has changed since last checkpoint", ErrCheckpointFailed)
