@@ -82,6 +82,11 @@ type supervisorActor struct {
 	log    zerolog.Logger
 	cell   *cell // its own incarnation's cell
 	inst   *instance
+	// how its parent sees it, for Which
+	restart      Restart
+	incarnation  uint64
+	restartCount int
+	startedAt    time.Time
 
 	mode     mode
 	children []*child
@@ -94,9 +99,12 @@ type supervisorActor struct {
 var _ actor.SupervisorStrategy = (*supervisorActor)(nil)
 
 // supervisorProps returns the props of one incarnation of a supervisor.
-func supervisorProps(system *actor.ActorSystem, name string, spec Spec, log zerolog.Logger, c *cell) *actor.Props {
+// self describes it as its parent sees it (for Which): restart type,
+// incarnation and restart count.
+func supervisorProps(system *actor.ActorSystem, name string, spec Spec, log zerolog.Logger, c *cell, self *child) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &supervisorActor{system: system, name: name, spec: spec, log: log, cell: c}
+		return &supervisorActor{system: system, name: name, spec: spec, log: log, cell: c,
+			restart: self.spec.Restart, incarnation: self.incarnation, restartCount: self.restartCount}
 	}, c.options()...)
 }
 
@@ -165,7 +173,7 @@ func (a *supervisorActor) advance(ctx actor.Context) {
 			a.execExit(ctx, s)
 		case stepAck:
 			if a.mode == modeInit {
-				a.mode = modeRunning
+				a.mode, a.startedAt = modeRunning, time.Now()
 				a.cell.ack()
 			}
 		case stepFinish:
@@ -217,7 +225,7 @@ func (a *supervisorActor) spawn(ctx actor.Context, c *child) (pid *actor.PID, er
 		if c.spec.Supervisor.Logger != nil {
 			log = *c.spec.Supervisor.Logger
 		}
-		props = supervisorProps(a.system, c.spec.Name, c.spec.Supervisor.normalized(), log, c.cell)
+		props = supervisorProps(a.system, c.spec.Name, c.spec.Supervisor.normalized(), log, c.cell, c)
 	} else {
 		props = c.spec.Props.Clone(c.cell.options()...)
 	}
@@ -617,7 +625,8 @@ func (a *supervisorActor) snapshot() *TreeNode {
 	} else if a.mode == modeInit {
 		state = Starting
 	}
-	n := &TreeNode{Name: a.name, PID: a.self, IsSupervisor: true, Strategy: a.spec.Strategy, State: state, Restart: Permanent}
+	n := &TreeNode{Name: a.name, PID: a.self, IsSupervisor: true, Strategy: a.spec.Strategy, State: state,
+		Restart: a.restart, Incarnation: a.incarnation, RestartCount: a.restartCount, StartedAt: a.startedAt}
 	for _, c := range a.children {
 		cn := &TreeNode{
 			Name:         c.spec.Name,

@@ -44,7 +44,8 @@ func Start(ctx context.Context, system *actor.ActorSystem, name string, spec Spe
 		onAck:     func() { close(started) },
 		onStopped: func() { close(s.done) },
 	}
-	pid, err := system.Root.SpawnNamed(supervisorProps(system, name, spec.normalized(), log, s.cell), name)
+	pid, err := system.Root.SpawnNamed(supervisorProps(system, name, spec.normalized(), log, s.cell,
+		&child{spec: ChildSpec{Restart: Permanent}, incarnation: 1}), name)
 	if err != nil {
 		if errors.Is(err, actor.ErrNameExists) {
 			return nil, fmt.Errorf("%w: %s", ErrAlreadyStarted, name)
