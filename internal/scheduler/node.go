@@ -115,8 +115,8 @@ func (n *Node) Tick(pending int) Decision {
 	return Rotate(n.Running(), pending, n.policy, n.clock.Now())
 }
 
-// Running charges the running jobs' time so far and returns them, with
-// their keys' standing, for Rotate or for display.
+// Running charges the running jobs' time so far to their keys and returns
+// them, for Rotate or for display.
 func (n *Node) Running() []RunningJob {
 	now := n.clock.Now()
 	out := make([]RunningJob, 0, len(n.running))
@@ -128,7 +128,6 @@ func (n *Node) Running() []RunningJob {
 			ID:         r.job.ID,
 			Continuous: r.job.Continuous,
 			Started:    r.started,
-			Priority:   n.ledger.Peek(r.job.Key, now),
 		})
 	}
 	return out

@@ -97,6 +97,18 @@ func (p Policy) Backoff(n int) time.Duration {
 	return min(d, p.MaxBackoff)
 }
 
+// RunQuantum is how long a continuous job can expect to run before
+// rotation stops it when jobs are pending: Interval × ⌈MaxJobs/MaxChurn⌉
+// (25 minutes with the defaults). It is the share.Params.Quantum to use, so
+// that the fair-share time reserved when a job is enqueued matches what it
+// will use.
+func (p Policy) RunQuantum() time.Duration {
+	if p.MaxChurn <= 0 {
+		return p.Interval
+	}
+	return p.Interval * time.Duration(max(1, (p.MaxJobs+p.MaxChurn-1)/p.MaxChurn))
+}
+
 // StartupDelay is the random delay before a started job does any work,
 // uniform in [1 ms, StartupJitter] as CouchDB's rand:uniform(max(1, J)) ms.
 // A nil rnd uses the global source.

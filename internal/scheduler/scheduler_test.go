@@ -50,11 +50,7 @@ func TestRotate(t *testing.T) {
 		{"min run time protects young jobs", []scheduler.RunningJob{c("a", 50), c("b", 100), c("c", 10)}, 10,
 			func(p *scheduler.Policy) { p.MinRunTime = 60 * time.Second }, []string{"c", "a"}, 2},
 		{"starting is not limited by max_churn", nil, 10, func(p *scheduler.Policy) { p.MaxJobs = 8 }, nil, 8},
-		{"fair-share priority first, then longest running", []scheduler.RunningJob{
-			{ID: "a", Continuous: true, Started: at(1), Priority: 5},
-			{ID: "b", Continuous: true, Started: at(9), Priority: 9},
-			{ID: "c", Continuous: true, Started: at(2), Priority: 5},
-		}, 10, nil, []string{"b", "a"}, 2},
+		{"ties broken by id", []scheduler.RunningJob{c("b", 1), c("c", 1), c("a", 1)}, 10, nil, []string{"a", "b"}, 2},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -230,7 +226,7 @@ func TestSummarize(t *testing.T) {
 func newNode(t *testing.T, p scheduler.Policy) (*scheduler.Node, *scheduler.FakeClock) {
 	t.Helper()
 	clock := scheduler.NewFakeClock(epoch)
-	n, err := scheduler.NewNode(p, share.NewLedger(share.Params{Quantum: p.Interval}), clock)
+	n, err := scheduler.NewNode(p, share.NewLedger(share.Params{Quantum: p.RunQuantum()}), clock)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,7 +376,7 @@ func TestStartupDelay(t *testing.T) {
 func TestNodeRotationRespectsLimits(t *testing.T) {
 	p := scheduler.DefaultPolicy()
 	p.MaxJobs, p.MaxChurn = 6, 2
-	s := newSim(t, 1, p, share.Params{Quantum: p.Interval})
+	s := newSim(t, 1, p, share.Params{Quantum: p.RunQuantum()})
 	for i := range 30 {
 		j := scheduler.Job{ID: fmt.Sprintf("j%02d", i), Key: "k", Continuous: i%5 != 0}
 		pl, h := s.nodes[0].Add(j)

@@ -212,7 +212,7 @@ func TestFairShare(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := scheduler.DefaultPolicy()
 			p.MaxJobs, p.MaxChurn = tc.maxJobs, tc.maxChurn
-			s := newSim(t, tc.nodes, p, share.Params{Quantum: p.Interval})
+			s := newSim(t, tc.nodes, p, share.Params{Quantum: p.RunQuantum()})
 			s.ledger.SetShares("a/_replicator", 100)
 			s.ledger.SetShares("b/_replicator", 200)
 			s.ledger.SetShares("c/_replicator", 50)
@@ -245,5 +245,33 @@ func TestFairShare(t *testing.T) {
 			got = s.measure(2000)
 			checkShares(t, got, map[string]int{"a/_replicator": 100, "b/_replicator": 200, "c/_replicator": 400}, 0.10)
 		})
+	}
+}
+
+// TestLateJoinerInterleaves: a database that appears with 50 jobs at once
+// while two others are saturating the node gets deadlines one quantum apart,
+// so its jobs interleave with the others' instead of taking the node over,
+// and within a few rotation cycles the split is 1:1:1.
+func TestLateJoinerInterleaves(t *testing.T) {
+	p := scheduler.DefaultPolicy()
+	p.MaxJobs, p.MaxChurn = 20, 5
+	s := newSim(t, 1, p, share.Params{Quantum: p.RunQuantum()})
+	s.addJobs("a/_replicator", 50)
+	s.addJobs("b/_replicator", 50)
+	s.fill(0, p.MaxJobs)
+	s.run(500)
+
+	s.addJobs("c/_replicator", 50)
+	got := s.measure(20)
+	if got["c/_replicator"] > 0.45 {
+		t.Errorf("newcomer took %.2f of the node in its first 20 intervals, want at most 0.45", got["c/_replicator"])
+	}
+	if got["a/_replicator"] < 0.25 || got["b/_replicator"] < 0.25 {
+		t.Errorf("incumbents squeezed out by the newcomer's bulk add: %v", got)
+	}
+	s.run(20)
+	// Not only on average: every 20-interval window is within ±10%.
+	for range 10 {
+		checkShares(t, s.measure(20), map[string]int{"a/_replicator": 100, "b/_replicator": 100, "c/_replicator": 100}, 0.10)
 	}
 }

@@ -42,7 +42,7 @@ func Key(dbName, user string) string {
 // Params are the fair-share tunables shared by every account.
 type Params struct {
 	// Quantum is the running time reserved for a job when it is enqueued
-	// (normally the scheduler interval). It sets how far apart the
+	// (normally how long a job runs before rotation stops it). It sets how far apart the
 	// deadlines of one key's jobs enqueued together are; the actual running
 	// time is settled by Charge. Zero means DefaultQuantum.
 	Quantum time.Duration

@@ -29,8 +29,10 @@
 // it moves forward exactly as fast as the queue is served, which is what a
 // wall-clock deadline cannot do without knowing the capacity of the cluster.
 //
-// Enqueueing a job of key k reserves one quantum (Params.Quantum, normally
-// the scheduler interval) of running time for it and returns its deadline:
+// Enqueueing a job of key k reserves one quantum (Params.Quantum: the
+// running time a job can expect before it is rotated out, which the
+// scheduler computes as scheduler.Policy.RunQuantum) of running time for it
+// and returns its deadline:
 //
 //	start    = max(Finish(k), frontier)
 //	Finish(k) = start + Quantum·100/shares(k)
