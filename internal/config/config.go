@@ -227,7 +227,11 @@ type Replicator struct {
 	// (max_acceptors, 2).
 	MaxAcceptors int
 	// MinRunTime protects a continuous job from being stopped for rotation
-	// before it has run this long (min_run_time_sec, 60 s).
+	// before it has run this long (min_run_time_sec). The default is 0,
+	// CouchDB 3.x's rotation, which the scheduler follows: with the
+	// FoundationDB-era default of 60 s and interval = 60 s, a job started at
+	// one tick would be just short of the minimum at the next, and rotation
+	// would silently slow to every other interval.
 	MinRunTime time.Duration
 	// TransientJobMaxAge is how long a finished _replicate job is kept for
 	// _scheduler/jobs (transient_job_max_age_sec, 86400 s).
@@ -312,7 +316,6 @@ func Default() Config {
 			PriorityCoeff:            0.98,
 
 			MaxAcceptors:       2,
-			MinRunTime:         60 * time.Second,
 			TransientJobMaxAge: 86400 * time.Second,
 			MinBackoff:         32 * time.Second,
 			MaxBackoff:         172800 * time.Second,

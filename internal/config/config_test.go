@@ -57,7 +57,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.usage_coeff":                   "0.5",
 		"replicator.priority_coeff":                "0.98",
 		"replicator.max_acceptors":                 "2",
-		"replicator.min_run_time_sec":              "60",
+		"replicator.min_run_time_sec":              "0", // 3.x rotation; the fdb branch had 60
 		"replicator.transient_job_max_age_sec":     "86400",
 		"replicator.min_backoff_penalty_sec":       "32",
 		"replicator.max_backoff_penalty_sec":       "172800",
@@ -481,9 +481,23 @@ func TestFlags(t *testing.T) {
 		fs.SetOutput(io.Discard)
 		c.RegisterFlags(fs)
 		err := fs.Parse([]string{"--http", "nowhere"})
-		want := `flag --http: [couchrep] http_bind: expected host:port such as "127.0.0.1:5986", got "nowhere"`
+		want := `invalid value "nowhere" for flag -http: [couchrep] http_bind: expected host:port such as "127.0.0.1:5986", got "nowhere"`
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Parse = %v, want it to contain %s", err, want)
+		}
+	})
+	t.Run("Validate names the flag", func(t *testing.T) {
+		c := Default()
+		fs := flag.NewFlagSet("couchrepd", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		c.RegisterFlags(fs)
+		if err := fs.Parse([]string{"--admin", "127.0.0.1:5986"}); err != nil {
+			t.Fatal(err)
+		}
+		err := c.Validate()
+		want := `flag --admin: [couchrep] admin_bind: expected an address other than http_bind, got "127.0.0.1:5986"`
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to contain %s", err, want)
 		}
 	})
 	t.Run("defaults shown", func(t *testing.T) {

@@ -57,7 +57,8 @@
 // min(min_backoff_penalty_sec * 2^errors, max_backoff_penalty_sec), 32 s to
 // 2 days by default. Its other job-server keys (max_acceptors,
 // min_run_time_sec, transient_job_max_age_sec, create_replicator_db) are
-// here too, with its defaults.
+// here too, with its defaults except min_run_time_sec, which defaults to 0:
+// the scheduler rotates jobs as CouchDB 3.x does (see Replicator.MinRunTime).
 //
 // # Environment
 //

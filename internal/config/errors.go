@@ -12,12 +12,13 @@ import (
 //
 //	couchrep.ini:12: [replicator] max_jobs: expected a non-negative integer, got "abc"
 //
-// and for an environment variable or a flag File names the variable or flag
-// ("env COUCHREP_REPLICATOR_MAX_JOBS", "flag --http") and Line is 0. Errors
-// found by Validate on a Config built in Go have no File.
+// and for an environment variable File names it ("env
+// COUCHREP_REPLICATOR_MAX_JOBS") and Line is 0. Validate names a flag as
+// "flag --http"; errors about a value set in Go have no File.
 type Error struct {
 	// File is the config file's name, or "env NAME" / "flag --name";
-	// empty for a value set in Go.
+	// empty for a value set in Go (and in the error fs.Parse reports, which
+	// names the flag itself).
 	File string
 	// Line is the 1-based line in File, 0 when not from a file.
 	Line int

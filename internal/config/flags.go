@@ -27,7 +27,8 @@ var flags = []flagSpec{
 // is parsed and applied to c when fs.Parse sees it, so call RegisterFlags
 // after loading the file and applying the environment to get the precedence
 // defaults < file < environment < flags. An invalid value makes fs.Parse
-// fail with the *Error (File "flag --name") in its message.
+// fail with the *Error in its message: `invalid value "x" for flag -http:
+// [couchrep] http_bind: expected host:port such as "127.0.0.1:5986", got "x"`.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	for _, f := range flags {
 		fs.Var(&flagValue{c: c, spec: f}, f.name, f.usage)
@@ -54,6 +55,7 @@ func (v *flagValue) String() string {
 func (v *flagValue) Set(s string) error {
 	v.c.own()
 	if err := v.c.set(origin{file: "flag --" + v.spec.name}, v.spec.section, v.spec.key, s); err != nil {
+		err.File = "" // the flag package's message already names the flag
 		return err
 	}
 	return nil
