@@ -114,7 +114,16 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 	if err != nil {
 		return lastSeq, err
 	}
-	defer drain(resp)
+	defer func() {
+		if err != nil {
+			// The feed may never end (continuous, or a server ignoring
+			// timeout=): do not read on, drop the connection.
+			cancel(err)
+			_ = resp.Body.Close()
+			return
+		}
+		drain(resp)
+	}()
 
 	w := newFeedWatch(cancel, opts)
 	defer w.stop()

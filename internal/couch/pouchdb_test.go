@@ -1,0 +1,331 @@
+package couch_test
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// specialIDs are document IDs whose escaping has gone wrong in replicators.
+var specialIDs = []string{"a/b", "a b", "ü", "a+b", "100%", "q?x=1&y#z", "_design/x"}
+
+// pouchSource starts a pouchdb-server with a source database holding
+// conflicts, a tombstone, attachments and awkward IDs.
+func pouchSource(t *testing.T) (*testserver.Server, *couch.DB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts pouchdb-server")
+	}
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "source")
+	docs := []map[string]any{
+		testserver.Doc("conflicted", []string{"2-bbb", "1-aaa"}, map[string]any{"v": "b"}),
+		testserver.Doc("conflicted", []string{"2-ccc", "1-aaa"}, map[string]any{"v": "c"}),
+		testserver.Deleted(testserver.Doc("conflicted", []string{"3-ddd", "2-eee", "1-aaa"}, nil)),
+		testserver.Deleted(testserver.Doc("gone", []string{"2-zzz", "1-yyy"}, nil)),
+		testserver.WithAttachment(testserver.Doc("with-att", []string{"1-att"}, map[string]any{"k": 1}), "hello.txt", "text/plain", []byte("hello, world")),
+	}
+	for i, id := range specialIDs {
+		docs = append(docs, testserver.Doc(id, []string{fmt.Sprintf("1-%03d", i)}, map[string]any{"i": i}))
+	}
+	s.PutRevs(t, src, docs...)
+	return s, db(t, src)
+}
+
+func db(t *testing.T, rawURL string) *couch.DB {
+	t.Helper()
+	ep, err := couch.ParseEndpoint(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return couch.NewDB(ep, couch.Options{Retries: 2, RetryBackoff: 10 * time.Millisecond})
+}
+
+// leaves lists every id's leaf revisions from the changes feed.
+func leaves(t *testing.T, d *couch.DB) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	_, err := d.Changes(context.Background(), couch.ChangesOptions{Style: couch.StyleAllDocs}, func(c couch.Change) error {
+		revs := append([]string(nil), c.Revs...)
+		sort.Strings(revs)
+		out[c.ID] = revs
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestPouchDBInfoAndCreate(t *testing.T) {
+	s, src := pouchSource(t)
+	ctx := context.Background()
+	si, err := src.ServerInfo(ctx)
+	if err != nil || si.UUID == "" || si.Version == "" {
+		t.Fatalf("ServerInfo = %+v, %v", si, err)
+	}
+	info, err := src.Info(ctx)
+	if err != nil || info.DBName != "source" || info.InstanceStartTime == "" {
+		t.Fatalf("Info = %+v, %v", info, err)
+	}
+	if n, ok := info.UpdateSeq.Int(); !ok || n != int64(5+len(specialIDs)) { // one per stored revision
+		t.Errorf("update_seq = %s, want the integer %d", info.UpdateSeq, 5+len(specialIDs))
+	}
+	if err := src.Create(ctx, nil); !errors.Is(err, couch.ErrExists) {
+		t.Errorf("Create existing = %v, want ErrExists", err)
+	}
+	missing := db(t, s.DBURL("missing"))
+	if _, err := missing.Info(ctx); !errors.Is(err, couch.ErrNotFound) {
+		t.Errorf("Info of a missing db = %v, want ErrNotFound", err)
+	}
+	if err := missing.Create(ctx, nil); err != nil {
+		t.Errorf("Create = %v", err)
+	}
+	if ist, err := src.EnsureFullCommit(ctx); err != nil || ist != info.InstanceStartTime {
+		t.Errorf("EnsureFullCommit = %q, %v; want %q", ist, err, info.InstanceStartTime)
+	}
+}
+
+func TestPouchDBChanges(t *testing.T) {
+	s, src := pouchSource(t)
+	ctx := context.Background()
+	all := leaves(t, src)
+	want := map[string][]string{
+		"conflicted": {"2-bbb", "2-ccc", "3-ddd"},
+		"gone":       {"2-zzz"},
+		"with-att":   {"1-att"},
+	}
+	for i, id := range specialIDs {
+		want[id] = []string{fmt.Sprintf("1-%03d", i)}
+	}
+	if fmt.Sprint(all) != fmt.Sprint(want) {
+		t.Fatalf("all_docs leaves = %v\nwant %v", all, want)
+	}
+
+	var rows []couch.Change
+	last, err := src.Changes(ctx, couch.ChangesOptions{Limit: 3}, func(c couch.Change) error { rows = append(rows, c); return nil })
+	if err != nil || len(rows) != 3 || !last.Equal(rows[2].Seq) {
+		t.Fatalf("limit 3: %d rows, last %s, %v", len(rows), last, err)
+	}
+	var rest int
+	end, err := src.Changes(ctx, couch.ChangesOptions{Since: last}, func(couch.Change) error { rest++; return nil })
+	if err != nil || rest != len(want)-3 || !end.Equal(lastSeq(t, src)) {
+		t.Fatalf("since %s: %d rows, %v; want %d", last, rest, err, len(want)-3)
+	}
+
+	ids := map[string]bool{}
+	_, err = src.Changes(ctx, couch.ChangesOptions{DocIDs: []string{"a/b", "ü", "nope"}}, func(c couch.Change) error { ids[c.ID] = true; return nil })
+	if err != nil || len(ids) != 2 || !ids["a/b"] || !ids["ü"] {
+		t.Fatalf("doc_ids: %v, %v", ids, err)
+	}
+
+	// A named JavaScript filter with query_params. "==": pouchdb-server
+	// JSON-parses query values (2, not "2"); CouchDB passes strings.
+	s.PutDocs(t, s.DBURL("source"), map[string]any{
+		"_id":     "_design/app",
+		"filters": map[string]any{"by_i": "function(doc, req) { return doc.i == req.query.i; }"},
+	})
+	ids = map[string]bool{}
+	_, err = src.Changes(ctx, couch.ChangesOptions{Filter: "app/by_i", QueryParams: map[string]string{"i": "2"}}, func(c couch.Change) error { ids[c.ID] = true; return nil })
+	if err != nil || len(ids) != 1 || !ids[specialIDs[2]] {
+		t.Fatalf("named filter: %v, %v", ids, err)
+	}
+
+	// pouchdb-server ignores timeout= on longpoll: the client's own timer ends it.
+	now, _ := src.Info(ctx)
+	n := 0
+	lp, err := src.Changes(ctx, couch.ChangesOptions{Feed: couch.FeedLongpoll, Since: now.UpdateSeq, Timeout: 200 * time.Millisecond}, func(couch.Change) error { n++; return nil })
+	if err != nil || n != 0 || !lp.Equal(now.UpdateSeq) {
+		t.Fatalf("idle longpoll: %d rows, last %s, %v; want none and %s", n, lp, err, now.UpdateSeq)
+	}
+}
+
+// lastSeq returns the feed's last_seq.
+func lastSeq(t *testing.T, d *couch.DB) couch.Seq {
+	t.Helper()
+	last, err := d.Changes(context.Background(), couch.ChangesOptions{}, func(couch.Change) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	return last
+}
+
+func TestPouchDBContinuous(t *testing.T) {
+	s, src := pouchSource(t)
+	info, err := src.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got := make(chan couch.Change, 10)
+	done := make(chan error, 1)
+	go func() {
+		_, err := src.Changes(ctx, couch.ChangesOptions{Feed: couch.FeedContinuous, Since: info.UpdateSeq, Heartbeat: 100 * time.Millisecond, Style: couch.StyleAllDocs},
+			func(c couch.Change) error {
+				got <- c
+				if c.ID == "last" {
+					return errStop
+				}
+				return nil
+			})
+		done <- err
+	}()
+	// Written after the feed is open (or not; since= makes either order work).
+	s.PutDocs(t, s.DBURL("source"), map[string]any{"_id": "live"}, map[string]any{"_id": "last"})
+	if err := <-done; !errors.Is(err, errStop) {
+		t.Fatalf("continuous feed ended with %v", err)
+	}
+	close(got)
+	var ids []string
+	for c := range got {
+		ids = append(ids, c.ID)
+	}
+	if strings.Join(ids, ",") != "live,last" {
+		t.Fatalf("continuous rows %v", ids)
+	}
+}
+
+var errStop = errors.New("stop")
+
+func TestPouchDBReplicateByHand(t *testing.T) {
+	s, src := pouchSource(t)
+	ctx := context.Background()
+	tgtURL := s.CreateDB(t, "target")
+	tgt := db(t, tgtURL)
+	want := leaves(t, src)
+
+	diff, err := tgt.RevsDiff(ctx, want)
+	if err != nil || len(diff) != len(want) {
+		t.Fatalf("RevsDiff = %d ids, %v; want %d", len(diff), err, len(want))
+	}
+	var reqs []couch.BulkGetRequest
+	for id, d := range diff {
+		for _, rev := range d.Missing {
+			reqs = append(reqs, couch.BulkGetRequest{ID: id, Rev: rev})
+		}
+	}
+	var docs []json.RawMessage
+	fetched := map[string]bool{}
+	err = src.BulkGet(ctx, reqs, func(d couch.Doc) error {
+		fetched[d.ID+" "+d.Rev] = true
+		if d.ID == "with-att" && (!d.HasAttachments || !strings.Contains(string(d.Body), base64.StdEncoding.EncodeToString([]byte("hello, world")))) {
+			t.Errorf("with-att body lacks inline data: %s", d.Body)
+		}
+		docs = append(docs, d.Body)
+		return nil
+	})
+	if err != nil || len(fetched) != len(reqs) {
+		t.Fatalf("BulkGet fetched %d of %d: %v", len(fetched), len(reqs), err)
+	}
+	res, err := tgt.BulkDocs(ctx, docs, false)
+	if err != nil || len(res) != 0 {
+		t.Fatalf("BulkDocs = %+v, %v", res, err)
+	}
+	if got := leaves(t, tgt); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("target leaves %v\nwant %v", got, want)
+	}
+	again, err := tgt.RevsDiff(ctx, want)
+	if err != nil || len(again) != 0 {
+		t.Fatalf("RevsDiff after copy = %v, %v", again, err)
+	}
+
+	// OpenRevs (the fallback) for every special ID: escaping round-trips.
+	for i, id := range specialIDs {
+		var got []couch.Doc
+		if err := src.OpenRevs(ctx, id, []string{fmt.Sprintf("1-%03d", i)}, nil, func(d couch.Doc) error { got = append(got, d); return nil }); err != nil {
+			t.Fatalf("OpenRevs(%q): %v", id, err)
+		}
+		if len(got) != 1 || got[0].ID != id {
+			t.Fatalf("OpenRevs(%q) = %+v", id, got)
+		}
+	}
+	var conflicted []string
+	if err := src.OpenRevs(ctx, "conflicted", []string{"2-bbb", "2-ccc", "3-ddd"}, []string{"1-aaa"}, func(d couch.Doc) error {
+		conflicted = append(conflicted, fmt.Sprintf("%s:%v", d.Rev, d.Deleted))
+		return nil
+	}); err != nil || len(conflicted) != 3 {
+		t.Fatalf("OpenRevs conflicted = %v, %v", conflicted, err)
+	}
+	// pouchdb-server answers 200 [{"missing":...}] for an unknown doc
+	// (CouchDB: 404); either way nothing is delivered.
+	n := 0
+	if err := src.OpenRevs(ctx, "no-such-doc", []string{"1-a"}, nil, func(couch.Doc) error { n++; return nil }); (err != nil && !errors.Is(err, couch.ErrNotFound)) || n != 0 {
+		t.Fatalf("OpenRevs of a missing doc = %d docs, %v", n, err)
+	}
+}
+
+func TestPouchDBPutDocMultipart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts pouchdb-server")
+	}
+	s := testserver.StartPouchDB(t)
+	tgtURL := s.CreateDB(t, "target")
+	tgt := db(t, tgtURL)
+	data := []byte(strings.Repeat("0123456789abcdef", 64<<10)) // 1 MiB
+	doc := couch.Doc{
+		ID: "big att/ü", Rev: "2-b2",
+		Body: json.RawMessage(`{"_id":"big att/ü","_rev":"2-b2","_revisions":{"start":2,"ids":["b2","a1"]},"v":1,` +
+			`"_attachments":{"blob.bin":{"content_type":"application/octet-stream","length":` + fmt.Sprint(len(data)) + `,"follows":true}}}`),
+		HasAttachments: true,
+		Attachments:    []couch.Attachment{{Name: "blob.bin", ContentType: "application/octet-stream", Data: data}},
+	}
+	if err := tgt.PutDoc(context.Background(), doc); err != nil {
+		t.Fatal(err)
+	}
+	got := s.Do(t, http.MethodGet, tgtURL+url.PathEscape(doc.ID)+"/blob.bin", nil, http.StatusOK)
+	if string(got) != string(data) {
+		t.Fatalf("attachment round trip: %d bytes, want %d", len(got), len(data))
+	}
+	var stored map[string]any
+	s.GetJSON(t, tgtURL+url.PathEscape(doc.ID)+"?revs=true", &stored)
+	if stored["_rev"] != "2-b2" || stored["v"] != float64(1) {
+		t.Fatalf("stored %v", stored)
+	}
+	if err := tgt.PutDoc(context.Background(), couch.Doc{ID: "plain", Body: json.RawMessage(`{"_id":"plain","_rev":"1-x"}`)}); err != nil {
+		t.Fatalf("JSON PutDoc: %v", err)
+	}
+}
+
+func TestPouchDBLocalDocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts pouchdb-server")
+	}
+	s := testserver.StartPouchDB(t)
+	d := db(t, s.CreateDB(t, "db"))
+	ctx := context.Background()
+	if _, err := d.GetLocal(ctx, "cp"); !errors.Is(err, couch.ErrNotFound) {
+		t.Fatalf("GetLocal missing = %v", err)
+	}
+	rev, err := d.PutLocal(ctx, "cp", json.RawMessage(`{"session_id":"s1","source_last_seq":5}`))
+	if err != nil || rev == "" {
+		t.Fatalf("PutLocal = %q, %v", rev, err)
+	}
+	if _, err := d.PutLocal(ctx, "_local/cp", json.RawMessage(`{"session_id":"s2"}`)); !errors.Is(err, couch.ErrConflict) {
+		t.Fatalf("PutLocal without _rev = %v, want ErrConflict", err)
+	}
+	if _, err := d.PutLocal(ctx, "cp", json.RawMessage(`{"_rev":"`+rev+`","session_id":"s2"}`)); err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.GetLocal(ctx, "cp")
+	var got struct {
+		SessionID string `json:"session_id"`
+	}
+	if err != nil || json.Unmarshal(b, &got) != nil || got.SessionID != "s2" {
+		t.Fatalf("GetLocal = %s, %v", b, err)
+	}
+	if _, err := d.GetLocal(ctx, "cp"); err != nil {
+		t.Fatal(err)
+	}
+}
