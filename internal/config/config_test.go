@@ -286,12 +286,12 @@ func TestParseErrors(t *testing.T) {
 
 func TestParseReportsSeveralErrors(t *testing.T) {
 	t.Parallel()
-	_, err := Parse("t.ini", strings.NewReader("[replicator]\nmax_jobs = x\nmax_churn = y\n[nope]\nignored_below_unknown_section = 1\n"))
+	_, err := Parse("t.ini", strings.NewReader("[replicator]\nmax_jobs = x\nmax_churn = y\n[nope]\nignored_below_unknown_section = 1\nnot even a key\n[bad header\nskipped = too\n"))
 	if err == nil {
 		t.Fatal("want errors")
 	}
 	lines := strings.Split(err.Error(), "\n")
-	want := []string{"t.ini:2: [replicator] max_jobs", "t.ini:3: [replicator] max_churn", "t.ini:4: expected a known section"}
+	want := []string{"t.ini:2: [replicator] max_jobs", "t.ini:3: [replicator] max_churn", "t.ini:4: expected a known section", "t.ini:7: expected a section header"}
 	if len(lines) != len(want) {
 		t.Fatalf("got %d errors, want %d:\n%v", len(lines), len(want), err)
 	}
@@ -615,6 +615,16 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			if !errors.Is(err, ErrInvalid) {
 				t.Fatalf("Parse error is not ErrInvalid: %v", err)
+			}
+			joined, ok := err.(interface{ Unwrap() []error })
+			if !ok {
+				t.Fatalf("Parse error %T is not a joined list of *Error", err)
+			}
+			for _, e := range joined.Unwrap() {
+				var ce *Error
+				if !errors.As(e, &ce) || ce.Line < 1 || ce.Expected == "" || (ce.Section != "" && !slices.Contains(sections, ce.Section)) {
+					t.Fatalf("malformed error %#v", e)
+				}
 			}
 			return
 		}

@@ -64,6 +64,10 @@ func Parse(name string, r io.Reader) (Config, error) {
 	return c, nil
 }
 
+// skipSection is the parser's section below an unknown or malformed
+// header: its lines are skipped, the header having been reported.
+const skipSection = "\x00skip"
+
 // parser is one Parse in progress.
 type parser struct {
 	c       *Config
@@ -93,17 +97,20 @@ func (p *parser) parseLine(raw string) {
 			rest = strings.TrimSpace(line[end+1:])
 		}
 		if end < 0 || (rest != "" && rest[0] != ';' && rest[0] != '#') {
-			p.section = ""
 			p.fail("", "", `a section header such as "[replicator]"`, line)
+			p.section = skipSection
 			return
 		}
 		name := strings.TrimSpace(line[1:end])
 		if !slices.Contains(sections, name) {
 			p.fail("", "", "a known section (["+strings.Join(sections, "], [")+"])", "["+name+"]")
-			p.section = "\x00unknown" // keys below it are not reported again
+			p.section = skipSection
 			return
 		}
 		p.section = name
+		return
+	}
+	if p.section == skipSection {
 		return
 	}
 	eq := strings.IndexByte(line, '=')
@@ -113,11 +120,8 @@ func (p *parser) parseLine(raw string) {
 	}
 	key := strings.TrimSpace(line[:eq])
 	val := stripComment(strings.TrimSpace(line[eq+1:]))
-	switch p.section {
-	case "":
+	if p.section == "" {
 		p.fail("", key, `a "[section]" header before the first key`, line)
-		return
-	case "\x00unknown":
 		return
 	}
 	if key == "" {
