@@ -608,6 +608,9 @@ func (a *supervisorActor) onKill(ctx actor.Context, m *killRequest) error {
 		return nil // already on its way out
 	}
 	c.killReason = "killed: " + m.reason
+	if c.state == Running {
+		c.state = Stopping // a Starting child stays Starting: its start fails
+	}
 	if c.isSupervisor() {
 		ctx.Send(c.pid, &shutdownRequest{})
 	} else {

@@ -707,3 +707,95 @@ func TestExitUnsupervised(t *testing.T) {
 		t.Fatalf("trace %v", got)
 	}
 }
+
+// TestConcurrentKills: exits that arrive while a restart is under way are
+// applied after it; the tree ends whole.
+func TestConcurrentKills(t *testing.T) {
+	for _, strategy := range []supervisor.Strategy{supervisor.OneForOne, supervisor.OneForAll, supervisor.RestForOne} {
+		t.Run(strategy.String(), func(t *testing.T) {
+			system := newSystem(t)
+			events := watchEvents(t, system)
+			tr := &trace{}
+			var children []supervisor.ChildSpec
+			names := []string{"a", "b", "c", "d", "e"}
+			for _, n := range names {
+				children = append(children, workerSpec(tr, n, supervisor.Permanent))
+			}
+			sup := startTree(t, system, "top", supervisor.Spec{Strategy: strategy, MaxRestarts: 1000, Period: time.Hour, Children: children})
+			ctx := testContext(t)
+			for round := 0; round < 20; round++ {
+				for _, n := range []string{"d", "b", "e", "a"} {
+					err := supervisor.Kill(ctx, system, actor.NewPID("nonhost", "top/"+n), "burst")
+					if err != nil && !errors.Is(err, supervisor.ErrNotFound) { // not running at that instant
+						t.Fatal(err)
+					}
+				}
+				pos := events.mark()
+				for {
+					tree := which(t, system, sup.PID())
+					whole := true
+					for _, c := range tree.Children {
+						whole = whole && c.State == supervisor.Running
+					}
+					if whole {
+						break
+					}
+					pos, _ = events.await(t, pos, "any", func(*supervisor.Event) bool { return true })
+					pos++
+				}
+			}
+			for _, e := range events.since(0) {
+				if e.Kind == supervisor.GaveUp || e.Kind == supervisor.StartFailed {
+					t.Fatalf("unexpected %s", e)
+				}
+			}
+			tree := which(t, system, sup.PID())
+			for _, c := range tree.Children {
+				if c.Name == "c" && strategy == supervisor.OneForOne && c.RestartCount != 0 {
+					t.Errorf("c restarted %d times under one_for_one", c.RestartCount)
+				}
+				if c.Name != "c" && c.RestartCount == 0 {
+					t.Errorf("%s never restarted", c.Name)
+				}
+			}
+			// Every start and stop alternates per child.
+			last := map[string]string{}
+			for _, e := range tr.since(0) {
+				kind, name, _ := strings.Cut(e, ":")
+				if last[name] == kind {
+					t.Fatalf("%s twice in a row for %s: %v", kind, name, tr.since(0))
+				}
+				last[name] = kind
+			}
+		})
+	}
+}
+
+// TestStartCanceled: Start returns the context's error when it ends before
+// the tree has started; the tree then shuts itself down.
+func TestStartCanceled(t *testing.T) {
+	system := newSystem(t)
+	events := watchEvents(t, system)
+	tr := &trace{}
+	gate, entered := make(chan struct{}), make(chan struct{})
+	slow := actor.PropsFromProducer(func() actor.Actor {
+		return &worker{name: "b", tr: tr, gate: gate, entered: entered}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := supervisor.Start(ctx, system, "top", supervisor.Spec{Strategy: supervisor.OneForOne,
+			Children: []supervisor.ChildSpec{workerSpec(tr, "a", 0), {Name: "b", Props: slow}}})
+		done <- err
+	}()
+	<-entered
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start: %v", err)
+	}
+	close(gate)
+	events.await(t, 0, "a stopped", is(supervisor.ChildExited, "top", "a"))
+	if got, want := tr.since(0), []string{"start:a", "start:b", "stop:b", "stop:a"}; !equal(got, want) {
+		t.Fatalf("trace %v, want %v", got, want)
+	}
+}
