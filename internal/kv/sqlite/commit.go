@@ -216,11 +216,15 @@ func (db *DB) runBatch(batch []*commitReq) {
 // batch that validates. It returns the keys written (for watches) and the
 // commit version.
 func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64, err error) {
-	w := db.writer
 	if err := db.lockFile(); err != nil {
 		return touched, 0, err
 	}
 	defer db.unlockFile()
+	return db.writeLocked(batch)
+}
+
+func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int64, err error) {
+	w := db.writer
 	if err := w.exec("BEGIN IMMEDIATE"); err != nil {
 		return touched, 0, fmt.Errorf("%w: begin: %v", errRetry, err)
 	}

@@ -120,12 +120,13 @@ func (o *Options) fill() {
 // DB is an open store. It implements kv.Database and is safe for concurrent
 // use.
 type DB struct {
-	path string
-	opts Options
-	log  zerolog.Logger
-	sql  *sql.DB
-	lock *os.File // the sidecar lock file, flocked around write transactions
-	seed maphash.Seed
+	path  string
+	opts  Options
+	log   zerolog.Logger
+	sql   *sql.DB
+	lock  *os.File // "<path>.lock", flocked around write transactions
+	queue *os.File // "<path>.lock-queue", the turnstile in front of lock
+	seed  maphash.Seed
 
 	writer  *writerConn
 	readers chan *readerConn // idle reader connections
@@ -213,21 +214,9 @@ func (db *DB) init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var appID int64
-	if err := conn.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+	if err := checkStore(ctx, conn); err != nil {
 		conn.Close()
 		return err
-	}
-	if appID != applicationID {
-		var tables int
-		if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
-			conn.Close()
-			return err
-		}
-		if appID != 0 || tables != 0 {
-			conn.Close()
-			return fmt.Errorf("%w (application_id %#x, %d schema entries)", ErrNotStore, appID, tables)
-		}
 	}
 	if _, err := conn.ExecContext(ctx, "PRAGMA journal_mode=WAL"); err != nil {
 		conn.Close()
@@ -247,6 +236,10 @@ func (db *DB) init(ctx context.Context) error {
 		return fmt.Errorf("lock file: %w", err)
 	}
 	db.lock = lock
+	if db.queue, err = os.OpenFile(db.path+".lock-queue", os.O_CREATE|os.O_RDWR, 0o644); err != nil {
+		conn.Close()
+		return fmt.Errorf("lock file: %w", err)
+	}
 	w, err := newWriterConn(ctx, conn)
 	if err != nil {
 		conn.Close()
@@ -269,6 +262,27 @@ func (db *DB) init(ctx context.Context) error {
 		return err
 	}
 	return w.prepare(ctx)
+}
+
+// checkStore refuses an SQLite file that is not empty and not ours,
+// reading its header and schema in one snapshot, without writing.
+func checkStore(ctx context.Context, conn *sql.Conn) error {
+	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+		return err
+	}
+	defer conn.ExecContext(context.Background(), "ROLLBACK") //nolint:errcheck // read-only
+	var appID int64
+	var tables int
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
+		return err
+	}
+	if err := conn.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+		return err
+	}
+	if appID != applicationID && (appID != 0 || tables != 0) {
+		return fmt.Errorf("%w (application_id %#x, %d schema entries)", ErrNotStore, appID, tables)
+	}
+	return nil
 }
 
 func createSchema(ctx context.Context, conn *sql.Conn) error {
@@ -299,21 +313,33 @@ func createSchema(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
+// lockFile takes the inter-process write lock. It passes through a
+// turnstile first: the queue lock is held while waiting for the main lock
+// and released once it is taken. A process that just released the main
+// lock must pass the turnstile again, which a waiting process holds, so the
+// waiter gets the main lock first. flock alone wakes waiters without
+// handing the lock over, and a busy process would take it again at once.
 func (db *DB) lockFile() error {
-	for {
-		err := syscall.Flock(int(db.lock.Fd()), syscall.LOCK_EX)
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("sqlite: lock %s.lock: %w", db.path, err)
-		}
-		return nil
+	if err := flock(db.queue, syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("sqlite: lock %s: %w", db.queue.Name(), err)
 	}
+	err := flock(db.lock, syscall.LOCK_EX)
+	_ = flock(db.queue, syscall.LOCK_UN)
+	if err != nil {
+		return fmt.Errorf("sqlite: lock %s: %w", db.lock.Name(), err)
+	}
+	return nil
 }
 
-func (db *DB) unlockFile() {
-	_ = syscall.Flock(int(db.lock.Fd()), syscall.LOCK_UN)
+func (db *DB) unlockFile() { _ = flock(db.lock, syscall.LOCK_UN) }
+
+func flock(f *os.File, how int) error {
+	for {
+		err := syscall.Flock(int(f.Fd()), how)
+		if err != syscall.EINTR {
+			return err
+		}
+	}
 }
 
 // Path returns the file the store was opened on.
@@ -359,8 +385,10 @@ func (db *DB) closeResources() error {
 	if db.sql != nil {
 		errs = append(errs, db.sql.Close())
 	}
-	if db.lock != nil {
-		errs = append(errs, db.lock.Close())
+	for _, f := range []*os.File{db.lock, db.queue} {
+		if f != nil {
+			errs = append(errs, f.Close())
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("sqlite: close %s: %w", db.path, err)

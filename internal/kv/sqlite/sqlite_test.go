@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -62,3 +63,5 @@ func TestConformanceMultiProcess(t *testing.T) {
 	db, path := openTemp(t, Options{})
 	kvtest.RunMultiProcess(t, db, path)
 }
+
+func errorsIs(err, target error) bool { return errors.Is(err, target) }
