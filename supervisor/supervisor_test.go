@@ -44,6 +44,9 @@ func TestStartAndStopOrder(t *testing.T) {
 		t.Fatalf("start order %v, want %v", got, want)
 	}
 	tree := which(t, system, sup.PID())
+	if tree.Incarnation != 1 || tree.State != supervisor.Running || len(child(tree, "inner").Children) != 2 {
+		t.Errorf("tree:\n%s", tree)
+	}
 	if got := tree.String(); !strings.Contains(got, "inner (rest_for_one) permanent running") {
 		t.Errorf("tree misses the nested supervisor:\n%s", got)
 	}
