@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -68,7 +69,7 @@ type Node struct {
 	system    *actor.ActorSystem
 	ownSystem bool
 	sup       *supervisor.Supervisor
-	events    *actor.Subscription
+	events    *eventstream.Subscription
 }
 
 // Start starts a node and returns once its whole supervision tree is running.

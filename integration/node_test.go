@@ -153,7 +153,7 @@ func TestSIGTERMStopsChildrenInReverseOrder(t *testing.T) {
 		t.Fatalf("couchrepd after SIGTERM: %v\n%s", err, n.logs.String())
 	}
 	var stopped []string
-	for _, line := range n.logLines(`"msg":"supervisor"`, `"supervisor":"couchrep_sup"`, `"event":"child_exited"`) {
+	for _, line := range n.logLines(`"message":"supervisor"`, `"supervisor":"couchrep_sup"`, `"event":"child_exited"`) {
 		var rec struct {
 			Child string `json:"child"`
 		}

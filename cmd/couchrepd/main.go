@@ -110,10 +110,8 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, error) {
 
 // serve runs a node until ctx ends or the node's tree gives up.
 func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error {
-	if cfg.Couchrep.DataDir != "" {
-		if err := os.MkdirAll(cfg.Couchrep.DataDir, 0o755); err != nil {
-			return fmt.Errorf("create data directory: %w", err)
-		}
+	if err := cfg.Complete(); err != nil {
+		return err
 	}
 	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(logger))
 	if err != nil {
