@@ -168,21 +168,118 @@ func (p *presence) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// newDoc reads the metadata of a document body (which it keeps, not copies).
+// newDoc reads the metadata of a document body (which it keeps, not
+// copies). body must be valid JSON (it came through a json.Decoder); the
+// top-level keys are scanned without decoding the rest of the document.
 func newDoc(body json.RawMessage) (Doc, error) {
-	var meta struct {
-		ID          string   `json:"_id"`
-		Rev         string   `json:"_rev"`
-		Deleted     bool     `json:"_deleted"`
-		Attachments presence `json:"_attachments"`
+	var doc Doc
+	doc.Body = body
+	b := body
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != '{' {
+		return Doc{}, fmt.Errorf("document is not an object: %.100s", body)
 	}
-	if err := json.Unmarshal(body, &meta); err != nil {
-		return Doc{}, fmt.Errorf("document: %w", err)
+	i++
+	for {
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return Doc{}, fmt.Errorf("document truncated: %.100s", body)
+		}
+		if b[i] == '}' {
+			break
+		}
+		if b[i] == ',' {
+			i++
+			continue
+		}
+		kEnd := skipValue(b, i)
+		key := b[i:kEnd]
+		i = skipWS(b, kEnd)
+		if i >= len(b) || b[i] != ':' {
+			return Doc{}, fmt.Errorf("document malformed: %.100s", body)
+		}
+		vStart := skipWS(b, i+1)
+		i = skipValue(b, vStart)
+		val := b[vStart:i]
+		switch string(key) {
+		case `"_id"`:
+			if err := json.Unmarshal(val, &doc.ID); err != nil {
+				return Doc{}, fmt.Errorf("document _id: %w", err)
+			}
+		case `"_rev"`:
+			if err := json.Unmarshal(val, &doc.Rev); err != nil {
+				return Doc{}, fmt.Errorf("document _rev: %w", err)
+			}
+		case `"_deleted"`:
+			doc.Deleted = string(val) == "true"
+		case `"_attachments"`:
+			var p presence
+			_ = p.UnmarshalJSON(val)
+			doc.HasAttachments = bool(p)
+		}
 	}
-	if meta.ID == "" || meta.Rev == "" {
+	if doc.ID == "" || doc.Rev == "" {
 		return Doc{}, fmt.Errorf("document without _id or _rev: %.100s", body)
 	}
-	return Doc{ID: meta.ID, Rev: meta.Rev, Deleted: meta.Deleted, Body: body, HasAttachments: bool(meta.Attachments)}, nil
+	return doc, nil
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the index just past the JSON value starting at b[i]
+// (valid JSON assumed).
+func skipValue(b []byte, i int) int {
+	if i >= len(b) {
+		return i
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return i
+	default: // number, true, false, null
+		for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\t' && b[i] != '\r' {
+			i++
+		}
+		return i
+	}
+}
+
+// skipString returns the index just past the string starting at b[i].
+func skipString(b []byte, i int) int {
+	i++
+	for i < len(b) {
+		switch b[i] {
+		case '\\':
+			i += 2
+			continue
+		case '"':
+			return i + 1
+		}
+		i++
+	}
+	return i
 }
 
 // maxURLLen keeps open_revs URLs under common proxy limits (CouchDB's

@@ -336,3 +336,26 @@ func TestPutDoc(t *testing.T) {
 		})
 	}
 }
+
+func TestNewDoc(t *testing.T) {
+	tests := []struct {
+		body string
+		want string // "id|rev|deleted|atts" or "error"
+	}{
+		{`{"_id":"a","_rev":"1-a"}`, "a|1-a|false|false"},
+		{` { "x" : {"_id":"no","s":"}\"]"} , "_rev" : "2-b", "_id" : "a\"\u00fc", "_deleted" : true, "n": -1.5e3, "_attachments": {"f":{"stub":true}} } `, "a\"ü|2-b|true|true"},
+		{`{"_attachments":{},"_id":"a","_rev":"1-a","l":[1,[2,{"_id":"x"}]],"z":null}`, "a|1-a|false|false"},
+		{`{"_id":"a"}`, "error"},
+		{`[1]`, "error"},
+	}
+	for _, tt := range tests {
+		d, err := newDoc(json.RawMessage(tt.body))
+		got := "error"
+		if err == nil {
+			got = fmt.Sprintf("%s|%s|%v|%v", d.ID, d.Rev, d.Deleted, d.HasAttachments)
+		}
+		if got != tt.want {
+			t.Errorf("newDoc(%s) = %s (%v), want %s", tt.body, got, err, tt.want)
+		}
+	}
+}
