@@ -84,6 +84,7 @@ type Replication struct {
 	now func() time.Time
 
 	src, tgt *couch.DB
+	ownTr    *http.Transport // built by openDBs; idle connections closed when Run ends
 	base     string
 	ext      string
 
@@ -168,6 +169,7 @@ func (r *Replication) openDBs() error {
 		tr.MaxIdleConnsPerHost = max(r.p.HTTPConnections, 2) * 2
 		tr.MaxConnsPerHost = max(r.p.HTTPConnections, 2) * 2
 		client = &http.Client{Transport: tr, Timeout: 0}
+		r.ownTr = tr
 	}
 	lim := newRateLimiter(r.now)
 	opts := couch.Options{HTTPClient: client, Logger: r.log, Retries: r.p.RetriesPerRequest,
@@ -203,6 +205,9 @@ type batch struct {
 func (r *Replication) Run(ctx context.Context) (Result, error) {
 	if err := r.openDBs(); err != nil {
 		return Result{}, err
+	}
+	if r.ownTr != nil {
+		defer r.ownTr.CloseIdleConnections()
 	}
 	p := r.p
 	if p.CreateTarget {
