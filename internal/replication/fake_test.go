@@ -48,7 +48,9 @@ func newFakeCouch(t testing.TB) *fakeCouch {
 	return f
 }
 
-func (f *fakeCouch) addDB(name string) { f.dbs[name] = &fakeDB{docs: map[string]fakeDoc{}, local: map[string]map[string]any{}} }
+func (f *fakeCouch) addDB(name string) {
+	f.dbs[name] = &fakeDB{docs: map[string]fakeDoc{}, local: map[string]map[string]any{}}
+}
 
 // put stores body as revision 1-<id-hash> of its _id.
 func (f *fakeCouch) put(db string, body map[string]any) {
