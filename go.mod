@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	connectrpc.com/connect v1.21.1 // indirect
 	github.com/Workiva/go-datastructures v1.1.3 // indirect
+	github.com/apple/foundationdb/bindings/go v0.0.0-20260629183922-51e1c42eb9a8 // indirect
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -1,0 +1,352 @@
+//go:build fdb
+
+// Package fdb is the FoundationDB backend of internal/kv: a thin adapter
+// from kv.Database to the official Go bindings
+// (github.com/apple/foundationdb/bindings/go, API version 730, FDB 7.3),
+// for job stores shared by nodes on many machines.
+//
+// It is built only with the build tag fdb, because the bindings need cgo and
+// the FoundationDB client library (libfdb_c); the default build and
+// `go vet ./...` never compile it. See README.md in this directory for
+// installing the client and running the conformance suite against a
+// cluster.
+//
+// The mapping is direct: transactions, snapshot reads, read-conflict keys
+// and ranges, atomic ADD, versionstamped keys and values and watches are
+// FDB's own. Transact runs its own retry loop around Transaction.OnError so
+// that it can honour the context (the transaction is cancelled when the
+// context ends) and bound the number of attempts.
+package fdb
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/apple/foundationdb/bindings/go/src/fdb"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+// APIVersion is the FoundationDB API version this adapter selects; it needs
+// a client library of version 7.3 or later.
+const APIVersion = 730
+
+// Options configure Open.
+type Options struct {
+	// ClusterFile is the cluster file path; empty means FDB's default
+	// (FDB_CLUSTER_FILE or /etc/foundationdb/fdb.cluster).
+	ClusterFile string
+	// MaxAttempts bounds the attempts of one Transact; 100 by default.
+	MaxAttempts int
+	// Logger receives the adapter's structured logs.
+	Logger zerolog.Logger
+}
+
+// DB is a kv.Database on a FoundationDB cluster.
+type DB struct {
+	db     fdb.Database
+	opts   Options
+	log    zerolog.Logger
+	mu     sync.Mutex
+	closed bool
+}
+
+var _ kv.Database = (*DB)(nil)
+
+var apiOnce sync.Once
+var apiErr error
+
+// Open connects to the cluster named by opts.ClusterFile.
+func Open(ctx context.Context, opts Options) (*DB, error) {
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 100
+	}
+	apiOnce.Do(func() { apiErr = fdb.APIVersion(APIVersion) })
+	if apiErr != nil {
+		return nil, fmt.Errorf("fdb: select API version %d: %w", APIVersion, apiErr)
+	}
+	db, err := fdb.OpenDatabase(opts.ClusterFile)
+	if err != nil {
+		return nil, fmt.Errorf("fdb: open cluster %q: %w", opts.ClusterFile, err)
+	}
+	return &DB{db: db, opts: opts, log: opts.Logger.With().Str("component", "kv/fdb").Logger()}, nil
+}
+
+func (d *DB) isClosed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.closed
+}
+
+// Close implements kv.Database. The bindings keep the network thread; the
+// database handle is released.
+func (d *DB) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.closed {
+		d.closed = true
+		d.db.Close()
+	}
+	return nil
+}
+
+// run creates a transaction that is cancelled if ctx ends.
+func (d *DB) run(ctx context.Context, fn func(fdb.Transaction) error) error {
+	if d.isClosed() {
+		return kv.ErrClosed
+	}
+	tr, err := d.db.CreateTransaction()
+	if err != nil {
+		return fmt.Errorf("fdb: create transaction: %w", err)
+	}
+	defer tr.Cancel()
+	stop := context.AfterFunc(ctx, tr.Cancel)
+	defer stop()
+	for attempt := 1; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		err := fn(tr)
+		if err == nil {
+			return nil
+		}
+		var fe fdb.Error
+		if !errors.As(err, &fe) {
+			return err
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if attempt >= d.opts.MaxAttempts {
+			return fmt.Errorf("fdb: gave up after %d attempts: %w: %w", attempt, kv.ErrConflict, err)
+		}
+		if err := tr.OnError(fe).Get(); err != nil {
+			return fmt.Errorf("fdb: %w", err)
+		}
+	}
+}
+
+// Transact implements kv.Database.
+func (d *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
+	return d.run(ctx, func(tr fdb.Transaction) error {
+		t := &tx{tr: tr, rt: tr}
+		err := fn(t)
+		if err == nil {
+			err = t.err
+		}
+		if err == nil {
+			if err = ctx.Err(); err == nil {
+				err = tr.Commit().Get()
+			}
+		}
+		t.finish(err)
+		return err
+	})
+}
+
+// ReadTransact implements kv.Database.
+func (d *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
+	return d.run(ctx, func(tr fdb.Transaction) error {
+		t := &tx{tr: tr, rt: tr}
+		err := fn(t)
+		t.finish(err)
+		return err
+	})
+}
+
+// tx adapts fdb.Transaction to kv.Tx.
+type tx struct {
+	tr      fdb.Transaction
+	rt      fdb.ReadTransaction
+	err     error
+	done    bool
+	watches []*watch
+	stamps  []*stampFuture
+}
+
+func (t *tx) fail(err error) {
+	if t.err == nil {
+		t.err = err
+	}
+}
+
+func (t *tx) finish(err error) {
+	t.done = true
+	for _, w := range t.watches {
+		if err != nil {
+			w.f.Cancel()
+			w.setErr(err)
+		}
+	}
+	for _, s := range t.stamps {
+		s.resolve(err)
+	}
+}
+
+func (t *tx) Get(key []byte) ([]byte, error) {
+	if t.done {
+		return nil, kv.ErrTxDone
+	}
+	return t.rt.Get(fdb.Key(key)).Get()
+}
+
+func (t *tx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator {
+	if t.done {
+		return &iterator{err: kv.ErrTxDone}
+	}
+	r := fdb.KeyRange{Begin: fdb.Key(begin), End: fdb.Key(end)}
+	res := t.rt.GetRange(r, fdb.RangeOptions{Limit: opts.Limit, Reverse: opts.Reverse, Mode: fdb.StreamingModeIterator})
+	return &iterator{ri: res.Iterator()}
+}
+
+func (t *tx) Snapshot() kv.ReadTx {
+	return &tx{tr: t.tr, rt: t.tr.Snapshot(), done: t.done}
+}
+
+func (t *tx) Set(key, value []byte) { t.tr.Set(fdb.Key(key), value) }
+func (t *tx) Clear(key []byte)      { t.tr.Clear(fdb.Key(key)) }
+func (t *tx) ClearRange(begin, end []byte) {
+	t.tr.ClearRange(fdb.KeyRange{Begin: fdb.Key(begin), End: fdb.Key(end)})
+}
+
+func (t *tx) Add(key []byte, delta int64) {
+	t.tr.Add(fdb.Key(key), kv.EncodeInt64LE(delta))
+}
+
+// withOffset appends the 4-byte little-endian offset FDB's versionstamp
+// mutations expect (API version 520 and later).
+func withOffset(b []byte, offset int) []byte {
+	out := make([]byte, len(b)+4)
+	copy(out, b)
+	binary.LittleEndian.PutUint32(out[len(b):], uint32(offset))
+	return out
+}
+
+func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
+	if offset < 0 || offset+kv.VersionstampLength > len(key) {
+		return fmt.Errorf("%w: offset %d in a %d-byte key", kv.ErrInvalidVersionstamp, offset, len(key))
+	}
+	t.tr.SetVersionstampedKey(fdb.Key(withOffset(key, offset)), value)
+	return nil
+}
+
+func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
+	if offset < 0 || offset+kv.VersionstampLength > len(value) {
+		return fmt.Errorf("%w: offset %d in a %d-byte value", kv.ErrInvalidVersionstamp, offset, len(value))
+	}
+	t.tr.SetVersionstampedValue(fdb.Key(key), withOffset(value, offset))
+	return nil
+}
+
+func (t *tx) AddReadConflictKey(key []byte) {
+	if err := t.tr.AddReadConflictKey(fdb.Key(key)); err != nil {
+		t.fail(err)
+	}
+}
+
+func (t *tx) AddReadConflictRange(begin, end []byte) {
+	if err := t.tr.AddReadConflictRange(fdb.KeyRange{Begin: fdb.Key(begin), End: fdb.Key(end)}); err != nil {
+		t.fail(err)
+	}
+}
+
+func (t *tx) Watch(key []byte) kv.Watch {
+	w := &watch{f: t.tr.Watch(fdb.Key(key)), failed: make(chan struct{})}
+	t.watches = append(t.watches, w)
+	return w
+}
+
+func (t *tx) Versionstamp() kv.VersionstampFuture {
+	s := &stampFuture{f: t.tr.GetVersionstamp(), done: make(chan struct{})}
+	t.stamps = append(t.stamps, s)
+	return s
+}
+
+type iterator struct {
+	ri  *fdb.RangeIterator
+	cur kv.KeyValue
+	err error
+}
+
+func (it *iterator) Next() bool {
+	if it.err != nil || it.ri == nil || !it.ri.Advance() {
+		return false
+	}
+	e, err := it.ri.Get()
+	if err != nil {
+		it.err = err
+		return false
+	}
+	it.cur = kv.KeyValue{Key: e.Key, Value: e.Value}
+	return true
+}
+
+func (it *iterator) KeyValue() kv.KeyValue { return it.cur }
+func (it *iterator) Err() error            { return it.err }
+
+// watch adapts fdb.FutureNil; a watch of a transaction that did not commit
+// fails with the transaction's error.
+type watch struct {
+	f      fdb.FutureNil
+	once   sync.Once
+	err    error
+	failed chan struct{}
+}
+
+func (w *watch) setErr(err error) {
+	w.once.Do(func() { w.err = err; close(w.failed) })
+}
+
+func (w *watch) Wait(ctx context.Context) error {
+	ready := make(chan error, 1)
+	go func() { ready <- w.f.Get() }()
+	select {
+	case err := <-ready:
+		return err
+	case <-w.failed:
+		return w.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *watch) Cancel() {
+	w.f.Cancel()
+	w.setErr(kv.ErrWatchCancelled)
+}
+
+type stampFuture struct {
+	f     fdb.FutureKey
+	done  chan struct{}
+	err   error
+	stamp [kv.VersionstampLength]byte
+}
+
+func (s *stampFuture) resolve(err error) {
+	if err == nil {
+		k, e := s.f.Get()
+		switch {
+		case e != nil:
+			err = e
+		case len(k) != kv.VersionstampLength:
+			err = fmt.Errorf("fdb: versionstamp of %d bytes", len(k))
+		default:
+			copy(s.stamp[:], k)
+		}
+	}
+	s.err = err
+	close(s.done)
+}
+
+func (s *stampFuture) Get(ctx context.Context) ([kv.VersionstampLength]byte, error) {
+	select {
+	case <-s.done:
+		return s.stamp, s.err
+	case <-ctx.Done():
+		return [kv.VersionstampLength]byte{}, ctx.Err()
+	}
+}
