@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
 )
@@ -18,6 +19,39 @@ type worker struct {
 	buf     []json.RawMessage
 	bufSize int
 	stats   Stats
+	// revsDiff and bulkGet are couch_replicator_worker's fetch_stats:
+	// exponential moving averages deciding whether the call is worth it.
+	revsDiff, bulkGet fetchStats
+}
+
+// CouchDB's couch_replicator_worker coefficients.
+const (
+	revsDiffThreshold = 0.95
+	revsDiffDecay     = 0.4
+	bulkGetThreshold  = 0.5
+	bulkGetDecay      = 0.25
+	fetchRetry        = 37 * time.Second
+)
+
+// fetchStats is an EWMA of a failure ratio plus the time it was updated.
+type fetchStats struct {
+	ratio float64
+	t     time.Time
+}
+
+// attempt reports whether to make the call: the ratio is at most the
+// threshold, or it was last tried more than 37 s ago.
+func (f *fetchStats) attempt(now time.Time, threshold float64) bool {
+	return f.ratio <= threshold || now.Sub(f.t) > fetchRetry
+}
+
+func (f *fetchStats) update(now time.Time, successes, attempts int, decay float64) {
+	r := 0.0
+	if attempts > 0 {
+		r = float64(attempts-successes) / float64(attempts)
+	}
+	f.ratio += decay * (r - f.ratio)
+	f.t = now
 }
 
 type revKey struct{ id, rev string }
@@ -34,9 +68,27 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 		revs[c.ID] = append(revs[c.ID], c.Revs...)
 		w.stats.RevisionsChecked += int64(len(c.Revs))
 	}
-	diff, err := w.r.tgt.RevsDiff(ctx, revs)
-	if err != nil {
-		return fmt.Errorf("%w: revs_diff_failed: %w", ErrWorkerFailed, err)
+	var diff map[string]couch.RevsDiff
+	if now := w.r.now(); w.revsDiff.attempt(now, revsDiffThreshold) {
+		var err error
+		if diff, err = w.r.tgt.RevsDiff(ctx, revs); err != nil {
+			return fmt.Errorf("%w: revs_diff_failed: %w", ErrWorkerFailed, err)
+		}
+		// Success is "already on the target": when the target lacks almost
+		// everything (a fresh target) _revs_diff is skipped, as CouchDB does.
+		missingNoPA := 0
+		for _, d := range diff {
+			if len(d.PossibleAncestors) == 0 {
+				missingNoPA += len(d.Missing)
+			}
+		}
+		all := int(w.stats.RevisionsChecked)
+		w.revsDiff.update(now, all-missingNoPA, all, revsDiffDecay)
+	} else {
+		diff = make(map[string]couch.RevsDiff, len(revs))
+		for id, rs := range revs {
+			diff[id] = couch.RevsDiff{Missing: rs}
+		}
 	}
 	if len(diff) == 0 {
 		return nil
@@ -71,9 +123,11 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 		}
 		return nil
 	}
-	if w.r.p.UseBulkGet && len(reqs) > 0 {
+	now := w.r.now()
+	if w.r.p.UseBulkGet && len(reqs) > 0 && w.bulkGet.attempt(now, bulkGetThreshold) {
 		w.stats.BulkGetAttempts += int64(len(reqs))
 		before := w.stats.DocsRead
+		defer func() { w.bulkGet.update(now, int(w.stats.BulkGetDocs), len(reqs), bulkGetDecay) }()
 		err := w.r.src.BulkGet(ctx, reqs, handle)
 		if writeErr != nil {
 			return writeErr
