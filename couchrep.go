@@ -20,14 +20,18 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/placeholder"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
 // RootName is the name of a node's top supervisor.
-const RootName = "couchrep_sup"
+const RootName = actors.RootName
 
 // Sentinel errors callers branch on.
 var (
@@ -53,6 +57,7 @@ type Option func(*options)
 type options struct {
 	logger zerolog.Logger
 	system *actor.ActorSystem
+	store  kv.Database
 }
 
 // WithLogger sets the logger the node and all its actors log to.
@@ -62,6 +67,10 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // system instead of a new one. The node never shuts that system down.
 func WithActorSystem(s *actor.ActorSystem) Option { return func(o *options) { o.system = s } }
 
+// WithStore runs the node on an already open job store instead of opening
+// the embedded store at the configured path. The node never closes it.
+func WithStore(db kv.Database) Option { return func(o *options) { o.store = db } }
+
 // Node is a running couchrep node.
 type Node struct {
 	cfg       Config
@@ -70,6 +79,8 @@ type Node struct {
 	ownSystem bool
 	sup       *supervisor.Supervisor
 	events    *eventstream.Subscription
+	deps      actors.Deps
+	ownStore  bool
 }
 
 // Start starts a node and returns once its whole supervision tree is running.
@@ -82,9 +93,25 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		return nil, fmt.Errorf("couchrep: invalid config: %w", err)
 	}
 	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system}
+	store := o.store
+	if store == nil {
+		path := cfg.StorePath()
+		db, err := sqlite.Open(ctx, path, sqlite.Options{Durability: durability(cfg), Logger: n.log})
+		if err != nil {
+			return nil, fmt.Errorf("couchrep: open job store %s: %w", path, err)
+		}
+		store, n.ownStore = db, true
+	}
 	if n.system == nil {
 		n.system = actor.NewActorSystem()
 		n.ownSystem = true
+	}
+	n.deps = actors.Deps{
+		Config: cfg,
+		Logger: n.log,
+		System: n.system,
+		Store:  store,
+		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName}),
 	}
 	n.events = n.system.EventStream.Subscribe(func(evt any) {
 		if e, ok := evt.(*supervisor.Event); ok {
@@ -94,7 +121,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	sup, err := supervisor.Start(ctx, n.system, RootName, n.spec())
 	if err != nil {
 		n.system.EventStream.Unsubscribe(n.events)
-		n.shutdownSystem()
+		n.release()
 		return nil, fmt.Errorf("couchrep: start supervision tree: %w", err)
 	}
 	n.sup = sup
@@ -179,15 +206,28 @@ func (n *Node) Err() error { return n.sup.Err() }
 func (n *Node) Stop(ctx context.Context) error {
 	err := n.sup.Stop(ctx)
 	n.system.EventStream.Unsubscribe(n.events)
-	n.shutdownSystem()
+	n.release()
 	n.log.Info().Err(err).Msg("node stopped")
 	return err
 }
 
-func (n *Node) shutdownSystem() {
+// release closes what Start opened.
+func (n *Node) release() {
 	if n.ownSystem {
 		n.system.Shutdown()
 	}
+	if n.ownStore {
+		if err := n.deps.Store.Close(); err != nil {
+			n.log.Warn().Err(err).Msg("close job store")
+		}
+	}
+}
+
+func durability(cfg Config) sqlite.Durability {
+	if cfg.Couchrep.Durability == config.DurabilityFull {
+		return sqlite.DurabilityFull
+	}
+	return sqlite.DurabilityNormal
 }
 
 // Request delivers an admin message to the actor that handles it and returns

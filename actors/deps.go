@@ -1,0 +1,40 @@
+package actors
+
+import (
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+// RootName is the actor id of a node's top supervisor; the node's actors are
+// its children, so "connection_pool" is "couchrep_sup/connection_pool".
+const RootName = "couchrep_sup"
+
+// Deps are the node-wide services the node hands to every actor it spawns.
+// They outlive every actor: the node opens them before its supervision tree
+// starts and closes them after it stopped.
+type Deps struct {
+	// Config is the node's configuration.
+	Config config.Config
+	// Logger is the node's logger; actors add their own fields.
+	Logger zerolog.Logger
+	// System is the actor system the node runs in.
+	System *actor.ActorSystem
+	// Store is the shared job store.
+	Store kv.Database
+	// Jobs is the job queue over Store.
+	Jobs *jobs.Queue
+}
+
+// NodeName is the node's name, as recorded in the jobs it runs.
+func (d Deps) NodeName() string { return d.Config.Couchrep.NodeName }
+
+// PID returns the PID of the node actor at path, relative to the root
+// supervisor ("connection_pool", "job_server/jobs_sup"). Names are stable
+// across restarts, so the PID stays valid for the actor's next incarnation.
+func (d Deps) PID(path string) *actor.PID {
+	return actor.NewPID(d.System.Address(), RootName+"/"+path)
+}
