@@ -225,13 +225,13 @@ func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64
 
 func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int64, err error) {
 	w := db.writer
-	if err := w.exec("BEGIN IMMEDIATE"); err != nil {
+	if _, err := w.beginImmediate.Exec(); err != nil {
 		return touched, 0, fmt.Errorf("%w: begin: %v", errRetry, err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			_ = w.exec("ROLLBACK")
+			_, _ = w.rollback.Exec()
 		}
 	}()
 	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
@@ -270,7 +270,7 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 	if _, err := w.setCommit.Exec(version); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: write commit counter: %w", err)
 	}
-	if err := w.exec("COMMIT"); err != nil {
+	if _, err := w.commit.Exec(); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: commit: %w", err)
 	}
 	committed = true

@@ -14,7 +14,8 @@ const (
 
 // stmts are the read statements every connection prepares.
 type stmts struct {
-	get, fwd, rev *sql.Stmt
+	get, fwd, rev   *sql.Stmt
+	begin, rollback *sql.Stmt // BEGIN (deferred) and ROLLBACK, prepared once
 }
 
 func prepareReads(ctx context.Context, c *sql.Conn) (stmts, error) {
@@ -26,12 +27,18 @@ func prepareReads(ctx context.Context, c *sql.Conn) (stmts, error) {
 	if s.fwd, err = c.PrepareContext(ctx, qRangeFwd); err != nil {
 		return s, err
 	}
-	s.rev, err = c.PrepareContext(ctx, qRangeRev)
+	if s.rev, err = c.PrepareContext(ctx, qRangeRev); err != nil {
+		return s, err
+	}
+	if s.begin, err = c.PrepareContext(ctx, "BEGIN"); err != nil {
+		return s, err
+	}
+	s.rollback, err = c.PrepareContext(ctx, "ROLLBACK")
 	return s, err
 }
 
 func (s stmts) close() {
-	for _, st := range []*sql.Stmt{s.get, s.fwd, s.rev} {
+	for _, st := range []*sql.Stmt{s.get, s.fwd, s.rev, s.begin, s.rollback} {
 		if st != nil {
 			st.Close()
 		}
@@ -143,6 +150,7 @@ type writerConn struct {
 	conn *sql.Conn
 	stmts
 	set, del, delRange, getCommit, setCommit *sql.Stmt
+	beginImmediate, commit                   *sql.Stmt
 }
 
 func newWriterConn(ctx context.Context, c *sql.Conn) (*writerConn, error) {
@@ -163,6 +171,8 @@ func (w *writerConn) prepare(ctx context.Context) error {
 		{&w.delRange, "DELETE FROM kv WHERE k >= ? AND k < ?"},
 		{&w.getCommit, "SELECT value FROM meta WHERE name = 'commit'"},
 		{&w.setCommit, "UPDATE meta SET value = ? WHERE name = 'commit'"},
+		{&w.beginImmediate, "BEGIN IMMEDIATE"},
+		{&w.commit, "COMMIT"},
 	} {
 		if *p.dst, err = w.conn.PrepareContext(ctx, p.q); err != nil {
 			return err
@@ -178,7 +188,7 @@ func (w *writerConn) exec(q string) error {
 
 func (w *writerConn) close() error {
 	w.stmts.close()
-	for _, st := range []*sql.Stmt{w.set, w.del, w.delRange, w.getCommit, w.setCommit} {
+	for _, st := range []*sql.Stmt{w.set, w.del, w.delRange, w.getCommit, w.setCommit, w.beginImmediate, w.commit} {
 		if st != nil {
 			st.Close()
 		}

@@ -98,7 +98,7 @@ func (t *tx) snapshot() (*readerConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: reader: %w", err)
 	}
-	if _, err := r.conn.ExecContext(context.Background(), "BEGIN"); err != nil {
+	if _, err := r.begin.Exec(); err != nil {
 		t.db.putReader(r)
 		return nil, fmt.Errorf("sqlite: begin read: %w", err)
 	}
@@ -111,7 +111,7 @@ func (t *tx) endSnapshot() {
 	if t.reader == nil {
 		return
 	}
-	if _, err := t.reader.conn.ExecContext(context.Background(), "ROLLBACK"); err != nil {
+	if _, err := t.reader.rollback.Exec(); err != nil {
 		t.reader.close()
 	} else {
 		t.db.putReader(t.reader)
