@@ -21,7 +21,15 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/actors/activitymonitor"
+	"github.com/couchrep/couchrep/actors/clustering"
+	"github.com/couchrep/couchrep/actors/connpool"
+	"github.com/couchrep/couchrep/actors/docprocessor"
+	"github.com/couchrep/couchrep/actors/eventbus"
+	"github.com/couchrep/couchrep/actors/httpapi"
+	"github.com/couchrep/couchrep/actors/jobserver"
+	"github.com/couchrep/couchrep/actors/ratelimiter"
+	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -132,38 +140,21 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 // spec is the node's supervision tree (DESIGN.md §3): a rest_for_one root
 // whose later children may call the earlier ones.
 func (n *Node) spec() supervisor.Spec {
-	worker := func(name string) supervisor.ChildSpec {
-		return supervisor.ChildSpec{Name: name, Props: placeholder.Props(name, n.log)}
-	}
+	d := n.deps
 	return supervisor.Spec{
 		Strategy:    supervisor.RestForOne,
 		MaxRestarts: 10,
 		Period:      time.Second,
 		Children: []supervisor.ChildSpec{
-			worker("event_bus"),
-			worker("clustering"),
-			worker("connection_pool"),
-			worker("rate_limiter"),
-			worker("scheduler"),
-			{
-				Name: "job_server",
-				Supervisor: &supervisor.Spec{
-					Strategy:    supervisor.RestForOne,
-					MaxRestarts: 10,
-					Period:      time.Second,
-					Children: []supervisor.ChildSpec{
-						{
-							Name:       "jobs_sup",
-							Restart:    supervisor.Permanent,
-							Supervisor: &supervisor.Spec{Strategy: supervisor.SimpleOneForOne, MaxRestarts: 100, Period: time.Second, Children: []supervisor.ChildSpec{{Name: "replication_job", Restart: supervisor.Temporary}}},
-						},
-						worker("acceptor"),
-					},
-				},
-			},
-			worker("activity_monitor"),
-			worker("doc_processor"),
-			worker("http_api"),
+			eventbus.Spec(d),
+			clustering.Spec(d),
+			connpool.Spec(d),
+			ratelimiter.Spec(d),
+			scheduler.Spec(d),
+			jobserver.Spec(d),
+			activitymonitor.Spec(d),
+			docprocessor.Spec(d),
+			httpapi.Spec(d),
 		},
 	}
 }

@@ -1,0 +1,17 @@
+// Package activitymonitor is the activity_monitor actor: it re-enqueues jobs whose worker went silent past their type's activity timeout.
+package activitymonitor
+
+import (
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// Name is the actor's name under the node's root supervisor.
+const Name = "activity_monitor"
+
+// Spec returns the actor's child spec in the node's supervision tree.
+// (A placeholder until the actor is built: it starts, stops and can be killed.)
+func Spec(deps actors.Deps) supervisor.ChildSpec {
+	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+}
