@@ -323,6 +323,9 @@ func (q *Queue) WaitChange(ctx context.Context, typ, id string, after uint64) (*
 			w    kv.Watch
 		)
 		err := q.db.Transact(ctx, func(tx kv.Tx) error {
+			if w != nil { // from an attempt that did not commit
+				w.Cancel()
+			}
 			info, w = nil, nil
 			var err error
 			if info, err = q.GetTx(tx, typ, id); err != nil {

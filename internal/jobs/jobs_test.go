@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +21,15 @@ func TestMain(m *testing.M) {
 		helperMain()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	closeBenchStores()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // fakeClock is a settable clock for scheduled-time tests.

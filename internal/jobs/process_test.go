@@ -24,13 +24,14 @@ import (
 )
 
 const (
-	envHelper  = "JOBS_TEST_HELPER"
-	envDB      = "JOBS_TEST_DB"
-	envTimeout = "JOBS_TEST_TIMEOUT"
-	envWorkers = "JOBS_TEST_WORKERS"
-	envStall   = "JOBS_TEST_STALL_PERCENT"
-	envHold    = "JOBS_TEST_HOLD"
-	stressType = "stress"
+	envHelper     = "JOBS_TEST_HELPER"
+	envDB         = "JOBS_TEST_DB"
+	envTimeout    = "JOBS_TEST_TIMEOUT"
+	envWorkers    = "JOBS_TEST_WORKERS"
+	envStall      = "JOBS_TEST_STALL_PERCENT"
+	envHold       = "JOBS_TEST_HOLD"
+	envDurability = "JOBS_TEST_DURABILITY"
+	stressType    = "stress"
 )
 
 // commitLog is where workers append, in the same transaction as each
@@ -46,13 +47,19 @@ func appendCommit(tx kv.Tx, j *Job, kind byte) error {
 	return tx.SetVersionstampedKey(key, off, append(j.Lock(), kind))
 }
 
+// helperCommands carries the lines a helper process reads on stdin.
+var helperCommands = make(chan string, 16)
+
 func isHelperProcess() bool { return os.Getenv(envHelper) != "" }
 
 // helperMain runs a worker process until its stdin closes (or it is killed).
 func helperMain() {
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			helperCommands <- sc.Text()
+		}
 		cancel()
 	}()
 	err := runHelper(ctx, os.Getenv(envHelper))
@@ -71,7 +78,7 @@ func envInt(name string, def int) int {
 }
 
 func runHelper(ctx context.Context, mode string) error {
-	db, err := sqlite.Open(ctx, os.Getenv(envDB), sqlite.Options{})
+	db, err := sqlite.Open(ctx, os.Getenv(envDB), sqlite.Options{Durability: sqlite.Durability(envInt(envDurability, 0))})
 	if err != nil {
 		return err
 	}
@@ -88,6 +95,9 @@ func runHelper(ctx context.Context, mode string) error {
 	if mode == "worker" {
 		// Every worker process also runs an activity monitor.
 		wg.Go(func() { _ = q.NewMonitor(MonitorOptions{Interval: timeout / 4}).Run(ctx) })
+	}
+	if mode == "cycler" || mode == "scanner" {
+		return runBenchHelper(ctx, mode, db, q, say)
 	}
 	errc := make(chan error, 64)
 	for range envInt(envWorkers, 4) {
@@ -208,7 +218,7 @@ type helperProc struct {
 	stderr bytes.Buffer
 }
 
-func startHelper(t *testing.T, mode, dbPath string, env ...string) *helperProc {
+func startHelper(t testing.TB, mode, dbPath string, env ...string) *helperProc {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envHelper+"="+mode, envDB+"="+dbPath)

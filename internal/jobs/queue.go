@@ -47,20 +47,22 @@ type Queue struct {
 	spread int
 	keys   keys
 
-	mu    sync.RWMutex
-	types map[string]struct{} // types known to be registered (never unregistered)
+	mu          sync.RWMutex
+	types       map[string]struct{}  // types known to be registered (never unregistered)
+	lastPromote map[string]time.Time // per type, when Accept last promoted DELAYED jobs
 }
 
 // New returns a Queue storing its jobs in db.
 func New(db kv.Database, opts Options) *Queue {
 	q := &Queue{
-		db:     db,
-		log:    opts.Logger.With().Str("component", "jobs").Logger(),
-		clock:  opts.Clock,
-		node:   opts.NodeName,
-		spread: opts.AcceptSpread,
-		keys:   newKeys(opts.Prefix),
-		types:  make(map[string]struct{}),
+		db:          db,
+		log:         opts.Logger.With().Str("component", "jobs").Logger(),
+		clock:       opts.Clock,
+		node:        opts.NodeName,
+		spread:      opts.AcceptSpread,
+		keys:        newKeys(opts.Prefix),
+		types:       make(map[string]struct{}),
+		lastPromote: make(map[string]time.Time),
 	}
 	if q.clock == nil {
 		q.clock = time.Now

@@ -65,28 +65,33 @@ func (q *Queue) Accept(ctx context.Context, typ string, opts AcceptOptions) (*Jo
 			w    kv.Watch
 			next time.Time
 		)
+		noJob := false
 		err := q.db.Transact(ctx, func(tx kv.Tx) error {
 			var err error
-			job, err = q.AcceptTx(tx, typ, opts)
-			w, next = nil, time.Time{}
-			if errors.Is(err, errNoJob) && opts.Wait {
+			if w != nil { // from an attempt that did not commit
+				w.Cancel()
+			}
+			w, next, noJob = nil, time.Time{}, false
+			job, err = q.acceptTx(tx, typ, opts)
+			if !errors.Is(err, errNoJob) {
+				return err
+			}
+			// Commit anyway: promotions and stale-entry cleanups stick.
+			noJob, err = true, nil
+			if opts.Wait {
 				w = tx.Watch(q.keys.pendingWatchKey(typ))
 				next, err = q.nextScheduled(tx, typ)
-				if err != nil {
-					return err
-				}
-				return nil
 			}
 			return err
 		})
-		if errors.Is(err, errNoJob) {
-			return nil, wrapOp("accept", typ, "", fmt.Errorf("%w: no eligible pending job", ErrNotFound))
-		}
 		if err != nil {
 			if w != nil {
 				w.Cancel()
 			}
 			return nil, wrapOp("accept", typ, "", err)
+		}
+		if noJob && !opts.Wait {
+			return nil, wrapOp("accept", typ, "", fmt.Errorf("%w: no eligible pending job", ErrNotFound))
 		}
 		if job != nil {
 			return job, nil
@@ -127,11 +132,12 @@ func (q *Queue) nextScheduled(tx kv.Tx, typ string) (time.Time, error) {
 	return time.Time{}, it.Err()
 }
 
-// AcceptTx is Accept (without waiting) inside the caller's transaction. It
-// returns an error wrapping ErrNotFound when nothing is eligible.
+// AcceptTx is Accept inside the caller's transaction; opts.Wait is
+// ignored. It returns an error wrapping ErrNotFound when nothing is
+// eligible.
 func (q *Queue) AcceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error) {
 	job, err := q.acceptTx(tx, typ, opts)
-	if errors.Is(err, errNoJob) && !opts.Wait {
+	if errors.Is(err, errNoJob) {
 		return nil, fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	return job, err
@@ -142,8 +148,11 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error)
 		return nil, err
 	}
 	now := q.clock()
-	if err := q.promote(tx, typ, now); err != nil {
-		return nil, err
+	promoted := q.promoteDue(typ, now)
+	if promoted {
+		if err := q.promote(tx, typ, now); err != nil {
+			return nil, err
+		}
 	}
 	maxPrio := ^uint64(0)
 	if opts.HasMaxPriority {
@@ -162,7 +171,16 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error)
 			return nil, err
 		}
 		if len(cands) == 0 {
-			return nil, errNoJob
+			if promoted {
+				return nil, errNoJob
+			}
+			// Nothing ready: due DELAYED jobs must not wait for the next
+			// periodic promotion.
+			promoted = true
+			if err := q.promote(tx, typ, now); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		mrand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
 		for _, key := range cands {
@@ -221,6 +239,25 @@ func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time) (*Job, err
 		return nil, err
 	}
 	return &Job{q: q, typ: typ, id: id, lock: lock, info: infoFromRecord(rec)}, nil
+}
+
+// promoteEvery is how often Accept moves due DELAYED entries to READY
+// while READY is not empty (always when it is): a job scheduled for time t
+// competes by priority from at most about t+promoteEvery on, and most
+// Accepts save a range read.
+const promoteEvery = 100 * time.Millisecond
+
+// promoteDue reports whether this Accept should promote, and if so
+// records that it did.
+func (q *Queue) promoteDue(typ string, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	last, ok := q.lastPromote[typ]
+	if ok && now.Sub(last) < promoteEvery && !now.Before(last) {
+		return false
+	}
+	q.lastPromote[typ] = now
+	return true
 }
 
 // promote moves due DELAYED entries of typ to READY.
