@@ -48,6 +48,10 @@ type Options struct {
 	// HTTPClient sends every request; nil builds one whose transport keeps
 	// http_connections connections per endpoint.
 	HTTPClient *http.Client
+	// Limiter paces requests per (endpoint, method) on 429s; nil builds a
+	// RateLimiter for this run only. A node passes its rate_limiter's, so
+	// every job of the node shares one (as in CouchDB).
+	Limiter couch.Limiter
 	// Clock returns the current time (tests); nil is time.Now.
 	Clock func() time.Time
 	// OnProgress, if set, is called with fresh stats about once per
@@ -171,7 +175,10 @@ func (r *Replication) openDBs() error {
 		client = &http.Client{Transport: tr, Timeout: 0}
 		r.ownTr = tr
 	}
-	lim := newRateLimiter(r.now)
+	lim := r.o.Limiter
+	if lim == nil {
+		lim = NewRateLimiter(r.now)
+	}
 	opts := couch.Options{HTTPClient: client, Logger: r.log, Retries: r.p.RetriesPerRequest,
 		RetryBackoff: r.o.RetryBackoff, Limiter: lim}
 	r.src, r.tgt = couch.NewDB(srcEp, opts), couch.NewDB(tgtEp, opts)
