@@ -18,6 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
@@ -234,8 +235,73 @@ func (n *Node) Request(ctx context.Context, msg proto.Message) (proto.Message, e
 		return n.tree(ctx)
 	case *messages.KillRequest:
 		return n.kill(ctx, m)
+	case *messages.SendRequest:
+		return n.send(ctx, m)
 	default:
 		return nil, fmt.Errorf("%w: %s", ErrUnknownRequest, msg.ProtoReflect().Descriptor().FullName())
+	}
+}
+
+// send delivers a generic envelope: to the named actor if it names one,
+// else to whichever actor handles the message's type.
+func (n *Node) send(ctx context.Context, m *messages.SendRequest) (*messages.SendResponse, error) {
+	current := uint32(messages.AdminProtocolVersion_ADMIN_PROTOCOL_VERSION_CURRENT)
+	if v := m.GetVersion(); v != 0 && v != current {
+		return nil, fmt.Errorf("%w: envelope version %d, this node speaks %d", ErrUnknownRequest, v, current)
+	}
+	if m.GetMessage() == nil {
+		return nil, fmt.Errorf("%w: empty envelope", ErrUnknownRequest)
+	}
+	inner, err := m.GetMessage().UnmarshalNew()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrUnknownRequest, m.GetMessage().GetTypeUrl(), err)
+	}
+	var reply proto.Message
+	if m.GetActor() == "" {
+		if _, nested := inner.(*messages.SendRequest); nested {
+			return nil, fmt.Errorf("%w: nested envelope", ErrUnknownRequest)
+		}
+		reply, err = n.Request(ctx, inner)
+	} else {
+		reply, err = n.ask(ctx, m.GetActor(), inner)
+	}
+	if err != nil {
+		return nil, err
+	}
+	packed, err := anypb.New(reply)
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: pack reply: %w", err)
+	}
+	return &messages.SendResponse{Version: current, Reply: packed}, nil
+}
+
+// ask delivers msg to the named actor and waits for its protobuf reply.
+func (n *Node) ask(ctx context.Context, name string, msg proto.Message) (proto.Message, error) {
+	root, err := supervisor.Which(ctx, n.system, n.sup.PID())
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: list tree: %w", err)
+	}
+	target := findActor(root, name)
+	if target == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownActor, name)
+	}
+	if target.IsSupervisor {
+		return nil, fmt.Errorf("%w: %s is a supervisor: it answers only tree and kill requests", ErrUnknownRequest, target.PID.Id)
+	}
+	res, err := n.system.Root.RequestFuture(target.PID, &actors.Ask{Msg: msg}, requestTimeout(ctx)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: %s: %w", target.PID.Id, err)
+	}
+	switch r := res.(type) {
+	case error:
+		if errors.Is(r, actors.ErrUnhandled) {
+			return nil, fmt.Errorf("%w: %w", ErrUnknownRequest, r)
+		}
+		return nil, r
+	case proto.Message:
+		return r, nil
+	default:
+		return nil, fmt.Errorf("%w: %s answered %T", ErrUnknownRequest, target.PID.Id, res)
 	}
 }
 

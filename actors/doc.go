@@ -8,7 +8,9 @@
 //     actor then exits abnormally with reason "killed: <reason>", so its
 //     supervisor applies its restart strategy (this is what
 //     `couchrepctl kill` sends);
-//   - the incarnation number the supervisor assigned is reported in the reply.
+//   - an Ask (how the admin endpoint delivers a protobuf request to a named
+//     actor) is unwrapped for the actor if it declared the message type with
+//     Handles, and answered with an error wrapping ErrUnhandled otherwise.
 //
 // Actors never block in Receive: I/O runs in goroutines under a context that
 // is cancelled when the actor stops, and results come back to the actor as

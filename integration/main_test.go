@@ -87,6 +87,7 @@ type nodeOptions struct {
 	store   string   // default: <data>/couchrep.db
 	config  string   // an ini file, optional
 	extra   []string // more flags
+	env     []string // more environment variables
 }
 
 // startNode starts couchrepd and waits until its admin endpoint is up (the
@@ -111,6 +112,7 @@ func startNode(t *testing.T, o nodeOptions) *nodeProc {
 	n := &nodeProc{t: t, dataDir: o.dataDir, logs: &syncBuffer{}, exited: make(chan struct{})}
 	n.cmd = exec.Command(filepath.Join(binDir, "couchrepd"), args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
+	n.cmd.Env = append(os.Environ(), o.env...)
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := n.cmd.Start(); err != nil {
 		t.Fatalf("start couchrepd: %v", err)
@@ -182,13 +184,19 @@ func runCtl(t *testing.T, args ...string) (string, string, int) {
 // tree asks the node for its supervision tree through couchrepctl --json.
 func (n *nodeProc) tree() *messages.TreeResponse {
 	n.t.Helper()
-	out, errOut, code := n.ctl("--json", "tree")
+	return runCtlTree(n.t, "--node", n.admin)
+}
+
+// runCtlTree runs couchrepctl [flags] --json tree and decodes the reply.
+func runCtlTree(t *testing.T, flags ...string) *messages.TreeResponse {
+	t.Helper()
+	out, errOut, code := runCtl(t, append(flags, "--json", "tree")...)
 	if code != 0 {
-		n.t.Fatalf("couchrepctl tree: exit %d: %s", code, errOut)
+		t.Fatalf("couchrepctl tree: exit %d: %s", code, errOut)
 	}
 	var resp messages.TreeResponse
 	if err := protojson.Unmarshal([]byte(out), &resp); err != nil {
-		n.t.Fatalf("couchrepctl tree --json: %v\n%s", err, out)
+		t.Fatalf("couchrepctl tree --json: %v\n%s", err, out)
 	}
 	return &resp
 }

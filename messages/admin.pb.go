@@ -9,7 +9,10 @@ package messages
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
+	sync "sync"
 	unsafe "unsafe"
 )
 
@@ -20,31 +23,1964 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// AdminProtocolVersion is the admin protocol's version.
+type AdminProtocolVersion int32
+
+const (
+	AdminProtocolVersion_ADMIN_PROTOCOL_VERSION_UNSPECIFIED AdminProtocolVersion = 0
+	// Version 1: the RPCs above.
+	AdminProtocolVersion_ADMIN_PROTOCOL_VERSION_CURRENT AdminProtocolVersion = 1
+)
+
+// Enum value maps for AdminProtocolVersion.
+var (
+	AdminProtocolVersion_name = map[int32]string{
+		0: "ADMIN_PROTOCOL_VERSION_UNSPECIFIED",
+		1: "ADMIN_PROTOCOL_VERSION_CURRENT",
+	}
+	AdminProtocolVersion_value = map[string]int32{
+		"ADMIN_PROTOCOL_VERSION_UNSPECIFIED": 0,
+		"ADMIN_PROTOCOL_VERSION_CURRENT":     1,
+	}
+)
+
+func (x AdminProtocolVersion) Enum() *AdminProtocolVersion {
+	p := new(AdminProtocolVersion)
+	*p = x
+	return p
+}
+
+func (x AdminProtocolVersion) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AdminProtocolVersion) Descriptor() protoreflect.EnumDescriptor {
+	return file_couchrep_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (AdminProtocolVersion) Type() protoreflect.EnumType {
+	return &file_couchrep_v1_admin_proto_enumTypes[0]
+}
+
+func (x AdminProtocolVersion) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AdminProtocolVersion.Descriptor instead.
+func (AdminProtocolVersion) EnumDescriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+// JobStatus is a replication job's state as CouchDB's _scheduler shows it.
+type JobStatus int32
+
+const (
+	JobStatus_JOB_STATUS_UNSPECIFIED JobStatus = 0
+	JobStatus_JOB_STATUS_PENDING     JobStatus = 1
+	JobStatus_JOB_STATUS_RUNNING     JobStatus = 2
+	JobStatus_JOB_STATUS_CRASHING    JobStatus = 3
+	JobStatus_JOB_STATUS_COMPLETED   JobStatus = 4
+	JobStatus_JOB_STATUS_FAILED      JobStatus = 5
+)
+
+// Enum value maps for JobStatus.
+var (
+	JobStatus_name = map[int32]string{
+		0: "JOB_STATUS_UNSPECIFIED",
+		1: "JOB_STATUS_PENDING",
+		2: "JOB_STATUS_RUNNING",
+		3: "JOB_STATUS_CRASHING",
+		4: "JOB_STATUS_COMPLETED",
+		5: "JOB_STATUS_FAILED",
+	}
+	JobStatus_value = map[string]int32{
+		"JOB_STATUS_UNSPECIFIED": 0,
+		"JOB_STATUS_PENDING":     1,
+		"JOB_STATUS_RUNNING":     2,
+		"JOB_STATUS_CRASHING":    3,
+		"JOB_STATUS_COMPLETED":   4,
+		"JOB_STATUS_FAILED":      5,
+	}
+)
+
+func (x JobStatus) Enum() *JobStatus {
+	p := new(JobStatus)
+	*p = x
+	return p
+}
+
+func (x JobStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_couchrep_v1_admin_proto_enumTypes[1].Descriptor()
+}
+
+func (JobStatus) Type() protoreflect.EnumType {
+	return &file_couchrep_v1_admin_proto_enumTypes[1]
+}
+
+func (x JobStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobStatus.Descriptor instead.
+func (JobStatus) EnumDescriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+// JobStats are a job's statistics, named as in CouchDB's _active_tasks.
+type JobStats struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	DocsRead              uint64                 `protobuf:"varint,1,opt,name=docs_read,json=docsRead,proto3" json:"docs_read,omitempty"`
+	DocsWritten           uint64                 `protobuf:"varint,2,opt,name=docs_written,json=docsWritten,proto3" json:"docs_written,omitempty"`
+	DocWriteFailures      uint64                 `protobuf:"varint,3,opt,name=doc_write_failures,json=docWriteFailures,proto3" json:"doc_write_failures,omitempty"`
+	MissingRevisionsFound uint64                 `protobuf:"varint,4,opt,name=missing_revisions_found,json=missingRevisionsFound,proto3" json:"missing_revisions_found,omitempty"`
+	RevisionsChecked      uint64                 `protobuf:"varint,5,opt,name=revisions_checked,json=revisionsChecked,proto3" json:"revisions_checked,omitempty"`
+	// Changes still to process; -1 when unknown.
+	ChangesPending        int64  `protobuf:"varint,6,opt,name=changes_pending,json=changesPending,proto3" json:"changes_pending,omitempty"`
+	SourceSeq             string `protobuf:"bytes,7,opt,name=source_seq,json=sourceSeq,proto3" json:"source_seq,omitempty"`
+	CheckpointedSourceSeq string `protobuf:"bytes,8,opt,name=checkpointed_source_seq,json=checkpointedSourceSeq,proto3" json:"checkpointed_source_seq,omitempty"`
+	ThroughSeq            string `protobuf:"bytes,9,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *JobStats) Reset() {
+	*x = JobStats{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobStats) ProtoMessage() {}
+
+func (x *JobStats) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobStats.ProtoReflect.Descriptor instead.
+func (*JobStats) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *JobStats) GetDocsRead() uint64 {
+	if x != nil {
+		return x.DocsRead
+	}
+	return 0
+}
+
+func (x *JobStats) GetDocsWritten() uint64 {
+	if x != nil {
+		return x.DocsWritten
+	}
+	return 0
+}
+
+func (x *JobStats) GetDocWriteFailures() uint64 {
+	if x != nil {
+		return x.DocWriteFailures
+	}
+	return 0
+}
+
+func (x *JobStats) GetMissingRevisionsFound() uint64 {
+	if x != nil {
+		return x.MissingRevisionsFound
+	}
+	return 0
+}
+
+func (x *JobStats) GetRevisionsChecked() uint64 {
+	if x != nil {
+		return x.RevisionsChecked
+	}
+	return 0
+}
+
+func (x *JobStats) GetChangesPending() int64 {
+	if x != nil {
+		return x.ChangesPending
+	}
+	return 0
+}
+
+func (x *JobStats) GetSourceSeq() string {
+	if x != nil {
+		return x.SourceSeq
+	}
+	return ""
+}
+
+func (x *JobStats) GetCheckpointedSourceSeq() string {
+	if x != nil {
+		return x.CheckpointedSourceSeq
+	}
+	return ""
+}
+
+func (x *JobStats) GetThroughSeq() string {
+	if x != nil {
+		return x.ThroughSeq
+	}
+	return ""
+}
+
+// JobSummary is one replication job.
+type JobSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Job id (as in _scheduler/jobs "id").
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Replication id, e.g. "a81a78e8…+continuous".
+	ReplicationId string    `protobuf:"bytes,2,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
+	Status        JobStatus `protobuf:"varint,3,opt,name=status,proto3,enum=couchrep.v1.JobStatus" json:"status,omitempty"`
+	// _replicator database and document, for persistent jobs.
+	Database string `protobuf:"bytes,4,opt,name=database,proto3" json:"database,omitempty"`
+	DocId    string `protobuf:"bytes,5,opt,name=doc_id,json=docId,proto3" json:"doc_id,omitempty"`
+	// Source and target URLs with credentials removed.
+	Source     string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	Target     string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	Continuous bool   `protobuf:"varint,8,opt,name=continuous,proto3" json:"continuous,omitempty"`
+	// Node running the job, if running.
+	Node        string                 `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
+	StartTime   *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	LastUpdated *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=last_updated,json=lastUpdated,proto3" json:"last_updated,omitempty"`
+	// Last error, for crashing and failed jobs.
+	Error string `protobuf:"bytes,12,opt,name=error,proto3" json:"error,omitempty"`
+	// Consecutive errors (CouchDB's error_count).
+	ErrorCount uint32    `protobuf:"varint,13,opt,name=error_count,json=errorCount,proto3" json:"error_count,omitempty"`
+	Stats      *JobStats `protobuf:"bytes,14,opt,name=stats,proto3" json:"stats,omitempty"`
+	// Newest first.
+	History []*JobEvent `protobuf:"bytes,15,rep,name=history,proto3" json:"history,omitempty"`
+	// "transient" (POST /_replicate) or "persistent" (_replicator document).
+	Kind          string `protobuf:"bytes,16,opt,name=kind,proto3" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobSummary) Reset() {
+	*x = JobSummary{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobSummary) ProtoMessage() {}
+
+func (x *JobSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobSummary.ProtoReflect.Descriptor instead.
+func (*JobSummary) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *JobSummary) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JobSummary) GetReplicationId() string {
+	if x != nil {
+		return x.ReplicationId
+	}
+	return ""
+}
+
+func (x *JobSummary) GetStatus() JobStatus {
+	if x != nil {
+		return x.Status
+	}
+	return JobStatus_JOB_STATUS_UNSPECIFIED
+}
+
+func (x *JobSummary) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *JobSummary) GetDocId() string {
+	if x != nil {
+		return x.DocId
+	}
+	return ""
+}
+
+func (x *JobSummary) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *JobSummary) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *JobSummary) GetContinuous() bool {
+	if x != nil {
+		return x.Continuous
+	}
+	return false
+}
+
+func (x *JobSummary) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *JobSummary) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *JobSummary) GetLastUpdated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastUpdated
+	}
+	return nil
+}
+
+func (x *JobSummary) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *JobSummary) GetErrorCount() uint32 {
+	if x != nil {
+		return x.ErrorCount
+	}
+	return 0
+}
+
+func (x *JobSummary) GetStats() *JobStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+func (x *JobSummary) GetHistory() []*JobEvent {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+func (x *JobSummary) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+// ListJobsRequest filters the job list; empty fields match everything.
+type ListJobsRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	States   []JobStatus            `protobuf:"varint,1,rep,packed,name=states,proto3,enum=couchrep.v1.JobStatus" json:"states,omitempty"`
+	Database string                 `protobuf:"bytes,2,opt,name=database,proto3" json:"database,omitempty"`
+	Node     string                 `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// At most this many jobs (0: no limit).
+	Limit         uint32 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsRequest) Reset() {
+	*x = ListJobsRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsRequest) ProtoMessage() {}
+
+func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
+func (*ListJobsRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListJobsRequest) GetStates() []JobStatus {
+	if x != nil {
+		return x.States
+	}
+	return nil
+}
+
+func (x *ListJobsRequest) GetDatabase() string {
+	if x != nil {
+		return x.Database
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ListJobsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Jobs  []*JobSummary          `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Jobs matching the filter before the limit was applied.
+	Total         uint32 `protobuf:"varint,2,opt,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsResponse) Reset() {
+	*x = ListJobsResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsResponse) ProtoMessage() {}
+
+func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
+func (*ListJobsResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListJobsResponse) GetJobs() []*JobSummary {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ListJobsResponse) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+type GetJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Job id or replication id.
+	Id            string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobRequest) Reset() {
+	*x = GetJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobRequest) ProtoMessage() {}
+
+func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
+func (*GetJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobResponse) Reset() {
+	*x = GetJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobResponse) ProtoMessage() {}
+
+func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
+func (*GetJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type StopJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopJobRequest) Reset() {
+	*x = StopJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopJobRequest) ProtoMessage() {}
+
+func (x *StopJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopJobRequest.ProtoReflect.Descriptor instead.
+func (*StopJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *StopJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type StopJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopJobResponse) Reset() {
+	*x = StopJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopJobResponse) ProtoMessage() {}
+
+func (x *StopJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopJobResponse.ProtoReflect.Descriptor instead.
+func (*StopJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *StopJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type RestartJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartJobRequest) Reset() {
+	*x = RestartJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartJobRequest) ProtoMessage() {}
+
+func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
+func (*RestartJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RestartJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RestartJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestartJobResponse) Reset() {
+	*x = RestartJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestartJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestartJobResponse) ProtoMessage() {}
+
+func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
+func (*RestartJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RestartJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type CancelJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelJobRequest) Reset() {
+	*x = CancelJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelJobRequest) ProtoMessage() {}
+
+func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
+func (*CancelJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CancelJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type CancelJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelJobResponse) Reset() {
+	*x = CancelJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelJobResponse) ProtoMessage() {}
+
+func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
+func (*CancelJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CancelJobResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type GetSharesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSharesRequest) Reset() {
+	*x = GetSharesRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSharesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSharesRequest) ProtoMessage() {}
+
+func (x *GetSharesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSharesRequest.ProtoReflect.Descriptor instead.
+func (*GetSharesRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+type GetSharesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Database (or user) → shares, for every configured key.
+	Shares map[string]uint32 `protobuf:"bytes,1,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Shares of databases not listed.
+	DefaultShares uint32 `protobuf:"varint,2,opt,name=default_shares,json=defaultShares,proto3" json:"default_shares,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSharesResponse) Reset() {
+	*x = GetSharesResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSharesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSharesResponse) ProtoMessage() {}
+
+func (x *GetSharesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSharesResponse.ProtoReflect.Descriptor instead.
+func (*GetSharesResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetSharesResponse) GetShares() map[string]uint32 {
+	if x != nil {
+		return x.Shares
+	}
+	return nil
+}
+
+func (x *GetSharesResponse) GetDefaultShares() uint32 {
+	if x != nil {
+		return x.DefaultShares
+	}
+	return 0
+}
+
+type SetSharesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Database → shares (1..1000). A value of 0 resets the key to the default.
+	Shares        map[string]uint32 `protobuf:"bytes,1,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSharesRequest) Reset() {
+	*x = SetSharesRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSharesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSharesRequest) ProtoMessage() {}
+
+func (x *SetSharesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSharesRequest.ProtoReflect.Descriptor instead.
+func (*SetSharesRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *SetSharesRequest) GetShares() map[string]uint32 {
+	if x != nil {
+		return x.Shares
+	}
+	return nil
+}
+
+type SetSharesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Shares        map[string]uint32      `protobuf:"bytes,1,rep,name=shares,proto3" json:"shares,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DefaultShares uint32                 `protobuf:"varint,2,opt,name=default_shares,json=defaultShares,proto3" json:"default_shares,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetSharesResponse) Reset() {
+	*x = SetSharesResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetSharesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetSharesResponse) ProtoMessage() {}
+
+func (x *SetSharesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetSharesResponse.ProtoReflect.Descriptor instead.
+func (*SetSharesResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *SetSharesResponse) GetShares() map[string]uint32 {
+	if x != nil {
+		return x.Shares
+	}
+	return nil
+}
+
+func (x *SetSharesResponse) GetDefaultShares() uint32 {
+	if x != nil {
+		return x.DefaultShares
+	}
+	return 0
+}
+
+// SetConfigRequest changes scheduler limits at run time; unset fields keep
+// their value.
+type SetConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MaxJobs       *uint32                `protobuf:"varint,1,opt,name=max_jobs,json=maxJobs,proto3,oneof" json:"max_jobs,omitempty"`
+	MaxChurn      *uint32                `protobuf:"varint,2,opt,name=max_churn,json=maxChurn,proto3,oneof" json:"max_churn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetConfigRequest) Reset() {
+	*x = SetConfigRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetConfigRequest) ProtoMessage() {}
+
+func (x *SetConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetConfigRequest.ProtoReflect.Descriptor instead.
+func (*SetConfigRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetConfigRequest) GetMaxJobs() uint32 {
+	if x != nil && x.MaxJobs != nil {
+		return *x.MaxJobs
+	}
+	return 0
+}
+
+func (x *SetConfigRequest) GetMaxChurn() uint32 {
+	if x != nil && x.MaxChurn != nil {
+		return *x.MaxChurn
+	}
+	return 0
+}
+
+type SetConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MaxJobs       uint32                 `protobuf:"varint,1,opt,name=max_jobs,json=maxJobs,proto3" json:"max_jobs,omitempty"`
+	MaxChurn      uint32                 `protobuf:"varint,2,opt,name=max_churn,json=maxChurn,proto3" json:"max_churn,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetConfigResponse) Reset() {
+	*x = SetConfigResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetConfigResponse) ProtoMessage() {}
+
+func (x *SetConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetConfigResponse.ProtoReflect.Descriptor instead.
+func (*SetConfigResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *SetConfigResponse) GetMaxJobs() uint32 {
+	if x != nil {
+		return x.MaxJobs
+	}
+	return 0
+}
+
+func (x *SetConfigResponse) GetMaxChurn() uint32 {
+	if x != nil {
+		return x.MaxChurn
+	}
+	return 0
+}
+
+type DrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+type DrainResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Jobs handed back to the queue.
+	Released      uint32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainResponse) Reset() {
+	*x = DrainResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainResponse) ProtoMessage() {}
+
+func (x *DrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
+func (*DrainResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DrainResponse) GetReleased() uint32 {
+	if x != nil {
+		return x.Released
+	}
+	return 0
+}
+
+type UndrainRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainRequest) Reset() {
+	*x = UndrainRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainRequest) ProtoMessage() {}
+
+func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainRequest.ProtoReflect.Descriptor instead.
+func (*UndrainRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+type UndrainResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndrainResponse) Reset() {
+	*x = UndrainResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndrainResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndrainResponse) ProtoMessage() {}
+
+func (x *UndrainResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndrainResponse.ProtoReflect.Descriptor instead.
+func (*UndrainResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+type StopNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopNodeRequest) Reset() {
+	*x = StopNodeRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopNodeRequest) ProtoMessage() {}
+
+func (x *StopNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopNodeRequest.ProtoReflect.Descriptor instead.
+func (*StopNodeRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+type StopNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StopNodeResponse) Reset() {
+	*x = StopNodeResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StopNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StopNodeResponse) ProtoMessage() {}
+
+func (x *StopNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StopNodeResponse.ProtoReflect.Descriptor instead.
+func (*StopNodeResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *StopNodeResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+type NodesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesRequest) Reset() {
+	*x = NodesRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesRequest) ProtoMessage() {}
+
+func (x *NodesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
+func (*NodesRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+// NodeInfo is one node of the cluster as registered in the shared store.
+type NodeInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "replication", "api_frontend".
+	Types         []string               `protobuf:"bytes,2,rep,name=types,proto3" json:"types,omitempty"`
+	LastHeartbeat *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
+	// Jobs this node runs now.
+	RunningJobs uint32 `protobuf:"varint,4,opt,name=running_jobs,json=runningJobs,proto3" json:"running_jobs,omitempty"`
+	Draining    bool   `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
+	// False once the heartbeat is older than the membership timeout.
+	Alive         bool   `protobuf:"varint,6,opt,name=alive,proto3" json:"alive,omitempty"`
+	AdminAddress  string `protobuf:"bytes,7,opt,name=admin_address,json=adminAddress,proto3" json:"admin_address,omitempty"`
+	HttpAddress   string `protobuf:"bytes,8,opt,name=http_address,json=httpAddress,proto3" json:"http_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeInfo) Reset() {
+	*x = NodeInfo{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeInfo) ProtoMessage() {}
+
+func (x *NodeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
+func (*NodeInfo) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *NodeInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetTypes() []string {
+	if x != nil {
+		return x.Types
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetLastHeartbeat() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeat
+	}
+	return nil
+}
+
+func (x *NodeInfo) GetRunningJobs() uint32 {
+	if x != nil {
+		return x.RunningJobs
+	}
+	return 0
+}
+
+func (x *NodeInfo) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *NodeInfo) GetAlive() bool {
+	if x != nil {
+		return x.Alive
+	}
+	return false
+}
+
+func (x *NodeInfo) GetAdminAddress() string {
+	if x != nil {
+		return x.AdminAddress
+	}
+	return ""
+}
+
+func (x *NodeInfo) GetHttpAddress() string {
+	if x != nil {
+		return x.HttpAddress
+	}
+	return ""
+}
+
+type NodesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Nodes []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// True while membership changed within the quiet period.
+	Unstable      bool `protobuf:"varint,2,opt,name=unstable,proto3" json:"unstable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodesResponse) Reset() {
+	*x = NodesResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodesResponse) ProtoMessage() {}
+
+func (x *NodesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
+func (*NodesResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *NodesResponse) GetNodes() []*NodeInfo {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
+func (x *NodesResponse) GetUnstable() bool {
+	if x != nil {
+		return x.Unstable
+	}
+	return false
+}
+
+// SendRequest is the generic actor message envelope.
+type SendRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// AdminProtocolVersion the sender speaks.
+	Version uint32 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The actor: child name ("scheduler") or path ("job_server/acceptor").
+	Actor         string     `protobuf:"bytes,2,opt,name=actor,proto3" json:"actor,omitempty"`
+	Message       *anypb.Any `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendRequest) Reset() {
+	*x = SendRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendRequest) ProtoMessage() {}
+
+func (x *SendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
+func (*SendRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SendRequest) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *SendRequest) GetActor() string {
+	if x != nil {
+		return x.Actor
+	}
+	return ""
+}
+
+func (x *SendRequest) GetMessage() *anypb.Any {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+type SendResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Version       uint32                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Reply         *anypb.Any             `protobuf:"bytes,2,opt,name=reply,proto3" json:"reply,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendResponse) Reset() {
+	*x = SendResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendResponse) ProtoMessage() {}
+
+func (x *SendResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
+func (*SendResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *SendResponse) GetVersion() uint32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *SendResponse) GetReply() *anypb.Any {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
 var File_couchrep_v1_admin_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17couchrep/v1/admin.proto\x12\vcouchrep.v1\x1a\x1ccouchrep/v1/supervisor.proto2\x88\x01\n" +
+	"\x17couchrep/v1/admin.proto\x12\vcouchrep.v1\x1a\x1bcouchrep/v1/scheduler.proto\x1a\x1ccouchrep/v1/supervisor.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\x02\n" +
+	"\bJobStats\x12\x1b\n" +
+	"\tdocs_read\x18\x01 \x01(\x04R\bdocsRead\x12!\n" +
+	"\fdocs_written\x18\x02 \x01(\x04R\vdocsWritten\x12,\n" +
+	"\x12doc_write_failures\x18\x03 \x01(\x04R\x10docWriteFailures\x126\n" +
+	"\x17missing_revisions_found\x18\x04 \x01(\x04R\x15missingRevisionsFound\x12+\n" +
+	"\x11revisions_checked\x18\x05 \x01(\x04R\x10revisionsChecked\x12'\n" +
+	"\x0fchanges_pending\x18\x06 \x01(\x03R\x0echangesPending\x12\x1d\n" +
+	"\n" +
+	"source_seq\x18\a \x01(\tR\tsourceSeq\x126\n" +
+	"\x17checkpointed_source_seq\x18\b \x01(\tR\x15checkpointedSourceSeq\x12\x1f\n" +
+	"\vthrough_seq\x18\t \x01(\tR\n" +
+	"throughSeq\"\xad\x04\n" +
+	"\n" +
+	"JobSummary\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\x0ereplication_id\x18\x02 \x01(\tR\rreplicationId\x12.\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x16.couchrep.v1.JobStatusR\x06status\x12\x1a\n" +
+	"\bdatabase\x18\x04 \x01(\tR\bdatabase\x12\x15\n" +
+	"\x06doc_id\x18\x05 \x01(\tR\x05docId\x12\x16\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12\x16\n" +
+	"\x06target\x18\a \x01(\tR\x06target\x12\x1e\n" +
+	"\n" +
+	"continuous\x18\b \x01(\bR\n" +
+	"continuous\x12\x12\n" +
+	"\x04node\x18\t \x01(\tR\x04node\x129\n" +
+	"\n" +
+	"start_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12=\n" +
+	"\flast_updated\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\vlastUpdated\x12\x14\n" +
+	"\x05error\x18\f \x01(\tR\x05error\x12\x1f\n" +
+	"\verror_count\x18\r \x01(\rR\n" +
+	"errorCount\x12+\n" +
+	"\x05stats\x18\x0e \x01(\v2\x15.couchrep.v1.JobStatsR\x05stats\x12/\n" +
+	"\ahistory\x18\x0f \x03(\v2\x15.couchrep.v1.JobEventR\ahistory\x12\x12\n" +
+	"\x04kind\x18\x10 \x01(\tR\x04kind\"\x87\x01\n" +
+	"\x0fListJobsRequest\x12.\n" +
+	"\x06states\x18\x01 \x03(\x0e2\x16.couchrep.v1.JobStatusR\x06states\x12\x1a\n" +
+	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\rR\x05limit\"U\n" +
+	"\x10ListJobsResponse\x12+\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x17.couchrep.v1.JobSummaryR\x04jobs\x12\x14\n" +
+	"\x05total\x18\x02 \x01(\rR\x05total\"\x1f\n" +
+	"\rGetJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\";\n" +
+	"\x0eGetJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\" \n" +
+	"\x0eStopJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"<\n" +
+	"\x0fStopJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"#\n" +
+	"\x11RestartJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"?\n" +
+	"\x12RestartJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"\"\n" +
+	"\x10CancelJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"#\n" +
+	"\x11CancelJobResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x12\n" +
+	"\x10GetSharesRequest\"\xb9\x01\n" +
+	"\x11GetSharesResponse\x12B\n" +
+	"\x06shares\x18\x01 \x03(\v2*.couchrep.v1.GetSharesResponse.SharesEntryR\x06shares\x12%\n" +
+	"\x0edefault_shares\x18\x02 \x01(\rR\rdefaultShares\x1a9\n" +
+	"\vSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x10SetSharesRequest\x12A\n" +
+	"\x06shares\x18\x01 \x03(\v2).couchrep.v1.SetSharesRequest.SharesEntryR\x06shares\x1a9\n" +
+	"\vSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\xb9\x01\n" +
+	"\x11SetSharesResponse\x12B\n" +
+	"\x06shares\x18\x01 \x03(\v2*.couchrep.v1.SetSharesResponse.SharesEntryR\x06shares\x12%\n" +
+	"\x0edefault_shares\x18\x02 \x01(\rR\rdefaultShares\x1a9\n" +
+	"\vSharesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"o\n" +
+	"\x10SetConfigRequest\x12\x1e\n" +
+	"\bmax_jobs\x18\x01 \x01(\rH\x00R\amaxJobs\x88\x01\x01\x12 \n" +
+	"\tmax_churn\x18\x02 \x01(\rH\x01R\bmaxChurn\x88\x01\x01B\v\n" +
+	"\t_max_jobsB\f\n" +
+	"\n" +
+	"_max_churn\"K\n" +
+	"\x11SetConfigResponse\x12\x19\n" +
+	"\bmax_jobs\x18\x01 \x01(\rR\amaxJobs\x12\x1b\n" +
+	"\tmax_churn\x18\x02 \x01(\rR\bmaxChurn\"\x0e\n" +
+	"\fDrainRequest\"+\n" +
+	"\rDrainResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\rR\breleased\"\x10\n" +
+	"\x0eUndrainRequest\"\x11\n" +
+	"\x0fUndrainResponse\"\x11\n" +
+	"\x0fStopNodeRequest\"&\n" +
+	"\x10StopNodeResponse\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\"\x0e\n" +
+	"\fNodesRequest\"\x94\x02\n" +
+	"\bNodeInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05types\x18\x02 \x03(\tR\x05types\x12A\n" +
+	"\x0elast_heartbeat\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12!\n" +
+	"\frunning_jobs\x18\x04 \x01(\rR\vrunningJobs\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x14\n" +
+	"\x05alive\x18\x06 \x01(\bR\x05alive\x12#\n" +
+	"\radmin_address\x18\a \x01(\tR\fadminAddress\x12!\n" +
+	"\fhttp_address\x18\b \x01(\tR\vhttpAddress\"X\n" +
+	"\rNodesResponse\x12+\n" +
+	"\x05nodes\x18\x01 \x03(\v2\x15.couchrep.v1.NodeInfoR\x05nodes\x12\x1a\n" +
+	"\bunstable\x18\x02 \x01(\bR\bunstable\"m\n" +
+	"\vSendRequest\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
+	"\x05actor\x18\x02 \x01(\tR\x05actor\x12.\n" +
+	"\amessage\x18\x03 \x01(\v2\x14.google.protobuf.AnyR\amessage\"T\n" +
+	"\fSendResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\rR\aversion\x12*\n" +
+	"\x05reply\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05reply*b\n" +
+	"\x14AdminProtocolVersion\x12&\n" +
+	"\"ADMIN_PROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\"\n" +
+	"\x1eADMIN_PROTOCOL_VERSION_CURRENT\x10\x01*\xa1\x01\n" +
+	"\tJobStatus\x12\x1a\n" +
+	"\x16JOB_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12JOB_STATUS_PENDING\x10\x01\x12\x16\n" +
+	"\x12JOB_STATUS_RUNNING\x10\x02\x12\x17\n" +
+	"\x13JOB_STATUS_CRASHING\x10\x03\x12\x18\n" +
+	"\x14JOB_STATUS_COMPLETED\x10\x04\x12\x15\n" +
+	"\x11JOB_STATUS_FAILED\x10\x052\xa5\b\n" +
 	"\fAdminService\x12;\n" +
 	"\x04Tree\x12\x18.couchrep.v1.TreeRequest\x1a\x19.couchrep.v1.TreeResponse\x12;\n" +
-	"\x04Kill\x12\x18.couchrep.v1.KillRequest\x1a\x19.couchrep.v1.KillResponseB0Z.github.com/couchrep/couchrep/messages;messagesb\x06proto3"
+	"\x04Kill\x12\x18.couchrep.v1.KillRequest\x1a\x19.couchrep.v1.KillResponse\x12G\n" +
+	"\bListJobs\x12\x1c.couchrep.v1.ListJobsRequest\x1a\x1d.couchrep.v1.ListJobsResponse\x12A\n" +
+	"\x06GetJob\x12\x1a.couchrep.v1.GetJobRequest\x1a\x1b.couchrep.v1.GetJobResponse\x12D\n" +
+	"\aStopJob\x12\x1b.couchrep.v1.StopJobRequest\x1a\x1c.couchrep.v1.StopJobResponse\x12M\n" +
+	"\n" +
+	"RestartJob\x12\x1e.couchrep.v1.RestartJobRequest\x1a\x1f.couchrep.v1.RestartJobResponse\x12J\n" +
+	"\tCancelJob\x12\x1d.couchrep.v1.CancelJobRequest\x1a\x1e.couchrep.v1.CancelJobResponse\x12J\n" +
+	"\tGetShares\x12\x1d.couchrep.v1.GetSharesRequest\x1a\x1e.couchrep.v1.GetSharesResponse\x12J\n" +
+	"\tSetShares\x12\x1d.couchrep.v1.SetSharesRequest\x1a\x1e.couchrep.v1.SetSharesResponse\x12J\n" +
+	"\tSetConfig\x12\x1d.couchrep.v1.SetConfigRequest\x1a\x1e.couchrep.v1.SetConfigResponse\x12>\n" +
+	"\x05Drain\x12\x19.couchrep.v1.DrainRequest\x1a\x1a.couchrep.v1.DrainResponse\x12D\n" +
+	"\aUndrain\x12\x1b.couchrep.v1.UndrainRequest\x1a\x1c.couchrep.v1.UndrainResponse\x12G\n" +
+	"\bStopNode\x12\x1c.couchrep.v1.StopNodeRequest\x1a\x1d.couchrep.v1.StopNodeResponse\x12>\n" +
+	"\x05Nodes\x12\x19.couchrep.v1.NodesRequest\x1a\x1a.couchrep.v1.NodesResponse\x12;\n" +
+	"\x04Send\x12\x18.couchrep.v1.SendRequest\x1a\x19.couchrep.v1.SendResponseB0Z.github.com/couchrep/couchrep/messages;messagesb\x06proto3"
 
+var (
+	file_couchrep_v1_admin_proto_rawDescOnce sync.Once
+	file_couchrep_v1_admin_proto_rawDescData []byte
+)
+
+func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
+	file_couchrep_v1_admin_proto_rawDescOnce.Do(func() {
+		file_couchrep_v1_admin_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)))
+	})
+	return file_couchrep_v1_admin_proto_rawDescData
+}
+
+var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_couchrep_v1_admin_proto_goTypes = []any{
-	(*TreeRequest)(nil),  // 0: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),  // 1: couchrep.v1.KillRequest
-	(*TreeResponse)(nil), // 2: couchrep.v1.TreeResponse
-	(*KillResponse)(nil), // 3: couchrep.v1.KillResponse
+	(AdminProtocolVersion)(0),     // 0: couchrep.v1.AdminProtocolVersion
+	(JobStatus)(0),                // 1: couchrep.v1.JobStatus
+	(*JobStats)(nil),              // 2: couchrep.v1.JobStats
+	(*JobSummary)(nil),            // 3: couchrep.v1.JobSummary
+	(*ListJobsRequest)(nil),       // 4: couchrep.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),      // 5: couchrep.v1.ListJobsResponse
+	(*GetJobRequest)(nil),         // 6: couchrep.v1.GetJobRequest
+	(*GetJobResponse)(nil),        // 7: couchrep.v1.GetJobResponse
+	(*StopJobRequest)(nil),        // 8: couchrep.v1.StopJobRequest
+	(*StopJobResponse)(nil),       // 9: couchrep.v1.StopJobResponse
+	(*RestartJobRequest)(nil),     // 10: couchrep.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),    // 11: couchrep.v1.RestartJobResponse
+	(*CancelJobRequest)(nil),      // 12: couchrep.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),     // 13: couchrep.v1.CancelJobResponse
+	(*GetSharesRequest)(nil),      // 14: couchrep.v1.GetSharesRequest
+	(*GetSharesResponse)(nil),     // 15: couchrep.v1.GetSharesResponse
+	(*SetSharesRequest)(nil),      // 16: couchrep.v1.SetSharesRequest
+	(*SetSharesResponse)(nil),     // 17: couchrep.v1.SetSharesResponse
+	(*SetConfigRequest)(nil),      // 18: couchrep.v1.SetConfigRequest
+	(*SetConfigResponse)(nil),     // 19: couchrep.v1.SetConfigResponse
+	(*DrainRequest)(nil),          // 20: couchrep.v1.DrainRequest
+	(*DrainResponse)(nil),         // 21: couchrep.v1.DrainResponse
+	(*UndrainRequest)(nil),        // 22: couchrep.v1.UndrainRequest
+	(*UndrainResponse)(nil),       // 23: couchrep.v1.UndrainResponse
+	(*StopNodeRequest)(nil),       // 24: couchrep.v1.StopNodeRequest
+	(*StopNodeResponse)(nil),      // 25: couchrep.v1.StopNodeResponse
+	(*NodesRequest)(nil),          // 26: couchrep.v1.NodesRequest
+	(*NodeInfo)(nil),              // 27: couchrep.v1.NodeInfo
+	(*NodesResponse)(nil),         // 28: couchrep.v1.NodesResponse
+	(*SendRequest)(nil),           // 29: couchrep.v1.SendRequest
+	(*SendResponse)(nil),          // 30: couchrep.v1.SendResponse
+	nil,                           // 31: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                           // 32: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                           // 33: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
+	(*JobEvent)(nil),              // 35: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),             // 36: google.protobuf.Any
+	(*TreeRequest)(nil),           // 37: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),           // 38: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),          // 39: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),          // 40: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
-	0, // 0: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	1, // 1: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
-	2, // 2: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	3, // 3: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
+	34, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	34, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
+	35, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	1,  // 5: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
+	3,  // 6: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
+	3,  // 7: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 8: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 9: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
+	31, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	32, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	33, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	34, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	27, // 14: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
+	36, // 15: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	36, // 16: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	37, // 17: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	38, // 18: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	4,  // 19: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
+	6,  // 20: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
+	8,  // 21: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
+	10, // 22: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
+	12, // 23: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
+	14, // 24: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
+	16, // 25: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
+	18, // 26: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
+	20, // 27: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
+	22, // 28: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
+	24, // 29: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
+	26, // 30: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
+	29, // 31: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	39, // 32: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	40, // 33: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	5,  // 34: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	7,  // 35: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	9,  // 36: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	11, // 37: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	13, // 38: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	15, // 39: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	17, // 40: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	19, // 41: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	21, // 42: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	23, // 43: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	25, // 44: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	28, // 45: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	30, // 46: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	32, // [32:47] is the sub-list for method output_type
+	17, // [17:32] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_admin_proto_init() }
@@ -52,19 +1988,23 @@ func file_couchrep_v1_admin_proto_init() {
 	if File_couchrep_v1_admin_proto != nil {
 		return
 	}
+	file_couchrep_v1_scheduler_proto_init()
 	file_couchrep_v1_supervisor_proto_init()
+	file_couchrep_v1_admin_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   0,
+			NumEnums:      2,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_couchrep_v1_admin_proto_goTypes,
 		DependencyIndexes: file_couchrep_v1_admin_proto_depIdxs,
+		EnumInfos:         file_couchrep_v1_admin_proto_enumTypes,
+		MessageInfos:      file_couchrep_v1_admin_proto_msgTypes,
 	}.Build()
 	File_couchrep_v1_admin_proto = out.File
 	file_couchrep_v1_admin_proto_goTypes = nil

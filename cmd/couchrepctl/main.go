@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/messages/messagesconnect"
 )
@@ -40,6 +41,7 @@ func main() {
 
 type globals struct {
 	node    string
+	token   string
 	json    bool
 	timeout time.Duration
 }
@@ -62,6 +64,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("couchrepctl", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&g.node, "node", envOr("COUCHREP_NODE", "127.0.0.1:5987"), "admin `address` of the node (host:port or URL; env COUCHREP_NODE)")
+	fs.StringVar(&g.token, "token", os.Getenv("COUCHREP_ADMIN_TOKEN"), "admin `secret` the node requires when its admin endpoint is not on loopback (env COUCHREP_ADMIN_TOKEN)")
 	fs.BoolVar(&g.json, "json", false, "print replies as JSON, for scripts")
 	fs.DurationVar(&g.timeout, "timeout", 30*time.Second, "give up on a request after this long")
 	fs.Usage = func() {
@@ -101,7 +104,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		ctx, cancel := context.WithTimeout(ctx, g.timeout)
 		defer cancel()
-		client := messagesconnect.NewAdminServiceClient(http.DefaultClient, baseURL(g.node))
+		client := messagesconnect.NewAdminServiceClient(http.DefaultClient, baseURL(g.node),
+			connect.WithInterceptors(headers(g.token)))
 		err := c.run(ctx, client, g, rest, stdout)
 		switch {
 		case err == nil:
@@ -116,6 +120,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "couchrepctl: unknown command %q (see couchrepctl --help)\n", name)
 	return exitUsage
+}
+
+// headers adds the protocol version and, if set, the token to every request.
+func headers(token string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			req.Header().Set(admin.VersionHeader, admin.Version)
+			if token != "" {
+				req.Header().Set("Authorization", "Bearer "+token)
+			}
+			return next(ctx, req)
+		}
+	}
 }
 
 func envOr(key, def string) string {

@@ -145,12 +145,15 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error 
 // startAdmin serves the admin endpoint. The address it really listens on
 // (useful with port 0) is written to <data>/admin.addr.
 func startAdmin(cfg config.Config, node *couchrep.Node, logger zerolog.Logger) (*http.Server, string, error) {
+	if !config.IsLoopback(cfg.Couchrep.AdminBind) && cfg.Admin.Token == "" {
+		return nil, "", fmt.Errorf("admin endpoint: %s is not a loopback address: set [admin] token (or COUCHREP_ADMIN_TOKEN) so that requests must carry it", cfg.Couchrep.AdminBind)
+	}
 	ln, err := net.Listen("tcp", cfg.Couchrep.AdminBind)
 	if err != nil {
 		return nil, "", fmt.Errorf("admin endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
-	path, handler := admin.Handler(node, classify)
+	path, handler := admin.Handler(node, admin.Options{Token: cfg.Admin.Token, Classify: classify})
 	mux.Handle(path, handler)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {

@@ -5,9 +5,12 @@ package admin
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -26,9 +29,45 @@ type Requester interface {
 // none of the given sentinels are internal errors.
 type Classify func(err error) connect.Code
 
+// VersionHeader carries the admin protocol version a client speaks.
+const VersionHeader = "Couchrep-Admin-Version"
+
+// Version is the admin protocol version this build speaks.
+var Version = strconv.Itoa(int(messages.AdminProtocolVersion_ADMIN_PROTOCOL_VERSION_CURRENT))
+
+// Options configure Handler.
+type Options struct {
+	// Token, when set, is the secret every request must carry as
+	// "Authorization: Bearer <token>".
+	Token string
+	// Classify maps requester errors to Connect codes.
+	Classify Classify
+}
+
 // Handler returns the mount path and HTTP handler of the admin service.
-func Handler(r Requester, classify Classify) (string, http.Handler) {
-	return messagesconnect.NewAdminServiceHandler(&service{r: r, classify: classify})
+func Handler(r Requester, opts Options) (string, http.Handler) {
+	return messagesconnect.NewAdminServiceHandler(&service{r: r, classify: opts.Classify},
+		connect.WithInterceptors(guard(opts.Token)))
+}
+
+// guard rejects requests without the token or speaking another protocol
+// version, before they reach any actor.
+func guard(token string) connect.UnaryInterceptorFunc {
+	return func(next connect.UnaryFunc) connect.UnaryFunc {
+		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+			if token != "" {
+				got := strings.TrimPrefix(req.Header().Get("Authorization"), "Bearer ")
+				if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+					return nil, connect.NewError(connect.CodeUnauthenticated, ErrUnauthenticated)
+				}
+			}
+			if v := req.Header().Get(VersionHeader); v != "" && v != Version {
+				return nil, connect.NewError(connect.CodeFailedPrecondition,
+					fmt.Errorf("%w: client speaks version %s, this node speaks %s", ErrVersion, v, Version))
+			}
+			return next(ctx, req)
+		}
+	}
 }
 
 type service struct {
@@ -42,6 +81,58 @@ func (s *service) Tree(ctx context.Context, req *connect.Request[messages.TreeRe
 
 func (s *service) Kill(ctx context.Context, req *connect.Request[messages.KillRequest]) (*connect.Response[messages.KillResponse], error) {
 	return call[messages.KillResponse](ctx, s, req.Msg)
+}
+
+func (s *service) ListJobs(ctx context.Context, req *connect.Request[messages.ListJobsRequest]) (*connect.Response[messages.ListJobsResponse], error) {
+	return call[messages.ListJobsResponse](ctx, s, req.Msg)
+}
+
+func (s *service) GetJob(ctx context.Context, req *connect.Request[messages.GetJobRequest]) (*connect.Response[messages.GetJobResponse], error) {
+	return call[messages.GetJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) StopJob(ctx context.Context, req *connect.Request[messages.StopJobRequest]) (*connect.Response[messages.StopJobResponse], error) {
+	return call[messages.StopJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) RestartJob(ctx context.Context, req *connect.Request[messages.RestartJobRequest]) (*connect.Response[messages.RestartJobResponse], error) {
+	return call[messages.RestartJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) CancelJob(ctx context.Context, req *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
+	return call[messages.CancelJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) GetShares(ctx context.Context, req *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error) {
+	return call[messages.GetSharesResponse](ctx, s, req.Msg)
+}
+
+func (s *service) SetShares(ctx context.Context, req *connect.Request[messages.SetSharesRequest]) (*connect.Response[messages.SetSharesResponse], error) {
+	return call[messages.SetSharesResponse](ctx, s, req.Msg)
+}
+
+func (s *service) SetConfig(ctx context.Context, req *connect.Request[messages.SetConfigRequest]) (*connect.Response[messages.SetConfigResponse], error) {
+	return call[messages.SetConfigResponse](ctx, s, req.Msg)
+}
+
+func (s *service) Drain(ctx context.Context, req *connect.Request[messages.DrainRequest]) (*connect.Response[messages.DrainResponse], error) {
+	return call[messages.DrainResponse](ctx, s, req.Msg)
+}
+
+func (s *service) Undrain(ctx context.Context, req *connect.Request[messages.UndrainRequest]) (*connect.Response[messages.UndrainResponse], error) {
+	return call[messages.UndrainResponse](ctx, s, req.Msg)
+}
+
+func (s *service) StopNode(ctx context.Context, req *connect.Request[messages.StopNodeRequest]) (*connect.Response[messages.StopNodeResponse], error) {
+	return call[messages.StopNodeResponse](ctx, s, req.Msg)
+}
+
+func (s *service) Nodes(ctx context.Context, req *connect.Request[messages.NodesRequest]) (*connect.Response[messages.NodesResponse], error) {
+	return call[messages.NodesResponse](ctx, s, req.Msg)
+}
+
+func (s *service) Send(ctx context.Context, req *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error) {
+	return call[messages.SendResponse](ctx, s, req.Msg)
 }
 
 // call is the one code path of every RPC: deliver, type-check the reply.
@@ -64,5 +155,10 @@ func call[Resp any, PResp interface {
 	return connect.NewResponse((*Resp)(typed)), nil
 }
 
-// ErrUnauthenticated is returned for requests without the admin token.
-var ErrUnauthenticated = errors.New("admin: missing or wrong token")
+// Sentinel errors of the admin endpoint.
+var (
+	// ErrUnauthenticated is returned for requests without the admin token.
+	ErrUnauthenticated = errors.New("admin: missing or wrong token")
+	// ErrVersion is returned for requests in another protocol version.
+	ErrVersion = errors.New("admin: unsupported protocol version")
+)

@@ -37,6 +37,32 @@ const (
 	AdminServiceTreeProcedure = "/couchrep.v1.AdminService/Tree"
 	// AdminServiceKillProcedure is the fully-qualified name of the AdminService's Kill RPC.
 	AdminServiceKillProcedure = "/couchrep.v1.AdminService/Kill"
+	// AdminServiceListJobsProcedure is the fully-qualified name of the AdminService's ListJobs RPC.
+	AdminServiceListJobsProcedure = "/couchrep.v1.AdminService/ListJobs"
+	// AdminServiceGetJobProcedure is the fully-qualified name of the AdminService's GetJob RPC.
+	AdminServiceGetJobProcedure = "/couchrep.v1.AdminService/GetJob"
+	// AdminServiceStopJobProcedure is the fully-qualified name of the AdminService's StopJob RPC.
+	AdminServiceStopJobProcedure = "/couchrep.v1.AdminService/StopJob"
+	// AdminServiceRestartJobProcedure is the fully-qualified name of the AdminService's RestartJob RPC.
+	AdminServiceRestartJobProcedure = "/couchrep.v1.AdminService/RestartJob"
+	// AdminServiceCancelJobProcedure is the fully-qualified name of the AdminService's CancelJob RPC.
+	AdminServiceCancelJobProcedure = "/couchrep.v1.AdminService/CancelJob"
+	// AdminServiceGetSharesProcedure is the fully-qualified name of the AdminService's GetShares RPC.
+	AdminServiceGetSharesProcedure = "/couchrep.v1.AdminService/GetShares"
+	// AdminServiceSetSharesProcedure is the fully-qualified name of the AdminService's SetShares RPC.
+	AdminServiceSetSharesProcedure = "/couchrep.v1.AdminService/SetShares"
+	// AdminServiceSetConfigProcedure is the fully-qualified name of the AdminService's SetConfig RPC.
+	AdminServiceSetConfigProcedure = "/couchrep.v1.AdminService/SetConfig"
+	// AdminServiceDrainProcedure is the fully-qualified name of the AdminService's Drain RPC.
+	AdminServiceDrainProcedure = "/couchrep.v1.AdminService/Drain"
+	// AdminServiceUndrainProcedure is the fully-qualified name of the AdminService's Undrain RPC.
+	AdminServiceUndrainProcedure = "/couchrep.v1.AdminService/Undrain"
+	// AdminServiceStopNodeProcedure is the fully-qualified name of the AdminService's StopNode RPC.
+	AdminServiceStopNodeProcedure = "/couchrep.v1.AdminService/StopNode"
+	// AdminServiceNodesProcedure is the fully-qualified name of the AdminService's Nodes RPC.
+	AdminServiceNodesProcedure = "/couchrep.v1.AdminService/Nodes"
+	// AdminServiceSendProcedure is the fully-qualified name of the AdminService's Send RPC.
+	AdminServiceSendProcedure = "/couchrep.v1.AdminService/Send"
 )
 
 // AdminServiceClient is a client for the couchrep.v1.AdminService service.
@@ -45,6 +71,36 @@ type AdminServiceClient interface {
 	Tree(context.Context, *connect.Request[messages.TreeRequest]) (*connect.Response[messages.TreeResponse], error)
 	// Kill kills one named actor; its supervisor heals the tree.
 	Kill(context.Context, *connect.Request[messages.KillRequest]) (*connect.Response[messages.KillResponse], error)
+	// ListJobs lists replication jobs, optionally filtered.
+	ListJobs(context.Context, *connect.Request[messages.ListJobsRequest]) (*connect.Response[messages.ListJobsResponse], error)
+	// GetJob shows one job with its history and stats.
+	GetJob(context.Context, *connect.Request[messages.GetJobRequest]) (*connect.Response[messages.GetJobResponse], error)
+	// StopJob stops a running job and puts it back in the queue (pending).
+	StopJob(context.Context, *connect.Request[messages.StopJobRequest]) (*connect.Response[messages.StopJobResponse], error)
+	// RestartJob resubmits a job to run now (a crashing job's backoff is
+	// skipped).
+	RestartJob(context.Context, *connect.Request[messages.RestartJobRequest]) (*connect.Response[messages.RestartJobResponse], error)
+	// CancelJob cancels a job: a transient job is removed, a persistent one
+	// stays stopped until its document changes.
+	CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error)
+	// GetShares returns the [replicator.shares] in force.
+	GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error)
+	// SetShares changes [replicator.shares] at run time.
+	SetShares(context.Context, *connect.Request[messages.SetSharesRequest]) (*connect.Response[messages.SetSharesResponse], error)
+	// SetConfig changes max_jobs / max_churn at run time.
+	SetConfig(context.Context, *connect.Request[messages.SetConfigRequest]) (*connect.Response[messages.SetConfigResponse], error)
+	// Drain makes the node stop accepting jobs and hand its running jobs back
+	// to the queue cleanly (checkpointed), for other nodes to take.
+	Drain(context.Context, *connect.Request[messages.DrainRequest]) (*connect.Response[messages.DrainResponse], error)
+	// Undrain makes a drained node accept jobs again.
+	Undrain(context.Context, *connect.Request[messages.UndrainRequest]) (*connect.Response[messages.UndrainResponse], error)
+	// StopNode stops the node cleanly (as SIGTERM does).
+	StopNode(context.Context, *connect.Request[messages.StopNodeRequest]) (*connect.Response[messages.StopNodeResponse], error)
+	// Nodes is the cluster view: every node registered in the shared store.
+	Nodes(context.Context, *connect.Request[messages.NodesRequest]) (*connect.Response[messages.NodesResponse], error)
+	// Send delivers any actor message (an Any) to the named actor and returns
+	// its reply: the generic form of every RPC above.
+	Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the couchrep.v1.AdminService service. By default,
@@ -70,13 +126,104 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Kill")),
 			connect.WithClientOptions(opts...),
 		),
+		listJobs: connect.NewClient[messages.ListJobsRequest, messages.ListJobsResponse](
+			httpClient,
+			baseURL+AdminServiceListJobsProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ListJobs")),
+			connect.WithClientOptions(opts...),
+		),
+		getJob: connect.NewClient[messages.GetJobRequest, messages.GetJobResponse](
+			httpClient,
+			baseURL+AdminServiceGetJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetJob")),
+			connect.WithClientOptions(opts...),
+		),
+		stopJob: connect.NewClient[messages.StopJobRequest, messages.StopJobResponse](
+			httpClient,
+			baseURL+AdminServiceStopJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("StopJob")),
+			connect.WithClientOptions(opts...),
+		),
+		restartJob: connect.NewClient[messages.RestartJobRequest, messages.RestartJobResponse](
+			httpClient,
+			baseURL+AdminServiceRestartJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("RestartJob")),
+			connect.WithClientOptions(opts...),
+		),
+		cancelJob: connect.NewClient[messages.CancelJobRequest, messages.CancelJobResponse](
+			httpClient,
+			baseURL+AdminServiceCancelJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("CancelJob")),
+			connect.WithClientOptions(opts...),
+		),
+		getShares: connect.NewClient[messages.GetSharesRequest, messages.GetSharesResponse](
+			httpClient,
+			baseURL+AdminServiceGetSharesProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("GetShares")),
+			connect.WithClientOptions(opts...),
+		),
+		setShares: connect.NewClient[messages.SetSharesRequest, messages.SetSharesResponse](
+			httpClient,
+			baseURL+AdminServiceSetSharesProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SetShares")),
+			connect.WithClientOptions(opts...),
+		),
+		setConfig: connect.NewClient[messages.SetConfigRequest, messages.SetConfigResponse](
+			httpClient,
+			baseURL+AdminServiceSetConfigProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("SetConfig")),
+			connect.WithClientOptions(opts...),
+		),
+		drain: connect.NewClient[messages.DrainRequest, messages.DrainResponse](
+			httpClient,
+			baseURL+AdminServiceDrainProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Drain")),
+			connect.WithClientOptions(opts...),
+		),
+		undrain: connect.NewClient[messages.UndrainRequest, messages.UndrainResponse](
+			httpClient,
+			baseURL+AdminServiceUndrainProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Undrain")),
+			connect.WithClientOptions(opts...),
+		),
+		stopNode: connect.NewClient[messages.StopNodeRequest, messages.StopNodeResponse](
+			httpClient,
+			baseURL+AdminServiceStopNodeProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("StopNode")),
+			connect.WithClientOptions(opts...),
+		),
+		nodes: connect.NewClient[messages.NodesRequest, messages.NodesResponse](
+			httpClient,
+			baseURL+AdminServiceNodesProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Nodes")),
+			connect.WithClientOptions(opts...),
+		),
+		send: connect.NewClient[messages.SendRequest, messages.SendResponse](
+			httpClient,
+			baseURL+AdminServiceSendProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Send")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
 // adminServiceClient implements AdminServiceClient.
 type adminServiceClient struct {
-	tree *connect.Client[messages.TreeRequest, messages.TreeResponse]
-	kill *connect.Client[messages.KillRequest, messages.KillResponse]
+	tree       *connect.Client[messages.TreeRequest, messages.TreeResponse]
+	kill       *connect.Client[messages.KillRequest, messages.KillResponse]
+	listJobs   *connect.Client[messages.ListJobsRequest, messages.ListJobsResponse]
+	getJob     *connect.Client[messages.GetJobRequest, messages.GetJobResponse]
+	stopJob    *connect.Client[messages.StopJobRequest, messages.StopJobResponse]
+	restartJob *connect.Client[messages.RestartJobRequest, messages.RestartJobResponse]
+	cancelJob  *connect.Client[messages.CancelJobRequest, messages.CancelJobResponse]
+	getShares  *connect.Client[messages.GetSharesRequest, messages.GetSharesResponse]
+	setShares  *connect.Client[messages.SetSharesRequest, messages.SetSharesResponse]
+	setConfig  *connect.Client[messages.SetConfigRequest, messages.SetConfigResponse]
+	drain      *connect.Client[messages.DrainRequest, messages.DrainResponse]
+	undrain    *connect.Client[messages.UndrainRequest, messages.UndrainResponse]
+	stopNode   *connect.Client[messages.StopNodeRequest, messages.StopNodeResponse]
+	nodes      *connect.Client[messages.NodesRequest, messages.NodesResponse]
+	send       *connect.Client[messages.SendRequest, messages.SendResponse]
 }
 
 // Tree calls couchrep.v1.AdminService.Tree.
@@ -89,12 +236,107 @@ func (c *adminServiceClient) Kill(ctx context.Context, req *connect.Request[mess
 	return c.kill.CallUnary(ctx, req)
 }
 
+// ListJobs calls couchrep.v1.AdminService.ListJobs.
+func (c *adminServiceClient) ListJobs(ctx context.Context, req *connect.Request[messages.ListJobsRequest]) (*connect.Response[messages.ListJobsResponse], error) {
+	return c.listJobs.CallUnary(ctx, req)
+}
+
+// GetJob calls couchrep.v1.AdminService.GetJob.
+func (c *adminServiceClient) GetJob(ctx context.Context, req *connect.Request[messages.GetJobRequest]) (*connect.Response[messages.GetJobResponse], error) {
+	return c.getJob.CallUnary(ctx, req)
+}
+
+// StopJob calls couchrep.v1.AdminService.StopJob.
+func (c *adminServiceClient) StopJob(ctx context.Context, req *connect.Request[messages.StopJobRequest]) (*connect.Response[messages.StopJobResponse], error) {
+	return c.stopJob.CallUnary(ctx, req)
+}
+
+// RestartJob calls couchrep.v1.AdminService.RestartJob.
+func (c *adminServiceClient) RestartJob(ctx context.Context, req *connect.Request[messages.RestartJobRequest]) (*connect.Response[messages.RestartJobResponse], error) {
+	return c.restartJob.CallUnary(ctx, req)
+}
+
+// CancelJob calls couchrep.v1.AdminService.CancelJob.
+func (c *adminServiceClient) CancelJob(ctx context.Context, req *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
+	return c.cancelJob.CallUnary(ctx, req)
+}
+
+// GetShares calls couchrep.v1.AdminService.GetShares.
+func (c *adminServiceClient) GetShares(ctx context.Context, req *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error) {
+	return c.getShares.CallUnary(ctx, req)
+}
+
+// SetShares calls couchrep.v1.AdminService.SetShares.
+func (c *adminServiceClient) SetShares(ctx context.Context, req *connect.Request[messages.SetSharesRequest]) (*connect.Response[messages.SetSharesResponse], error) {
+	return c.setShares.CallUnary(ctx, req)
+}
+
+// SetConfig calls couchrep.v1.AdminService.SetConfig.
+func (c *adminServiceClient) SetConfig(ctx context.Context, req *connect.Request[messages.SetConfigRequest]) (*connect.Response[messages.SetConfigResponse], error) {
+	return c.setConfig.CallUnary(ctx, req)
+}
+
+// Drain calls couchrep.v1.AdminService.Drain.
+func (c *adminServiceClient) Drain(ctx context.Context, req *connect.Request[messages.DrainRequest]) (*connect.Response[messages.DrainResponse], error) {
+	return c.drain.CallUnary(ctx, req)
+}
+
+// Undrain calls couchrep.v1.AdminService.Undrain.
+func (c *adminServiceClient) Undrain(ctx context.Context, req *connect.Request[messages.UndrainRequest]) (*connect.Response[messages.UndrainResponse], error) {
+	return c.undrain.CallUnary(ctx, req)
+}
+
+// StopNode calls couchrep.v1.AdminService.StopNode.
+func (c *adminServiceClient) StopNode(ctx context.Context, req *connect.Request[messages.StopNodeRequest]) (*connect.Response[messages.StopNodeResponse], error) {
+	return c.stopNode.CallUnary(ctx, req)
+}
+
+// Nodes calls couchrep.v1.AdminService.Nodes.
+func (c *adminServiceClient) Nodes(ctx context.Context, req *connect.Request[messages.NodesRequest]) (*connect.Response[messages.NodesResponse], error) {
+	return c.nodes.CallUnary(ctx, req)
+}
+
+// Send calls couchrep.v1.AdminService.Send.
+func (c *adminServiceClient) Send(ctx context.Context, req *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error) {
+	return c.send.CallUnary(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the couchrep.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Tree lists the live supervision tree.
 	Tree(context.Context, *connect.Request[messages.TreeRequest]) (*connect.Response[messages.TreeResponse], error)
 	// Kill kills one named actor; its supervisor heals the tree.
 	Kill(context.Context, *connect.Request[messages.KillRequest]) (*connect.Response[messages.KillResponse], error)
+	// ListJobs lists replication jobs, optionally filtered.
+	ListJobs(context.Context, *connect.Request[messages.ListJobsRequest]) (*connect.Response[messages.ListJobsResponse], error)
+	// GetJob shows one job with its history and stats.
+	GetJob(context.Context, *connect.Request[messages.GetJobRequest]) (*connect.Response[messages.GetJobResponse], error)
+	// StopJob stops a running job and puts it back in the queue (pending).
+	StopJob(context.Context, *connect.Request[messages.StopJobRequest]) (*connect.Response[messages.StopJobResponse], error)
+	// RestartJob resubmits a job to run now (a crashing job's backoff is
+	// skipped).
+	RestartJob(context.Context, *connect.Request[messages.RestartJobRequest]) (*connect.Response[messages.RestartJobResponse], error)
+	// CancelJob cancels a job: a transient job is removed, a persistent one
+	// stays stopped until its document changes.
+	CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error)
+	// GetShares returns the [replicator.shares] in force.
+	GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error)
+	// SetShares changes [replicator.shares] at run time.
+	SetShares(context.Context, *connect.Request[messages.SetSharesRequest]) (*connect.Response[messages.SetSharesResponse], error)
+	// SetConfig changes max_jobs / max_churn at run time.
+	SetConfig(context.Context, *connect.Request[messages.SetConfigRequest]) (*connect.Response[messages.SetConfigResponse], error)
+	// Drain makes the node stop accepting jobs and hand its running jobs back
+	// to the queue cleanly (checkpointed), for other nodes to take.
+	Drain(context.Context, *connect.Request[messages.DrainRequest]) (*connect.Response[messages.DrainResponse], error)
+	// Undrain makes a drained node accept jobs again.
+	Undrain(context.Context, *connect.Request[messages.UndrainRequest]) (*connect.Response[messages.UndrainResponse], error)
+	// StopNode stops the node cleanly (as SIGTERM does).
+	StopNode(context.Context, *connect.Request[messages.StopNodeRequest]) (*connect.Response[messages.StopNodeResponse], error)
+	// Nodes is the cluster view: every node registered in the shared store.
+	Nodes(context.Context, *connect.Request[messages.NodesRequest]) (*connect.Response[messages.NodesResponse], error)
+	// Send delivers any actor message (an Any) to the named actor and returns
+	// its reply: the generic form of every RPC above.
+	Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error)
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -116,12 +358,116 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Kill")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceListJobsHandler := connect.NewUnaryHandler(
+		AdminServiceListJobsProcedure,
+		svc.ListJobs,
+		connect.WithSchema(adminServiceMethods.ByName("ListJobs")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetJobHandler := connect.NewUnaryHandler(
+		AdminServiceGetJobProcedure,
+		svc.GetJob,
+		connect.WithSchema(adminServiceMethods.ByName("GetJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceStopJobHandler := connect.NewUnaryHandler(
+		AdminServiceStopJobProcedure,
+		svc.StopJob,
+		connect.WithSchema(adminServiceMethods.ByName("StopJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceRestartJobHandler := connect.NewUnaryHandler(
+		AdminServiceRestartJobProcedure,
+		svc.RestartJob,
+		connect.WithSchema(adminServiceMethods.ByName("RestartJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceCancelJobHandler := connect.NewUnaryHandler(
+		AdminServiceCancelJobProcedure,
+		svc.CancelJob,
+		connect.WithSchema(adminServiceMethods.ByName("CancelJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceGetSharesHandler := connect.NewUnaryHandler(
+		AdminServiceGetSharesProcedure,
+		svc.GetShares,
+		connect.WithSchema(adminServiceMethods.ByName("GetShares")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSetSharesHandler := connect.NewUnaryHandler(
+		AdminServiceSetSharesProcedure,
+		svc.SetShares,
+		connect.WithSchema(adminServiceMethods.ByName("SetShares")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSetConfigHandler := connect.NewUnaryHandler(
+		AdminServiceSetConfigProcedure,
+		svc.SetConfig,
+		connect.WithSchema(adminServiceMethods.ByName("SetConfig")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceDrainHandler := connect.NewUnaryHandler(
+		AdminServiceDrainProcedure,
+		svc.Drain,
+		connect.WithSchema(adminServiceMethods.ByName("Drain")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceUndrainHandler := connect.NewUnaryHandler(
+		AdminServiceUndrainProcedure,
+		svc.Undrain,
+		connect.WithSchema(adminServiceMethods.ByName("Undrain")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceStopNodeHandler := connect.NewUnaryHandler(
+		AdminServiceStopNodeProcedure,
+		svc.StopNode,
+		connect.WithSchema(adminServiceMethods.ByName("StopNode")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceNodesHandler := connect.NewUnaryHandler(
+		AdminServiceNodesProcedure,
+		svc.Nodes,
+		connect.WithSchema(adminServiceMethods.ByName("Nodes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceSendHandler := connect.NewUnaryHandler(
+		AdminServiceSendProcedure,
+		svc.Send,
+		connect.WithSchema(adminServiceMethods.ByName("Send")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/couchrep.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceTreeProcedure:
 			adminServiceTreeHandler.ServeHTTP(w, r)
 		case AdminServiceKillProcedure:
 			adminServiceKillHandler.ServeHTTP(w, r)
+		case AdminServiceListJobsProcedure:
+			adminServiceListJobsHandler.ServeHTTP(w, r)
+		case AdminServiceGetJobProcedure:
+			adminServiceGetJobHandler.ServeHTTP(w, r)
+		case AdminServiceStopJobProcedure:
+			adminServiceStopJobHandler.ServeHTTP(w, r)
+		case AdminServiceRestartJobProcedure:
+			adminServiceRestartJobHandler.ServeHTTP(w, r)
+		case AdminServiceCancelJobProcedure:
+			adminServiceCancelJobHandler.ServeHTTP(w, r)
+		case AdminServiceGetSharesProcedure:
+			adminServiceGetSharesHandler.ServeHTTP(w, r)
+		case AdminServiceSetSharesProcedure:
+			adminServiceSetSharesHandler.ServeHTTP(w, r)
+		case AdminServiceSetConfigProcedure:
+			adminServiceSetConfigHandler.ServeHTTP(w, r)
+		case AdminServiceDrainProcedure:
+			adminServiceDrainHandler.ServeHTTP(w, r)
+		case AdminServiceUndrainProcedure:
+			adminServiceUndrainHandler.ServeHTTP(w, r)
+		case AdminServiceStopNodeProcedure:
+			adminServiceStopNodeHandler.ServeHTTP(w, r)
+		case AdminServiceNodesProcedure:
+			adminServiceNodesHandler.ServeHTTP(w, r)
+		case AdminServiceSendProcedure:
+			adminServiceSendHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -137,4 +483,56 @@ func (UnimplementedAdminServiceHandler) Tree(context.Context, *connect.Request[m
 
 func (UnimplementedAdminServiceHandler) Kill(context.Context, *connect.Request[messages.KillRequest]) (*connect.Response[messages.KillResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Kill is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ListJobs(context.Context, *connect.Request[messages.ListJobsRequest]) (*connect.Response[messages.ListJobsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.ListJobs is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetJob(context.Context, *connect.Request[messages.GetJobRequest]) (*connect.Response[messages.GetJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.GetJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) StopJob(context.Context, *connect.Request[messages.StopJobRequest]) (*connect.Response[messages.StopJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.StopJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) RestartJob(context.Context, *connect.Request[messages.RestartJobRequest]) (*connect.Response[messages.RestartJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.RestartJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.CancelJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.GetShares is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SetShares(context.Context, *connect.Request[messages.SetSharesRequest]) (*connect.Response[messages.SetSharesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.SetShares is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) SetConfig(context.Context, *connect.Request[messages.SetConfigRequest]) (*connect.Response[messages.SetConfigResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.SetConfig is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Drain(context.Context, *connect.Request[messages.DrainRequest]) (*connect.Response[messages.DrainResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Drain is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Undrain(context.Context, *connect.Request[messages.UndrainRequest]) (*connect.Response[messages.UndrainResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Undrain is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) StopNode(context.Context, *connect.Request[messages.StopNodeRequest]) (*connect.Response[messages.StopNodeResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.StopNode is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Nodes(context.Context, *connect.Request[messages.NodesRequest]) (*connect.Response[messages.NodesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Nodes is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Send is not implemented"))
 }
