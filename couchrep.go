@@ -12,6 +12,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -101,6 +103,11 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("couchrep: invalid config: %w", err)
 	}
+	if cfg.Couchrep.NodeName == "" || cfg.CouchDB.UUID == "" || cfg.Couchrep.Store == "" {
+		if err := cfg.Complete(); err != nil {
+			return nil, fmt.Errorf("couchrep: %w", err)
+		}
+	}
 	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system}
 	store := o.store
 	if store == nil {
@@ -181,6 +188,67 @@ func (n *Node) logEvent(e *supervisor.Event) {
 		ev = ev.Str("pid", e.PID.Id)
 	}
 	ev.Msg("supervisor")
+}
+
+// Subscribe streams the node's events until ctx ends: supervisor steps as
+// *messages.SupervisorEvent, and every protobuf event the node's actors
+// publish (job state changes, ...). Events are dropped rather than block the
+// node when the subscriber falls more than buffer events behind; dropped
+// reports how many were.
+func (n *Node) Subscribe(ctx context.Context, buffer int) (events <-chan proto.Message, dropped func() uint64) {
+	ch := make(chan proto.Message, buffer)
+	var lost atomic.Uint64
+	var mu sync.Mutex
+	closed := false
+	sub := n.system.EventStream.Subscribe(func(evt any) {
+		var msg proto.Message
+		switch e := evt.(type) {
+		case *supervisor.Event:
+			msg = SupervisorEventProto(e)
+		case proto.Message:
+			msg = e
+		default:
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if closed {
+			return
+		}
+		select {
+		case ch <- msg:
+		default:
+			lost.Add(1)
+		}
+	})
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-n.sup.Done():
+		}
+		n.system.EventStream.Unsubscribe(sub)
+		mu.Lock()
+		closed = true
+		close(ch)
+		mu.Unlock()
+	}()
+	return ch, lost.Load
+}
+
+// SupervisorEventProto converts a supervisor event to its protobuf form.
+func SupervisorEventProto(e *supervisor.Event) *messages.SupervisorEvent {
+	p := &messages.SupervisorEvent{
+		Kind:         messages.SupervisorEvent_Kind(enumValue(messages.SupervisorEvent_Kind_value, "KIND_", e.Kind.String())),
+		Supervisor:   e.Supervisor,
+		Child:        e.Child,
+		Reason:       e.Reason,
+		RestartCount: uint32(e.RestartCount),
+		Time:         timestamppb.New(e.Time),
+	}
+	if e.PID != nil {
+		p.Pid = e.PID.Id
+	}
+	return p
 }
 
 // Name is the node's name.
