@@ -1,0 +1,60 @@
+// Package repjob is the replication job store: CouchDB's FDB-era
+// couch_replicator_jobs on internal/jobs. It is the one place where
+// replication jobs are created, read, followed and finished, for every other
+// part of couchrep: the HTTP API (POST /_replicate, _scheduler/*), the doc
+// processor (_replicator documents), the job actors and the scheduler.
+//
+// # Jobs
+//
+// Every replication, transient (POST /_replicate) or persistent (a document
+// in a _replicator database), is one job of type JobType in the shared
+// queue, whose data is a messages.ReplicationJob record (Record): kind,
+// origin, the replication body as given, replication id, state, scheduler
+// history, stats, last error, node and times. Jobs survive node restarts
+// because the queue does; finished transient jobs are kept for
+// Options.TransientMaxAge and then removed by CleanupTransient.
+//
+// Job ids are derived without network calls (TransientJobID,
+// PersistentJobID). Replication ids need the server UUID and, for a named
+// filter, the filter's code from the source: they are computed when possible
+// at Add and always when a job starts (Run.ClaimRepID), so that a filtered
+// replication whose filter changed restarts under its new id.
+//
+// # Collisions
+//
+// An index rep_id → job_id records which job owns a replication id, as in
+// the FDB-era replicator's check_ownership: when a starting job finds its
+// replication id owned by another pending or running job, it is a duplicate
+// (ErrDuplicate): a duplicate of a transient job waits as crashing, a
+// duplicate of a persistent job fails. An owner that finished or vanished is
+// usurped.
+//
+// # Fair share
+//
+// Priorities are share.Account virtual deadlines. The accounts
+// (messages.ShareAccount) and the queue's frontier live in the store, next to
+// the jobs, and are read and written inside the same transactions that add,
+// start, resubmit, finish and remove jobs, so that every node sharing the
+// store agrees on them. Shares come from [replicator.shares] (SetShares
+// changes them at run time).
+//
+// # Following jobs
+//
+// Get, List and FindByRepID read; WaitState and WaitFinished block on one
+// job (kv watches, no polling); Changes and WaitChanges follow every job's
+// state changes in commit order across processes (a versionstamped index
+// holding the newest change of each job), which is how the doc processor
+// writes terminal states back to documents.
+//
+// # Key layout
+//
+// Under the subspace (Options.Prefix, "repjob"):
+//
+//	(REPIDS, rep_id)               = job_id
+//	(SHARES, key)                  = ShareAccount
+//	(FRONTIER)                     = uint64, big-endian
+//	(CHANGES, versionstamp, id)    = ""    newest state change of job id
+//	(LAST_CHANGE, id)              = versionstamp of that entry
+//	(CHANGES_WATCH)                = counter bumped with every change
+//	(EXPIRE, finished_ns, id)      = ""    finished transient jobs
+package repjob

@@ -1,0 +1,182 @@
+package repjob
+
+import (
+	"encoding/binary"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/internal/share"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// Key-space tags (see the package comment).
+const (
+	tagRepIDs       = 1
+	tagShares       = 2
+	tagFrontier     = 3
+	tagChanges      = 4
+	tagLastChange   = 5
+	tagChangesWatch = 6
+	tagExpire       = 7
+)
+
+type keys struct {
+	repIDs, shares, changes, lastChange, expire tuple.Subspace
+	frontier, changesWatch                      []byte
+}
+
+func newKeys(prefix []byte) keys {
+	root := tuple.NewSubspace(prefix, tuple.Tuple{"repjob"})
+	return keys{
+		repIDs:       root.Sub(tagRepIDs),
+		shares:       root.Sub(tagShares),
+		changes:      root.Sub(tagChanges),
+		lastChange:   root.Sub(tagLastChange),
+		expire:       root.Sub(tagExpire),
+		frontier:     root.Pack(tuple.Tuple{tagFrontier}),
+		changesWatch: root.Pack(tuple.Tuple{tagChangesWatch}),
+	}
+}
+
+func (k keys) repIDKey(repID string) []byte { return k.repIDs.Pack(tuple.Tuple{repID}) }
+func (k keys) shareKey(key string) []byte   { return k.shares.Pack(tuple.Tuple{key}) }
+func (k keys) lastChangeKey(id string) []byte {
+	return k.lastChange.Pack(tuple.Tuple{id})
+}
+func (k keys) expireKey(at time.Time, id string) []byte {
+	return k.expire.Pack(tuple.Tuple{at.UnixNano(), id})
+}
+
+// ledger is the fair-share state of one transaction: accounts and the
+// frontier read from the store, written back as they change.
+type ledger struct {
+	s  *Store
+	tx kv.Tx
+	p  share.Params
+}
+
+func (s *Store) ledger(tx kv.Tx) ledger { return ledger{s: s, tx: tx, p: s.shareParams()} }
+
+func (l ledger) frontier() (uint64, error) {
+	b, err := l.tx.Get(l.s.k.frontier)
+	if err != nil || len(b) != 8 {
+		return 0, err
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// accepted raises the frontier to at least prio.
+func (l ledger) accepted(prio uint64) error {
+	f, err := l.frontier()
+	if err != nil {
+		return err
+	}
+	if prio > f {
+		l.tx.Set(l.s.k.frontier, binary.BigEndian.AppendUint64(nil, prio))
+	}
+	return nil
+}
+
+func (l ledger) account(key string) (share.Account, error) {
+	b, err := l.tx.Get(l.s.k.shareKey(key))
+	if err != nil || b == nil {
+		return share.Account{}, err
+	}
+	m := &messages.ShareAccount{}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return share.Account{}, fmt.Errorf("repjob: decode share account %q: %w", key, err)
+	}
+	_, a := share.AccountFromProto(m)
+	return a, nil
+}
+
+func (l ledger) put(key string, a share.Account) error {
+	b, err := proto.Marshal(a.Proto(key))
+	if err != nil {
+		return fmt.Errorf("repjob: encode share account %q: %w", key, err)
+	}
+	l.tx.Set(l.s.k.shareKey(key), b)
+	return nil
+}
+
+// enqueue reserves a quantum for a job of key and returns its priority.
+func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
+	f, err := l.frontier()
+	if err != nil {
+		return 0, err
+	}
+	a, err := l.account(key)
+	if err != nil {
+		return 0, err
+	}
+	a, prio := a.Enqueue(l.p, l.s.sharesOf(key), f, now)
+	return prio, l.put(key, a)
+}
+
+// charge records that a job of key ran for ran beyond its reserved quantum
+// (negative: a refund).
+func (l ledger) charge(key string, ran time.Duration, now time.Time) error {
+	if ran == 0 {
+		return nil
+	}
+	f, err := l.frontier()
+	if err != nil {
+		return err
+	}
+	a, err := l.account(key)
+	if err != nil {
+		return err
+	}
+	return l.put(key, a.Charge(l.p, l.s.sharesOf(key), f, ran, now))
+}
+
+// chargeRun settles a run that started at started: the first quantum was
+// paid at enqueue.
+func (l ledger) chargeRun(key string, started, now time.Time) error {
+	if started.IsZero() {
+		return nil
+	}
+	return l.charge(key, now.Sub(started)-l.p.Quantum, now)
+}
+
+// frontierTx reads the shared fair-share frontier (the highest priority
+// accepted so far).
+func (s *Store) frontierTx(tx kv.ReadTx) (uint64, error) {
+	b, err := tx.Get(s.k.frontier)
+	if err != nil || len(b) != 8 {
+		return 0, err
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// noteChange records that job id changed state in this transaction: its
+// previous entry in the changes index is replaced by one at this
+// transaction's versionstamp.
+func (s *Store) noteChange(tx kv.Tx, id string) error {
+	lk := s.k.lastChangeKey(id)
+	old, err := tx.Get(lk)
+	if err != nil {
+		return err
+	}
+	if len(old) == kv.VersionstampLength {
+		var vs tuple.Versionstamp
+		copy(vs.TransactionVersion[:], old)
+		tx.Clear(s.k.changes.Pack(tuple.Tuple{vs, id}))
+	}
+	key, off, err := s.k.changes.PackWithVersionstamp(tuple.Tuple{tuple.IncompleteVersionstamp(0), id})
+	if err != nil {
+		return fmt.Errorf("repjob: changes key: %w", err)
+	}
+	if err := tx.SetVersionstampedKey(key, off, nil); err != nil {
+		return err
+	}
+	if err := tx.SetVersionstampedValue(lk, make([]byte, kv.VersionstampLength), 0); err != nil {
+		return err
+	}
+	tx.Add(s.k.changesWatch, 1)
+	return nil
+}

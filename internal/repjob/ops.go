@@ -1,0 +1,590 @@
+package repjob
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/share"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// AddResult is what AddTransient and AddPersistent did.
+type AddResult struct {
+	// JobID is the job's id.
+	JobID string
+	// RepID is the replication id, empty when it can only be computed once
+	// the job runs (a named filter's code lives on the source).
+	RepID string
+	// Existed is true when the same replication was already pending or
+	// running (or, for a document, finished with the same body): nothing
+	// was changed.
+	Existed bool
+	// Record is the job as stored after the call.
+	Record *Record
+}
+
+// PersistentDoc is a replication document of a _replicator database.
+type PersistentDoc struct {
+	// Server is the CouchDB server URL (a [couchrep] watch entry).
+	Server string
+	// DB is the _replicator database's name; DocID the document's id.
+	DB, DocID string
+	// Body is the document without its _replication_* fields (JSON).
+	Body []byte
+	// User is the document's owner (user_ctx name), if known.
+	User string
+}
+
+type newJob struct {
+	kind              messages.ReplicationKind
+	id, server, db    string
+	docID, user       string
+	body              []byte
+	params            replication.Params
+	repID, base       string
+	shareKey          string
+	replaceIfFinished bool
+}
+
+// AddTransient adds the job of a POST /_replicate body for user. The same
+// body from the same user while its job is pending or running changes
+// nothing (Existed); a finished one is started again. A body that does not
+// parse gives an error wrapping ErrInvalid whose message names the field.
+func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (AddResult, error) {
+	p, err := replication.ParseParams(body)
+	if err != nil {
+		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_TRANSIENT, id: TransientJobID(p, user, s.uuid),
+		user: user, body: compact(body), params: p, shareKey: share.Key("", user), replaceIfFinished: true}
+	return s.add(ctx, j)
+}
+
+// AddPersistent adds or updates the job of a _replicator document. Unchanged
+// parameters are a no-op (Existed) whatever the job's state; changed ones
+// replace the job (a running one is stopped: its worker loses its lock).
+// An invalid document gives an error wrapping ErrInvalid and no job.
+func (s *Store) AddPersistent(ctx context.Context, doc PersistentDoc) (AddResult, error) {
+	p, err := replication.ParseParams(doc.Body)
+	if err != nil {
+		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
+		id: PersistentJobID(doc.Server, doc.DB, doc.DocID), server: doc.Server, db: doc.DB, docID: doc.DocID,
+		user: doc.User, body: compact(doc.Body), params: p, shareKey: share.Key(doc.DB, doc.User)}
+	return s.add(ctx, j)
+}
+
+func compact(b []byte) []byte {
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		return append([]byte(nil), b...)
+	}
+	return buf.Bytes()
+}
+
+func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
+	if err := s.Init(ctx); err != nil {
+		return AddResult{}, err
+	}
+	if base, ext, err := replication.ID(j.params, s.uuid); err == nil {
+		j.repID, j.base = base+ext, base
+	} else if !errors.Is(err, replication.ErrFilterCodeNeeded) {
+		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	var res AddResult
+	err := s.db.Transact(ctx, func(tx kv.Tx) error {
+		res = AddResult{JobID: j.id, RepID: j.repID}
+		now := s.now()
+		info, err := s.q.GetTx(tx, JobType, j.id)
+		switch {
+		case errors.Is(err, jobs.ErrNotFound):
+		case err != nil:
+			return err
+		default:
+			old, err := recordFromInfo(info)
+			if err != nil {
+				return err
+			}
+			same := bytes.Equal(old.Body, j.body)
+			if same && (info.State != jobs.StateFinished || !j.replaceIfFinished) {
+				res.Existed, res.Record, res.RepID = true, old, old.RepId
+				return nil
+			}
+			if info.State == jobs.StatePending {
+				// Its reserved quantum goes back before a new one is taken.
+				if err := s.ledger(tx).charge(old.ShareKey, -s.shareParams().Quantum, now); err != nil {
+					return err
+				}
+			}
+			if err := s.releaseRepID(tx, old.RepId, j.id); err != nil {
+				return err
+			}
+			tx.Clear(s.k.expireKey(old.GetFinishedAt().AsTime(), j.id))
+		}
+		m := &messages.ReplicationJob{
+			Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
+			Body: j.body, RepId: j.repID, BaseId: j.base, State: messages.ReplicationState_REPLICATION_STATE_PENDING,
+			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
+			Continuous: j.params.Continuous, ShareKey: j.shareKey,
+			Source: redactURL(j.params.Source), Target: redactURL(j.params.Target),
+		}
+		if j.repID != "" {
+			if _, err := s.claimIfFree(tx, j.repID, j.id); err != nil {
+				return err
+			}
+		}
+		prio, err := s.ledger(tx).enqueue(j.shareKey, now)
+		if err != nil {
+			return err
+		}
+		data, err := marshal(m)
+		if err != nil {
+			return err
+		}
+		if err := s.q.AddTx(tx, JobType, j.id, jobs.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
+			return err
+		}
+		if err := s.noteChange(tx, j.id); err != nil {
+			return err
+		}
+		res.Record = &Record{ReplicationJob: m, QueueState: jobs.StatePending, Priority: prio}
+		return nil
+	})
+	if err != nil {
+		return AddResult{}, fmt.Errorf("repjob: add job %q: %w", j.id, err)
+	}
+	return res, nil
+}
+
+// claimIfFree points repID at id unless another live job owns it; it
+// returns the live owner's id, if any.
+func (s *Store) claimIfFree(tx kv.Tx, repID, id string) (string, error) {
+	key := s.k.repIDKey(repID)
+	owner, err := tx.Get(key)
+	if err != nil {
+		return "", err
+	}
+	if owner != nil && string(owner) != id {
+		info, err := s.q.GetTx(tx, JobType, string(owner))
+		switch {
+		case errors.Is(err, jobs.ErrNotFound):
+		case err != nil:
+			return "", err
+		case info.State != jobs.StateFinished:
+			return string(owner), nil
+		}
+	}
+	tx.Set(key, []byte(id))
+	return "", nil
+}
+
+// releaseRepID clears repID's index entry if it points at id.
+func (s *Store) releaseRepID(tx kv.Tx, repID, id string) error {
+	if repID == "" {
+		return nil
+	}
+	key := s.k.repIDKey(repID)
+	owner, err := tx.Get(key)
+	if err != nil {
+		return err
+	}
+	if string(owner) == id {
+		tx.Clear(key)
+	}
+	return nil
+}
+
+// Remove deletes job jobID: a running job is stopped (its worker's next
+// call fails with jobs.ErrCanceled), a pending one gives back its reserved
+// fair-share quantum. It returns an error wrapping ErrNotFound for an
+// unknown job.
+func (s *Store) Remove(ctx context.Context, jobID string) error {
+	if err := s.Init(ctx); err != nil {
+		return err
+	}
+	err := s.db.Transact(ctx, func(tx kv.Tx) error {
+		info, err := s.q.GetTx(tx, JobType, jobID)
+		if err != nil {
+			return err
+		}
+		rec, err := recordFromInfo(info)
+		if err != nil {
+			return err
+		}
+		now := s.now()
+		l := s.ledger(tx)
+		switch info.State {
+		case jobs.StatePending:
+			err = l.charge(rec.ShareKey, -l.p.Quantum, now)
+		case jobs.StateRunning:
+			err = l.chargeRun(rec.ShareKey, rec.GetLastStarted().AsTime(), now)
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.releaseRepID(tx, rec.RepId, jobID); err != nil {
+			return err
+		}
+		if rec.FinishedAt != nil {
+			tx.Clear(s.k.expireKey(rec.FinishedAt.AsTime(), jobID))
+		}
+		if err := s.q.RemoveTx(tx, JobType, jobID); err != nil {
+			return err
+		}
+		return s.noteChange(tx, jobID)
+	})
+	return wrapNotFound("remove", jobID, err)
+}
+
+func wrapNotFound(op, id string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, jobs.ErrNotFound):
+		return fmt.Errorf("repjob: %s job %q: %w: %w", op, id, ErrNotFound, err)
+	default:
+		return fmt.Errorf("repjob: %s job %q: %w", op, id, err)
+	}
+}
+
+// Get returns job jobID.
+func (s *Store) Get(ctx context.Context, jobID string) (*Record, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	info, err := s.q.Get(ctx, JobType, jobID)
+	if err != nil {
+		return nil, wrapNotFound("get", jobID, err)
+	}
+	return recordFromInfo(info)
+}
+
+// Filter selects jobs for List; zero fields match everything.
+type Filter struct {
+	Kind messages.ReplicationKind
+	// DB and Server select the jobs of one _replicator database.
+	DB, Server string
+	// States selects jobs by Record.State.
+	States []messages.ReplicationState
+	// Node selects the jobs run (or last run) by a node.
+	Node string
+}
+
+func (f Filter) match(r *Record) bool {
+	if f.Kind != 0 && r.Kind != f.Kind {
+		return false
+	}
+	if f.DB != "" && r.DbName != f.DB {
+		return false
+	}
+	if f.Server != "" && strings.TrimRight(r.Server, "/") != strings.TrimRight(f.Server, "/") {
+		return false
+	}
+	if f.Node != "" && r.Node != f.Node {
+		return false
+	}
+	return len(f.States) == 0 || slices.Contains(f.States, r.State())
+}
+
+// Each calls fn for every job matching f, in job id order, from one
+// consistent snapshot; fn returning an error stops with that error.
+func (s *Store) Each(ctx context.Context, f Filter, fn func(*Record) error) error {
+	if err := s.Init(ctx); err != nil {
+		return err
+	}
+	return s.q.Fold(ctx, JobType, func(info *jobs.JobInfo) error {
+		r, err := recordFromInfo(info)
+		if err != nil {
+			s.log.Warn().Err(err).Str("job_id", info.ID).Msg("repjob: skipping undecodable job")
+			return nil
+		}
+		if !f.match(r) {
+			return nil
+		}
+		return fn(r)
+	})
+}
+
+// List returns every job matching f, in job id order.
+func (s *Store) List(ctx context.Context, f Filter) ([]*Record, error) {
+	var out []*Record
+	err := s.Each(ctx, f, func(r *Record) error { out = append(out, r); return nil })
+	return out, err
+}
+
+// FindByRepID returns the job owning replication id repID (base+extension,
+// or the base alone, which matches the "+continuous" and "+create_target"
+// variants).
+func (s *Store) FindByRepID(ctx context.Context, repID string) (*Record, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	var id string
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		id = ""
+		v, err := tx.Get(s.k.repIDKey(repID))
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			id = string(v)
+			return nil
+		}
+		if strings.Contains(repID, "+") {
+			return nil
+		}
+		_, e := s.k.repIDs.Range()
+		begin := s.k.repIDKey(repID)
+		it := tx.GetRange(begin[:len(begin)-1], e, kv.RangeOptions{Limit: 4})
+		for it.Next() {
+			t, err := s.k.repIDs.Unpack(it.KeyValue().Key)
+			if err != nil || len(t) != 1 {
+				continue
+			}
+			if r, ok := t[0].(string); ok && strings.HasPrefix(r, repID+"+") {
+				id = string(it.KeyValue().Value)
+				return nil
+			}
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("repjob: find replication %q: %w", repID, err)
+	}
+	if id == "" {
+		return nil, fmt.Errorf("repjob: find replication %q: %w", repID, ErrNotFound)
+	}
+	return s.Get(ctx, id)
+}
+
+// WaitState blocks until job jobID is in one of states (see Record.State)
+// and returns it. It waits on the job's record (a kv watch), not by
+// polling. A job that is or becomes absent gives an error wrapping
+// ErrNotFound.
+func (s *Store) WaitState(ctx context.Context, jobID string, states ...messages.ReplicationState) (*Record, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	var after uint64
+	for {
+		info, err := s.q.WaitChange(ctx, JobType, jobID, after)
+		if err != nil {
+			return nil, wrapNotFound("wait for", jobID, err)
+		}
+		r, err := recordFromInfo(info)
+		if err != nil {
+			return nil, err
+		}
+		if slices.Contains(states, r.State()) {
+			return r, nil
+		}
+		after = info.Version
+	}
+}
+
+// WaitChange blocks until job jobID has a version above after and returns
+// it (after = 0 returns at once).
+func (s *Store) WaitChange(ctx context.Context, jobID string, after uint64) (*Record, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	info, err := s.q.WaitChange(ctx, JobType, jobID, after)
+	if err != nil {
+		return nil, wrapNotFound("wait for", jobID, err)
+	}
+	return recordFromInfo(info)
+}
+
+// WaitFinished blocks until job jobID completed or failed.
+func (s *Store) WaitFinished(ctx context.Context, jobID string) (*Record, error) {
+	return s.WaitState(ctx, jobID, messages.ReplicationState_REPLICATION_STATE_COMPLETED,
+		messages.ReplicationState_REPLICATION_STATE_FAILED)
+}
+
+// Change is one entry of the changes feed: job JobID changed state (or was
+// removed: Record is nil).
+type Change struct {
+	// Seq orders changes; pass the last one seen to Changes.
+	Seq    string
+	JobID  string
+	Record *Record
+}
+
+// Changes returns up to limit jobs (0: 1000) whose newest state change (add,
+// start, stop, crash, completion, failure, removal) comes after since, in
+// commit order, and the seq to pass next time. since "" starts from the
+// beginning: every existing job once. Progress updates are not changes.
+func (s *Store) Changes(ctx context.Context, since string, limit int) ([]Change, string, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, since, err
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	begin, end := s.k.changes.Range()
+	if since != "" {
+		raw, err := hex.DecodeString(since)
+		if err != nil {
+			return nil, since, fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
+		}
+		begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+	}
+	var ids []Change
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		ids = ids[:0]
+		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: limit})
+		for it.Next() {
+			key := it.KeyValue().Key
+			t, err := s.k.changes.Unpack(key)
+			if err != nil || len(t) != 2 {
+				continue
+			}
+			id, _ := t[1].(string)
+			seq := hex.EncodeToString(key[len(s.k.changes.Bytes()):])
+			ids = append(ids, Change{Seq: seq, JobID: id})
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, since, fmt.Errorf("repjob: read changes: %w", err)
+	}
+	next := since
+	for i := range ids {
+		r, err := s.Get(ctx, ids[i].JobID)
+		switch {
+		case errors.Is(err, ErrNotFound):
+		case err != nil:
+			return nil, since, err
+		default:
+			ids[i].Record = r
+		}
+		next = ids[i].Seq
+	}
+	return ids, next, nil
+}
+
+// WaitChanges blocks until Changes(since) would return something or ctx
+// ends. It waits on a kv watch, not by polling.
+func (s *Store) WaitChanges(ctx context.Context, since string) error {
+	for {
+		var w kv.Watch
+		var has bool
+		err := s.db.Transact(ctx, func(tx kv.Tx) error {
+			has = false
+			begin, end := s.k.changes.Range()
+			if since != "" {
+				raw, err := hex.DecodeString(since)
+				if err != nil {
+					return fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
+				}
+				begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+			}
+			it := tx.GetRange(begin, end, kv.RangeOptions{Limit: 1})
+			for it.Next() {
+				has = true
+			}
+			if err := it.Err(); err != nil {
+				return err
+			}
+			if !has {
+				w = tx.Watch(s.k.changesWatch)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("repjob: wait for changes: %w", err)
+		}
+		if has {
+			return nil
+		}
+		err = w.Wait(ctx)
+		w.Cancel()
+		if err != nil {
+			return fmt.Errorf("repjob: wait for changes: %w", err)
+		}
+	}
+}
+
+// CleanupTransient removes up to limit (0: 100) finished transient jobs
+// that finished more than TransientMaxAge ago and returns how many it
+// removed. Its cost is proportional to the expired jobs.
+func (s *Store) CleanupTransient(ctx context.Context) (int, error) {
+	if err := s.Init(ctx); err != nil {
+		return 0, err
+	}
+	cutoff := s.now().Add(-s.maxAge)
+	n := 0
+	err := s.db.Transact(ctx, func(tx kv.Tx) error {
+		n = 0
+		begin, _ := s.k.expire.Range()
+		end := s.k.expire.Pack(tuple.Tuple{cutoff.UnixNano()})
+		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: 100})
+		var expired [][]byte
+		var ids []string
+		for it.Next() {
+			key := bytes.Clone(it.KeyValue().Key)
+			t, err := s.k.expire.Unpack(key)
+			if err != nil || len(t) != 2 {
+				continue
+			}
+			id, _ := t[1].(string)
+			expired, ids = append(expired, key), append(ids, id)
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		for i, key := range expired {
+			tx.Clear(key)
+			info, err := s.q.GetTx(tx, JobType, ids[i])
+			if errors.Is(err, jobs.ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if info.State != jobs.StateFinished {
+				continue
+			}
+			rec, err := recordFromInfo(info)
+			if err != nil {
+				return err
+			}
+			if err := s.releaseRepID(tx, rec.RepId, ids[i]); err != nil {
+				return err
+			}
+			if err := s.q.RemoveTx(tx, JobType, ids[i]); err != nil {
+				return err
+			}
+			if err := s.noteChange(tx, ids[i]); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("repjob: clean up transient jobs: %w", err)
+	}
+	return n, nil
+}
+
+// PendingCount returns how many replication jobs are due in the queue, up
+// to limit (0: no limit), from a snapshot.
+func (s *Store) PendingCount(ctx context.Context, limit int) (int, error) {
+	if err := s.Init(ctx); err != nil {
+		return 0, err
+	}
+	return s.q.PendingCount(ctx, JobType, limit)
+}

@@ -1,0 +1,265 @@
+package repjob
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// Run is a replication job accepted by this node: the worker's handle on
+// it. Its methods check the worker lock: an error wrapping
+// jobs.ErrWorkerConflict means another node (or the activity monitor) took
+// the job, jobs.ErrCanceled that a user removed or canceled it; either way
+// the worker must stop at once and write nothing more. Finishing methods
+// (Complete, Fail, Crash, Stop) end the run. A Run is safe for concurrent
+// use.
+type Run struct {
+	s  *Store
+	mu sync.Mutex
+	j  *jobs.Job
+	m  *messages.ReplicationJob
+}
+
+// Accept takes the next due replication job from the queue (lowest
+// fair-share deadline first), waiting for one if wait is set. Without wait
+// it returns an error wrapping jobs.ErrNotFound when nothing is due. Call
+// Start next.
+func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	j, err := s.q.Accept(ctx, JobType, jobs.AcceptOptions{Wait: wait})
+	if err != nil {
+		return nil, fmt.Errorf("repjob: accept: %w", err)
+	}
+	r, err := recordFromInfo(j.Info())
+	if err != nil {
+		// A record we cannot read can never run: finish it as failed so
+		// that it does not come back forever.
+		if ferr := j.Finish(ctx, nil); ferr != nil {
+			s.log.Warn().Err(ferr).Str("job_id", j.ID()).Msg("repjob: finish undecodable job")
+		}
+		return nil, err
+	}
+	return &Run{s: s, j: j, m: r.ReplicationJob}, nil
+}
+
+// ID returns the job id.
+func (r *Run) ID() string { return r.j.ID() }
+
+// Record returns a copy of the job as this worker last wrote or read it.
+func (r *Run) Record() *messages.ReplicationJob {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return proto.Clone(r.m).(*messages.ReplicationJob)
+}
+
+// Priority is the fair-share deadline the job was accepted with.
+func (r *Run) Priority() uint64 { return r.j.Info().Priority }
+
+// write runs fn on a copy of the record and stores it with op (the jobs
+// worker call) in one transaction together with fn's ledger writes; on
+// success the copy becomes the run's record.
+func (r *Run) write(ctx context.Context, what string, change bool,
+	fn func(m *messages.ReplicationJob, l ledger, now time.Time) error,
+	op func(tx kv.Tx, data []byte) error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var next *messages.ReplicationJob
+	err := r.s.db.Transact(ctx, func(tx kv.Tx) error {
+		next = proto.Clone(r.m).(*messages.ReplicationJob)
+		now := r.s.now()
+		next.LastUpdated = ts(now)
+		if err := fn(next, r.s.ledger(tx), now); err != nil {
+			return err
+		}
+		data, err := marshal(next)
+		if err != nil {
+			return err
+		}
+		if err := op(tx, data); err != nil {
+			return err
+		}
+		if change {
+			return r.s.noteChange(tx, r.j.ID())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("repjob: %s job %q: %w", what, r.j.ID(), err)
+	}
+	r.m = next
+	return nil
+}
+
+// Start records that node started the job: state running, history
+// "started", and the shared fair-share frontier raised to the job's
+// priority.
+func (r *Run) Start(ctx context.Context, node string) error {
+	prio := r.j.Info().Priority
+	return r.write(ctx, "start", true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
+		m.State = messages.ReplicationState_REPLICATION_STATE_RUNNING
+		m.Node = node
+		m.LastStarted = ts(now)
+		h := scheduler.HistoryFromProto(m.History).Append(scheduler.Event{Type: scheduler.EventStarted, At: now},
+			r.s.Policy().MaxHistory)
+		m.History = h.Proto()
+		return l.accepted(prio)
+	}, r.j.UpdateTx)
+}
+
+// ClaimRepID records the replication id the job computed as it started
+// (base+ext; filterCode is the named filter's code it was computed with).
+// If another pending or running job owns the id it returns a *Duplicate
+// (wrapping ErrDuplicate) and changes nothing; an owner that finished or
+// vanished is usurped. changed reports that the job had a different id
+// before (its filter changed on the source).
+func (r *Run) ClaimRepID(ctx context.Context, base, ext, filterCode string) (changed bool, err error) {
+	repID := base + ext
+	var dup *Duplicate
+	err = r.write(ctx, "claim replication id for", false, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
+		dup, changed = nil, false
+		tx := l.tx
+		owner, err := r.s.claimIfFree(tx, repID, r.j.ID())
+		if err != nil {
+			return err
+		}
+		if owner != "" {
+			info, err := r.s.q.GetTx(tx, JobType, owner)
+			if err != nil {
+				return err
+			}
+			o, err := recordFromInfo(info)
+			if err != nil {
+				return err
+			}
+			dup = &Duplicate{RepID: repID, OwnerJobID: owner, OwnerKind: o.Kind}
+			return nil
+		}
+		if m.RepId != "" && m.RepId != repID {
+			changed = true
+			if err := r.s.releaseRepID(tx, m.RepId, r.j.ID()); err != nil {
+				return err
+			}
+		}
+		m.RepId, m.BaseId, m.FilterCode = repID, base, filterCode
+		return nil
+	}, func(tx kv.Tx, data []byte) error {
+		if dup != nil {
+			return r.j.UpdateTx(tx, nil)
+		}
+		return r.j.UpdateTx(tx, data)
+	})
+	if err != nil {
+		return false, err
+	}
+	if dup != nil {
+		return false, dup
+	}
+	return changed, nil
+}
+
+// Progress records the job's stats; it also proves the worker alive to the
+// activity monitor. Call it at every checkpoint and at least twice per
+// activity timeout.
+func (r *Run) Progress(ctx context.Context, st replication.Stats) error {
+	return r.write(ctx, "update", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
+		m.Stats = StatsProto(st)
+		return nil
+	}, r.j.UpdateTx)
+}
+
+// Complete finishes a one-shot job that replicated everything: state
+// completed, with its final stats and CouchDB's POST /_replicate reply.
+func (r *Run) Complete(ctx context.Context, res replication.Result) error {
+	return r.finish(ctx, "complete", messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", func(m *messages.ReplicationJob) {
+		m.Stats = StatsProto(res.Stats)
+		m.Result = append([]byte(nil), res.Body...)
+		m.ErrorCount = 0
+	})
+}
+
+// Fail finishes the job for good as failed with reason (invalid parameters,
+// a filter that does not exist, a duplicate of a persistent job).
+func (r *Run) Fail(ctx context.Context, reason string) error {
+	return r.finish(ctx, "fail", messages.ReplicationState_REPLICATION_STATE_FAILED, reason, nil)
+}
+
+func (r *Run) finish(ctx context.Context, what string, st messages.ReplicationState, reason string,
+	extra func(*messages.ReplicationJob)) error {
+	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
+		m.State = st
+		m.LastError = reason
+		m.FinishedAt = ts(now)
+		if extra != nil {
+			extra(m)
+		}
+		if m.Kind == messages.ReplicationKind_REPLICATION_KIND_TRANSIENT {
+			l.tx.Set(r.s.k.expireKey(now, r.j.ID()), nil)
+		}
+		return l.chargeRun(m.ShareKey, m.GetLastStarted().AsTime(), now)
+	}, r.j.FinishTx)
+}
+
+// Crash ends the run after a failure that may heal: the job goes back to
+// the queue as crashing, with "crashed" in its history, due after the
+// backoff of its consecutive crashes (min(min_backoff·2^(n-1),
+// max_backoff), reset by a run longer than health_threshold). It returns
+// when the job may run again.
+func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
+	var until time.Time
+	err := r.resubmit(ctx, "crash", func(m *messages.ReplicationJob, now time.Time) time.Time {
+		p := r.s.Policy()
+		h := scheduler.HistoryFromProto(m.History).Append(
+			scheduler.Event{Type: scheduler.EventCrashed, At: now, Reason: reason}, p.MaxHistory)
+		m.History = h.Proto()
+		m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
+		m.LastError = reason
+		m.ErrorCount = int32(h.ConsecutiveCrashes(p.HealthThreshold))
+		until = h.BackoffUntil(p)
+		return until
+	})
+	return until, err
+}
+
+// Stop ends the run cleanly (rotation, excess jobs, shutdown, a changed
+// replication id): the job goes back to the queue as pending, due now, with
+// a fresh fair-share deadline and "stopped" in its history.
+func (r *Run) Stop(ctx context.Context) error {
+	return r.resubmit(ctx, "stop", func(m *messages.ReplicationJob, now time.Time) time.Time {
+		h := scheduler.HistoryFromProto(m.History).Append(
+			scheduler.Event{Type: scheduler.EventStopped, At: now}, r.s.Policy().MaxHistory)
+		m.History = h.Proto()
+		m.State = messages.ReplicationState_REPLICATION_STATE_PENDING
+		return time.Time{}
+	})
+}
+
+func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.ReplicationJob, now time.Time) time.Time) error {
+	var opts jobs.ResubmitOptions
+	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
+		opts = jobs.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
+		if err := l.chargeRun(m.ShareKey, m.GetLastStarted().AsTime(), now); err != nil {
+			return err
+		}
+		prio, err := l.enqueue(m.ShareKey, now)
+		opts.Priority = prio
+		return err
+	}, func(tx kv.Tx, data []byte) error { return r.j.ResubmitTx(tx, data, opts) })
+}
+
+// IsLost reports whether err means the worker lost the job (another worker
+// took it, or a user removed or canceled it): stop at once, write nothing.
+func IsLost(err error) bool {
+	return errors.Is(err, jobs.ErrWorkerConflict) || errors.Is(err, jobs.ErrCanceled) || errors.Is(err, jobs.ErrNotFound)
+}

@@ -1,0 +1,386 @@
+package repjob
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/share"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// JobType is the couch_jobs type of replication jobs.
+const JobType = "replication"
+
+// DefaultActivityTimeout is the activity timeout of replication jobs: a
+// running job its worker has not updated for this long is taken back by the
+// activity monitor (the FDB-era replicator's ?REP_JOBS_TIMEOUT_SEC, 61 s).
+const DefaultActivityTimeout = 61 * time.Second
+
+// DefaultTransientMaxAge is how long finished transient jobs are kept
+// (transient_job_max_age_sec, one day).
+const DefaultTransientMaxAge = 24 * time.Hour
+
+// Sentinel errors callers branch on; returned errors wrap them.
+var (
+	// ErrNotFound: no job with that id (or replication id).
+	ErrNotFound = errors.New("repjob: job not found")
+	// ErrInvalid: the replication body does not parse; the message names
+	// the field as CouchDB's does. It also wraps replication.ErrInvalidParams.
+	ErrInvalid = errors.New("repjob: invalid replication")
+	// ErrDuplicate: another pending or running job owns the replication id
+	// (see Duplicate for which).
+	ErrDuplicate = errors.New("repjob: duplicate replication")
+)
+
+// Duplicate is the error a starting job gets when another live job owns its
+// replication id. It wraps ErrDuplicate.
+type Duplicate struct {
+	RepID string
+	// OwnerJobID and OwnerKind name the job owning RepID.
+	OwnerJobID string
+	OwnerKind  messages.ReplicationKind
+}
+
+func (d *Duplicate) Error() string {
+	return fmt.Sprintf("Duplicate job running: %s (replication %s)", d.OwnerJobID, d.RepID)
+}
+
+// Unwrap makes errors.Is(err, ErrDuplicate) true.
+func (d *Duplicate) Unwrap() error { return ErrDuplicate }
+
+// Options configures a Store.
+type Options struct {
+	// Prefix is prepended to every key of the store's own subspace; nodes
+	// sharing a store must agree. (The queue has its own prefix.)
+	Prefix []byte
+	// Logger receives structured logs.
+	Logger zerolog.Logger
+	// Clock tells the time; nil is the system clock.
+	Clock scheduler.Clock
+	// ServerUUID is [couchdb] uuid, the first element of replication ids.
+	ServerUUID string
+	// Policy gives the backoff, history length and run quantum; the zero
+	// value means scheduler.DefaultPolicy().
+	Policy scheduler.Policy
+	// Shares is [replicator.shares]: share key → shares.
+	Shares map[string]int
+	// HalfLife is share.Params.HalfLife (zero: share's default).
+	HalfLife time.Duration
+	// TransientMaxAge is how long finished transient jobs are kept; zero
+	// means DefaultTransientMaxAge.
+	TransientMaxAge time.Duration
+	// ActivityTimeout is the job type's activity timeout; zero means
+	// DefaultActivityTimeout.
+	ActivityTimeout time.Duration
+}
+
+// Store is the replication job store. It is safe for concurrent use.
+type Store struct {
+	q    *jobs.Queue
+	db   kv.Database
+	k    keys
+	log  zerolog.Logger
+	uuid string
+
+	mu       sync.Mutex
+	clock    scheduler.Clock
+	policy   scheduler.Policy
+	params   share.Params
+	shares   map[string]int
+	maxAge   time.Duration
+	timeout  time.Duration
+	typeDone bool
+}
+
+// New returns the store of replication jobs in queue (whose database is db).
+func New(queue *jobs.Queue, db kv.Database, opts Options) *Store {
+	s := &Store{q: queue, db: db, k: newKeys(opts.Prefix), log: opts.Logger, uuid: opts.ServerUUID,
+		clock: opts.Clock, policy: opts.Policy, maxAge: opts.TransientMaxAge, timeout: opts.ActivityTimeout}
+	if s.clock == nil {
+		s.clock = scheduler.SystemClock{}
+	}
+	if s.policy.MaxJobs == 0 && s.policy.Interval == 0 {
+		s.policy = scheduler.DefaultPolicy()
+	}
+	if s.maxAge <= 0 {
+		s.maxAge = DefaultTransientMaxAge
+	}
+	if s.timeout <= 0 {
+		s.timeout = DefaultActivityTimeout
+	}
+	s.params = share.Params{Quantum: s.policy.RunQuantum(), HalfLife: opts.HalfLife}
+	s.shares = map[string]int{}
+	for k, v := range opts.Shares {
+		s.shares[k] = share.ClampShares(v)
+	}
+	return s
+}
+
+// Queue returns the job queue the store keeps its jobs in.
+func (s *Store) Queue() *jobs.Queue { return s.q }
+
+// ActivityTimeout is the replication job type's activity timeout: workers
+// update their jobs at least twice per timeout.
+func (s *Store) ActivityTimeout() time.Duration { return s.timeout }
+
+// Policy returns the scheduling policy in force.
+func (s *Store) Policy() scheduler.Policy {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.policy
+}
+
+// SetPolicy changes the policy (max_jobs, backoff, ...) at run time. The
+// fair-share quantum follows it.
+func (s *Store) SetPolicy(p scheduler.Policy) error {
+	if err := p.Validate(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.policy = p
+	s.params.Quantum = p.RunQuantum()
+	return nil
+}
+
+// SetShares changes the shares of the given keys (clamped to
+// share.MinShares..share.MaxShares; 0 resets a key to the default) and
+// returns every configured key's shares. Changes apply to later enqueues and
+// charges.
+func (s *Store) SetShares(shares map[string]int) map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range shares {
+		if v == 0 {
+			delete(s.shares, k)
+			continue
+		}
+		s.shares[k] = share.ClampShares(v)
+	}
+	return s.sharesLocked()
+}
+
+// Shares returns every configured key's shares; other keys have
+// share.DefaultShares.
+func (s *Store) Shares() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sharesLocked()
+}
+
+func (s *Store) sharesLocked() map[string]int {
+	out := make(map[string]int, len(s.shares))
+	for k, v := range s.shares {
+		out[k] = v
+	}
+	return out
+}
+
+func (s *Store) sharesOf(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n, ok := s.shares[key]; ok {
+		return n
+	}
+	return share.DefaultShares
+}
+
+func (s *Store) shareParams() share.Params {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.params
+}
+
+func (s *Store) now() time.Time { return s.clock.Now() }
+
+// Init registers the replication job type with its activity timeout. Every
+// other method calls it when needed; calling it at start surfaces store
+// errors early.
+func (s *Store) Init(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.typeDone
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := s.q.SetTypeTimeout(ctx, JobType, s.timeout); err != nil {
+		return fmt.Errorf("repjob: register job type: %w", err)
+	}
+	s.mu.Lock()
+	s.typeDone = true
+	s.mu.Unlock()
+	return nil
+}
+
+// Record is one replication job as read from the store: the stored record
+// and the queue's view of it.
+type Record struct {
+	*messages.ReplicationJob
+	// QueueState is the couch_jobs state (pending, running, finished).
+	QueueState jobs.State
+	// Version changes with every write of the job (see WaitState).
+	Version uint64
+	// Priority is the job's fair-share deadline in the queue.
+	Priority uint64
+	// ScheduledAt is when a pending job may run (after a crash: the end of
+	// its backoff).
+	ScheduledAt time.Time
+	// WorkerNode is the node holding a running job.
+	WorkerNode string
+	// Canceled: the job was canceled through the queue.
+	Canceled bool
+}
+
+// State is the job's state as _scheduler/jobs and _scheduler/docs show it,
+// from the stored state and the queue state: a running job is running, a
+// job a node gave up on silently (re-enqueued by the activity monitor) is
+// pending, a finished job is completed or failed.
+func (r *Record) State() messages.ReplicationState {
+	switch r.QueueState {
+	case jobs.StateRunning:
+		return messages.ReplicationState_REPLICATION_STATE_RUNNING
+	case jobs.StateFinished:
+		if st := r.GetState(); st == messages.ReplicationState_REPLICATION_STATE_COMPLETED {
+			return st
+		}
+		return messages.ReplicationState_REPLICATION_STATE_FAILED
+	default:
+		if r.GetState() == messages.ReplicationState_REPLICATION_STATE_CRASHING {
+			return messages.ReplicationState_REPLICATION_STATE_CRASHING
+		}
+		return messages.ReplicationState_REPLICATION_STATE_PENDING
+	}
+}
+
+// StateName is State as CouchDB's JSON names it ("pending", "running",
+// "crashing", "completed", "failed").
+func (r *Record) StateName() string { return StateName(r.State()) }
+
+// StateName returns CouchDB's JSON name of a replication state.
+func StateName(st messages.ReplicationState) string {
+	return strings.ToLower(strings.TrimPrefix(st.String(), "REPLICATION_STATE_"))
+}
+
+// History returns the job's scheduler history.
+func (r *Record) History() scheduler.History {
+	return scheduler.HistoryFromProto(r.GetHistory())
+}
+
+// IsTerminal reports whether the job finished (completed or failed).
+func (r *Record) IsTerminal() bool { return r.QueueState == jobs.StateFinished }
+
+func recordFromInfo(info *jobs.JobInfo) (*Record, error) {
+	m := &messages.ReplicationJob{}
+	if err := proto.Unmarshal(info.Data, m); err != nil {
+		return nil, fmt.Errorf("repjob: decode job %q: %w", info.ID, err)
+	}
+	if m.JobId == "" {
+		m.JobId = info.ID
+	}
+	return &Record{ReplicationJob: m, QueueState: info.State, Version: info.Version, Priority: info.Priority,
+		ScheduledAt: info.ScheduledAt, WorkerNode: info.WorkerNode, Canceled: info.Canceled}, nil
+}
+
+func marshal(m *messages.ReplicationJob) ([]byte, error) {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("repjob: encode job %q: %w", m.GetJobId(), err)
+	}
+	return b, nil
+}
+
+// TransientJobID is the job id of a POST /_replicate job, as the FDB-era
+// couch_replicator_ids:job_id/3: a hash of the server UUID, the source and
+// target without credentials, the user and the options other than
+// "continuous" and "cancel", so that the same request (or its cancel) finds
+// the same job.
+func TransientJobID(p replication.Params, user, serverUUID string) string {
+	p.Continuous = false
+	p.FilterCode = ""
+	p.Source = withoutCreds(p.Source)
+	p.Target = withoutCreds(p.Target)
+	b, _ := json.Marshal(struct {
+		UUID, User string
+		Params     replication.Params
+	}{serverUUID, user, p})
+	sum := md5.Sum(b)
+	return hex.EncodeToString(sum[:])
+}
+
+func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
+	ep.BasicPass, ep.HasBasic = "", false
+	hs := ep.Headers[:0:0]
+	for _, h := range ep.Headers {
+		if !strings.EqualFold(h.Name, "Authorization") {
+			hs = append(hs, h)
+		}
+	}
+	ep.Headers = hs
+	return ep
+}
+
+// PersistentJobID is the job id of the replication defined by document
+// docID of _replicator database db on server: "server|db|docID". (CouchDB
+// uses the database's UUID, which needs a request; couchrep's doc processor
+// removes a deleted database's jobs instead.)
+func PersistentJobID(server, db, docID string) string {
+	return strings.TrimRight(server, "/") + "|" + db + "|" + docID
+}
+
+// redactURL returns ep's URL without user info.
+func redactURL(ep replication.EndpointParams) string {
+	u := ep.URL
+	if i := strings.Index(u, "://"); i >= 0 {
+		rest := u[i+3:]
+		slash := strings.IndexByte(rest, '/')
+		host := rest
+		if slash >= 0 {
+			host = rest[:slash]
+		}
+		if at := strings.LastIndexByte(host, '@'); at >= 0 {
+			u = u[:i+3] + rest[at+1:]
+		}
+	}
+	return u
+}
+
+func ts(t time.Time) *timestamppb.Timestamp {
+	if t.IsZero() {
+		return nil
+	}
+	return timestamppb.New(t)
+}
+
+// StatsProto converts engine stats to the stored form.
+func StatsProto(st replication.Stats) *messages.ReplicationStats {
+	m := &messages.ReplicationStats{
+		RevisionsChecked: st.RevisionsChecked, MissingRevisionsFound: st.MissingRevisionsFound,
+		DocsRead: st.DocsRead, DocsWritten: st.DocsWritten, DocWriteFailures: st.DocWriteFailures,
+		BulkGetDocs: st.BulkGetDocs, BulkGetAttempts: st.BulkGetAttempts, ChangesPending: st.ChangesPending,
+	}
+	if st.CheckpointedSourceSeq != nil {
+		m.CheckpointedSourceSeq = string(st.CheckpointedSourceSeq)
+	}
+	if st.SourceSeq != nil {
+		m.SourceSeq = string(st.SourceSeq)
+	}
+	if st.ThroughSeq != nil {
+		m.ThroughSeq = string(st.ThroughSeq)
+	}
+	return m
+}
