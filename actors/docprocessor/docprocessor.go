@@ -1,17 +1,120 @@
-// Package docprocessor is the doc_processor actor: it turns documents in _replicator databases on the watched CouchDB servers into jobs.
+// Package docprocessor is the doc_processor actor: it turns documents in
+// _replicator databases on the watched CouchDB servers into jobs.
+//
+// The work is internal/docproc's Processor, run in a goroutine under a
+// context cancelled when the actor stops, so Receive never blocks. The
+// processor runs only on api_frontend nodes with servers to watch; elsewhere
+// the actor idles. If the processor fails (its job store fails in a way it
+// cannot retry), the actor exits abnormally and its supervisor restarts it.
 package docprocessor
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/docproc"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
 // Name is the actor's name under the node's root supervisor.
 const Name = "doc_processor"
 
+// stopTimeout bounds how long Stopping waits for the processor to release
+// its leases.
+const stopTimeout = 5 * time.Second
+
 // Spec returns the actor's child spec in the node's supervision tree.
-// (A placeholder until the actor is built: it starts, stops and can be killed.)
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+	return supervisor.ChildSpec{Name: Name, Props: actors.Props(func() actor.Actor {
+		return &docProcessor{deps: deps, log: deps.Logger.With().Str("actor", Name).Logger()}
+	})}
+}
+
+// processorFailed tells the actor its processor returned an error.
+type processorFailed struct{ err error }
+
+type docProcessor struct {
+	deps   actors.Deps
+	log    zerolog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (a *docProcessor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.start(ctx)
+	case *actor.Stopping:
+		a.stop()
+	case *processorFailed:
+		supervisor.Exit(ctx, m.err)
+	}
+}
+
+// enabled reports whether this node processes documents.
+func (a *docProcessor) enabled() bool {
+	c := a.deps.Config.Couchrep
+	return slices.Contains(c.NodeTypes, config.NodeTypeAPIFrontend) && len(c.Watch) > 0
+}
+
+func (a *docProcessor) start(ctx actor.Context) {
+	if !a.enabled() {
+		a.log.Debug().Msg("not an api_frontend node or nothing to watch: idle")
+		return
+	}
+	cfg := a.deps.Config
+	p, err := docproc.New(docproc.Options{
+		Servers:            cfg.Couchrep.Watch,
+		Node:               a.deps.NodeName(),
+		Store:              a.deps.Store,
+		Jobs:               docproc.RepJobs{Store: a.repJobs()},
+		Logger:             a.log,
+		PollInterval:       cfg.Replicator.Interval / 2,
+		CreateReplicatorDB: cfg.Replicator.CreateReplicatorDB,
+	})
+	if err != nil {
+		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))
+		return
+	}
+	runCtx, cancel := context.WithCancel(context.Background())
+	a.cancel, a.done = cancel, make(chan struct{})
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	go func() {
+		defer close(a.done)
+		if err := p.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+			root.Send(self, &processorFailed{err: err})
+		}
+	}()
+	a.log.Info().Strs("watch", cfg.Couchrep.Watch).Msg("doc processor started")
+}
+
+// repJobs is the replication job store over the node's queue.
+func (a *docProcessor) repJobs() *repjob.Store {
+	return repjob.New(a.deps.Jobs, a.deps.Store, repjob.Options{
+		Logger:     a.log,
+		ServerUUID: a.deps.Config.CouchDB.UUID,
+		Shares:     a.deps.Config.Shares,
+	})
+}
+
+func (a *docProcessor) stop() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	select {
+	case <-a.done:
+	case <-time.After(stopTimeout):
+		a.log.Warn().Msg("doc processor did not stop in time")
+	}
+	a.cancel = nil
 }

@@ -1,0 +1,216 @@
+package docproc
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"strings"
+
+	"github.com/couchrep/couchrep/internal/replication"
+)
+
+// Terminal replication states, the only ones written back to documents.
+const (
+	StateCompleted = "completed"
+	StateFailed    = "failed"
+)
+
+// Action is what the doc processor does for one document change.
+type Action int
+
+// Actions Decide returns.
+const (
+	// ActionSkip leaves the job (if any) alone.
+	ActionSkip Action = iota
+	// ActionAdd adds the document's job, or updates it with new parameters
+	// (AddPersistent: new parameters restart it, a finished job runs again).
+	ActionAdd
+	// ActionRemove removes the document's job (the document was deleted).
+	ActionRemove
+	// ActionFail marks an invalid document failed (writing the reason back)
+	// and removes the job an earlier version of it had.
+	ActionFail
+)
+
+// String returns the action's name, for logs.
+func (a Action) String() string {
+	switch a {
+	case ActionSkip:
+		return "skip"
+	case ActionAdd:
+		return "add"
+	case ActionRemove:
+		return "remove"
+	case ActionFail:
+		return "fail"
+	}
+	return "unknown"
+}
+
+// Doc is one document change read from a _replicator database.
+type Doc struct {
+	// ID is the document id.
+	ID string
+	// Rev is the revision read (empty for a deletion).
+	Rev string
+	// Deleted reports a deleted document; Body is then ignored.
+	Deleted bool
+	// Body is the document's JSON.
+	Body json.RawMessage
+}
+
+// Known is what the store remembers about a document: its record and, when
+// the record names a job, that job's state ("" when the job is absent).
+type Known struct {
+	// Record is the stored record, nil for a document never seen.
+	Record *DocRecord
+	// JobState is the state of Record.JobID: one of the State* names,
+	// "pending", "running", "crashing", or "" when there is no such job.
+	JobState string
+}
+
+// Decision is Decide's answer.
+type Decision struct {
+	Action Action
+	// Why explains the action, for logs (a skip's reason, a failure's
+	// reason as written to the document).
+	Why string
+	// Body is the replication body to add: the document without its
+	// "_"-prefixed fields (ActionAdd).
+	Body json.RawMessage
+	// Fingerprint identifies the replication-relevant fields (every field
+	// not starting with "_"); empty for a deletion or a skipped design or
+	// local document.
+	Fingerprint string
+}
+
+// Skip reasons, as logged.
+const (
+	whyDesign     = "design or local document"
+	whyDeleted    = "document deleted"
+	whyTerminal   = "terminal state already written for these parameters"
+	whyForeign    = "terminal state written by someone else"
+	whyUnchanged  = "parameters unchanged"
+	whyWriteBack  = "job finished, terminal state not yet written"
+	whyNew        = "new document"
+	whyEdited     = "parameters changed"
+	whyRerun      = "terminal state removed: run again"
+	whyJobMissing = "job missing"
+)
+
+// Decide decides what to do with one document change, as CouchDB's doc
+// processor does:
+//
+//   - _design/ and _local/ documents are skipped;
+//   - a deleted document removes its job;
+//   - a document carrying _replication_state "completed" or "failed" is
+//     skipped, unless its parameters differ from those its job ran with
+//     (the user edited it after it finished: a new job);
+//   - an invalid document fails with ParseParams' reason;
+//   - a new document, or one whose parameters changed, adds its job; an
+//     unchanged one is left alone, unless its terminal state had been
+//     written and the user removed it (run again).
+func Decide(doc Doc, known Known) Decision {
+	if strings.HasPrefix(doc.ID, "_design/") || strings.HasPrefix(doc.ID, "_local/") {
+		return Decision{Action: ActionSkip, Why: whyDesign}
+	}
+	if doc.Deleted {
+		if known.Record == nil || known.Record.JobID == "" {
+			return Decision{Action: ActionSkip, Why: whyDeleted}
+		}
+		return Decision{Action: ActionRemove, Why: whyDeleted}
+	}
+	body, state, err := ReplicationBody(doc.Body)
+	if err != nil {
+		return Decision{Action: ActionFail, Why: err.Error(), Fingerprint: Fingerprint(doc.Body)}
+	}
+	fp := Fingerprint(body)
+	rec := known.Record
+	same := rec != nil && rec.Fingerprint == fp
+	if state == StateCompleted || state == StateFailed {
+		switch {
+		case same:
+			return Decision{Action: ActionSkip, Why: whyTerminal, Fingerprint: fp}
+		case rec == nil:
+			return Decision{Action: ActionSkip, Why: whyForeign, Fingerprint: fp}
+		}
+		// A user edited the parameters of a finished document: a new job.
+	}
+	if _, err := replication.ParseParams(body); err != nil {
+		return Decision{Action: ActionFail, Why: InvalidReason(err), Fingerprint: fp}
+	}
+	why := whyNew
+	if rec != nil {
+		why = whyEdited
+	}
+	if same {
+		switch {
+		case known.JobState == "":
+			why = whyJobMissing
+		case known.JobState == StateCompleted || known.JobState == StateFailed:
+			if !rec.Written {
+				return Decision{Action: ActionSkip, Why: whyWriteBack, Fingerprint: fp}
+			}
+			why = whyRerun
+		default:
+			return Decision{Action: ActionSkip, Why: whyUnchanged, Fingerprint: fp}
+		}
+	}
+	return Decision{Action: ActionAdd, Why: why, Body: body, Fingerprint: fp}
+}
+
+// InvalidReason is the reason written to an invalid document: the text of
+// ParseParams' error, which names the field, without the Go error prefix.
+func InvalidReason(err error) string {
+	var pe *replication.ParamError
+	if errors.As(err, &pe) && pe.Reason != "" {
+		return pe.Reason
+	}
+	return strings.TrimPrefix(err.Error(), replication.ErrInvalidParams.Error()+": ")
+}
+
+// errNotObject is the reason for a document that is not a JSON object.
+var errNotObject = errors.New("replication document must be a JSON object")
+
+// ReplicationBody returns the replication-relevant part of a document (its
+// fields not starting with "_", compacted, keys sorted) and the value of its
+// _replication_state ("" when absent or not a string).
+func ReplicationBody(doc json.RawMessage) (body json.RawMessage, state string, err error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(doc, &fields); err != nil || fields == nil {
+		return nil, "", errNotObject
+	}
+	if raw, ok := fields["_replication_state"]; ok {
+		_ = json.Unmarshal(raw, &state)
+	}
+	for k, v := range fields {
+		if strings.HasPrefix(k, "_") {
+			delete(fields, k)
+			continue
+		}
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, v); err == nil {
+			fields[k] = buf.Bytes()
+		}
+	}
+	body, err = json.Marshal(fields) // map keys are sorted: a canonical form
+	if err != nil {
+		return nil, "", errNotObject
+	}
+	return body, state, nil
+}
+
+// Fingerprint is a digest of a replication body (as ReplicationBody returns
+// it), stored to recognise a document whose parameters did not change.
+func Fingerprint(body json.RawMessage) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:16])
+}
+
+// IsReplicatorDB reports whether a database is a _replicator database:
+// named "_replicator" or ending in "/_replicator".
+func IsReplicatorDB(name string) bool {
+	return name == "_replicator" || strings.HasSuffix(name, "/_replicator")
+}

@@ -1,0 +1,55 @@
+package docproc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// ErrJobNotFound is returned by a JobStore for a job that does not exist.
+var ErrJobNotFound = errors.New("docproc: job not found")
+
+// Job is what the doc processor needs to know of a replication job.
+type Job struct {
+	// ID is the job id.
+	ID string
+	// Persistent reports a job made from a _replicator document.
+	Persistent bool
+	// Server, DB and DocID name the document of a persistent job.
+	Server, DB, DocID string
+	// RepID is the replication id ("" until known).
+	RepID string
+	// State is "pending", "running", "crashing", StateCompleted or
+	// StateFailed.
+	State string
+	// Reason is why the job failed (or last crashed).
+	Reason string
+	// Stats are the job's counters under _active_tasks' names, written
+	// as _replication_stats when it completes.
+	Stats map[string]any
+	// StartTime is when the job last started (zero when it never did).
+	StartTime time.Time
+}
+
+// Terminal reports whether the job reached a state written back to its
+// document.
+func (j *Job) Terminal() bool { return j.State == StateCompleted || j.State == StateFailed }
+
+// JobStore is the doc processor's view of the replication job store
+// (internal/repjob's Store in a node; a fake in unit tests).
+type JobStore interface {
+	// AddPersistent adds or updates the job of a _replicator document:
+	// unchanged parameters on a pending or running job are a no-op, new
+	// parameters restart it, a finished job runs again. It returns the
+	// job id.
+	AddPersistent(ctx context.Context, server, db, docID string, body json.RawMessage) (jobID string, err error)
+	// Remove removes a job; an error matching ErrJobNotFound when absent.
+	Remove(ctx context.Context, jobID string) error
+	// Get returns a job; an error matching ErrJobNotFound when absent.
+	Get(ctx context.Context, jobID string) (*Job, error)
+	// Follow calls fn with every job whose state changes after Follow
+	// was called, in commit order, until ctx ends or fn fails. It calls
+	// started (once) as soon as it follows, before any fn.
+	Follow(ctx context.Context, started func(), fn func(*Job) error) error
+}

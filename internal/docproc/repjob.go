@@ -1,0 +1,155 @@
+package docproc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/couchrep/couchrep/internal/repjob"
+)
+
+// RepJobs adapts internal/repjob's Store to JobStore.
+type RepJobs struct {
+	// Store is the node's replication job store.
+	Store *repjob.Store
+}
+
+var _ JobStore = RepJobs{}
+
+// AddPersistent implements JobStore. repjob leaves a finished job with an
+// unchanged body alone; the doc processor only asks for that when the user
+// removed the document's terminal state to run it again, so such a job is
+// removed and added afresh.
+func (r RepJobs) AddPersistent(ctx context.Context, server, db, docID string, body json.RawMessage) (string, error) {
+	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body)}
+	res, err := r.Store.AddPersistent(ctx, doc)
+	if err != nil {
+		return "", err
+	}
+	if res.Existed && res.Record != nil && res.Record.IsTerminal() {
+		if err := r.Store.Remove(ctx, res.JobID); err != nil && !errors.Is(err, repjob.ErrNotFound) {
+			return "", err
+		}
+		if res, err = r.Store.AddPersistent(ctx, doc); err != nil {
+			return "", err
+		}
+	}
+	return res.JobID, nil
+}
+
+// ownerOf is the document's owner: "owner", else user_ctx.name.
+func ownerOf(body json.RawMessage) string {
+	var v struct {
+		Owner   string `json:"owner"`
+		UserCtx struct {
+			Name string `json:"name"`
+		} `json:"user_ctx"`
+	}
+	_ = json.Unmarshal(body, &v)
+	if v.Owner != "" {
+		return v.Owner
+	}
+	return v.UserCtx.Name
+}
+
+// Remove implements JobStore.
+func (r RepJobs) Remove(ctx context.Context, jobID string) error {
+	err := r.Store.Remove(ctx, jobID)
+	if errors.Is(err, repjob.ErrNotFound) {
+		return fmt.Errorf("%w: %w", ErrJobNotFound, err)
+	}
+	return err
+}
+
+// Get implements JobStore.
+func (r RepJobs) Get(ctx context.Context, jobID string) (*Job, error) {
+	rec, err := r.Store.Get(ctx, jobID)
+	if errors.Is(err, repjob.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %w", ErrJobNotFound, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return jobOf(rec), nil
+}
+
+// Follow implements JobStore with repjob's changes feed: it first reads the
+// feed to its end (those changes happened before Follow), then follows it.
+func (r RepJobs) Follow(ctx context.Context, started func(), fn func(*Job) error) error {
+	since := ""
+	for {
+		chs, next, err := r.Store.Changes(ctx, since, 0)
+		if err != nil {
+			return err
+		}
+		since = next
+		if len(chs) == 0 {
+			break
+		}
+	}
+	started()
+	for {
+		if err := r.Store.WaitChanges(ctx, since); err != nil {
+			return err
+		}
+		chs, next, err := r.Store.Changes(ctx, since, 0)
+		if err != nil {
+			return err
+		}
+		since = next
+		for _, c := range chs {
+			if c.Record == nil {
+				continue
+			}
+			if err := fn(jobOf(c.Record)); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func jobOf(rec *repjob.Record) *Job {
+	j := &Job{
+		ID:         rec.GetJobId(),
+		Persistent: rec.GetKind().String() == "REPLICATION_KIND_PERSISTENT",
+		Server:     rec.GetServer(),
+		DB:         rec.GetDbName(),
+		DocID:      rec.GetDocId(),
+		RepID:      rec.GetRepId(),
+		State:      rec.StateName(),
+		Reason:     rec.GetLastError(),
+	}
+	if ts := rec.GetLastStarted(); ts != nil {
+		j.StartTime = ts.AsTime()
+	}
+	if st := rec.GetStats(); st != nil {
+		j.Stats = map[string]any{
+			"revisions_checked":       st.GetRevisionsChecked(),
+			"missing_revisions_found": st.GetMissingRevisionsFound(),
+			"docs_read":               st.GetDocsRead(),
+			"docs_written":            st.GetDocsWritten(),
+			"doc_write_failures":      st.GetDocWriteFailures(),
+			"bulk_get_docs":           st.GetBulkGetDocs(),
+			"bulk_get_attempts":       st.GetBulkGetAttempts(),
+		}
+		if st.ChangesPending != nil {
+			j.Stats["changes_pending"] = st.GetChangesPending()
+		}
+		for k, v := range map[string]string{"checkpointed_source_seq": st.GetCheckpointedSourceSeq(),
+			"source_seq": st.GetSourceSeq(), "through_seq": st.GetThroughSeq()} {
+			if v != "" {
+				j.Stats[k] = seqValue(v)
+			}
+		}
+	}
+	return j
+}
+
+// seqValue is a stored seq (JSON text) as it goes into _replication_stats.
+func seqValue(s string) any {
+	if json.Valid([]byte(s)) {
+		return json.RawMessage(s)
+	}
+	return s
+}
