@@ -54,7 +54,7 @@ type newJob struct {
 	params            replication.Params
 	repID, base       string
 	shareKey          string
-	replaceIfFinished bool
+	transient bool
 }
 
 // AddTransient adds the job of a POST /_replicate body for user. The same
@@ -67,7 +67,7 @@ func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (Add
 		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_TRANSIENT, id: TransientJobID(p, user, s.uuid),
-		user: user, body: compact(body), params: p, shareKey: share.Key("", user), replaceIfFinished: true}
+		user: user, body: compact(body), params: p, shareKey: share.Key("", user), transient: true}
 	return s.add(ctx, j)
 }
 
@@ -118,7 +118,8 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 				return err
 			}
 			same := bytes.Equal(old.Body, j.body)
-			if same && (info.State != jobs.StateFinished || !j.replaceIfFinished) {
+			live := info.State != jobs.StateFinished
+			if (same || j.transient) && (live || !j.transient) {
 				res.Existed, res.Record, res.RepID = true, old, old.RepId
 				return nil
 			}

@@ -323,7 +323,8 @@ func TransientJobID(p replication.Params, user, serverUUID string) string {
 }
 
 func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
-	ep.BasicPass, ep.HasBasic = "", false
+	ep.BasicUser, ep.BasicPass, ep.HasBasic = "", "", false
+	ep.URL = redactURL(ep)
 	hs := ep.Headers[:0:0]
 	for _, h := range ep.Headers {
 		if !strings.EqualFold(h.Name, "Authorization") {
