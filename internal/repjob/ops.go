@@ -47,14 +47,14 @@ type PersistentDoc struct {
 }
 
 type newJob struct {
-	kind              messages.ReplicationKind
-	id, server, db    string
-	docID, user       string
-	body              []byte
-	params            replication.Params
-	repID, base       string
-	shareKey          string
-	transient bool
+	kind           messages.ReplicationKind
+	id, server, db string
+	docID, user    string
+	body           []byte
+	params         replication.Params
+	repID, base    string
+	shareKey       string
+	transient      bool
 }
 
 // AddTransient adds the job of a POST /_replicate body for user. The same

@@ -9,8 +9,8 @@ import (
 
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
-	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
 	"github.com/couchrep/couchrep/messages"
 )
