@@ -92,7 +92,8 @@ type Replication struct {
 	base     string
 	ext      string
 
-	ctr counters
+	ctr   counters
+	fetch fetchGate // the workers' shared _revs_diff/_bulk_get statistics
 }
 
 // New returns a replication of p. Nothing happens until Run.
@@ -240,6 +241,9 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 	tgtInfo, err := r.tgt.Info(ctx)
 	if err != nil {
 		return Result{}, openError("target", r.tgt, err)
+	}
+	if tgtInfo.DocCount == 0 && tgtInfo.DocDelCount == 0 {
+		r.fetch.emptyTarget(r.now())
 	}
 	if p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet {
 		code, err := FetchFilterCode(ctx, r.src, p.Filter)

@@ -1,13 +1,16 @@
 package replication
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -90,8 +93,11 @@ func TestBadInput(t *testing.T) {
 		// hook injects the fault; deadSource uses a closed port as source.
 		hook       func(w http.ResponseWriter, r *http.Request) bool
 		deadSource bool
-		want       error
-		reason     string
+		// targetDoc puts a document on the target first (an empty target
+		// is not asked _revs_diff).
+		targetDoc bool
+		want      error
+		reason    string
 	}{
 		{name: "unreachable source", deadSource: true, want: ErrDBNotFound, reason: "could not open source database"},
 		{name: "401 on target", hook: func(w http.ResponseWriter, r *http.Request) bool {
@@ -108,7 +114,7 @@ func TestBadInput(t *testing.T) {
 				return true
 			}
 			return false
-		}, want: ErrWorkerFailed, reason: "revs_diff"},
+		}, targetDoc: true, want: ErrWorkerFailed, reason: "revs_diff"},
 		{name: "feed stops mid-line", hook: func(w http.ResponseWriter, r *http.Request) bool {
 			if strings.HasSuffix(r.URL.Path, "/_changes") {
 				w.Header().Set("Content-Type", "application/json")
@@ -131,6 +137,9 @@ func TestBadInput(t *testing.T) {
 			f.addDB("src")
 			f.addDB("tgt")
 			f.put("src", map[string]any{"_id": "d0"})
+			if tc.targetDoc {
+				f.put("tgt", map[string]any{"_id": "other"})
+			}
 			f.hook = tc.hook
 			src := f.URL + "/src"
 			if tc.deadSource {
@@ -150,6 +159,73 @@ func TestBadInput(t *testing.T) {
 				if n := len(f.dbs[db].local); n != 0 {
 					t.Errorf("%s has %d _local docs after a failed run", db, n)
 				}
+			}
+		})
+	}
+}
+
+// TestRevsDiffEmptyTarget: a target without documents at the start is not
+// asked _revs_diff (everything is missing there); any other target is, and
+// what it already has is not fetched again.
+func TestRevsDiffEmptyTarget(t *testing.T) {
+	tests := []struct {
+		name string
+		// onTarget are ids put on the target (the same revisions as the
+		// source's when also on the source) before the run.
+		onTarget      []string
+		wantRevsDiff  bool
+		wantFetched   int
+		wantTargetLen int
+	}{
+		{name: "empty target", wantRevsDiff: false, wantFetched: 30, wantTargetLen: 30},
+		{name: "unrelated doc on target", onTarget: []string{"other"}, wantRevsDiff: true, wantFetched: 30, wantTargetLen: 31},
+		{name: "half already there", onTarget: []string{"d00", "d01", "d02", "d03", "d04", "d05", "d06", "d07", "d08", "d09", "d10", "d11", "d12", "d13", "d14"},
+			wantRevsDiff: true, wantFetched: 15, wantTargetLen: 30},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeCouch(t)
+			f.addDB("src")
+			f.addDB("tgt")
+			for i := 0; i < 30; i++ {
+				f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+			}
+			for _, id := range tc.onTarget {
+				if d, ok := f.dbs["src"].docs[id]; ok {
+					f.dbs["tgt"].docs[id] = d
+					continue
+				}
+				f.put("tgt", map[string]any{"_id": id})
+			}
+			var revsDiff, fetched atomic.Int64
+			f.hook = func(w http.ResponseWriter, r *http.Request) bool {
+				switch {
+				case strings.HasSuffix(r.URL.Path, "/_revs_diff"):
+					revsDiff.Add(1)
+				case strings.HasSuffix(r.URL.Path, "/_bulk_get"):
+					body, _ := io.ReadAll(r.Body)
+					r.Body = io.NopCloser(bytes.NewReader(body))
+					var q struct{ Docs []json.RawMessage }
+					_ = json.Unmarshal(body, &q)
+					fetched.Add(int64(len(q.Docs)))
+				}
+				return false
+			}
+			res, err := runFake(fakeParams(t, `,"worker_batch_size":5,"worker_processes":3`, f.URL+"/src", f.URL+"/tgt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := revsDiff.Load() > 0; got != tc.wantRevsDiff {
+				t.Errorf("_revs_diff requests: %d, want some: %v", revsDiff.Load(), tc.wantRevsDiff)
+			}
+			if got := fetched.Load(); got != int64(tc.wantFetched) {
+				t.Errorf("fetched %d revisions, want %d", got, tc.wantFetched)
+			}
+			if n := len(f.dbs["tgt"].docs); n != tc.wantTargetLen {
+				t.Errorf("target has %d docs, want %d", n, tc.wantTargetLen)
+			}
+			if res.Stats.DocsWritten != int64(tc.wantFetched) || res.Stats.RevisionsChecked != 30 {
+				t.Errorf("stats %+v", res.Stats)
 			}
 		})
 	}

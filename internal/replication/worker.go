@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
@@ -19,9 +20,39 @@ type worker struct {
 	buf     []json.RawMessage
 	bufSize int
 	stats   Stats
-	// revsDiff and bulkGet are couch_replicator_worker's fetch_stats:
-	// exponential moving averages deciding whether the call is worth it.
+}
+
+// fetchGate holds couch_replicator_worker's fetch_stats for _revs_diff and
+// _bulk_get: exponential moving averages deciding whether the call is
+// worth making. CouchDB keeps them per worker; here a job's workers share
+// them, so a fresh target stops being asked after a few batches of the
+// whole job, not a few batches of every worker.
+type fetchGate struct {
+	mu                sync.Mutex
 	revsDiff, bulkGet fetchStats
+}
+
+// emptyTarget starts the job as if _revs_diff had just found every
+// revision missing: the target had no documents at all when the job
+// started, so asking it is (almost) pure cost. Writing a revision the
+// target got meanwhile with new_edits=false is harmless, and the call is
+// tried again after fetchRetry as usual.
+func (g *fetchGate) emptyTarget(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.revsDiff = fetchStats{ratio: 1, t: now}
+}
+
+func (g *fetchGate) attempt(f *fetchStats, now time.Time, threshold float64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return f.attempt(now, threshold)
+}
+
+func (g *fetchGate) update(f *fetchStats, now time.Time, successes, attempts int, decay float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.update(now, successes, attempts, decay)
 }
 
 // CouchDB's couch_replicator_worker coefficients.
@@ -69,7 +100,8 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 		w.stats.RevisionsChecked += int64(len(c.Revs))
 	}
 	var diff map[string]couch.RevsDiff
-	if now := w.r.now(); w.revsDiff.attempt(now, revsDiffThreshold) {
+	gate := &w.r.fetch
+	if now := w.r.now(); gate.attempt(&gate.revsDiff, now, revsDiffThreshold) {
 		var err error
 		if diff, err = w.r.tgt.RevsDiff(ctx, revs); err != nil {
 			return fmt.Errorf("%w: revs_diff_failed: %w", ErrWorkerFailed, err)
@@ -83,7 +115,7 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 			}
 		}
 		all := int(w.stats.RevisionsChecked)
-		w.revsDiff.update(now, all-missingNoPA, all, revsDiffDecay)
+		gate.update(&gate.revsDiff, now, all-missingNoPA, all, revsDiffDecay)
 	} else {
 		diff = make(map[string]couch.RevsDiff, len(revs))
 		for id, rs := range revs {
@@ -124,10 +156,11 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 		return nil
 	}
 	now := w.r.now()
-	if w.r.p.UseBulkGet && len(reqs) > 0 && w.bulkGet.attempt(now, bulkGetThreshold) {
+	gate := &w.r.fetch
+	if w.r.p.UseBulkGet && len(reqs) > 0 && gate.attempt(&gate.bulkGet, now, bulkGetThreshold) {
 		w.stats.BulkGetAttempts += int64(len(reqs))
 		before := w.stats.DocsRead
-		defer func() { w.bulkGet.update(now, int(w.stats.BulkGetDocs), len(reqs), bulkGetDecay) }()
+		defer func() { gate.update(&gate.bulkGet, now, int(w.stats.BulkGetDocs), len(reqs), bulkGetDecay) }()
 		err := w.r.src.BulkGet(ctx, reqs, handle)
 		if writeErr != nil {
 			return writeErr

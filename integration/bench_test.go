@@ -1,0 +1,565 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// benchRounds is the number of rounds of BenchmarkReplicationSideBySide
+// (each runs every contestant once, in a rotated order):
+// $COUCHREP_BENCH_ROUNDS, default 3.
+func benchRounds() int {
+	if n, err := strconv.Atoi(os.Getenv("COUCHREP_BENCH_ROUNDS")); err == nil && n > 0 {
+		return n
+	}
+	return 3
+}
+
+// benchSet is one corpus of the side-by-side benchmark.
+type benchSet struct {
+	n int
+	// attEvery gives every attEvery-th document a 20 KB attachment (0: none).
+	attEvery int
+}
+
+func (s benchSet) String() string {
+	if s.attEvery > 0 {
+		return fmt.Sprintf("docs=%d,atts=%d%%", s.n, 100/s.attEvery)
+	}
+	return fmt.Sprintf("docs=%d", s.n)
+}
+
+const (
+	benchDocBytes = 1024      // a document's JSON, about
+	benchAttBytes = 20 << 10  // one attachment's bytes
+	benchBatch    = 500       // the bound's request size (CouchDB's worker_batch_size)
+	benchTimeout  = time.Hour // any one contestant
+)
+
+// seedBench fills db on s with set's documents (one revision each, revs
+// shaped like CouchDB's: "1-" + 32 hex digits), 500 per request.
+func seedBench(b *testing.B, s *testserver.Server, db string, set benchSet) {
+	b.Helper()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := 0; i < set.n; i += benchBatch {
+		docs := make([]map[string]any, 0, benchBatch)
+		for j := i; j < min(i+benchBatch, set.n); j++ {
+			id := fmt.Sprintf("doc%07d", j)
+			rev := fmt.Sprintf("1-%016x%016x", rng.Uint64(), rng.Uint64())
+			// {"_id":…,"_rev":…,"_revisions":{…},"n":…,"pad":"…"} ≈ 1 KB.
+			d := testserver.Doc(id, []string{rev}, map[string]any{"n": j, "pad": strings.Repeat("x", benchDocBytes-140)})
+			if set.attEvery > 0 && j%set.attEvery == 0 {
+				data := make([]byte, benchAttBytes)
+				for k := 0; k < len(data); k += 8 {
+					v := rng.Uint64()
+					for m := 0; m < 8 && k+m < len(data); m++ {
+						data[k+m] = byte(v >> (8 * m))
+					}
+				}
+				d = testserver.WithAttachment(d, "blob.bin", "application/octet-stream", data)
+			}
+			docs = append(docs, d)
+		}
+		s.PutRevs(b, db, docs...)
+	}
+}
+
+// benchClient talks to the servers for the bound and the checks: one
+// keep-alive connection per host, no gzip, no couchrep code.
+var benchClient = &http.Client{Transport: &http.Transport{
+	MaxIdleConnsPerHost: 4, DisableCompression: true,
+}}
+
+func benchDo(ctx context.Context, method, u string, body []byte) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := benchClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, fmt.Errorf("%s %s: status %d: %.300s", method, u, resp.StatusCode, out)
+	}
+	return out, nil
+}
+
+// boundWork is what the endpoints' bound sends, built once per corpus
+// (untimed): the _bulk_get bodies (500 revisions each, the revisions the
+// source's _changes lists) and the _bulk_docs new_edits=false bodies (500
+// documents each, exactly as _bulk_get returned them).
+type boundWork struct {
+	bulkGets  [][]byte
+	bulkDocs  [][]byte
+	readBytes int64
+}
+
+func prepareBound(b *testing.B, srcDB string) *boundWork {
+	b.Helper()
+	ctx := context.Background()
+	raw, err := benchDo(ctx, http.MethodGet, srcDB+"_changes?style=all_docs", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var feed struct {
+		Results []struct {
+			ID      string `json:"id"`
+			Changes []struct {
+				Rev string `json:"rev"`
+			} `json:"changes"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(raw, &feed); err != nil {
+		b.Fatal(err)
+	}
+	type item struct {
+		ID  string `json:"id"`
+		Rev string `json:"rev"`
+	}
+	var items []item
+	for _, r := range feed.Results {
+		for _, c := range r.Changes {
+			items = append(items, item{r.ID, c.Rev})
+		}
+	}
+	w := &boundWork{}
+	for i := 0; i < len(items); i += benchBatch {
+		body, _ := json.Marshal(map[string]any{"docs": items[i:min(i+benchBatch, len(items))]})
+		w.bulkGets = append(w.bulkGets, body)
+		out, err := benchDo(ctx, http.MethodPost, srcDB+"_bulk_get?revs=true&latest=true&attachments=true", body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		w.readBytes += int64(len(out))
+		var res struct {
+			Results []struct {
+				Docs []struct {
+					OK json.RawMessage `json:"ok"`
+				} `json:"docs"`
+			} `json:"results"`
+		}
+		if err := json.Unmarshal(out, &res); err != nil {
+			b.Fatal(err)
+		}
+		var docs bytes.Buffer
+		docs.WriteString(`{"new_edits":false,"docs":[`)
+		k := 0
+		for _, r := range res.Results {
+			for _, d := range r.Docs {
+				if d.OK == nil {
+					continue
+				}
+				if k > 0 {
+					docs.WriteByte(',')
+				}
+				docs.Write(d.OK)
+				k++
+			}
+		}
+		docs.WriteString(`]}`)
+		w.bulkDocs = append(w.bulkDocs, docs.Bytes())
+	}
+	return w
+}
+
+// runBound is the endpoints' overlapped bound: the source read (_changes,
+// then the _bulk_get requests one at a time) running concurrently with the
+// target write (the _bulk_docs requests one at a time), no replicator
+// logic; the wall time until both are done.
+func runBound(ctx context.Context, w *boundWork, srcDB, tgtDB string) (time.Duration, error) {
+	var wg sync.WaitGroup
+	var readErr, writeErr error
+	start := time.Now()
+	wg.Go(func() {
+		if _, readErr = benchDo(ctx, http.MethodGet, srcDB+"_changes?style=all_docs", nil); readErr != nil {
+			return
+		}
+		for _, body := range w.bulkGets {
+			if _, readErr = benchDo(ctx, http.MethodPost, srcDB+"_bulk_get?revs=true&latest=true&attachments=true", body); readErr != nil {
+				return
+			}
+		}
+	})
+	wg.Go(func() {
+		for _, body := range w.bulkDocs {
+			if _, writeErr = benchDo(ctx, http.MethodPost, tgtDB+"_bulk_docs", body); writeErr != nil {
+				return
+			}
+		}
+	})
+	wg.Wait()
+	if readErr != nil {
+		return 0, readErr
+	}
+	return time.Since(start), writeErr
+}
+
+// docCount reads doc_count of db.
+func docCount(db string) (int, error) {
+	raw, err := benchDo(context.Background(), http.MethodGet, db, nil)
+	if err != nil {
+		return 0, err
+	}
+	var info struct {
+		DocCount int `json:"doc_count"`
+	}
+	return info.DocCount, json.Unmarshal(raw, &info)
+}
+
+// cpuTime is this process's user+system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// heapPeak samples the Go heap (live and not yet swept objects) every 5 ms
+// until stopped and returns the largest value seen.
+type heapPeak struct {
+	stop chan struct{}
+	done chan uint64
+}
+
+func startHeapPeak() *heapPeak {
+	h := &heapPeak{stop: make(chan struct{}), done: make(chan uint64, 1)}
+	go func() {
+		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		var peak uint64
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			metrics.Read(s)
+			peak = max(peak, s[0].Value.Uint64())
+			select {
+			case <-h.stop:
+				h.done <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return h
+}
+
+func (h *heapPeak) end() uint64 { close(h.stop); return <-h.done }
+
+// resetPeakRSS resets the kernel's peak-RSS mark (VmHWM) of this process;
+// false when the kernel does not allow it.
+func resetPeakRSS() bool {
+	return os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) == nil
+}
+
+// peakRSS is VmHWM from /proc/self/status, in bytes.
+func peakRSS() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// couchrepRun is one one-shot couchrep replication with CouchDB's default
+// settings, in this process.
+type couchrepRun struct {
+	wall, cpu time.Duration
+	heap      uint64
+	written   int64
+}
+
+func runCouchrep(ctx context.Context, src, tgt string) (couchrepRun, error) {
+	p, err := replication.ParseParams([]byte(fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt)))
+	if err != nil {
+		return couchrepRun{}, err
+	}
+	runtime.GC()
+	hp := startHeapPeak()
+	cpu0, start := cpuTime(), time.Now()
+	res, err := replication.New(p, replication.Options{ServerUUID: "bench", Logger: zerolog.Nop()}).Run(ctx)
+	out := couchrepRun{wall: time.Since(start), cpu: cpuTime() - cpu0, heap: hp.end()}
+	if err != nil {
+		return out, err
+	}
+	if res.Stats.DocWriteFailures != 0 {
+		return out, fmt.Errorf("couchrep: %d doc write failures", res.Stats.DocWriteFailures)
+	}
+	out.written = res.Stats.DocsWritten
+	return out, nil
+}
+
+// pouchRun is one PouchDB.replicate run in a node process.
+type pouchRun struct {
+	MS        float64 `json:"ms"`
+	Written   int64   `json:"docs_written"`
+	Failures  int64   `json:"doc_write_failures"`
+	CPUMillis float64 `json:"cpu_ms"`
+}
+
+func runPouchDB(ctx context.Context, script, src, tgt string, batch int) (pouchRun, error) {
+	args := []string{script, src, tgt}
+	if batch > 0 {
+		args = append(args, strconv.Itoa(batch))
+	}
+	cmd := exec.CommandContext(ctx, "node", args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return pouchRun{}, fmt.Errorf("node %v: %w: %s", args, err, stderr.Bytes())
+	}
+	var r pouchRun
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &r); err != nil {
+		return r, fmt.Errorf("node output %q: %w", stdout.Bytes(), err)
+	}
+	if r.Failures != 0 {
+		return r, fmt.Errorf("PouchDB: %d doc write failures", r.Failures)
+	}
+	return r, nil
+}
+
+// pouchScript returns integration/bench/replicate.js, skipping the
+// benchmark when node or the pinned npm pouchdb is missing.
+func pouchScript(b *testing.B) string {
+	b.Helper()
+	bin, err := testserver.PouchDBServerBin()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Dir(filepath.Dir(filepath.Dir(bin))) // integration/
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "pouchdb", "package.json")); err != nil {
+		b.Skip("integration/node_modules/pouchdb not installed (run `make testdeps`)")
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		b.Skip("node not found")
+	}
+	return filepath.Join(dir, "bench", "replicate.js")
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// BenchmarkReplicationSideBySide replicates the same source, one-shot, from
+// one in-memory PouchDB Server into a fresh database on a second one, with
+// four contestants per round, each into its own fresh target (deleted
+// afterwards):
+//
+//   - couchrep: replication.Run in this process, CouchDB's default
+//     settings (4 workers, batches of 500, _bulk_get, checkpoints);
+//   - pouchdb-default and pouchdb-bs500: PouchDB.replicate (npm pouchdb
+//     9.0.0) run by node (integration/bench/replicate.js) with default
+//     settings and with batch_size 500;
+//   - bound: the endpoints' overlapped bound, the source read (_changes,
+//     then _bulk_get of 500 one at a time) running concurrently with the
+//     target write (_bulk_docs new_edits=false of 500 one at a time), no
+//     replicator logic.
+//
+// The order of the contestants rotates from round to round ($COUCHREP_BENCH_ROUNDS,
+// default 3); the metrics are medians over the rounds. couchrep's CPU
+// seconds (this process: the replicator only, the servers are other
+// processes) are reported per 10,000 documents.
+//
+// Corpora: 10,000 and 50,000 documents of about 1 KB, and 10,000 where 5%
+// carry a 20 KB attachment. Run only these with
+//
+//	go test -run '^$' -bench SideBySide -benchtime 1x -timeout 60m ./integration/
+func BenchmarkReplicationSideBySide(b *testing.B) {
+	script := pouchScript(b)
+	for _, set := range []benchSet{{n: 10000}, {n: 10000, attEvery: 20}, {n: 50000}} {
+		b.Run(set.String(), func(b *testing.B) { benchSideBySide(b, script, set) })
+	}
+}
+
+const (
+	cCouchrep = "couchrep"
+	cDefault  = "pouchdb-default"
+	cBS500    = "pouchdb-bs500"
+	cBound    = "bound"
+)
+
+func benchSideBySide(b *testing.B, script string, set benchSet) {
+	s1, s2 := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
+	src := s1.CreateDB(b, "bench")
+	seedBench(b, s1, src, set)
+	work := prepareBound(b, src)
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	// Warm both servers up (Node's JIT) with one untimed replication.
+	warm := s2.CreateDB(b, "warmup")
+	if _, err := runCouchrep(ctx, src, warm); err != nil {
+		b.Fatal(err)
+	}
+	s2.Do(b, http.MethodDelete, warm, nil, http.StatusOK)
+
+	rates := map[string][]float64{}
+	var pctBound, xDefault, xBS500, cpuPer10k, heapMB []float64
+	order := []string{cCouchrep, cDefault, cBS500, cBound}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for round := 0; round < benchRounds(); round++ {
+			rot := append(slices.Clone(order[round%len(order):]), order[:round%len(order)]...)
+			load := loadAvg()
+			secs := map[string]float64{}
+			line := []string{}
+			for _, c := range rot {
+				tgt := s2.CreateDB(b, fmt.Sprintf("t-%s-%d-%d", c, i, round))
+				var d time.Duration
+				var written int64 = -1
+				var err error
+				switch c {
+				case cCouchrep:
+					var r couchrepRun
+					r, err = runCouchrep(ctx, src, tgt)
+					d, written = r.wall, r.written
+					cpuPer10k = append(cpuPer10k, r.cpu.Seconds()*10000/float64(set.n))
+					heapMB = append(heapMB, float64(r.heap)/(1<<20))
+					line = append(line, fmt.Sprintf("cpu=%.2fs heap=%.1fMB", r.cpu.Seconds(), float64(r.heap)/(1<<20)))
+				case cDefault, cBS500:
+					batch := 0
+					if c == cBS500 {
+						batch = 500
+					}
+					var r pouchRun
+					r, err = runPouchDB(ctx, script, src, tgt, batch)
+					d, written = time.Duration(r.MS*float64(time.Millisecond)), r.Written
+					line = append(line, fmt.Sprintf("%s-cpu=%.2fs", c, r.CPUMillis/1000))
+				case cBound:
+					d, err = runBound(ctx, work, src, tgt)
+				}
+				if err != nil {
+					b.Fatalf("%s: %v", c, err)
+				}
+				if n, err := docCount(tgt); err != nil || n != set.n {
+					b.Fatalf("%s: target doc_count %d (%v), want %d", c, n, err, set.n)
+				}
+				if written >= 0 && written != int64(set.n) {
+					b.Fatalf("%s: docs_written %d, want %d", c, written, set.n)
+				}
+				s2.Do(b, http.MethodDelete, tgt, nil, http.StatusOK)
+				secs[c] = d.Seconds()
+				rates[c] = append(rates[c], float64(set.n)/d.Seconds())
+			}
+			pctBound = append(pctBound, 100*secs[cBound]/secs[cCouchrep])
+			xDefault = append(xDefault, secs[cDefault]/secs[cCouchrep])
+			xBS500 = append(xBS500, secs[cBS500]/secs[cCouchrep])
+			b.Logf("%s round %d (load %s → %s; order %v): couchrep %.0f docs/s, pouchdb-default %.0f, pouchdb-bs500 %.0f, bound %.0f; couchrep %.0f%% of bound; %s",
+				set, round+1, load, loadAvg(), rot, float64(set.n)/secs[cCouchrep], float64(set.n)/secs[cDefault],
+				float64(set.n)/secs[cBS500], float64(set.n)/secs[cBound], pctBound[len(pctBound)-1], strings.Join(line, " "))
+		}
+	}
+	b.StopTimer()
+	for _, c := range order {
+		b.ReportMetric(median(rates[c]), c+"-docs/s")
+	}
+	b.ReportMetric(median(pctBound), "%-of-bound")
+	b.ReportMetric(median(xDefault), "x-pouchdb-default")
+	b.ReportMetric(median(xBS500), "x-pouchdb-bs500")
+	b.ReportMetric(median(cpuPer10k), "cpu-s/10k-docs")
+	b.ReportMetric(median(heapMB), "peak-heap-MB")
+}
+
+// BenchmarkReplicationMemory replicates N documents of about 1 KB one-shot
+// between two in-memory PouchDB Servers with couchrep alone and reports the
+// replicator's peak Go heap (sampled every 5 ms) and this process's peak
+// RSS (VmHWM, reset before the run) for N = 10,000 and 100,000: memory must
+// not grow with the document count.
+//
+//	go test -run '^$' -bench ReplicationMemory -benchtime 1x -timeout 60m ./integration/
+func BenchmarkReplicationMemory(b *testing.B) {
+	for _, n := range []int{10000, 100000} {
+		b.Run(fmt.Sprintf("docs=%d", n), func(b *testing.B) {
+			s1, s2 := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
+			src := s1.CreateDB(b, "bench")
+			seedBench(b, s1, src, benchSet{n: n})
+			ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+			defer cancel()
+			var heap, rss uint64
+			var wall, cpu time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				tgt := s2.CreateDB(b, fmt.Sprintf("t%d", i))
+				runtime.GC()
+				debug.FreeOSMemory()
+				if !resetPeakRSS() {
+					b.Log("cannot reset VmHWM: peak RSS includes the seeding")
+				}
+				r, err := runCouchrep(ctx, src, tgt)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r.written != int64(n) {
+					b.Fatalf("docs_written %d, want %d", r.written, n)
+				}
+				heap, rss = max(heap, r.heap), max(rss, peakRSS())
+				wall += r.wall
+				cpu += r.cpu
+				s2.Do(b, http.MethodDelete, tgt, nil, http.StatusOK)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(n*b.N)/wall.Seconds(), "docs/s")
+			b.ReportMetric(cpu.Seconds()*10000/float64(n*b.N), "cpu-s/10k-docs")
+			b.ReportMetric(float64(heap)/(1<<20), "peak-heap-MB")
+			b.ReportMetric(float64(rss)/(1<<20), "peak-RSS-MB")
+			b.Logf("docs=%d load %s", n, loadAvg())
+		})
+	}
+}
