@@ -37,6 +37,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -129,6 +130,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Store:  store,
 		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName}),
 	}
+	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	n.events = n.system.EventStream.Subscribe(func(evt any) {
 		if e, ok := evt.(*supervisor.Event); ok {
 			n.logEvent(e)

@@ -7,6 +7,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // RootName is the actor id of a node's top supervisor; the node's actors are
@@ -27,6 +28,9 @@ type Deps struct {
 	Store kv.Database
 	// Jobs is the job queue over Store.
 	Jobs *jobs.Queue
+	// RepJobs is the replication job store over Jobs, shared by every actor
+	// of the node (run-time share and policy changes reach all of them).
+	RepJobs *repjob.Store
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

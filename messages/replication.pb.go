@@ -554,7 +554,11 @@ type ReplicationJobEvent struct {
 	Node      string                 `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
 	Timestamp *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
 	// True for a progress report (stats only) rather than a state change.
-	Progress      bool `protobuf:"varint,11,opt,name=progress,proto3" json:"progress,omitempty"`
+	Progress bool `protobuf:"varint,11,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Whether the job is continuous (rotated) or one-shot (never rotated).
+	Continuous bool `protobuf:"varint,12,opt,name=continuous,proto3" json:"continuous,omitempty"`
+	// When the job started on this node (running events).
+	StartedAt     *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -664,6 +668,20 @@ func (x *ReplicationJobEvent) GetProgress() bool {
 		return x.Progress
 	}
 	return false
+}
+
+func (x *ReplicationJobEvent) GetContinuous() bool {
+	if x != nil {
+		return x.Continuous
+	}
+	return false
+}
+
+func (x *ReplicationJobEvent) GetStartedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartedAt
+	}
+	return nil
 }
 
 // StopReplicationJobRequest asks a replication job actor to stop its job
@@ -946,7 +964,7 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\vfilter_code\x18\x18 \x01(\tR\n" +
 	"filterCode\x12\x1f\n" +
 	"\verror_count\x18\x19 \x01(\x05R\n" +
-	"errorCount\"\x91\x03\n" +
+	"errorCount\"\xec\x03\n" +
 	"\x13ReplicationJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x15\n" +
 	"\x06rep_id\x18\x02 \x01(\tR\x05repId\x120\n" +
@@ -959,7 +977,12 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\x04node\x18\t \x01(\tR\x04node\x128\n" +
 	"\ttimestamp\x18\n" +
 	" \x01(\v2\x1a.google.protobuf.TimestampR\ttimestamp\x12\x1a\n" +
-	"\bprogress\x18\v \x01(\bR\bprogress\"J\n" +
+	"\bprogress\x18\v \x01(\bR\bprogress\x12\x1e\n" +
+	"\n" +
+	"continuous\x18\f \x01(\bR\n" +
+	"continuous\x129\n" +
+	"\n" +
+	"started_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"J\n" +
 	"\x19StopReplicationJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"3\n" +
@@ -1025,11 +1048,12 @@ var file_couchrep_v1_replication_proto_depIdxs = []int32{
 	1,  // 9: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
 	2,  // 10: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
 	10, // 11: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	10, // 12: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_replication_proto_init() }

@@ -1,0 +1,34 @@
+package repjob
+
+import (
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/scheduler"
+)
+
+// PolicyFromConfig is the scheduling policy of a [replicator] section.
+func PolicyFromConfig(r config.Replicator) scheduler.Policy {
+	return scheduler.Policy{
+		MaxJobs: r.MaxJobs, MaxChurn: r.MaxChurn, Interval: r.Interval,
+		MinBackoff: r.MinBackoff, MaxBackoff: r.MaxBackoff, HealthThreshold: r.HealthThreshold,
+		MaxHistory: r.MaxHistory, StartupJitter: r.StartupJitter, MinRunTime: r.MinRunTime,
+	}
+}
+
+// NewFromConfig returns the store of a node configured by cfg: its server
+// UUID, scheduling policy, shares and transient job max age. Every part of a
+// node should share the one store the node builds (actors.Deps.RepJobs), so
+// that run-time share and policy changes reach all of them.
+func NewFromConfig(queue *jobs.Queue, db kv.Database, cfg config.Config, log zerolog.Logger) *Store {
+	p := PolicyFromConfig(cfg.Replicator)
+	if p.Validate() != nil {
+		p = scheduler.DefaultPolicy()
+	}
+	return New(queue, db, Options{
+		Logger: log, ServerUUID: cfg.CouchDB.UUID, Policy: p, Shares: cfg.Shares,
+		TransientMaxAge: cfg.Replicator.TransientJobMaxAge,
+	})
+}
