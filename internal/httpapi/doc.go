@@ -1,0 +1,25 @@
+// Package httpapi is couchrep's HTTP API in Apache CouchDB's shapes, so that
+// tools and dashboards written for CouchDB's replicator work unchanged:
+//
+//	POST /_replicate                      start a transient replication, or cancel one
+//	GET  /_scheduler/jobs[/{id}]          replication jobs (pending, running, crashing)
+//	GET  /_scheduler/docs[/{db}[/{doc}]]  jobs of _replicator documents, all states
+//	GET  /_active_tasks                   running replications with their stats
+//	GET  /_up                             liveness
+//	GET  /metrics                         Prometheus metrics
+//
+// Errors are CouchDB's {"error": ..., "reason": ...} objects with CouchDB's
+// status codes. Parameters are validated once, by
+// replication.ParseReplicateRequest, whose errors name the field.
+//
+// The handler knows nothing of actors or of the store's layout: it reads and
+// writes jobs through the Store interface (the node gives it
+// internal/repjob's store) and reports what it sees to Metrics. Credentials
+// are never shown: endpoint URLs and error texts pass through RedactURL /
+// RedactText before they are written to a response or a log.
+//
+// Authentication is CouchDB's basic auth against the [admins] section
+// (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes). With no
+// admins configured the API is open ("admin party"), and the node logs a
+// warning. GET /_up is always open.
+package httpapi

@@ -1,0 +1,186 @@
+package httpapi
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics are the node's Prometheus metrics, served by GET /metrics:
+//
+//   - couchrep_replication_jobs{kind,database,state}: jobs in the shared
+//     store by state (read from the store at scrape time, so every node
+//     shows the whole cluster);
+//   - couchrep_replication_docs_written{kind,database}: docs_written summed
+//     over the jobs in the store;
+//   - couchrep_replication_docs_written_total: documents written by this
+//     node's jobs (from their progress events);
+//   - couchrep_replication_job_transitions_total{state}: state changes of
+//     this node's jobs (started, crashed, completed, ...);
+//   - couchrep_replication_rate_limited_total: 429 responses this node's
+//     jobs received;
+//   - couchrep_actor_restarts_total{supervisor,child}: supervisor restarts;
+//   - couchrep_http_requests_total{endpoint,method,code} and
+//     couchrep_http_request_duration_seconds{endpoint}: this API's traffic;
+//   - the Go runtime and process collectors.
+type Metrics struct {
+	reg         *prometheus.Registry
+	handler     http.Handler
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	restarts    *prometheus.CounterVec
+	transitions *prometheus.CounterVec
+	docsWritten prometheus.Counter
+	rateLimited prometheus.Counter
+
+	mu          sync.Mutex
+	lastWritten map[string]int64 // job id → docs_written last seen
+}
+
+// NewMetrics registers couchrep's metrics in a new registry; store (may be
+// nil) is read at every scrape for the per-database job gauges.
+func NewMetrics(store Store) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "couchrep_http_requests_total", Help: "HTTP API requests by endpoint, method and status code.",
+		}, []string{"endpoint", "method", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "couchrep_http_request_duration_seconds", Help: "HTTP API request latency (POST /_replicate of a one-shot includes the whole replication).",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
+		}, []string{"endpoint"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "couchrep_actor_restarts_total", Help: "Actor restarts by supervisor and child.",
+		}, []string{"supervisor", "child"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "couchrep_replication_job_transitions_total", Help: "State changes of replication jobs run by this node.",
+		}, []string{"state"}),
+		docsWritten: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "couchrep_replication_docs_written_total", Help: "Documents written to targets by this node's replication jobs.",
+		}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "couchrep_replication_rate_limited_total", Help: "HTTP 429 responses received by this node's replication jobs.",
+		}),
+		lastWritten: map[string]int64{},
+	}
+	m.reg.MustRegister(m.requests, m.duration, m.restarts, m.transitions, m.docsWritten, m.rateLimited,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if store != nil {
+		m.reg.MustRegister(&jobsCollector{store: store})
+	}
+	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	return m
+}
+
+// Registry is the registry GET /metrics serves; register more collectors
+// there.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+func (m *Metrics) observeRequest(endpoint, method string, code int, took time.Duration) {
+	if code == 0 {
+		code = http.StatusOK
+	}
+	m.requests.WithLabelValues(endpoint, method, strconv.Itoa(code)).Inc()
+	m.duration.WithLabelValues(endpoint).Observe(took.Seconds())
+}
+
+// ObserveRestart counts one restart of child by supervisor.
+func (m *Metrics) ObserveRestart(supervisor, child string) {
+	m.restarts.WithLabelValues(supervisor, child).Inc()
+}
+
+// ObserveRateLimited counts n responses with status 429.
+func (m *Metrics) ObserveRateLimited(n int) { m.rateLimited.Add(float64(n)) }
+
+// ObserveJob records an event of a job run by this node: a state change
+// (unless progress) and the job's cumulative docs_written. The first event
+// seen for a job (its start) sets the baseline, since a job's stats carry
+// over from its earlier runs; each later increase is added to the
+// docs-written counter. A finished job's bookkeeping is dropped.
+func (m *Metrics) ObserveJob(jobID, state string, progress bool, docsWritten int64) {
+	if !progress && state != "" {
+		m.transitions.WithLabelValues(state).Inc()
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	prev, seen := m.lastWritten[jobID]
+	switch {
+	case !seen:
+		m.lastWritten[jobID] = docsWritten
+	case docsWritten > prev:
+		m.docsWritten.Add(float64(docsWritten - prev))
+		m.lastWritten[jobID] = docsWritten
+	}
+	if state == StateCompleted || state == StateFailed || state == StateCrashing || state == StatePending {
+		delete(m.lastWritten, jobID)
+	}
+}
+
+// jobsCollector reads the store at scrape time.
+type jobsCollector struct{ store Store }
+
+var (
+	jobsDesc = prometheus.NewDesc("couchrep_replication_jobs",
+		"Replication jobs in the shared store by kind, _replicator database (empty for transient jobs) and state.",
+		[]string{"kind", "database", "state"}, nil)
+	storeDocsDesc = prometheus.NewDesc("couchrep_replication_docs_written",
+		"docs_written summed over the replication jobs in the shared store.",
+		[]string{"kind", "database"}, nil)
+	scrapeErrDesc = prometheus.NewDesc("couchrep_replication_jobs_scrape_error",
+		"1 if the job store could not be read for this scrape.", nil, nil)
+)
+
+func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- jobsDesc
+	ch <- storeDocsDesc
+	ch <- scrapeErrDesc
+}
+
+func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	jobs, err := c.store.List(ctx)
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
+	type key struct{ kind, db, state string }
+	counts := map[key]int{}
+	written := map[key]int64{}
+	for _, j := range jobs {
+		k := key{kind: "persistent", db: j.Database}
+		if j.Transient {
+			k = key{kind: "transient"}
+		}
+		if j.Stats != nil {
+			written[k] += j.Stats.DocsWritten
+		} else if _, ok := written[k]; !ok {
+			written[k] = 0
+		}
+		k.state = j.State
+		counts[k]++
+	}
+	// Every live state appears for every database seen, so that a state
+	// dropping to zero is a 0 and not a vanished series.
+	for k := range written {
+		for _, st := range []string{StatePending, StateRunning, StateCrashing} {
+			kk := key{k.kind, k.db, st}
+			if _, ok := counts[kk]; !ok {
+				counts[kk] = 0
+			}
+		}
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), k.kind, k.db, k.state)
+	}
+	for k, n := range written {
+		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.db)
+	}
+}

@@ -1,0 +1,174 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// RepjobStore adapts internal/repjob's store to the API's Store.
+type RepjobStore struct {
+	store      *repjob.Store
+	serverUUID string
+}
+
+// NewRepjobStore returns the API's view of s; serverUUID is [couchdb] uuid
+// (job ids of transient replications include it).
+func NewRepjobStore(s *repjob.Store, serverUUID string) *RepjobStore {
+	return &RepjobStore{store: s, serverUUID: serverUUID}
+}
+
+var _ Store = (*RepjobStore)(nil)
+
+func notFound(err error) error {
+	if errors.Is(err, repjob.ErrNotFound) && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	return err
+}
+
+// AddTransient implements Store.
+func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string) (string, error) {
+	res, err := a.store.AddTransient(ctx, body, user)
+	if err != nil {
+		return "", err
+	}
+	return res.JobID, nil
+}
+
+// TransientJobID implements Store.
+func (a *RepjobStore) TransientJobID(body []byte, user string) (string, error) {
+	p, err := replication.ParseParams(body)
+	if err != nil {
+		return "", err
+	}
+	return repjob.TransientJobID(p, user, a.serverUUID), nil
+}
+
+// Get implements Store.
+func (a *RepjobStore) Get(ctx context.Context, jobID string) (*Job, error) {
+	rec, err := a.store.Get(ctx, jobID)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return JobFromRecord(rec), nil
+}
+
+// FindByRepID implements Store.
+func (a *RepjobStore) FindByRepID(ctx context.Context, repID string) (*Job, error) {
+	rec, err := a.store.FindByRepID(ctx, repID)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return JobFromRecord(rec), nil
+}
+
+// List implements Store.
+func (a *RepjobStore) List(ctx context.Context) ([]*Job, error) {
+	recs, err := a.store.List(ctx, repjob.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Job, len(recs))
+	for i, r := range recs {
+		out[i] = JobFromRecord(r)
+	}
+	return out, nil
+}
+
+// Remove implements Store.
+func (a *RepjobStore) Remove(ctx context.Context, jobID string) error {
+	return notFound(a.store.Remove(ctx, jobID))
+}
+
+// Wait implements Store on the store's per-job watch (no polling).
+func (a *RepjobStore) Wait(ctx context.Context, jobID string, done func(*Job) bool) (*Job, error) {
+	rec, err := a.store.Get(ctx, jobID)
+	for {
+		if err != nil {
+			return nil, notFound(err)
+		}
+		if j := JobFromRecord(rec); done(j) {
+			return j, nil
+		}
+		rec, err = a.store.WaitChange(ctx, jobID, rec.Version)
+	}
+}
+
+func goTime(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+// JobFromRecord translates a stored replication job.
+func JobFromRecord(r *repjob.Record) *Job {
+	m := r.ReplicationJob
+	j := &Job{
+		JobID:       m.GetJobId(),
+		RepID:       m.GetRepId(),
+		Transient:   m.GetKind() != messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
+		Database:    m.GetDbName(),
+		DocID:       m.GetDocId(),
+		User:        m.GetUser(),
+		Source:      m.GetSource(),
+		Target:      m.GetTarget(),
+		State:       r.StateName(),
+		Continuous:  m.GetContinuous(),
+		History:     r.History(),
+		LastError:   m.GetLastError(),
+		ErrorCount:  int(m.GetErrorCount()),
+		Node:        m.GetNode(),
+		CreatedAt:   goTime(m.GetCreatedAt()),
+		LastUpdated: goTime(m.GetLastUpdated()),
+		LastStarted: goTime(m.GetLastStarted()),
+		FinishedAt:  goTime(m.GetFinishedAt()),
+		Result:      m.GetResult(),
+	}
+	if r.WorkerNode != "" && j.State == StateRunning {
+		j.Node = r.WorkerNode
+	}
+	if p, err := replication.ParseParams(m.GetBody()); err == nil {
+		j.CheckpointInterval = p.CheckpointInterval
+		j.SourceProxy, j.TargetProxy = p.Source.Proxy, p.Target.Proxy
+		if j.Source == "" {
+			j.Source = p.Source.URL
+		}
+		if j.Target == "" {
+			j.Target = p.Target.URL
+		}
+	}
+	if st := m.GetStats(); st != nil {
+		j.Stats = StatsFromProto(st)
+	}
+	return j
+}
+
+// StatsFromProto translates stored stats.
+func StatsFromProto(st *messages.ReplicationStats) *Stats {
+	s := &Stats{
+		RevisionsChecked:      st.GetRevisionsChecked(),
+		MissingRevisionsFound: st.GetMissingRevisionsFound(),
+		DocsRead:              st.GetDocsRead(),
+		DocsWritten:           st.GetDocsWritten(),
+		DocWriteFailures:      st.GetDocWriteFailures(),
+		BulkGetDocs:           st.GetBulkGetDocs(),
+		BulkGetAttempts:       st.GetBulkGetAttempts(),
+		CheckpointedSourceSeq: st.GetCheckpointedSourceSeq(),
+		SourceSeq:             st.GetSourceSeq(),
+		ThroughSeq:            st.GetThroughSeq(),
+	}
+	if st.ChangesPending != nil {
+		v := st.GetChangesPending()
+		s.ChangesPending = &v
+	}
+	return s
+}

@@ -1,0 +1,262 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/replication"
+)
+
+// DefaultMaxBodyBytes is the largest request body accepted when
+// Options.MaxBodyBytes is zero (CouchDB's max_http_request_size is 4 GiB;
+// a replication document is a few KiB).
+const DefaultMaxBodyBytes = 8 << 20
+
+// Options configure a Server.
+type Options struct {
+	// Store holds the replication jobs. Required.
+	Store Store
+	// Admins are the [admins] section: user name to password (plain or a
+	// CouchDB hash). Empty means no authentication ("admin party").
+	Admins map[string]string
+	// Logger receives one debug line per request and every server error.
+	Logger zerolog.Logger
+	// Metrics is where requests are counted and what GET /metrics serves;
+	// nil means a new NewMetrics(Store).
+	Metrics *Metrics
+	// MaxBodyBytes limits request bodies (413 beyond it); zero means
+	// DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+}
+
+// Server is the HTTP API's handler. It is safe for concurrent use.
+type Server struct {
+	store   Store
+	admins  map[string]string
+	log     zerolog.Logger
+	metrics *Metrics
+	maxBody int64
+}
+
+// New returns the API handler.
+func New(o Options) *Server {
+	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes}
+	if s.metrics == nil {
+		s.metrics = NewMetrics(o.Store)
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = DefaultMaxBodyBytes
+	}
+	return s
+}
+
+// Metrics returns the metrics the server records into and serves.
+func (s *Server) Metrics() *Metrics { return s.metrics }
+
+// apiError is an error reply: status code, CouchDB's error name, reason.
+type apiError struct {
+	status       int
+	code, reason string
+}
+
+func (e *apiError) Error() string { return fmt.Sprintf("%d %s: %s", e.status, e.code, e.reason) }
+
+func errorf(status int, code, format string, a ...any) *apiError {
+	return &apiError{status: status, code: code, reason: fmt.Sprintf(format, a...)}
+}
+
+// statusWriter records the status code for logs and metrics.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// route is one endpoint: its metric label, allowed methods and handler.
+type route struct {
+	name    string
+	methods string // "GET,HEAD" or "POST"
+	open    bool   // no authentication
+	handle  func(w http.ResponseWriter, r *http.Request, rest string) error
+}
+
+func (s *Server) route(path string) (route, string, bool) {
+	switch {
+	case path == "/_replicate":
+		return route{name: "replicate", methods: "POST", handle: s.replicate}, "", true
+	case path == "/_scheduler/jobs" || strings.HasPrefix(path, "/_scheduler/jobs/"):
+		return route{name: "scheduler_jobs", methods: "GET,HEAD", handle: s.schedulerJobs}, strings.TrimPrefix(strings.TrimPrefix(path, "/_scheduler/jobs"), "/"), true
+	case path == "/_scheduler/docs" || strings.HasPrefix(path, "/_scheduler/docs/"):
+		return route{name: "scheduler_docs", methods: "GET,HEAD", handle: s.schedulerDocs}, strings.TrimPrefix(strings.TrimPrefix(path, "/_scheduler/docs"), "/"), true
+	case path == "/_active_tasks":
+		return route{name: "active_tasks", methods: "GET,HEAD", handle: s.activeTasks}, "", true
+	case path == "/_up":
+		return route{name: "up", methods: "GET,HEAD", open: true, handle: s.up}, "", true
+	case path == "/metrics" || path == "/_node/_local/_prometheus":
+		return route{name: "metrics", methods: "GET,HEAD", handle: s.serveMetrics}, "", true
+	}
+	return route{name: "unknown"}, "", false
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	sw := &statusWriter{ResponseWriter: w}
+	// rest keeps percent-escapes: _scheduler/docs needs to tell an escaped
+	// "/" (part of a name) from a separator.
+	rt, rest, ok := s.route(strings.TrimSuffix(r.URL.Path, "/"))
+	if _, escRest, escOK := s.route(strings.TrimSuffix(r.URL.EscapedPath(), "/")); ok && escOK {
+		rest = escRest
+	}
+	user := ""
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error().Str("method", r.Method).Str("path", r.URL.Path).Interface("panic", p).
+				Str("stack", string(debug.Stack())).Msg("http api handler panicked")
+			if sw.status == 0 {
+				writeError(sw, errorf(http.StatusInternalServerError, "unknown_error", "internal server error"))
+			}
+		}
+		s.metrics.observeRequest(rt.name, r.Method, sw.status, time.Since(start))
+		s.log.Debug().Str("method", r.Method).Str("path", r.URL.Path).Str("user", user).
+			Int("status", sw.status).Dur("took", time.Since(start)).Msg("http request")
+	}()
+	if !ok {
+		writeError(sw, errorf(http.StatusNotFound, "not_found", "unknown endpoint %s", r.URL.Path))
+		return
+	}
+	if !methodAllowed(rt.methods, r.Method) {
+		sw.Header().Set("Allow", rt.methods)
+		writeError(sw, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "Only %s allowed", rt.methods))
+		return
+	}
+	if !rt.open {
+		var aerr *apiError
+		if user, aerr = s.authenticate(r); aerr != nil {
+			if aerr.status == http.StatusUnauthorized {
+				sw.Header().Set("WWW-Authenticate", `Basic realm="couchrep"`)
+			}
+			writeError(sw, aerr)
+			return
+		}
+	}
+	r = r.WithContext(withUser(r.Context(), user))
+	if err := rt.handle(sw, r, rest); err != nil {
+		var aerr *apiError
+		if !errors.As(err, &aerr) {
+			if r.Context().Err() != nil {
+				// The client left, or the node is stopping.
+				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "request cancelled: %v", context.Cause(r.Context()))
+			} else {
+				s.log.Error().Err(errors.New(RedactText(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed")
+				aerr = errorf(http.StatusInternalServerError, "unknown_error", "%s", RedactText(err.Error()))
+			}
+		}
+		writeError(sw, aerr)
+	}
+}
+
+func methodAllowed(methods, m string) bool {
+	for _, a := range strings.Split(methods, ",") {
+		if a == m {
+			return true
+		}
+	}
+	return false
+}
+
+type userKey struct{}
+
+func withUser(ctx context.Context, user string) context.Context {
+	return context.WithValue(ctx, userKey{}, user)
+}
+
+func userOf(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string); return s }
+
+func writeError(w http.ResponseWriter, e *apiError) {
+	writeJSON(w, e.status, map[string]string{"error": e.code, "reason": RedactText(e.reason)})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":"unknown_error","reason":"cannot encode the reply"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "must-revalidate")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// readJSONBody reads a POST body: at most maxBody bytes, a JSON content
+// type (or none), valid JSON.
+func (s *Server) readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return nil, errorf(http.StatusUnsupportedMediaType, "bad_content_type", "Content-Type must be application/json")
+		}
+	}
+	if r.ContentLength > s.maxBody {
+		return nil, errorf(http.StatusRequestEntityTooLarge, "too_large", "the request body is %d bytes, more than the limit of %d bytes", r.ContentLength, s.maxBody)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, errorf(http.StatusRequestEntityTooLarge, "too_large", "the request body is more than the limit of %d bytes", mbe.Limit)
+		}
+		return nil, errorf(http.StatusBadRequest, "bad_request", "cannot read the request body: %v", err)
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, errorf(http.StatusBadRequest, "bad_request", "Request body must be a JSON object")
+	}
+	if !json.Valid(body) {
+		return nil, errorf(http.StatusBadRequest, "bad_request", "invalid UTF-8 JSON")
+	}
+	return body, nil
+}
+
+// paramError turns a validation error into CouchDB's reply.
+func paramError(err error) *apiError {
+	var pe *replication.ParamError
+	if errors.As(err, &pe) {
+		return errorf(http.StatusBadRequest, pe.Code, "%s", pe.Reason)
+	}
+	return errorf(http.StatusBadRequest, "bad_request", "%v", err)
+}
+
+func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "seeds": map[string]any{}})
+	return nil
+}
+
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request, _ string) error {
+	s.metrics.handler.ServeHTTP(w, r)
+	return nil
+}

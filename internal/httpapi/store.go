@@ -1,0 +1,114 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/scheduler"
+)
+
+// ErrNotFound is what a Store returns (wrapped or not) for a job that does
+// not exist.
+var ErrNotFound = errors.New("httpapi: job not found")
+
+// Job states as CouchDB names them.
+const (
+	StatePending   = "pending"
+	StateRunning   = "running"
+	StateCrashing  = "crashing"
+	StateCompleted = "completed"
+	StateFailed    = "failed"
+)
+
+// Job is one replication job as the API shows it: the store's record
+// translated into plain fields.
+type Job struct {
+	// JobID is the store's job id (derived without network calls).
+	JobID string
+	// RepID is CouchDB's replication id, base + extension ("+continuous");
+	// empty until the job computed it.
+	RepID string
+	// Transient is true for POST /_replicate jobs, false for jobs of
+	// _replicator documents.
+	Transient bool
+	// Database and DocID locate a persistent job's document.
+	Database, DocID string
+	// User created the job.
+	User string
+	// Source and Target are the endpoint URLs (credentials are redacted
+	// again before they are shown).
+	Source, Target string
+	// SourceProxy and TargetProxy are the proxy URLs, empty for none.
+	SourceProxy, TargetProxy string
+	// State is one of the State* constants.
+	State string
+	// Continuous replications run until cancelled.
+	Continuous bool
+	// CheckpointInterval is the job's checkpoint_interval.
+	CheckpointInterval time.Duration
+	// History is the scheduler history, newest first.
+	History scheduler.History
+	// LastError is why the job last crashed or failed.
+	LastError string
+	// ErrorCount counts consecutive crashes.
+	ErrorCount int
+	// Stats are the job's counters; nil before its first run.
+	Stats *Stats
+	// Node runs (or last ran) the job.
+	Node string
+	// CreatedAt, LastUpdated, LastStarted and FinishedAt are zero when
+	// unknown.
+	CreatedAt, LastUpdated, LastStarted, FinishedAt time.Time
+	// Result is CouchDB's POST /_replicate reply of a completed one-shot
+	// replication.
+	Result json.RawMessage
+}
+
+// Finished reports whether the job reached a terminal state.
+func (j *Job) Finished() bool { return j.State == StateCompleted || j.State == StateFailed }
+
+// Stats are a job's counters under CouchDB's _active_tasks names. The
+// sequences are JSON texts (a JSON string, or a number); the API shows
+// them as CouchDB's seq_encode does.
+type Stats struct {
+	RevisionsChecked      int64
+	MissingRevisionsFound int64
+	DocsRead              int64
+	DocsWritten           int64
+	DocWriteFailures      int64
+	BulkGetDocs           int64
+	BulkGetAttempts       int64
+	// ChangesPending is nil when unknown.
+	ChangesPending        *int64
+	CheckpointedSourceSeq string
+	SourceSeq             string
+	ThroughSeq            string
+}
+
+// Store is what the API needs from the replication job store.
+type Store interface {
+	// AddTransient adds the transient replication described by body (a
+	// valid POST /_replicate body) for user and returns its job id. Adding
+	// a replication identical to a pending or running one is a no-op that
+	// returns the existing job's id.
+	AddTransient(ctx context.Context, body []byte, user string) (string, error)
+	// TransientJobID derives, without network calls, the job id
+	// AddTransient gives body and user.
+	TransientJobID(body []byte, user string) (string, error)
+	// Get returns the job with id jobID, or an error wrapping ErrNotFound.
+	Get(ctx context.Context, jobID string) (*Job, error)
+	// FindByRepID returns the job owning replication id repID, or an
+	// error wrapping ErrNotFound.
+	FindByRepID(ctx context.Context, repID string) (*Job, error)
+	// List returns every job, in no particular order.
+	List(ctx context.Context) ([]*Job, error)
+	// Remove deletes a job, stopping it if it runs.
+	Remove(ctx context.Context, jobID string) error
+	// Wait blocks until done returns true for the job's current state (it is
+	// first called at once), and returns that state. It returns an error
+	// wrapping ErrNotFound if the job is removed meanwhile, and ctx's error
+	// when ctx ends.
+	Wait(ctx context.Context, jobID string, done func(*Job) bool) (*Job, error)
+}

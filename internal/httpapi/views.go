@@ -1,0 +1,503 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/scheduler"
+)
+
+// replicate is POST /_replicate.
+func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) error {
+	body, err := s.readJSONBody(w, r)
+	if err != nil {
+		return err
+	}
+	req, err := replication.ParseReplicateRequest(body)
+	if err != nil {
+		return paramError(err)
+	}
+	ctx, user := r.Context(), userOf(r.Context())
+	if req.Cancel {
+		return s.cancel(w, r, req, body, user)
+	}
+	jobID, err := s.store.AddTransient(ctx, body, user)
+	if err != nil {
+		return err
+	}
+	if req.Params.Continuous {
+		// 202 at once, as CouchDB does; only a replication whose id needs
+		// the source's filter code waits until the job computed it.
+		job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.RepID != "" || j.Finished() || j.State == StateCrashing })
+		if err != nil {
+			return err
+		}
+		if job.RepID == "" {
+			return startError(job)
+		}
+		writeJSON(w, http.StatusAccepted, map[string]any{"ok": true, "_local_id": job.RepID})
+		return nil
+	}
+	job, err := s.store.Wait(ctx, jobID, (*Job).Finished)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return errorf(http.StatusNotFound, "not_found", "replication %s was cancelled", jobID)
+		}
+		return err
+	}
+	if job.State != StateCompleted {
+		return startError(job)
+	}
+	res := job.Result
+	if len(res) == 0 || !json.Valid(res) {
+		res = json.RawMessage(`{"ok":true}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "must-revalidate")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(append(append([]byte(nil), res...), '\n'))
+	return nil
+}
+
+// startError is the reply for a replication that failed: CouchDB's
+// db_not_found / unauthorized where the reason says so.
+func startError(j *Job) *apiError {
+	reason := j.LastError
+	if reason == "" {
+		reason = "replication " + j.State
+	}
+	switch {
+	case strings.Contains(reason, "db_not_found"):
+		// CouchDB's documentation says 404; its code answers 500.
+		return errorf(http.StatusNotFound, "db_not_found", "%s", reason)
+	case strings.Contains(reason, "unauthorized"):
+		return errorf(http.StatusUnauthorized, "unauthorized", "%s", reason)
+	}
+	return errorf(http.StatusInternalServerError, "error", "%s", reason)
+}
+
+// cancel stops a transient replication named by ID or by its body.
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replication.ReplicateRequest, body []byte, user string) error {
+	ctx := r.Context()
+	var (
+		job *Job
+		err error
+		id  = req.ID
+	)
+	if id != "" {
+		job, err = s.findJob(r, id)
+	} else {
+		if id, err = s.store.TransientJobID(body, user); err != nil {
+			return paramError(err)
+		}
+		job, err = s.store.Get(ctx, id)
+	}
+	if errors.Is(err, ErrNotFound) {
+		return errorf(http.StatusNotFound, "not_found", "replication %s not found", id)
+	}
+	if err != nil {
+		return err
+	}
+	if !job.Transient {
+		return errorf(http.StatusUnauthorized, "unauthorized", "Persistent replication collision: %s belongs to document %s in %s", id, job.DocID, job.Database)
+	}
+	if err := s.store.Remove(ctx, job.JobID); err != nil {
+		if errors.Is(err, ErrNotFound) {
+			return errorf(http.StatusNotFound, "not_found", "replication %s not found", id)
+		}
+		return err
+	}
+	localID := job.RepID
+	if localID == "" {
+		localID = job.JobID
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "_local_id": localID})
+	return nil
+}
+
+// findJob looks a job up by replication id, then by job id.
+func (s *Server) findJob(r *http.Request, id string) (*Job, error) {
+	job, err := s.store.FindByRepID(r.Context(), id)
+	if errors.Is(err, ErrNotFound) {
+		job, err = s.store.Get(r.Context(), id)
+	}
+	return job, err
+}
+
+// paging is _all_docs-style limit and skip.
+type paging struct{ limit, skip int }
+
+func parsePaging(q url.Values) (paging, error) {
+	p := paging{limit: -1}
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"limit", &p.limit}, {"skip", &p.skip}} {
+		v := q.Get(f.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return p, errorf(http.StatusBadRequest, "query_parse_error", "Invalid value for integer: %q", v)
+		}
+		if n < 0 {
+			return p, errorf(http.StatusBadRequest, "query_parse_error", "Invalid value for positive integer: %q", v)
+		}
+		*f.dst = n
+	}
+	return p, nil
+}
+
+func (p paging) apply(n int) (lo, hi int) {
+	lo = min(p.skip, n)
+	hi = n
+	if p.limit >= 0 {
+		hi = min(lo+p.limit, n)
+	}
+	return lo, hi
+}
+
+// shownID is the id _scheduler shows: the replication id once known.
+func shownID(j *Job) string {
+	if j.RepID != "" {
+		return j.RepID
+	}
+	return j.JobID
+}
+
+// schedulerJobs is GET /_scheduler/jobs[/{id}].
+func (s *Server) schedulerJobs(w http.ResponseWriter, r *http.Request, rest string) error {
+	if rest != "" {
+		id, err := url.PathUnescape(rest)
+		if err != nil {
+			return errorf(http.StatusBadRequest, "bad_request", "invalid job id %q", rest)
+		}
+		job, err := s.findJob(r, strings.ReplaceAll(id, " ", "+"))
+		if errors.Is(err, ErrNotFound) {
+			return errorf(http.StatusNotFound, "not_found", "unknown job %s", id)
+		}
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, jobView(job))
+		return nil
+	}
+	pg, err := parsePaging(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	all, err := s.store.List(r.Context())
+	if err != nil {
+		return err
+	}
+	var live []*Job
+	for _, j := range all {
+		if !j.Finished() {
+			live = append(live, j)
+		}
+	}
+	sort.Slice(live, func(a, b int) bool { return shownID(live[a]) < shownID(live[b]) })
+	lo, hi := pg.apply(len(live))
+	out := make([]jobJSON, 0, hi-lo)
+	for _, j := range live[lo:hi] {
+		out = append(out, jobView(j))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total_rows": len(live), "offset": lo, "jobs": out})
+	return nil
+}
+
+// jobJSON is a _scheduler/jobs entry (couch_replicator_httpd_util job_ejson)
+// plus the job's state and store id.
+type jobJSON struct {
+	ID        string            `json:"id"`
+	JobID     string            `json:"job_id"`
+	PID       *string           `json:"pid"`
+	Source    string            `json:"source"`
+	Target    string            `json:"target"`
+	Database  *string           `json:"database"`
+	User      *string           `json:"user"`
+	DocID     *string           `json:"doc_id"`
+	State     string            `json:"state"`
+	Info      map[string]any    `json:"info"`
+	History   scheduler.History `json:"history"`
+	Node      *string           `json:"node"`
+	StartTime *string           `json:"start_time"`
+}
+
+func strOrNil(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func timeOrNil(t time.Time) *string {
+	if t.IsZero() {
+		return nil
+	}
+	s := scheduler.ISO8601(t)
+	return &s
+}
+
+func jobView(j *Job) jobJSON {
+	v := jobJSON{
+		ID: shownID(j), JobID: j.JobID,
+		Source: RedactURL(j.Source), Target: RedactURL(j.Target),
+		User: strOrNil(j.User), State: j.State, History: j.History,
+		Node: strOrNil(j.Node), StartTime: timeOrNil(j.CreatedAt),
+	}
+	if !j.Transient {
+		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)
+	}
+	if j.State == StateRunning {
+		v.PID = strOrNil("<" + j.JobID + "@" + j.Node + ">")
+	}
+	if v.History == nil {
+		v.History = scheduler.History{}
+	}
+	v.Info = statsJSON(j.Stats)
+	if (j.State == StateCrashing || j.State == StateFailed) && j.LastError != "" {
+		if v.Info == nil {
+			v.Info = map[string]any{}
+		}
+		v.Info["error"] = RedactText(j.LastError)
+	}
+	return v
+}
+
+// seqEncode shows a stored sequence as CouchDB's seq_encode: a JSON string
+// as is, anything else JSON-encoded into a string.
+func seqEncode(s string) json.RawMessage {
+	t := strings.TrimSpace(s)
+	switch {
+	case t == "":
+		return json.RawMessage(`"0"`)
+	case t[0] == '"' && json.Valid([]byte(t)):
+		return json.RawMessage(t)
+	}
+	b, _ := json.Marshal(t)
+	return b
+}
+
+func statsJSON(st *Stats) map[string]any {
+	if st == nil {
+		return nil
+	}
+	m := map[string]any{
+		"revisions_checked":       st.RevisionsChecked,
+		"missing_revisions_found": st.MissingRevisionsFound,
+		"docs_read":               st.DocsRead,
+		"docs_written":            st.DocsWritten,
+		"doc_write_failures":      st.DocWriteFailures,
+		"bulk_get_docs":           st.BulkGetDocs,
+		"bulk_get_attempts":       st.BulkGetAttempts,
+		"changes_pending":         st.ChangesPending,
+		"checkpointed_source_seq": seqEncode(st.CheckpointedSourceSeq),
+		"source_seq":              seqEncode(st.SourceSeq),
+		"through_seq":             seqEncode(st.ThroughSeq),
+	}
+	return m
+}
+
+// docStates are the states _scheduler/docs filters on (CouchDB's
+// ?REPLICATION_STATES); initializing and error never occur here (they are
+// folded into pending and crashing) but are accepted.
+var docStates = []string{"initializing", "error", "pending", "running", "crashing", "completed", "failed"}
+
+func parseStates(q url.Values) (map[string]bool, error) {
+	raw := q.Get("states")
+	if raw == "" {
+		return nil, nil
+	}
+	want := map[string]bool{}
+	var unknown []string
+	for _, st := range strings.Split(raw, ",") {
+		st = strings.TrimSpace(st)
+		known := false
+		for _, d := range docStates {
+			known = known || d == st
+		}
+		if !known {
+			unknown = append(unknown, strconv.Quote(st))
+			continue
+		}
+		want[st] = true
+	}
+	if len(unknown) > 0 {
+		return nil, errorf(http.StatusBadRequest, "query_parse_error", "Unknown states %s. States must be one or more of %s", strings.Join(unknown, ","), strings.Join(docStates, ","))
+	}
+	return want, nil
+}
+
+// splitDocsPath splits the path after /_scheduler/docs/ into a _replicator
+// database and a document id. The database may contain "/" written as is
+// ("other/_replicator/doc") or escaped ("other%2F_replicator/doc").
+func splitDocsPath(rest string) (db, docID string, err error) {
+	segs := strings.Split(rest, "/")
+	for i, seg := range segs {
+		u, err := url.PathUnescape(seg)
+		if err != nil {
+			return "", "", errorf(http.StatusBadRequest, "bad_request", "invalid path segment %q", seg)
+		}
+		if db == "" {
+			db = u
+		} else {
+			db += "/" + u
+		}
+		if db == "_replicator" || strings.HasSuffix(db, "/_replicator") {
+			tail := segs[i+1:]
+			for j := range tail {
+				if tail[j], err = url.PathUnescape(tail[j]); err != nil {
+					return "", "", errorf(http.StatusBadRequest, "bad_request", "invalid path segment %q", segs[i+1+j])
+				}
+			}
+			return db, strings.Join(tail, "/"), nil
+		}
+	}
+	return "", "", errorf(http.StatusBadRequest, "bad_request", "%s is not a _replicator database (its name must be _replicator or end with /_replicator)", db)
+}
+
+// schedulerDocs is GET /_scheduler/docs[/{db}[/{docid}]].
+func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest string) error {
+	var db, docID string
+	if rest != "" {
+		var err error
+		if db, docID, err = splitDocsPath(rest); err != nil {
+			return err
+		}
+	}
+	pg, err := parsePaging(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	states, err := parseStates(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	all, err := s.store.List(r.Context())
+	if err != nil {
+		return err
+	}
+	var docs []*Job
+	for _, j := range all {
+		if j.Transient || (db != "" && j.Database != db) {
+			continue
+		}
+		if docID != "" {
+			if j.DocID == docID {
+				writeJSON(w, http.StatusOK, docView(j))
+				return nil
+			}
+			continue
+		}
+		if states != nil && !states[j.State] {
+			continue
+		}
+		docs = append(docs, j)
+	}
+	if docID != "" {
+		return errorf(http.StatusNotFound, "not_found", "no replication document %s in %s", docID, db)
+	}
+	sort.Slice(docs, func(a, b int) bool {
+		if docs[a].Database != docs[b].Database {
+			return docs[a].Database < docs[b].Database
+		}
+		return docs[a].DocID < docs[b].DocID
+	})
+	lo, hi := pg.apply(len(docs))
+	out := make([]map[string]any, 0, hi-lo)
+	for _, j := range docs[lo:hi] {
+		out = append(out, docView(j))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total_rows": len(docs), "offset": lo, "docs": out})
+	return nil
+}
+
+// docView is a _scheduler/docs entry (couch_replicator job_summary and
+// info_from_doc): scheduled jobs show node and proxies, finished ones have
+// "id": null and no node.
+func docView(j *Job) map[string]any {
+	v := map[string]any{
+		"database":     j.Database,
+		"doc_id":       j.DocID,
+		"id":           strOrNil(j.RepID),
+		"source":       RedactURL(j.Source),
+		"target":       RedactURL(j.Target),
+		"state":        j.State,
+		"error_count":  j.ErrorCount,
+		"info":         statsJSON(j.Stats),
+		"start_time":   timeOrNil(j.CreatedAt),
+		"last_updated": timeOrNil(j.LastUpdated),
+	}
+	switch j.State {
+	case StateCompleted, StateFailed:
+		v["id"] = nil
+		if j.State == StateFailed {
+			v["info"] = map[string]any{"error": RedactText(j.LastError)}
+			if j.ErrorCount == 0 {
+				v["error_count"] = 1
+			}
+		}
+	default:
+		v["node"] = strOrNil(j.Node)
+		v["source_proxy"] = strOrNil(RedactURL(j.SourceProxy))
+		v["target_proxy"] = strOrNil(RedactURL(j.TargetProxy))
+		if j.State == StateCrashing {
+			v["info"] = map[string]any{"error": RedactText(j.LastError)}
+		}
+	}
+	return v
+}
+
+// activeTasks is GET /_active_tasks: the running replications of every
+// node sharing the store.
+func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) error {
+	all, err := s.store.List(r.Context())
+	if err != nil {
+		return err
+	}
+	var running []*Job
+	for _, j := range all {
+		if j.State == StateRunning {
+			running = append(running, j)
+		}
+	}
+	sort.Slice(running, func(a, b int) bool { return shownID(running[a]) < shownID(running[b]) })
+	out := make([]map[string]any, 0, len(running))
+	for _, j := range running {
+		t := statsJSON(j.Stats)
+		if t == nil {
+			t = statsJSON(&Stats{})
+		}
+		t["type"] = "replication"
+		t["user"] = strOrNil(j.User)
+		t["replication_id"] = shownID(j)
+		t["database"], t["doc_id"] = nil, nil
+		if !j.Transient {
+			t["database"], t["doc_id"] = j.Database, j.DocID
+		}
+		t["source"], t["target"] = RedactURL(j.Source), RedactURL(j.Target)
+		t["continuous"] = j.Continuous
+		t["checkpoint_interval"] = j.CheckpointInterval.Milliseconds()
+		t["pid"] = "<" + j.JobID + "@" + j.Node + ">"
+		t["process_status"] = "waiting"
+		t["node"] = j.Node
+		started := j.LastStarted
+		if started.IsZero() {
+			started = j.CreatedAt
+		}
+		t["started_on"] = started.Unix()
+		t["updated_on"] = j.LastUpdated.Unix()
+		out = append(out, t)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
