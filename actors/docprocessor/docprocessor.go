@@ -21,7 +21,6 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/docproc"
-	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -67,7 +66,7 @@ func (a *docProcessor) enabled() bool {
 }
 
 func (a *docProcessor) start(ctx actor.Context) {
-	if !a.enabled() {
+	if !a.enabled() || a.deps.RepJobs == nil {
 		a.log.Debug().Msg("not an api_frontend node or nothing to watch: idle")
 		return
 	}
@@ -76,7 +75,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 		Servers:            cfg.Couchrep.Watch,
 		Node:               a.deps.NodeName(),
 		Store:              a.deps.Store,
-		Jobs:               docproc.RepJobs{Store: a.repJobs()},
+		Jobs:               docproc.RepJobs{Store: a.deps.RepJobs},
 		Logger:             a.log,
 		PollInterval:       cfg.Replicator.Interval / 2,
 		CreateReplicatorDB: cfg.Replicator.CreateReplicatorDB,
@@ -95,15 +94,6 @@ func (a *docProcessor) start(ctx actor.Context) {
 		}
 	}()
 	a.log.Info().Strs("watch", cfg.Couchrep.Watch).Msg("doc processor started")
-}
-
-// repJobs is the replication job store over the node's queue.
-func (a *docProcessor) repJobs() *repjob.Store {
-	return repjob.New(a.deps.Jobs, a.deps.Store, repjob.Options{
-		Logger:     a.log,
-		ServerUUID: a.deps.Config.CouchDB.UUID,
-		Shares:     a.deps.Config.Shares,
-	})
 }
 
 func (a *docProcessor) stop() {
