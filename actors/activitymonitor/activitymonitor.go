@@ -1,9 +1,18 @@
-// Package activitymonitor is the activity_monitor actor: it re-enqueues jobs whose worker went silent past their type's activity timeout.
+// Package activitymonitor is the activity_monitor actor: it re-enqueues jobs
+// whose worker went silent past their type's activity timeout (a node that
+// died, a job actor that hangs). It wraps jobs.Monitor, whose checks are
+// transactions that re-check each job, so it is safe on every node at once.
 package activitymonitor
 
 import (
+	"context"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -11,7 +20,51 @@ import (
 const Name = "activity_monitor"
 
 // Spec returns the actor's child spec in the node's supervision tree.
-// (A placeholder until the actor is built: it starts, stops and can be killed.)
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+	return supervisor.ChildSpec{Name: Name, Props: Props(deps.Jobs, deps.RepJobs, deps.Logger, jobs.MonitorOptions{})}
+}
+
+// Props returns the actor's props: it runs queue's activity monitor with
+// opts, after registering the replication job type (if store is set) so that
+// its timeout is known from the start.
+func Props(queue *jobs.Queue, store *repjob.Store, log zerolog.Logger, opts jobs.MonitorOptions) *actor.Props {
+	return actors.Props(func() actor.Actor {
+		return &monitor{q: queue, store: store, opts: opts, log: log.With().Str("actor", Name).Logger()}
+	})
+}
+
+type monitor struct {
+	q      *jobs.Queue
+	store  *repjob.Store
+	opts   jobs.MonitorOptions
+	log    zerolog.Logger
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (m *monitor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started:
+		if m.q == nil {
+			return
+		}
+		c, cancel := context.WithCancel(context.Background())
+		m.cancel, m.done = cancel, make(chan struct{})
+		go func() {
+			defer close(m.done)
+			if m.store != nil {
+				if err := m.store.Init(c); err != nil && c.Err() == nil {
+					m.log.Warn().Err(err).Msg("activity monitor: register replication job type")
+				}
+			}
+			if err := m.q.NewMonitor(m.opts).Run(c); err != nil {
+				m.log.Warn().Err(err).Msg("activity monitor stopped")
+			}
+		}()
+		m.log.Debug().Msg("activity monitor started")
+	case *actor.Stopping:
+		if m.cancel != nil {
+			m.cancel()
+		}
+	}
 }

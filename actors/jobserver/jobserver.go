@@ -2,13 +2,31 @@
 // replication jobs from the shared queue (up to max_jobs on this node) and
 // starts one replication job actor per job under jobs_sup
 // (simple_one_for_one, temporary children).
+//
+// The acceptor waits in the queue (repjob.Store.Accept with wait: woken by
+// the queue's watches, not by polling) only while this node has a free slot;
+// each accepted job runs in a replication job actor started with
+// supervisor.StartChild. The slot count lives with the job server's spec, not
+// in the acceptor, so a killed and restarted acceptor still knows how many
+// jobs run here; a job actor gives its slot back when it stops, however it
+// stops. On nodes without the replication node type the acceptor accepts
+// nothing.
 package jobserver
 
 import (
+	"context"
+	"errors"
+	"sync"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/actors/replicationjob"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -38,8 +56,197 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 						Children:    []supervisor.ChildSpec{{Name: "replication_job", Restart: supervisor.Temporary}},
 					},
 				},
-				{Name: Acceptor, Props: placeholder.Props(Acceptor, deps.Logger)},
+				{Name: Acceptor, Props: AcceptorProps(deps, NewSlots())},
 			},
 		},
+	}
+}
+
+// Slots counts the jobs running on this node against max_jobs. It is safe
+// for concurrent use.
+type Slots struct {
+	mu      sync.Mutex
+	running int
+	paused  bool
+	wake    chan struct{}
+}
+
+// NewSlots returns a slot count with nothing running.
+func NewSlots() *Slots { return &Slots{wake: make(chan struct{})} }
+
+// Running returns how many slots are taken.
+func (s *Slots) Running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running
+}
+
+// SetPaused stops (or resumes) handing out slots: a drained node.
+func (s *Slots) SetPaused(p bool) {
+	s.mu.Lock()
+	s.paused = p
+	s.broadcastLocked()
+	s.mu.Unlock()
+}
+
+// Wake makes waiting acquirers re-read max (after a policy change).
+func (s *Slots) Wake() {
+	s.mu.Lock()
+	s.broadcastLocked()
+	s.mu.Unlock()
+}
+
+func (s *Slots) broadcastLocked() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// Acquire waits for a free slot (fewer than max() running) and takes it.
+func (s *Slots) Acquire(ctx context.Context, max func() int) error {
+	for {
+		s.mu.Lock()
+		if !s.paused && s.running < max() {
+			s.running++
+			s.mu.Unlock()
+			return nil
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wake:
+		}
+	}
+}
+
+// Releaser returns the function that gives one taken slot back; calling it
+// more than once releases once.
+func (s *Slots) Releaser() func() {
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			s.running--
+			s.broadcastLocked()
+			s.mu.Unlock()
+		})
+	}
+}
+
+// AcceptorOptions tune the acceptor (tests).
+type AcceptorOptions struct {
+	// JobOptions adjusts each job actor's options before it starts.
+	JobOptions func(*replicationjob.Options)
+	// NoJitter starts jobs without startup_jitter.
+	NoJitter bool
+}
+
+// AcceptorProps returns the acceptor's props; slots must outlive the
+// acceptor (one per job server).
+func AcceptorProps(deps actors.Deps, slots *Slots, opts ...AcceptorOptions) *actor.Props {
+	var o AcceptorOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	return actors.Props(func() actor.Actor {
+		return &acceptor{deps: deps, slots: slots, o: o, log: deps.Logger.With().Str("actor", Acceptor).Logger()}
+	})
+}
+
+type acceptor struct {
+	deps   actors.Deps
+	slots  *Slots
+	o      AcceptorOptions
+	log    zerolog.Logger
+	cancel context.CancelFunc
+}
+
+func (a *acceptor) Receive(ctx actor.Context) {
+	switch ctx.Message().(type) {
+	case *actor.Started:
+		if !a.deps.Config.HasNodeType(config.NodeTypeReplication) || a.deps.RepJobs == nil {
+			a.log.Info().Msg("acceptor: not a replication node, accepting no jobs")
+			return
+		}
+		c, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		go a.loop(c, ctx.ActorSystem())
+	case *messages.DrainRequest:
+		a.slots.SetPaused(true)
+		if ctx.Sender() != nil {
+			ctx.Respond(&messages.DrainResponse{})
+		}
+	case *messages.UndrainRequest:
+		a.slots.SetPaused(false)
+		if ctx.Sender() != nil {
+			ctx.Respond(&messages.UndrainResponse{})
+		}
+	case *actor.Stopping:
+		if a.cancel != nil {
+			a.cancel()
+		}
+	}
+}
+
+// loop accepts jobs while there are free slots, until ctx ends.
+func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
+	store := a.deps.RepJobs
+	jobsSup := a.deps.PID(Name + "/" + JobsSup)
+	maxJobs := func() int { return store.Policy().MaxJobs }
+	retry := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		if err := a.slots.Acquire(ctx, maxJobs); err != nil {
+			return
+		}
+		release := a.slots.Releaser()
+		run, err := store.Accept(ctx, true)
+		if err != nil {
+			release()
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn().Err(err).Dur("retry_in", retry).Msg("acceptor: accept failed")
+			if !sleep(ctx, retry) {
+				return
+			}
+			retry = min(retry*2, 10*time.Second)
+			continue
+		}
+		retry = 100 * time.Millisecond
+		jo := replicationjob.Options{
+			Store: store, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
+			Logger: a.deps.Logger, Scheduler: a.deps.PID("scheduler"), Released: release,
+		}
+		if !a.o.NoJitter {
+			jo.StartupDelay = store.Policy().StartupDelay(nil)
+		}
+		if a.o.JobOptions != nil {
+			a.o.JobOptions(&jo)
+		}
+		name := replicationjob.Name(run.ID())
+		if _, err := supervisor.StartChild(ctx, system, jobsSup, name, replicationjob.Props(run, jo)); err != nil {
+			release()
+			a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if serr := run.Stop(c); serr != nil && !repjob.IsLost(serr) {
+				a.log.Warn().Err(serr).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
+			}
+			cancel()
+			if errors.Is(err, supervisor.ErrAlreadyStarted) && !sleep(ctx, retry) {
+				return
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }

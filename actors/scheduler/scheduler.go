@@ -1,9 +1,33 @@
-// Package scheduler is the scheduler actor: fair-share priorities, backoff and the periodic rotation decisions (max_jobs, max_churn, interval) for this node's jobs.
+// Package scheduler is the scheduler actor: fair-share priorities, backoff
+// and the periodic rotation decisions (max_jobs, max_churn, interval) for
+// this node's jobs.
+//
+// Replication job actors register with it when they start (a
+// ReplicationJobEvent request); it watches them and forgets them when they
+// stop. Every interval it counts the due pending jobs in the queue (bounded
+// by max_jobs + max_churn, so the work does not grow with the queue),
+// removes expired finished transient jobs, and asks scheduler.Rotate which of
+// this node's longest-running continuous jobs to stop; those get a
+// StopReplicationJobRequest, checkpoint, and go back to the queue with a
+// fresh fair-share deadline, and the acceptor fills the freed slots. One-shot
+// jobs are never rotated out. It also changes shares and max_jobs/max_churn
+// at run time (SetSharesRequest, SetConfigRequest).
 package scheduler
 
 import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/repjob"
+	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/share"
+	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -11,7 +35,212 @@ import (
 const Name = "scheduler"
 
 // Spec returns the actor's child spec in the node's supervision tree.
-// (A placeholder until the actor is built: it starts, stops and can be killed.)
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+	return supervisor.ChildSpec{Name: Name, Props: Props(deps.RepJobs, deps.Logger, Options{
+		Disabled: !deps.Config.HasNodeType(config.NodeTypeReplication) || deps.RepJobs == nil,
+	})}
+}
+
+// Options tune the scheduler actor.
+type Options struct {
+	// Clock tells the time; nil is the system clock.
+	Clock sched.Clock
+	// Manual disables the interval timer: ticks come only from Tick
+	// messages (tests).
+	Manual bool
+	// Disabled makes the actor do nothing but answer (non-replication nodes).
+	Disabled bool
+}
+
+// Tick makes the scheduler reschedule now (the timer sends it every
+// interval).
+type Tick struct{}
+
+// TickDone is published on the event stream after each reschedule.
+type TickDone struct {
+	// Pending is the (bounded) count of due pending jobs seen.
+	Pending int
+	// Running is how many jobs ran here when the decision was taken.
+	Running int
+	// Stopped are the jobs asked to stop.
+	Stopped []string
+}
+
+type pendingCount struct {
+	n   int
+	err error
+}
+
+type entry struct {
+	pid        *actor.PID
+	continuous bool
+	started    time.Time
+	stopping   bool
+}
+
+// Props returns the scheduler actor's props.
+func Props(store *repjob.Store, log zerolog.Logger, o Options) *actor.Props {
+	return actors.Props(func() actor.Actor {
+		if o.Clock == nil {
+			o.Clock = sched.SystemClock{}
+		}
+		return &schedActor{store: store, o: o, log: log.With().Str("actor", Name).Logger(),
+			running: map[string]*entry{}, byPID: map[string]string{}}
+	})
+}
+
+type schedActor struct {
+	store   *repjob.Store
+	o       Options
+	log     zerolog.Logger
+	running map[string]*entry
+	byPID   map[string]string
+	cancel  context.CancelFunc
+	busy    bool
+	ticks   int64
+	rotated int64
+}
+
+func (a *schedActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		c, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		if !a.o.Manual && !a.o.Disabled {
+			go a.timer(c, ctx.ActorSystem(), ctx.Self())
+		}
+	case *actor.Stopping:
+		if a.cancel != nil {
+			a.cancel()
+		}
+	case *messages.ReplicationJobEvent:
+		if ctx.Sender() == nil || m.GetState() != messages.ReplicationState_REPLICATION_STATE_RUNNING {
+			return
+		}
+		started := a.o.Clock.Now()
+		if old, ok := a.running[m.GetJobId()]; ok {
+			delete(a.byPID, old.pid.String())
+		}
+		a.running[m.GetJobId()] = &entry{pid: ctx.Sender(), continuous: m.GetContinuous(), started: started}
+		a.byPID[ctx.Sender().String()] = m.GetJobId()
+		ctx.Watch(ctx.Sender())
+	case *actor.Terminated:
+		key := m.GetWho().String()
+		if id, ok := a.byPID[key]; ok {
+			delete(a.byPID, key)
+			if e := a.running[id]; e != nil && e.pid.String() == key {
+				delete(a.running, id)
+			}
+		}
+	case Tick, *Tick:
+		a.tick(ctx)
+	case pendingCount:
+		a.decide(ctx, m)
+	case *messages.SchedulerStatusRequest:
+		p := a.store.Policy()
+		resp := &messages.SchedulerStatusResponse{MaxJobs: int32(p.MaxJobs), MaxChurn: int32(p.MaxChurn),
+			Ticks: a.ticks, Rotated: a.rotated}
+		for id, e := range a.running {
+			if !e.stopping {
+				resp.Running = append(resp.Running, id)
+			}
+		}
+		sort.Strings(resp.Running)
+		ctx.Respond(resp)
+	case *messages.GetSharesRequest:
+		ctx.Respond(&messages.GetSharesResponse{Shares: toU32(a.store.Shares()), DefaultShares: share.DefaultShares})
+	case *messages.SetSharesRequest:
+		in := map[string]int{}
+		for k, v := range m.GetShares() {
+			in[k] = int(v)
+		}
+		kept := a.store.SetShares(in)
+		a.log.Info().Interface("shares", kept).Msg("scheduler: shares changed")
+		ctx.Respond(&messages.SetSharesResponse{Shares: toU32(kept), DefaultShares: share.DefaultShares})
+	case *messages.SetConfigRequest:
+		p := a.store.Policy()
+		if m.MaxJobs != nil {
+			p.MaxJobs = int(m.GetMaxJobs())
+		}
+		if m.MaxChurn != nil {
+			p.MaxChurn = int(m.GetMaxChurn())
+		}
+		if err := a.store.SetPolicy(p); err != nil {
+			a.log.Warn().Err(err).Msg("scheduler: config change refused")
+		}
+		p = a.store.Policy()
+		ctx.Respond(&messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)})
+	}
+}
+
+func toU32(m map[string]int) map[string]uint32 {
+	out := make(map[string]uint32, len(m))
+	for k, v := range m {
+		out[k] = uint32(v)
+	}
+	return out
+}
+
+// timer sends Tick every interval (re-read each time: it can change).
+func (a *schedActor) timer(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
+	for {
+		t := time.NewTimer(a.store.Policy().Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+			system.Root.Send(self, Tick{})
+		}
+	}
+}
+
+// tick counts the pending jobs in a goroutine (store I/O never runs in
+// Receive); decide acts on the count.
+func (a *schedActor) tick(ctx actor.Context) {
+	if a.busy || a.o.Disabled {
+		return
+	}
+	a.busy = true
+	p := a.store.Policy()
+	limit := p.MaxJobs + p.MaxChurn
+	store, self, system := a.store, ctx.Self(), ctx.ActorSystem()
+	go func() {
+		c, cancel := context.WithTimeout(context.Background(), p.Interval+10*time.Second)
+		defer cancel()
+		if n, err := store.CleanupTransient(c); err != nil {
+			a.log.Warn().Err(err).Msg("scheduler: transient job cleanup failed")
+		} else if n > 0 {
+			a.log.Info().Int("removed", n).Msg("scheduler: removed expired transient jobs")
+		}
+		n, err := store.PendingCount(c, limit)
+		system.Root.Send(self, pendingCount{n: n, err: err})
+	}()
+}
+
+func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
+	a.busy = false
+	a.ticks++
+	if pc.err != nil {
+		a.log.Warn().Err(pc.err).Msg("scheduler: pending count failed")
+		return
+	}
+	running := make([]sched.RunningJob, 0, len(a.running))
+	for id, e := range a.running {
+		if e.stopping {
+			continue
+		}
+		running = append(running, sched.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
+	}
+	d := sched.Rotate(running, pc.n, a.store.Policy(), a.o.Clock.Now())
+	for _, id := range d.Stop {
+		e := a.running[id]
+		e.stopping = true
+		ctx.Send(e.pid, &messages.StopReplicationJobRequest{JobId: id, Reason: "rotation"})
+	}
+	a.rotated += int64(len(d.Stop))
+	if len(d.Stop) > 0 {
+		a.log.Debug().Int("pending", pc.n).Int("running", len(running)).Strs("stopped", d.Stop).Msg("scheduler: rotated")
+	}
+	ctx.ActorSystem().EventStream.Publish(&TickDone{Pending: pc.n, Running: len(running), Stopped: d.Stop})
 }

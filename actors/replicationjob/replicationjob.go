@@ -1,0 +1,394 @@
+// Package replicationjob is the replication job actor: one per job running
+// on this node, a temporary child of job_server/jobs_sup. It runs the
+// replication engine (internal/replication) in a goroutine under a context,
+// never in Receive, records progress in the job store at every checkpoint and
+// at least twice per activity timeout, and ends the run in the store when the
+// engine returns: completed, crashed (backoff), failed, or stopped cleanly
+// (rotation, shutdown, kill). It stops at once, writing nothing more, when
+// the store says the job was taken away (jobs.ErrWorkerConflict) or removed
+// (jobs.ErrCanceled).
+//
+// It registers with the scheduler actor (a ReplicationJobEvent request; the
+// scheduler watches it and may send StopReplicationJobRequest) and publishes
+// a ReplicationJobEvent on the actor system's event stream at every state
+// change.
+package replicationjob
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// Options are a job actor's collaborators.
+type Options struct {
+	// Store is the replication job store.
+	Store *repjob.Store
+	// Node is this node's name, recorded in the job.
+	Node string
+	// ServerUUID is [couchdb] uuid (replication ids).
+	ServerUUID string
+	// Logger receives the job's logs.
+	Logger zerolog.Logger
+	// Scheduler is the scheduler actor to register with; nil skips it.
+	Scheduler *actor.PID
+	// StartupDelay is waited before the job does any work
+	// (startup_jitter); zero starts at once.
+	StartupDelay time.Duration
+	// HTTPClient, if set, gives the client for the job's endpoints: the
+	// hook for the node's connection_pool (nil: the engine's own pool).
+	HTTPClient func(p replication.Params) *http.Client
+	// Limiter, if set, is the node's shared rate limiter (rate_limiter).
+	Limiter couch.Limiter
+	// Released is called once when the actor has stopped (the acceptor's
+	// slot accounting).
+	Released func()
+	// Engine overrides how the replication runs (tests, benchmarks); nil
+	// runs replication.New(params, opts).Run.
+	Engine func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error)
+}
+
+// Name is the child name of the actor running job jobID under jobs_sup:
+// "job-" and 16 hex digits of its SHA-1 (job ids may contain "/").
+func Name(jobID string) string {
+	sum := sha1.Sum([]byte(jobID))
+	return "job-" + hex.EncodeToString(sum[:8])
+}
+
+// Props returns the props of the actor running run.
+func Props(run *repjob.Run, o Options) *actor.Props {
+	return actors.Props(func() actor.Actor {
+		return &jobActor{run: run, o: o, log: o.Logger.With().Str("job_id", run.ID()).Logger()}
+	})
+}
+
+// outcome is what the job goroutine reports when it is done.
+type outcome struct{ err error }
+
+type jobActor struct {
+	run     *repjob.Run
+	o       Options
+	log     zerolog.Logger
+	cancel  context.CancelFunc
+	stopReq chan string
+	done    chan struct{}
+	release sync.Once
+}
+
+func (a *jobActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		rec := a.run.Record()
+		a.stopReq = make(chan string, 1)
+		a.done = make(chan struct{})
+		c, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		if a.o.Scheduler != nil {
+			ctx.Request(a.o.Scheduler, &messages.ReplicationJobEvent{
+				JobId: a.run.ID(), RepId: rec.RepId, Kind: rec.Kind, State: messages.ReplicationState_REPLICATION_STATE_RUNNING,
+				Node: a.o.Node, Continuous: rec.Continuous, StartedAt: timestamppb.Now(),
+			})
+		}
+		self, system := ctx.Self(), ctx.ActorSystem()
+		go func() {
+			err := a.work(c, system)
+			close(a.done)
+			system.Root.Send(self, outcome{err: err})
+		}()
+	case *messages.StopReplicationJobRequest:
+		select {
+		case a.stopReq <- m.GetReason():
+		default:
+		}
+		if ctx.Sender() != nil {
+			ctx.Respond(&messages.StopReplicationJobResponse{JobId: a.run.ID()})
+		}
+	case outcome:
+		if m.err != nil {
+			a.log.Warn().Err(m.err).Msg("replication job: store write failed")
+		}
+		supervisor.Exit(ctx, nil)
+	case *actor.Stopping:
+		if a.cancel != nil {
+			a.cancel() // the goroutine stops the job cleanly in the background
+		}
+	case *actor.Stopped:
+		a.release.Do(func() {
+			if a.o.Released != nil {
+				a.o.Released()
+			}
+		})
+	}
+}
+
+// work runs the job until it ends and records how; it returns only store
+// errors that could not be recorded.
+func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem) error {
+	run := a.run
+	if a.o.StartupDelay > 0 {
+		t := time.NewTimer(a.o.StartupDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		case <-t.C:
+		}
+	}
+	if err := run.Start(ctx, a.o.Node); err != nil {
+		if repjob.IsLost(err) || ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	rec := run.Record()
+	a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_RUNNING, "", nil)
+
+	p, err := replication.ParseParams(rec.Body)
+	if err != nil {
+		return a.fail(system, err.Error())
+	}
+	p, err = a.withFilterCode(ctx, p)
+	if err != nil {
+		if ctx.Err() != nil {
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		}
+		if errors.Is(err, replication.ErrFilterFetch) && errors.Is(err, couch.ErrNotFound) {
+			return a.fail(system, err.Error())
+		}
+		return a.crash(system, err.Error())
+	}
+	base, ext, err := replication.ID(p, a.o.ServerUUID)
+	if err != nil {
+		return a.fail(system, err.Error())
+	}
+	changed, err := run.ClaimRepID(ctx, base, ext, p.FilterCode)
+	var dup *repjob.Duplicate
+	switch {
+	case errors.As(err, &dup):
+		if dup.OwnerKind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
+			return a.fail(system, dup.Error())
+		}
+		return a.crash(system, dup.Error())
+	case err != nil:
+		if repjob.IsLost(err) || ctx.Err() != nil {
+			return nil
+		}
+		return a.crash(system, err.Error())
+	}
+	if changed {
+		a.log.Info().Str("replication_id", base+ext).Msg("replication job: filter changed, new replication id")
+	}
+	return a.replicate(ctx, system, p)
+}
+
+// withFilterCode fetches a named filter's code from the source, so that the
+// replication id reflects the filter as it is now.
+func (a *jobActor) withFilterCode(ctx context.Context, p replication.Params) (replication.Params, error) {
+	if p.Filter == "" || strings.HasPrefix(p.Filter, "_") {
+		return p, nil
+	}
+	raw, err := json.Marshal(endpointJSON(p.Source))
+	if err != nil {
+		return p, err
+	}
+	ep, err := couch.ParseEndpoint(json.RawMessage(raw))
+	if err != nil {
+		return p, fmt.Errorf("%w: source: %w", replication.ErrInvalidParams, err)
+	}
+	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest}
+	if a.o.HTTPClient != nil {
+		opts.HTTPClient = a.o.HTTPClient(p)
+	}
+	code, err := replication.FetchFilterCode(ctx, couch.NewDB(ep, opts), p.Filter)
+	if err != nil {
+		return p, err
+	}
+	return p.WithFilterCode(code), nil
+}
+
+func endpointJSON(ep replication.EndpointParams) map[string]any {
+	m := map[string]any{"url": ep.URL}
+	if len(ep.Headers) > 0 {
+		h := map[string]any{}
+		for _, x := range ep.Headers {
+			h[x.Name] = x.Value
+		}
+		m["headers"] = h
+	}
+	if ep.HasBasic {
+		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
+	}
+	return m
+}
+
+// replicate runs the engine and records its progress and outcome.
+func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, p replication.Params) error {
+	run := a.run
+	progress := make(chan replication.Stats, 1)
+	every := a.o.Store.ActivityTimeout() / 2
+	o := replication.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
+		OnProgress: func(s replication.Stats) {
+			select {
+			case <-progress:
+			default:
+			}
+			progress <- s
+		}}
+	if a.o.HTTPClient != nil {
+		o.HTTPClient = a.o.HTTPClient(p)
+	}
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	resCh := make(chan engineResult, 1)
+	engine := a.o.Engine
+	if engine == nil {
+		engine = func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
+			return replication.New(p, o).Run(ctx)
+		}
+	}
+	go func() {
+		res, err := engine(runCtx, p, o)
+		resCh <- engineResult{res, err}
+	}()
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	var last replication.Stats
+	stopped := ""
+	for {
+		select {
+		case s := <-progress:
+			last = s
+			if err := run.Progress(ctx, s); err != nil && a.lost(err, cancelRun, resCh) {
+				return nil
+			}
+		case <-ticker.C:
+			if err := run.Progress(ctx, last); err != nil && a.lost(err, cancelRun, resCh) {
+				return nil
+			}
+		case reason := <-a.stopReq:
+			stopped = reason
+			cancelRun()
+		case <-ctx.Done():
+			if stopped == "" {
+				stopped = "shutdown"
+			}
+			cancelRun()
+		case r := <-resCh:
+			return a.ended(system, p, r.res, r.err, stopped)
+		}
+	}
+}
+
+// lost reports whether err means the job was taken away; then it stops the
+// engine and waits for it.
+type engineResult struct {
+	res replication.Result
+	err error
+}
+
+func (a *jobActor) lost(err error, cancel context.CancelFunc, resCh <-chan engineResult) bool {
+	if !repjob.IsLost(err) {
+		a.log.Warn().Err(err).Msg("replication job: progress update failed")
+		return false
+	}
+	a.log.Info().Err(err).Msg("replication job: lost the job, stopping")
+	cancel()
+	<-resCh
+	return true
+}
+
+func (a *jobActor) ended(system *actor.ActorSystem, p replication.Params, res replication.Result, err error, stopped string) error {
+	run := a.run
+	switch {
+	case err == nil && stopped == "" && !p.Continuous:
+		werr := a.finalWrite(func(c context.Context) error { return run.Complete(c, res) })
+		if werr == nil {
+			rec := run.Record()
+			a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", rec.Stats)
+		}
+		return werr
+	case stopped != "" && (err == nil || errors.Is(err, context.Canceled)):
+		if err := a.finalWrite(func(c context.Context) error { return run.Stop(c) }); err != nil {
+			return err
+		}
+		rec := run.Record()
+		a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_PENDING, stopped, StatsOr(rec.Stats, res.Stats))
+		return nil
+	case err == nil:
+		// A continuous replication never ends by itself.
+		return a.crash(system, "replication ended unexpectedly")
+	case errors.Is(err, replication.ErrInvalidParams):
+		return a.fail(system, err.Error())
+	default:
+		return a.crash(system, err.Error())
+	}
+}
+
+// StatsOr returns s, or st converted when s is nil.
+func StatsOr(s *messages.ReplicationStats, st replication.Stats) *messages.ReplicationStats {
+	if s != nil {
+		return s
+	}
+	return repjob.StatsProto(st)
+}
+
+func (a *jobActor) crash(system *actor.ActorSystem, reason string) error {
+	var until time.Time
+	err := a.finalWrite(func(c context.Context) (err error) {
+		until, err = a.run.Crash(c, reason)
+		return err
+	})
+	if err == nil {
+		a.log.Warn().Str("reason", reason).Time("retry_at", until).Msg("replication job: crashed")
+		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_CRASHING, reason, nil)
+	}
+	return err
+}
+
+func (a *jobActor) fail(system *actor.ActorSystem, reason string) error {
+	err := a.finalWrite(func(c context.Context) error { return a.run.Fail(c, reason) })
+	if err == nil {
+		a.log.Warn().Str("reason", reason).Msg("replication job: failed")
+		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_FAILED, reason, nil)
+	}
+	return err
+}
+
+// finalWrite records the end of the run even when the actor is stopping:
+// under its own deadline, not the run's context. Losing the job is not an
+// error.
+func (a *jobActor) finalWrite(fn func(ctx context.Context) error) error {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fn(c); err != nil && !repjob.IsLost(err) {
+		return err
+	}
+	return nil
+}
+
+func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st messages.ReplicationState,
+	reason string, stats *messages.ReplicationStats) {
+	system.EventStream.Publish(&messages.ReplicationJobEvent{
+		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId, State: st,
+		Reason: reason, Stats: stats, Node: a.o.Node, Timestamp: timestamppb.Now(), Continuous: rec.Continuous,
+		StartedAt: rec.LastStarted,
+	})
+}

@@ -1,0 +1,263 @@
+package scheduler_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/jobserver"
+	"github.com/couchrep/couchrep/actors/replicationjob"
+	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
+	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// node is a scheduler + job server on a real queue over sqlite, with a fake
+// clock and a fake replication engine.
+type node struct {
+	store  *repjob.Store
+	clock  *sched.FakeClock
+	system *actor.ActorSystem
+	slots  *jobserver.Slots
+	events chan any
+	sched  *actor.PID
+}
+
+// engine is the fake replication: continuous jobs run until stopped,
+// one-shot ones too (they are never rotated), and crashing ones fail at
+// once.
+func engine(crash map[string]bool) func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
+	return func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
+		if crash[p.Source.URL] {
+			return replication.Result{}, fmt.Errorf("%w: could not open source", replication.ErrDBNotFound)
+		}
+		<-ctx.Done()
+		return replication.Result{}, nil
+	}
+}
+
+func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	clock := sched.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	q := jobs.New(db, jobs.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
+	store := repjob.New(q, db, repjob.Options{Clock: clock, ServerUUID: "u", Policy: p})
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	cfg := config.Default()
+	cfg.Couchrep.NodeName = "n1"
+	cfg.CouchDB.UUID = "u"
+	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store}
+	n := &node{store: store, clock: clock, system: system, slots: jobserver.NewSlots(), events: make(chan any, 10000)}
+	sub := system.EventStream.Subscribe(func(e any) {
+		switch e.(type) {
+		case *scheduler.TickDone, *messages.ReplicationJobEvent:
+			n.events <- e
+		}
+	})
+	t.Cleanup(func() { system.EventStream.Unsubscribe(sub) })
+	js := jobserver.Spec(deps)
+	js.Supervisor.Children[1].Props = jobserver.AcceptorProps(deps, n.slots, jobserver.AcceptorOptions{
+		NoJitter:   true,
+		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash) },
+	})
+	sup, err := supervisor.Start(context.Background(), system, actors.RootName, supervisor.Spec{
+		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
+		Children: []supervisor.ChildSpec{
+			{Name: scheduler.Name, Props: scheduler.Props(store, zerolog.Nop(), scheduler.Options{Clock: clock, Manual: true})},
+			js,
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = sup.Stop(ctx)
+	})
+	n.sched = deps.PID(scheduler.Name)
+	return n
+}
+
+// waitRunning waits for job events until want jobs run on the node (as the
+// scheduler sees them), checking max_jobs all along.
+func (n *node) waitRunning(t *testing.T, want, maxJobs int) []string {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		if r := n.slots.Running(); r > maxJobs {
+			t.Fatalf("%d jobs running, max_jobs %d", r, maxJobs)
+		}
+		st := n.status(t)
+		if len(st.Running) == want && n.slots.Running() == want {
+			return st.Running
+		}
+		select {
+		case <-n.events:
+		case <-deadline:
+			t.Fatalf("waiting for %d running jobs, have %v", want, st.Running)
+		}
+	}
+}
+
+func (n *node) status(t *testing.T) *messages.SchedulerStatusResponse {
+	t.Helper()
+	res, err := n.system.Root.RequestFuture(n.sched, &messages.SchedulerStatusRequest{}, 10*time.Second).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.(*messages.SchedulerStatusResponse)
+}
+
+func (n *node) tick(t *testing.T) *scheduler.TickDone {
+	t.Helper()
+	n.system.Root.Send(n.sched, scheduler.Tick{})
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case e := <-n.events:
+			if d, ok := e.(*scheduler.TickDone); ok {
+				return d
+			}
+		case <-deadline:
+			t.Fatal("no TickDone")
+		}
+	}
+}
+
+func TestRotationRespectsMaxJobsAndChurn(t *testing.T) {
+	p := sched.DefaultPolicy()
+	p.MaxJobs, p.MaxChurn, p.Interval = 3, 2, time.Minute
+	n := startNode(t, p, nil)
+	ctx := context.Background()
+	oneShot, err := n.store.AddTransient(ctx, []byte(`{"source":"http://a/oneshot","target":"http://b/t"}`), "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		_, err := n.store.AddTransient(ctx, fmt.Appendf(nil, `{"source":"http://a/c%d","target":"http://b/t","continuous":true}`, i), "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	running := n.waitRunning(t, 3, p.MaxJobs)
+	if !contains(running, oneShot.JobID) {
+		t.Fatalf("the one-shot job (added first) is not running: %v", running)
+	}
+	seen := map[string]bool{}
+	for round := range 6 {
+		n.clock.Advance(p.Interval)
+		d := n.tick(t)
+		if d.Pending != 4 || d.Running != 3 {
+			t.Fatalf("round %d: pending %d running %d", round, d.Pending, d.Running)
+		}
+		// 4 pending, 3 running (one one-shot): the 2 continuous jobs go.
+		if len(d.Stopped) != p.MaxChurn || contains(d.Stopped, oneShot.JobID) {
+			t.Fatalf("round %d: stopped %v", round, d.Stopped)
+		}
+		// The stopped jobs go back to the queue (a "stopped" event at this
+		// tick's time) and others fill the slots.
+		for _, id := range d.Stopped {
+			waitStopped(t, n, id, n.clock.Now())
+		}
+		running = n.waitRunning(t, 3, p.MaxJobs)
+		for _, id := range running {
+			seen[id] = true
+		}
+	}
+	if len(seen) != 7 {
+		t.Fatalf("rotation ran %d distinct jobs, want all 7", len(seen))
+	}
+	st := n.status(t)
+	if st.Rotated != int64(6*p.MaxChurn) {
+		t.Fatalf("rotated %d", st.Rotated)
+	}
+}
+
+func TestCrashingJobBacksOffAndHeals(t *testing.T) {
+	p := sched.DefaultPolicy()
+	p.MaxJobs, p.MinBackoff, p.MaxBackoff, p.HealthThreshold = 2, 20*time.Millisecond, 80*time.Millisecond, time.Minute
+	crash := map[string]bool{"http://a/bad/": true}
+	n := startNode(t, p, crash)
+	ctx := context.Background()
+	r, err := n.store.AddTransient(ctx, []byte(`{"source":"http://a/bad","target":"http://b/t","continuous":true}`), "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Duration{20 * time.Millisecond, 40 * time.Millisecond, 80 * time.Millisecond, 80 * time.Millisecond}
+	var after uint64
+	for i, backoff := range want {
+		rec := waitCrash(t, n, r.JobID, &after, int32(i+1))
+		crashedAt := rec.History()[0].At
+		if got := rec.ScheduledAt.Sub(crashedAt); got != backoff {
+			t.Fatalf("crash %d: backoff %v, want %v", i+1, got, backoff)
+		}
+		if !strings.Contains(rec.LastError, "could not open source") {
+			t.Fatalf("crash %d: reason %q", i+1, rec.LastError)
+		}
+		n.clock.Advance(backoff) // the acceptor takes it again
+	}
+	// (Healing after health_threshold is tested in internal/repjob.)
+}
+
+func waitCrash(t *testing.T, n *node, id string, after *uint64, crashes int32) *repjob.Record {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		rec, err := n.store.WaitChange(ctx, id, *after)
+		if err != nil {
+			t.Fatalf("waiting for crash %d: %v", crashes, err)
+		}
+		*after = rec.Version
+		if rec.State() == messages.ReplicationState_REPLICATION_STATE_CRASHING && rec.ErrorCount == crashes {
+			return rec
+		}
+	}
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func waitStopped(t *testing.T, n *node, id string, at time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var after uint64
+	for {
+		rec, err := n.store.WaitChange(ctx, id, after)
+		if err != nil {
+			t.Fatalf("waiting for %s to stop: %v", id, err)
+		}
+		after = rec.Version
+		for _, e := range rec.History() {
+			if e.Type == sched.EventStopped && e.At.Equal(at) {
+				return
+			}
+		}
+	}
+}
