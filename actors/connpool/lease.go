@@ -1,0 +1,226 @@
+package connpool
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// Lease is an owner's share of the node's connection pool: an *http.Client
+// that sends at most Max concurrent requests to each endpoint (scheme, host
+// and port, as CouchDB's pool keys connections) over the pool's shared
+// transport. A request holds its slot until its response body is closed;
+// further requests wait for a slot (first come, first served) or for their
+// context. Acquire and release of slots never go through the actor.
+//
+// A Lease ends when its owner releases it or when the owner actor dies (the
+// pool watches it): requests waiting for a slot or in flight are cancelled
+// and later ones fail with ErrReleased.
+type Lease struct {
+	owner *actor.PID
+	max   int
+	tr    http.RoundTripper
+	pool  *counters // the incarnation's counters (nil-safe)
+
+	ctx    context.Context // done when the lease ends
+	cancel context.CancelCauseFunc
+	client *http.Client
+
+	mu        sync.Mutex
+	endpoints map[string]*slots
+	notify    func(*Lease) // tells the actor about Release; set once
+	released  atomic.Bool
+}
+
+// slots bounds the requests of one lease to one endpoint.
+type slots struct {
+	sem      chan struct{}
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	total    atomic.Uint64
+}
+
+func newLease(owner *actor.PID, max int, tr http.RoundTripper, c *counters, notify func(*Lease)) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	l := &Lease{owner: owner, max: max, tr: tr, pool: c, ctx: ctx, cancel: cancel,
+		endpoints: map[string]*slots{}, notify: notify}
+	l.client = &http.Client{Transport: l}
+	return l
+}
+
+// Client returns the lease's HTTP client. It stays usable across restarts of
+// the connection_pool actor; it stops working when the lease ends.
+func (l *Lease) Client() *http.Client { return l.client }
+
+// Owner is the actor the lease belongs to.
+func (l *Lease) Owner() *actor.PID { return l.owner }
+
+// Max is the most concurrent requests the lease sends to one endpoint
+// (http_connections).
+func (l *Lease) Max() int { return l.max }
+
+// Done is closed when the lease ends (released, or its owner died).
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err is nil while the lease is live, then ErrReleased or ErrOwnerDied.
+func (l *Lease) Err() error { return context.Cause(l.ctx) }
+
+// Release ends the lease: requests in flight are cancelled, and the pool
+// forgets it. Releasing twice is harmless.
+func (l *Lease) Release() {
+	if !l.end(ErrReleased) {
+		return
+	}
+	if l.notify != nil {
+		l.notify(l)
+	}
+}
+
+// end ends the lease with cause; it reports whether this call ended it.
+func (l *Lease) end(cause error) bool {
+	if !l.released.CompareAndSwap(false, true) {
+		return false
+	}
+	l.cancel(cause)
+	return true
+}
+
+// EndpointUsage is one endpoint's slot usage under a lease.
+type EndpointUsage struct {
+	// Endpoint is "scheme://host:port".
+	Endpoint string
+	// InFlight is how many requests hold a slot now.
+	InFlight int
+	// Peak is the most requests that held a slot at once.
+	Peak int
+	// Requests counts the requests that got a slot.
+	Requests uint64
+}
+
+// Usage returns the lease's per-endpoint slot usage, ordered by endpoint.
+func (l *Lease) Usage() []EndpointUsage {
+	l.mu.Lock()
+	out := make([]EndpointUsage, 0, len(l.endpoints))
+	for k, s := range l.endpoints {
+		out = append(out, EndpointUsage{Endpoint: k, InFlight: int(s.inFlight.Load()),
+			Peak: int(s.peak.Load()), Requests: s.total.Load()})
+	}
+	l.mu.Unlock()
+	sortUsage(out)
+	return out
+}
+
+func (l *Lease) slotsFor(key string) *slots {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.endpoints[key]
+	if !ok {
+		s = &slots{sem: make(chan struct{}, l.max)}
+		l.endpoints[key] = s
+	}
+	return s
+}
+
+// EndpointKey is the pool's key for u: "scheme://host:port" with the default
+// port made explicit and credentials dropped.
+func EndpointKey(u *url.URL) string {
+	host := u.Hostname()
+	port := u.Port()
+	scheme := strings.ToLower(u.Scheme)
+	if port == "" {
+		switch scheme {
+		case "https":
+			port = "443"
+		default:
+			port = "80"
+		}
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	return scheme + "://" + strings.ToLower(host) + ":" + port
+}
+
+// RoundTrip implements http.RoundTripper: it takes a slot for the request's
+// endpoint, sends the request on the pool's transport and gives the slot
+// back when the response body is closed (or at once on an error).
+func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := context.Cause(l.ctx); err != nil {
+		closeReqBody(req)
+		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), err)
+	}
+	s := l.slotsFor(EndpointKey(req.URL))
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		l.pool.waited()
+		select {
+		case s.sem <- struct{}{}:
+		case <-req.Context().Done():
+			closeReqBody(req)
+			return nil, context.Cause(req.Context())
+		case <-l.ctx.Done():
+			closeReqBody(req)
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), context.Cause(l.ctx))
+		}
+	}
+	n := s.inFlight.Add(1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	s.total.Add(1)
+	l.pool.acquired()
+
+	// The request is cancelled when the lease ends (its owner died).
+	ctx, cancel := context.WithCancelCause(req.Context())
+	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
+	done := func() {
+		stop()
+		cancel(nil)
+		s.inFlight.Add(-1)
+		<-s.sem
+		l.pool.releasedSlot()
+	}
+	resp, err := l.tr.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		done()
+		if cause := context.Cause(l.ctx); cause != nil && ctx.Err() != nil && req.Context().Err() == nil {
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), cause)
+		}
+		return nil, err
+	}
+	resp.Body = &slotBody{ReadCloser: resp.Body, done: done}
+	return resp, nil
+}
+
+// slotBody gives the request's slot back when the body is closed.
+type slotBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *slotBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.done)
+	return err
+}
+
+func closeReqBody(req *http.Request) {
+	if req.Body != nil {
+		_ = req.Body.Close()
+	}
+}
+
+func redacted(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.Redacted()
+}
