@@ -66,6 +66,10 @@ type Options struct {
 	Engine func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error)
 }
 
+// StopTimeout bounds how long a stopping job actor waits for its job to
+// checkpoint and go back to the queue; jobs_sup's shutdown timeout is above it.
+const StopTimeout = 20 * time.Second
+
 // Name is the child name of the actor running job jobID under jobs_sup:
 // "job-" and 16 hex digits of its SHA-1 (job ids may contain "/").
 func Name(jobID string) string {
@@ -128,7 +132,18 @@ func (a *jobActor) Receive(ctx actor.Context) {
 		supervisor.Exit(ctx, nil)
 	case *actor.Stopping:
 		if a.cancel != nil {
-			a.cancel() // the goroutine stops the job cleanly in the background
+			// The goroutine stops the job cleanly (final checkpoint, back to
+			// the queue). Wait for it, bounded, so that a node shutting down
+			// hands its jobs back instead of leaving them to the activity
+			// monitor; a kill does not wait past StopTimeout either.
+			a.cancel()
+			t := time.NewTimer(StopTimeout)
+			select {
+			case <-a.done:
+			case <-t.C:
+				a.log.Warn().Dur("timeout", StopTimeout).Msg("replication job: not stopped in time; finishing in the background")
+			}
+			t.Stop()
 		}
 	case *actor.Stopped:
 		a.release.Do(func() {
@@ -194,7 +209,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem) error {
 		return a.crash(system, err.Error())
 	}
 	if changed {
-		a.log.Info().Str("replication_id", base+ext).Msg("replication job: filter changed, new replication id")
+		a.log.Info().Str("replication_id", base+ext).Msg("replication job: replication id changed (filter code or server uuid), recorded")
 	}
 	return a.replicate(ctx, system, p)
 }
