@@ -1,17 +1,232 @@
-// Package ratelimiter is the rate_limiter actor: a per (method, endpoint) AIMD request interval driven by 429 responses, as CouchDB's couch_replicator_rate_limiter.
+// Package ratelimiter is the rate_limiter actor: a per (method, endpoint) AIMD
+// request interval driven by 429 responses, as CouchDB's
+// couch_replicator_rate_limiter.
+//
+// The actor owns the node's table of intervals (a replication.RateLimiter,
+// which holds CouchDB's arithmetic), publishes it for the node's jobs and
+// drops entries not updated for 25 s every 50 s, as CouchDB's cleanup does.
+// Jobs reach the table through For, a couch.Limiter whose Wait, Success and
+// Failure read and update it directly: the hot path (every request of every
+// replication) never goes through the actor's mailbox. Snapshot and Reset
+// ask the actor.
+//
+// When the actor restarts its table is lost, like CouchDB's ETS tables, and
+// the new incarnation starts empty. A couch.Limiter from For looks the
+// current table up on each call, so it keeps working across restarts; while
+// no incarnation runs it does not limit and its updates are dropped.
 package ratelimiter
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
 // Name is the actor's name under the node's root supervisor.
 const Name = "rate_limiter"
 
+// ErrNotRunning: the rate_limiter actor is not running (between
+// incarnations, or stopped).
+var ErrNotRunning = errors.New("ratelimiter: not running")
+
+// Config configures a rate_limiter actor.
+type Config struct {
+	// CleanupPeriod is how often entries not updated for
+	// replication.RateLimitMaxInterval are dropped; zero is CouchDB's
+	// replication.RateLimitCleanupPeriod (50 s).
+	CleanupPeriod time.Duration
+	// Clock returns the current time; nil is time.Now.
+	Clock func() time.Time
+	// Logger receives the actor's logs.
+	Logger zerolog.Logger
+}
+
 // Spec returns the actor's child spec in the node's supervision tree.
-// (A placeholder until the actor is built: it starts, stops and can be killed.)
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+	return supervisor.ChildSpec{Name: Name, Props: Props(Config{Logger: deps.Logger})}
+}
+
+// Props returns props for a rate_limiter actor with cfg.
+func Props(cfg Config) *actor.Props {
+	if cfg.CleanupPeriod <= 0 {
+		cfg.CleanupPeriod = replication.RateLimitCleanupPeriod
+	}
+	return actors.Props(func() actor.Actor {
+		return &limiterActor{cfg: cfg, log: cfg.Logger.With().Str("actor", Name).Logger()}
+	})
+}
+
+// Messages the actor understands (Go values: they never leave the process).
+type (
+	// cleanupTick is sent by the incarnation owning table; a later
+	// incarnation ignores it.
+	cleanupTick struct {
+		table *replication.RateLimiter
+	}
+	snapshotRequest struct{ reply chan []replication.RateLimit }
+	resetRequest    struct {
+		key   *couch.LimitKey
+		reply chan int
+	}
+)
+
+type limiterActor struct {
+	cfg   Config
+	log   zerolog.Logger
+	table *replication.RateLimiter
+	slot  *slot
+	timer *time.Timer
+}
+
+func (a *limiterActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.table = replication.NewRateLimiter(a.cfg.Clock)
+		a.slot = slotOf(ctx.ActorSystem(), ctx.Self())
+		a.slot.table.Store(a.table)
+		a.schedule(ctx)
+		a.log.Debug().Msg("ratelimiter: started with an empty table")
+	case *cleanupTick:
+		if m.table != a.table {
+			return
+		}
+		if n := a.table.Cleanup(); n > 0 {
+			a.log.Debug().Int("removed", n).Msg("ratelimiter: cleanup")
+		}
+		a.schedule(ctx)
+	case *snapshotRequest:
+		m.reply <- a.table.Snapshot()
+	case *resetRequest:
+		n := a.table.Reset(m.key)
+		a.log.Info().Int("removed", n).Msg("ratelimiter: reset")
+		m.reply <- n
+	case *actor.Stopping:
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+		if a.slot != nil {
+			a.slot.table.CompareAndSwap(a.table, nil)
+		}
+	}
+}
+
+// schedule sends the next cleanup tick through the root context (the actor
+// context must not be used from the timer's goroutine).
+func (a *limiterActor) schedule(ctx actor.Context) {
+	system, self, tick := ctx.ActorSystem(), ctx.Self(), &cleanupTick{table: a.table}
+	a.timer = time.AfterFunc(a.cfg.CleanupPeriod, func() { system.Root.Send(self, tick) })
+}
+
+// slot holds the table of the current incarnation of one rate_limiter.
+type slot struct {
+	table atomic.Pointer[replication.RateLimiter]
+}
+
+type slotKey struct {
+	system *actor.ActorSystem
+	id     string
+}
+
+var slots sync.Map // slotKey → *slot
+
+// slotOf returns the slot of the rate_limiter pid of system, created on
+// first use and kept for the life of the process.
+func slotOf(system *actor.ActorSystem, pid *actor.PID) *slot {
+	k := slotKey{system, pid.Id}
+	if s, ok := slots.Load(k); ok {
+		return s.(*slot)
+	}
+	s, _ := slots.LoadOrStore(k, &slot{})
+	return s.(*slot)
+}
+
+// Limiter is a handle on a rate_limiter actor. It implements couch.Limiter
+// and is safe for concurrent use.
+type Limiter struct {
+	system *actor.ActorSystem
+	pid    *actor.PID
+	slot   *slot
+}
+
+var _ couch.Limiter = (*Limiter)(nil)
+
+// At returns a handle on the rate_limiter actor pid of system.
+func At(system *actor.ActorSystem, pid *actor.PID) *Limiter {
+	return &Limiter{system: system, pid: pid, slot: slotOf(system, pid)}
+}
+
+// For returns the node's rate limiter (the child Name of the root supervisor
+// actors.RootName) as a couch.Limiter, for replication.Options.Limiter.
+func For(system *actor.ActorSystem) *Limiter {
+	return At(system, actor.NewPID(system.Address(), actors.RootName+"/"+Name))
+}
+
+// Wait implements couch.Limiter: it sleeps key's interval, or fails with
+// replication.ErrMaxBackoff at the maximum interval.
+func (l *Limiter) Wait(ctx context.Context, key couch.LimitKey) error {
+	if t := l.slot.table.Load(); t != nil {
+		return t.Wait(ctx, key)
+	}
+	return nil
+}
+
+// Success implements couch.Limiter.
+func (l *Limiter) Success(key couch.LimitKey) {
+	if t := l.slot.table.Load(); t != nil {
+		t.Success(key)
+	}
+}
+
+// Failure implements couch.Limiter.
+func (l *Limiter) Failure(key couch.LimitKey) {
+	if t := l.slot.table.Load(); t != nil {
+		t.Failure(key)
+	}
+}
+
+// Interval returns key's current interval (zero when unknown or when the
+// actor is not running).
+func (l *Limiter) Interval(key couch.LimitKey) time.Duration {
+	if t := l.slot.table.Load(); t != nil {
+		return t.Interval(key)
+	}
+	return 0
+}
+
+// Snapshot asks the actor for every key's interval.
+func (l *Limiter) Snapshot(ctx context.Context) ([]replication.RateLimit, error) {
+	reply := make(chan []replication.RateLimit, 1)
+	return ask(ctx, l, &snapshotRequest{reply: reply}, reply)
+}
+
+// Reset asks the actor to forget key (every key when key is nil) and returns
+// how many entries it removed.
+func (l *Limiter) Reset(ctx context.Context, key *couch.LimitKey) (int, error) {
+	reply := make(chan int, 1)
+	return ask(ctx, l, &resetRequest{key: key, reply: reply}, reply)
+}
+
+func ask[T any](ctx context.Context, l *Limiter, msg any, reply chan T) (T, error) {
+	var zero T
+	if l.slot.table.Load() == nil {
+		return zero, fmt.Errorf("%w: %s", ErrNotRunning, l.pid.Id)
+	}
+	l.system.Root.Send(l.pid, msg)
+	select {
+	case r := <-reply:
+		return r, nil
+	case <-ctx.Done():
+		return zero, fmt.Errorf("ratelimiter: request to %s: %w", l.pid.Id, context.Cause(ctx))
+	}
 }
