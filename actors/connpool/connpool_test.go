@@ -38,7 +38,7 @@ type bundle struct {
 	ctx    context.Context
 }
 
-func setup(t *testing.T, cfg connpool.Config) *bundle {
+func setup(t testing.TB, cfg connpool.Config) *bundle {
 	t.Helper()
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
@@ -59,7 +59,7 @@ func setup(t *testing.T, cfg connpool.Config) *bundle {
 }
 
 // owner spawns an actor to own leases.
-func (b *bundle) owner(t *testing.T, name string) *actor.PID {
+func (b *bundle) owner(t testing.TB, name string) *actor.PID {
 	t.Helper()
 	pid, err := b.system.Root.SpawnNamed(actor.PropsFromFunc(func(actor.Context) {}), name)
 	if err != nil {
@@ -69,7 +69,7 @@ func (b *bundle) owner(t *testing.T, name string) *actor.PID {
 	return pid
 }
 
-func (b *bundle) acquire(t *testing.T, owner *actor.PID, max int) *connpool.Lease {
+func (b *bundle) acquire(t testing.TB, owner *actor.PID, max int) *connpool.Lease {
 	t.Helper()
 	l, err := b.pool.Acquire(b.ctx, owner, max)
 	if err != nil {

@@ -34,8 +34,9 @@ type Lease struct {
 	client *http.Client
 
 	mu        sync.Mutex
-	endpoints map[string]*slots
-	notify    func(*Lease) // tells the actor about Release; set once
+	endpoints map[string]*slots  // by EndpointKey
+	byHost    map[hostKey]*slots // the same, by the URL's raw scheme and host
+	notify    func(*Lease)       // tells the actor about Release; set once
 	released  atomic.Bool
 }
 
@@ -50,7 +51,7 @@ type slots struct {
 func newLease(owner *actor.PID, max int, tr http.RoundTripper, c *counters, notify func(*Lease)) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	l := &Lease{owner: owner, max: max, tr: tr, pool: c, ctx: ctx, cancel: cancel,
-		endpoints: map[string]*slots{}, notify: notify}
+		endpoints: map[string]*slots{}, byHost: map[hostKey]*slots{}, notify: notify}
 	l.client = &http.Client{Transport: l}
 	return l
 }
@@ -117,14 +118,24 @@ func (l *Lease) Usage() []EndpointUsage {
 	return out
 }
 
-func (l *Lease) slotsFor(key string) *slots {
+type hostKey struct{ scheme, host string }
+
+// slotsFor returns the slots of u's endpoint; spellings of one endpoint
+// ("H", "h:80") share them.
+func (l *Lease) slotsFor(u *url.URL) *slots {
+	hk := hostKey{u.Scheme, u.Host}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if s, ok := l.byHost[hk]; ok {
+		return s
+	}
+	key := EndpointKey(u)
 	s, ok := l.endpoints[key]
 	if !ok {
 		s = &slots{sem: make(chan struct{}, l.max)}
 		l.endpoints[key] = s
 	}
+	l.byHost[hk] = s
 	return s
 }
 
@@ -156,7 +167,7 @@ func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
 		closeReqBody(req)
 		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), err)
 	}
-	s := l.slotsFor(EndpointKey(req.URL))
+	s := l.slotsFor(req.URL)
 	select {
 	case s.sem <- struct{}{}:
 	default:
@@ -179,36 +190,48 @@ func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	// The request is cancelled when the lease ends (its owner died).
 	ctx, cancel := context.WithCancelCause(req.Context())
-	stop := context.AfterFunc(l.ctx, func() { cancel(context.Cause(l.ctx)) })
-	done := func() {
-		stop()
-		cancel(nil)
-		s.inFlight.Add(-1)
-		<-s.sem
-		l.pool.releasedSlot()
-	}
+	h := &slotBody{lease: l, s: s, cancel: cancel}
+	h.stop = context.AfterFunc(l.ctx, h.abort)
 	resp, err := l.tr.RoundTrip(req.WithContext(ctx))
 	if err != nil {
-		done()
-		if cause := context.Cause(l.ctx); cause != nil && ctx.Err() != nil && req.Context().Err() == nil {
+		h.done()
+		if cause := context.Cause(l.ctx); cause != nil && req.Context().Err() == nil {
 			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), cause)
 		}
 		return nil, err
 	}
-	resp.Body = &slotBody{ReadCloser: resp.Body, done: done}
+	h.ReadCloser = resp.Body
+	resp.Body = h
 	return resp, nil
 }
 
-// slotBody gives the request's slot back when the body is closed.
+// slotBody is one request's hold on a slot; it gives the slot back when the
+// response body is closed.
 type slotBody struct {
 	io.ReadCloser
-	once sync.Once
-	done func()
+	lease  *Lease
+	s      *slots
+	cancel context.CancelCauseFunc
+	stop   func() bool
+	once   sync.Once
+}
+
+// abort cancels the request because its lease ended.
+func (b *slotBody) abort() { b.cancel(context.Cause(b.lease.ctx)) }
+
+func (b *slotBody) done() {
+	b.once.Do(func() {
+		b.stop()
+		b.cancel(nil)
+		b.s.inFlight.Add(-1)
+		<-b.s.sem
+		b.lease.pool.releasedSlot()
+	})
 }
 
 func (b *slotBody) Close() error {
 	err := b.ReadCloser.Close()
-	b.once.Do(b.done)
+	b.done()
 	return err
 }
 
