@@ -36,6 +36,10 @@ type Options struct {
 	// picks among at random (1 = strictly the lowest priority). Zero means
 	// DefaultAcceptSpread.
 	AcceptSpread int
+	// RunLog records every run's accept and last lock-checked commit (see
+	// Runs and CheckRuns), to prove afterwards that no job was ever run by
+	// two workers at once. It costs one small write per worker call.
+	RunLog bool
 }
 
 // Queue is the job queue over one kv.Database. It is safe for concurrent use.
@@ -45,6 +49,7 @@ type Queue struct {
 	clock  func() time.Time
 	node   string
 	spread int
+	runLog bool
 	keys   keys
 
 	mu          sync.RWMutex
@@ -60,6 +65,7 @@ func New(db kv.Database, opts Options) *Queue {
 		clock:       opts.Clock,
 		node:        opts.NodeName,
 		spread:      opts.AcceptSpread,
+		runLog:      opts.RunLog,
 		keys:        newKeys(opts.Prefix),
 		types:       make(map[string]struct{}),
 		lastPromote: make(map[string]time.Time),

@@ -238,6 +238,9 @@ func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time) (*Job, err
 	if err := q.storeRunning(tx, rec); err != nil {
 		return nil, err
 	}
+	if err := q.markRun(tx, typ, id, lock, true); err != nil {
+		return nil, err
+	}
 	return &Job{q: q, typ: typ, id: id, lock: lock, info: infoFromRecord(rec)}, nil
 }
 
@@ -321,6 +324,9 @@ func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Tim
 		return err
 	}
 	now := j.q.clock()
+	if err := j.q.markRun(tx, j.typ, j.id, j.lock, false); err != nil {
+		return err
+	}
 	j.q.clearActivity(tx, rec)
 	if rec.GetCancelRequested() {
 		rec.State = messages.JobState_JOB_STATE_FINISHED
