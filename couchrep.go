@@ -128,7 +128,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Logger: n.log,
 		System: n.system,
 		Store:  store,
-		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName}),
+		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	n.events = n.system.EventStream.Subscribe(func(evt any) {
