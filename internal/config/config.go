@@ -114,6 +114,23 @@ type Couchrep struct {
 	// Durability is the store's commit durability (durability):
 	// DurabilityNormal or DurabilityFull.
 	Durability string
+	// ActivityTimeout is how long a running job may go without its worker
+	// updating it before the activity monitor hands it to another node
+	// (activity_timeout, 30 s). Workers update at least twice per timeout;
+	// a killed node's jobs run elsewhere within about this plus a quarter
+	// of it (the monitor's check interval, at most 5 s).
+	ActivityTimeout time.Duration
+	// HeartbeatInterval is how often the node renews its membership record
+	// in the store (heartbeat_interval, 5000 ms); a node whose record is
+	// older than three intervals counts as gone.
+	HeartbeatInterval time.Duration
+	// ClusterQuietPeriod is how long membership must stay unchanged before
+	// the node publishes "cluster stable" (cluster_quiet_period, 15 s).
+	ClusterQuietPeriod time.Duration
+	// RunLog records every job run's accept and last commit in the store
+	// (run_log, false), so that an audit can prove no job ever ran on two
+	// nodes at once. It costs a small write per job update.
+	RunLog bool
 }
 
 // Replicator is the [replicator] section. Times are time.Duration; in the
@@ -284,6 +301,10 @@ func Default() Config {
 			HTTPBind:   "127.0.0.1:5986",
 			AdminBind:  "127.0.0.1:5987",
 			Durability: DurabilityNormal,
+
+			ActivityTimeout:    30 * time.Second,
+			HeartbeatInterval:  5000 * time.Millisecond,
+			ClusterQuietPeriod: 15 * time.Second,
 		},
 		Replicator: Replicator{
 			MaxJobs:            500,

@@ -74,6 +74,10 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"couchrep.admin_bind":                      "127.0.0.1:5987",
 		"couchrep.watch":                           "",
 		"couchrep.durability":                      "normal",
+		"couchrep.activity_timeout":                "30",
+		"couchrep.heartbeat_interval":              "5000",
+		"couchrep.cluster_quiet_period":            "15",
+		"couchrep.run_log":                         "false",
 	}
 	d := Default()
 	for _, s := range schema {

@@ -30,5 +30,6 @@ func NewFromConfig(queue *jobs.Queue, db kv.Database, cfg config.Config, log zer
 	return New(queue, db, Options{
 		Logger: log, ServerUUID: cfg.CouchDB.UUID, Policy: p, Shares: cfg.Shares,
 		TransientMaxAge: cfg.Replicator.TransientJobMaxAge,
+		ActivityTimeout: cfg.Couchrep.ActivityTimeout,
 	})
 }

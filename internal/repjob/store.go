@@ -28,8 +28,10 @@ const JobType = "replication"
 
 // DefaultActivityTimeout is the activity timeout of replication jobs: a
 // running job its worker has not updated for this long is taken back by the
-// activity monitor (the FDB-era replicator's ?REP_JOBS_TIMEOUT_SEC, 61 s).
-const DefaultActivityTimeout = 61 * time.Second
+// activity monitor ([couchrep] activity_timeout). The FDB-era replicator's
+// ?REP_JOBS_TIMEOUT_SEC was 61 s; 30 s keeps a dead node's jobs away for
+// well under a minute (timeout plus the monitor's interval).
+const DefaultActivityTimeout = 30 * time.Second
 
 // DefaultTransientMaxAge is how long finished transient jobs are kept
 // (transient_job_max_age_sec, one day).
