@@ -600,3 +600,40 @@ func TestAcceptWaits(t *testing.T) {
 		t.Fatalf("canceled wait: %v", err)
 	}
 }
+
+func TestCorruptRunningRecord(t *testing.T) {
+	b := setup(t, Options{})
+	mustAdd(t, b, "j", AddOptions{})
+	j := mustAccept(t, b)
+	m := b.q.NewMonitor(MonitorOptions{})
+	t0 := time.Now()
+	if _, err := m.Check(b.ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	key := b.q.keys.dataKey(typA, "j")
+	garbage := []byte("\x0a\x05short") // activity_stamp field cut short
+	if err := b.db.Transact(b.ctx, func(tx kv.Tx) error { tx.Set(key, garbage); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Update(b.ctx, nil); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("update of corrupt job: %v", err)
+	}
+	// The monitor meets the corrupt record: no panic, no error, no loss.
+	if n, err := m.Check(b.ctx, t0.Add(time.Minute)); err != nil || n != 0 {
+		t.Fatalf("monitor: %d %v", n, err)
+	}
+	var raw []byte
+	if err := b.db.ReadTransact(b.ctx, func(tx kv.ReadTx) error {
+		var err error
+		raw, err = tx.Get(key)
+		return err
+	}); err != nil || !bytes.Equal(raw, garbage) {
+		t.Fatalf("record after monitor: %x %v", raw, err)
+	}
+	if err := b.q.Remove(b.ctx, typA, "j"); err != nil {
+		t.Fatalf("remove corrupt: %v", err)
+	}
+	if _, err := b.q.Get(b.ctx, typA, "j"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after remove: %v", err)
+	}
+}

@@ -375,7 +375,7 @@ func TestStressMutualExclusion(t *testing.T) {
 		t.Skip("multi-process stress test")
 	}
 	const (
-		procs, workers, jobs = 3, 4, 400
+		procs, workers, jobs = 3, 4, 1000
 		timeout              = 300 * time.Millisecond
 	)
 	ctx, cancel := context.WithTimeout(t.Context(), 4*time.Minute)
