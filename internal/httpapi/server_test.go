@@ -368,6 +368,20 @@ func TestOneShotFailure(t *testing.T) {
 	assertError(t, <-done, 404, "db_not_found", "could not open "+srcURL)
 }
 
+func TestOneShotCrashIsAnErrorAndRemovesTheJob(t *testing.T) {
+	e := newEnv(t, nil)
+	done := make(chan reply, 1)
+	go func() { done <- e.post(`{"source":"` + srcURL + `","target":"` + tgtURL + `"}`) }()
+	run := accept(t, e.store)
+	if _, err := run.Crash(context.Background(), "unauthorized: unauthorized to access or create database "+tgtURL+"/"); err != nil {
+		t.Fatal(err)
+	}
+	assertError(t, <-done, 401, "unauthorized", "unauthorized to access or create database")
+	if recs, err := e.store.List(context.Background(), repjob.Filter{}); err != nil || len(recs) != 0 {
+		t.Fatalf("jobs after the crash reply: %v %v", recs, err)
+	}
+}
+
 func TestSchedulerDocs(t *testing.T) {
 	e := newEnv(t, nil)
 	ctx := context.Background()

@@ -45,7 +45,10 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 		writeJSON(w, http.StatusAccepted, map[string]any{"ok": true, "_local_id": job.RepID})
 		return nil
 	}
-	job, err := s.store.Wait(ctx, jobID, (*Job).Finished)
+	// A one-shot replication answers when it completes, or with the error
+	// of its first crash; as in CouchDB, a transient job that crashed is
+	// then removed rather than retried behind the caller's back.
+	job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.Finished() || j.State == StateCrashing })
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return errorf(http.StatusNotFound, "not_found", "replication %s was cancelled", jobID)
@@ -53,6 +56,11 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 		return err
 	}
 	if job.State != StateCompleted {
+		if job.State == StateCrashing {
+			if err := s.store.Remove(ctx, job.JobID); err != nil && !errors.Is(err, ErrNotFound) {
+				s.log.Warn().Err(errors.New(RedactText(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
+			}
+		}
 		return startError(job)
 	}
 	res := job.Result
