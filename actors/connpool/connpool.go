@@ -18,6 +18,11 @@
 // of a replication — costs a channel send and receive, never a trip through
 // the actor's mailbox.
 //
+// Slots are per endpoint as Go's transport sees one (scheme, host, port), not
+// per database as CouchDB's per-#httpdb pools: a job whose source and target
+// live on the same server shares one set of http_connections slots between
+// them (the engine sends both through one *http.Client).
+//
 // The actor watches each lease's owner (actor.Watch). When the owner
 // terminates, its leases end: waiting and in-flight requests are cancelled
 // and the slots return. Stats reports what the actor counts.

@@ -10,6 +10,10 @@
 // replication) never goes through the actor's mailbox. Snapshot and Reset
 // ask the actor.
 //
+// A job passes the node's limiter to its engine:
+//
+//	replication.New(p, replication.Options{Limiter: ratelimiter.For(system), ...})
+//
 // When the actor restarts its table is lost, like CouchDB's ETS tables, and
 // the new incarnation starts empty. A couch.Limiter from For looks the
 // current table up on each call, so it keeps working across restarts; while

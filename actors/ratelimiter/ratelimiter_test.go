@@ -46,6 +46,11 @@ type bundle struct {
 
 func setup(t testing.TB) *bundle {
 	t.Helper()
+	return setupWith(t, Config{})
+}
+
+func setupWith(t testing.TB, cfg Config) *bundle {
+	t.Helper()
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}))
@@ -54,7 +59,7 @@ func setup(t testing.TB) *bundle {
 	c := &clock{now: time.Unix(1700000000, 0)}
 	sup, err := supervisor.Start(ctx, system, "sup", supervisor.Spec{
 		Strategy: supervisor.OneForOne, MaxRestarts: 10, Period: time.Minute,
-		Children: []supervisor.ChildSpec{{Name: Name, Props: Props(Config{Clock: c.Now, Logger: zerolog.Nop()})}},
+		Children: []supervisor.ChildSpec{{Name: Name, Props: Props(Config{Clock: c.Now, Logger: zerolog.Nop(), CleanupPeriod: cfg.CleanupPeriod})}},
 	})
 	if err != nil {
 		t.Fatalf("start: %v", err)
@@ -158,6 +163,20 @@ func TestCleanupDropsStaleEntries(t *testing.T) {
 	b.system.Root.Send(b.pid, &cleanupTick{table: replication.NewRateLimiter(nil)})
 	if s := b.snapshot(t); len(s) != 1 {
 		t.Errorf("a foreign tick cleaned the table: %+v", s)
+	}
+}
+
+// TestCleanupTimer: the actor's own timer runs the cleanup.
+func TestCleanupTimer(t *testing.T) {
+	b := setupWith(t, Config{CleanupPeriod: time.Millisecond})
+	b.lim.Failure(key)
+	b.clock.Advance(replication.RateLimitMaxInterval + time.Millisecond)
+	deadline := time.Now().Add(waitLimit)
+	for len(b.snapshot(t)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("stale entry never cleaned up")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
