@@ -1,17 +1,307 @@
-// Package clustering keeps this node's membership in the shared store (heartbeats) and publishes cluster stable/unstable events.
+// Package clustering is the clustering actor: it keeps this node's
+// membership record in the shared store (a heartbeat every
+// [couchrep] heartbeat_interval), watches the other nodes' records, and
+// publishes a *messages.ClusterEvent on the node's event stream when the
+// membership it sees changes ("cluster unstable") and again once it stayed
+// unchanged for [couchrep] cluster_quiet_period ("cluster stable"). It
+// answers *messages.NodesRequest (couchrepctl nodes) with every registered
+// node and the jobs each runs.
+//
+// It is also the node's store health check: its first heartbeat is written
+// while it starts, so a node whose store cannot be written fails to start
+// with that error; and when heartbeats keep failing for longer than the job
+// activity timeout (after which other nodes take this node's jobs anyway),
+// it exits with an error wrapping ErrStoreUnavailable. Its restarts fail the
+// same way at once, so the node's top supervisor gives up and the node stops
+// with the store error, rather than run on without a store. It never writes
+// anything but its own membership record.
 package clustering
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/placeholder"
+	"github.com/couchrep/couchrep/internal/cluster"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
 // Name is the actor's name under the node's root supervisor.
 const Name = "clustering"
 
+// ErrStoreUnavailable is the exit reason (wrapped) when the node cannot
+// write its heartbeat to the store.
+var ErrStoreUnavailable = errors.New("clustering: job store unavailable")
+
+// forgetAfter is how long a dead or departed node's record is kept.
+const forgetAfter = 24 * time.Hour
+
+// Options tune the actor; zero values come from the node's config.
+type Options struct {
+	// Interval is the heartbeat interval.
+	Interval time.Duration
+	// Quiet is the quiet period before "cluster stable".
+	Quiet time.Duration
+	// FailAfter is how long heartbeats may fail before the actor exits
+	// with ErrStoreUnavailable (default: the activity timeout).
+	FailAfter time.Duration
+}
+
 // Spec returns the actor's child spec in the node's supervision tree.
-// (A placeholder until the actor is built: it starts, stops and can be killed.)
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: placeholder.Props(Name, deps.Logger)}
+	return supervisor.ChildSpec{Name: Name, Props: Props(deps, Options{})}
+}
+
+// Props returns the actor's props. The node's incarnation (a random id
+// telling a restarted node from its previous life) is fixed here, so that
+// restarts of the actor keep it.
+func Props(deps actors.Deps, opts Options) *actor.Props {
+	c := deps.Config.Couchrep
+	if opts.Interval <= 0 {
+		opts.Interval = c.HeartbeatInterval
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 5 * time.Second
+	}
+	if opts.Quiet <= 0 {
+		opts.Quiet = c.ClusterQuietPeriod
+	}
+	if opts.FailAfter <= 0 {
+		opts.FailAfter = c.ActivityTimeout
+	}
+	if opts.FailAfter <= 0 {
+		opts.FailAfter = repjob.DefaultActivityTimeout
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	inc := hex.EncodeToString(b[:])
+	started := time.Now()
+	return actors.Props(func() actor.Actor {
+		return &clustering{deps: deps, opts: opts, incarnation: inc, startedAt: started,
+			reg: cluster.New(deps.Store, cluster.Options{}),
+			log: deps.Logger.With().Str("actor", Name).Logger()}
+	}, actors.Handles(&messages.NodesRequest{}))
+}
+
+type clustering struct {
+	deps        actors.Deps
+	opts        Options
+	incarnation string
+	startedAt   time.Time
+	reg         *cluster.Registry
+	log         zerolog.Logger
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	unstable bool
+}
+
+type storeFailed struct{ err error }
+
+func (a *clustering) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		if err := a.start(ctx); err != nil {
+			supervisor.Exit(ctx, err)
+		}
+	case *actor.Stopping:
+		a.stop()
+	case *storeFailed:
+		a.log.Error().Err(m.err).Dur("failing_for", a.opts.FailAfter).Msg("clustering: the job store stays unavailable; stopping")
+		supervisor.Exit(ctx, m.err)
+	case *messages.NodesRequest:
+		if ctx.Sender() == nil {
+			return
+		}
+		sender, system := ctx.Sender(), ctx.ActorSystem()
+		go func() {
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := a.nodes(c)
+			if err != nil {
+				system.Root.Send(sender, err)
+				return
+			}
+			system.Root.Send(sender, resp)
+		}()
+	}
+}
+
+func (a *clustering) record() *messages.NodeRecord {
+	c := a.deps.Config.Couchrep
+	return &messages.NodeRecord{
+		Name: a.deps.NodeName(), Types: slices.Clone(c.NodeTypes), Incarnation: a.incarnation,
+		StartedAt: timestamppb.New(a.startedAt), HeartbeatIntervalMs: a.opts.Interval.Milliseconds(),
+		AdminAddress: readAddr(c.DataDir, "admin.addr"), HttpAddress: readAddr(c.DataDir, "http.addr"),
+		Pid: int64(os.Getpid()),
+	}
+}
+
+// readAddr reads an address file the node writes into its data directory
+// once it listens (empty if there is none).
+func readAddr(dir, name string) string {
+	if dir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// start writes the first heartbeat (bounded: a store that cannot take it
+// fails the start) and starts the heartbeat loop.
+func (a *clustering) start(ctx actor.Context) error {
+	if a.deps.Store == nil {
+		return nil
+	}
+	c, cancel := context.WithTimeout(context.Background(), max(5*time.Second, a.opts.Interval))
+	err := a.reg.Heartbeat(c, a.record())
+	cancel()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	lc, lcancel := context.WithCancel(context.Background())
+	a.cancel, a.done = lcancel, make(chan struct{})
+	go a.loop(lc, ctx.ActorSystem(), ctx.Self())
+	return nil
+}
+
+func (a *clustering) stop() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	<-a.done
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	// A restarted actor registers again at once; a stopping node is gone
+	// for the others now rather than after three missed heartbeats.
+	if err := a.reg.Leave(c, a.deps.NodeName(), a.incarnation); err != nil && !errors.Is(err, kv.ErrClosed) {
+		a.log.Warn().Err(err).Msg("clustering: leave")
+	}
+}
+
+// loop heartbeats and watches membership until ctx ends.
+func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
+	defer close(a.done)
+	stab := cluster.NewStability(a.opts.Quiet)
+	lastOK := time.Now()
+	var lastForget time.Time
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		t.Reset(a.opts.Interval)
+		now := time.Now()
+		if err := a.reg.Heartbeat(ctx, a.record()); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn().Err(err).Dur("since_last_ok", now.Sub(lastOK)).Msg("clustering: heartbeat failed")
+			if now.Sub(lastOK) >= a.opts.FailAfter {
+				system.Root.Send(self, &storeFailed{err: fmt.Errorf("%w: no heartbeat for %s: %w", ErrStoreUnavailable, now.Sub(lastOK).Round(time.Millisecond), err)})
+				return
+			}
+			continue
+		}
+		lastOK = now
+		members, err := a.reg.Members(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.log.Warn().Err(err).Msg("clustering: read members")
+			}
+			continue
+		}
+		var live []string
+		for _, m := range members {
+			if m.Alive {
+				live = append(live, m.GetName())
+			}
+		}
+		if tr := stab.Observe(live, now); tr != cluster.NoChange {
+			a.publish(system, tr, stab.Members(), now)
+		}
+		if now.Sub(lastForget) > time.Hour {
+			lastForget = now
+			if n, err := a.reg.Forget(ctx, forgetAfter); err == nil && n > 0 {
+				a.log.Info().Int("forgotten", n).Msg("clustering: removed records of long-gone nodes")
+			}
+		}
+	}
+}
+
+func (a *clustering) publish(system *actor.ActorSystem, tr cluster.Transition, members []string, now time.Time) {
+	kind := messages.ClusterEvent_KIND_STABLE
+	if tr == cluster.BecameUnstable {
+		kind = messages.ClusterEvent_KIND_UNSTABLE
+	}
+	a.mu.Lock()
+	a.unstable = tr == cluster.BecameUnstable
+	a.mu.Unlock()
+	msg := "cluster stable"
+	if a.unstable {
+		msg = "cluster unstable"
+	}
+	a.log.Info().Strs("members", members).Str("event", msg).Msg(msg)
+	system.EventStream.Publish(&messages.ClusterEvent{Kind: kind, Node: a.deps.NodeName(), Members: members, Time: timestamppb.New(now)})
+}
+
+// nodes builds the answer to NodesRequest: every registered node with the
+// jobs it runs now.
+func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error) {
+	if a.deps.Store == nil {
+		return &messages.NodesResponse{}, nil
+	}
+	members, err := a.reg.Members(ctx)
+	if err != nil {
+		return nil, err
+	}
+	running := map[string]uint32{}
+	if a.deps.RepJobs != nil {
+		err := a.deps.RepJobs.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
+			if r.QueueState == jobs.StateRunning {
+				running[r.WorkerNode]++
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("clustering: count running jobs: %w", err)
+		}
+	}
+	a.mu.Lock()
+	resp := &messages.NodesResponse{Unstable: a.unstable}
+	a.mu.Unlock()
+	for _, m := range members {
+		resp.Nodes = append(resp.Nodes, &messages.NodeInfo{
+			Name: m.GetName(), Types: m.GetTypes(), LastHeartbeat: m.GetHeartbeat(),
+			RunningJobs: running[m.GetName()], Alive: m.Alive,
+			AdminAddress: m.GetAdminAddress(), HttpAddress: m.GetHttpAddress(),
+		})
+	}
+	return resp, nil
 }

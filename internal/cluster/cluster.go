@@ -1,0 +1,237 @@
+// Package cluster is node membership in the shared job store: every node
+// rewrites its record (messages.NodeRecord) at each heartbeat, reads every
+// other node's record, and tracks whether the membership it sees has been
+// stable for a quiet period.
+//
+// Liveness is judged from the heartbeat's wall-clock time against three of
+// the heartbeat intervals the node promised: nodes sharing an embedded store
+// share one machine's clock. Membership is informational (couchrepctl
+// nodes, cluster events); correctness of job ownership never depends on it:
+// that is the job queue's worker locks and activity timeouts.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// ErrCorrupt is returned (wrapped) for a membership record that does not
+// decode.
+var ErrCorrupt = errors.New("cluster: corrupt node record")
+
+// MissedHeartbeats is how many heartbeat intervals a node may miss before it
+// counts as gone.
+const MissedHeartbeats = 3
+
+// Registry reads and writes membership records in a store.
+type Registry struct {
+	db    kv.Database
+	nodes tuple.Subspace
+	clock func() time.Time
+}
+
+// Options configure a Registry.
+type Options struct {
+	// Prefix is prepended to the registry's keys; nodes sharing a store
+	// must agree.
+	Prefix []byte
+	// Clock tells the time; nil is time.Now.
+	Clock func() time.Time
+}
+
+// New returns the registry over db.
+func New(db kv.Database, opts Options) *Registry {
+	r := &Registry{db: db, nodes: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "nodes"}), clock: opts.Clock}
+	if r.clock == nil {
+		r.clock = time.Now
+	}
+	return r
+}
+
+// Member is a node as read from the registry.
+type Member struct {
+	*messages.NodeRecord
+	// Alive: the last heartbeat is recent enough and the node did not
+	// leave.
+	Alive bool
+}
+
+// Heartbeat writes rec (stamped with the current time) as its node's
+// record.
+func (r *Registry) Heartbeat(ctx context.Context, rec *messages.NodeRecord) error {
+	rec = proto.Clone(rec).(*messages.NodeRecord)
+	rec.Heartbeat = timestamppb.New(r.clock())
+	b, err := proto.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("cluster: encode node %q: %w", rec.GetName(), err)
+	}
+	if err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		tx.Set(r.nodes.Pack(tuple.Tuple{rec.GetName()}), b)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("cluster: heartbeat of %q: %w", rec.GetName(), err)
+	}
+	return nil
+}
+
+// Leave marks the node's record as left, if incarnation still owns it (a
+// node restarted meanwhile under the same name keeps its record).
+func (r *Registry) Leave(ctx context.Context, name, incarnation string) error {
+	err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		key := r.nodes.Pack(tuple.Tuple{name})
+		v, err := tx.Get(key)
+		if err != nil || v == nil {
+			return err
+		}
+		rec := &messages.NodeRecord{}
+		if err := proto.Unmarshal(v, rec); err != nil {
+			return fmt.Errorf("%w: %q: %w", ErrCorrupt, name, err)
+		}
+		if rec.GetIncarnation() != incarnation {
+			return nil
+		}
+		rec.Left = true
+		rec.Heartbeat = timestamppb.New(r.clock())
+		b, err := proto.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		tx.Set(key, b)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: leave %q: %w", name, err)
+	}
+	return nil
+}
+
+// Members returns every registered node, sorted by name, alive or not.
+func (r *Registry) Members(ctx context.Context) ([]Member, error) {
+	var out []Member
+	err := r.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		out = out[:0]
+		begin, end := r.nodes.Range()
+		it := tx.GetRange(begin, end, kv.RangeOptions{})
+		for it.Next() {
+			rec := &messages.NodeRecord{}
+			if err := proto.Unmarshal(it.KeyValue().Value, rec); err != nil {
+				return fmt.Errorf("%w: key %x: %w", ErrCorrupt, it.KeyValue().Key, err)
+			}
+			out = append(out, Member{NodeRecord: rec})
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: read members: %w", err)
+	}
+	now := r.clock()
+	for i := range out {
+		out[i].Alive = IsAlive(out[i].NodeRecord, now)
+	}
+	return out, nil
+}
+
+// IsAlive reports whether rec's node counts as a member at now.
+func IsAlive(rec *messages.NodeRecord, now time.Time) bool {
+	if rec.GetLeft() || rec.GetHeartbeat() == nil {
+		return false
+	}
+	iv := time.Duration(rec.GetHeartbeatIntervalMs()) * time.Millisecond
+	return now.Sub(rec.GetHeartbeat().AsTime()) <= MissedHeartbeats*iv
+}
+
+// Forget removes the records of nodes gone for longer than age (dead or
+// left), so the registry does not grow with every node name ever used. It
+// returns how many it removed.
+func (r *Registry) Forget(ctx context.Context, age time.Duration) (int, error) {
+	n := 0
+	err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		n = 0
+		now := r.clock()
+		begin, end := r.nodes.Range()
+		it := tx.GetRange(begin, end, kv.RangeOptions{})
+		var drop [][]byte
+		for it.Next() {
+			rec := &messages.NodeRecord{}
+			if err := proto.Unmarshal(it.KeyValue().Value, rec); err != nil {
+				continue // an operator's problem; never delete what we cannot read
+			}
+			if !IsAlive(rec, now) && now.Sub(rec.GetHeartbeat().AsTime()) > age {
+				drop = append(drop, slices.Clone(it.KeyValue().Key))
+			}
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		for _, k := range drop {
+			tx.Clear(k)
+		}
+		n = len(drop)
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("cluster: forget old nodes: %w", err)
+	}
+	return n, nil
+}
+
+// Stability tracks the membership one node sees: every change makes it
+// unstable, and it becomes stable once membership stayed unchanged for the
+// quiet period. It starts unstable. It is not safe for concurrent use.
+type Stability struct {
+	quiet   time.Duration
+	members []string
+	changed time.Time
+	stable  bool
+	seen    bool
+}
+
+// NewStability returns a tracker with the given quiet period.
+func NewStability(quiet time.Duration) *Stability { return &Stability{quiet: quiet} }
+
+// Transition is what Observe reports.
+type Transition int
+
+// Transitions.
+const (
+	// NoChange: still stable, or still unstable within the quiet period.
+	NoChange Transition = iota
+	// BecameUnstable: membership changed.
+	BecameUnstable
+	// BecameStable: the quiet period passed without a change.
+	BecameStable
+)
+
+// Observe feeds the live members (names) seen at now and reports the
+// transition, if any. The first observation is a change, and so is every
+// change while unstable (it restarts the quiet period).
+func (s *Stability) Observe(members []string, now time.Time) Transition {
+	m := slices.Clone(members)
+	slices.Sort(m)
+	if !s.seen || !slices.Equal(m, s.members) {
+		// Every change (re)starts the quiet period, stable or not.
+		s.seen, s.members, s.changed, s.stable = true, m, now, false
+		return BecameUnstable
+	}
+	if !s.stable && now.Sub(s.changed) >= s.quiet {
+		s.stable = true
+		return BecameStable
+	}
+	return NoChange
+}
+
+// Stable reports whether membership is stable.
+func (s *Stability) Stable() bool { return s.stable }
+
+// Members returns the members last observed, sorted.
+func (s *Stability) Members() []string { return slices.Clone(s.members) }
