@@ -1,6 +1,7 @@
 package couch
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -131,10 +132,9 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 	if w.stall != nil {
 		body = &activityReader{r: resp.Body, w: w}
 	}
-	dec := json.NewDecoder(body)
+	js := newJSONStream(body)
 	deliver := func(row *changeRow) error {
 		w.rowSeen()
-		ch := Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted}
 		if row.Seq != nil {
 			lastSeq = row.Seq
 		}
@@ -143,11 +143,7 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 				return nil
 			}
 		}
-		ch.Revs = make([]string, len(row.Changes))
-		for i, c := range row.Changes {
-			ch.Revs[i] = c.Rev
-		}
-		return fn(ch)
+		return fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs})
 	}
 	fail := func(err error) (Seq, error) {
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
@@ -161,10 +157,17 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 		}
 		return lastSeq, badResponse(r, d, err)
 	}
+	readRow := func() (changeRow, error) {
+		raw, err := js.value()
+		if err != nil {
+			return changeRow{}, err
+		}
+		return parseChangeRow(raw)
+	}
 	if opts.Feed == FeedContinuous {
 		for {
-			var row changeRow
-			if err := dec.Decode(&row); err != nil {
+			row, err := readRow()
+			if err != nil {
 				return fail(err)
 			}
 			if row.Error != nil {
@@ -179,49 +182,53 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 		}
 	}
 	// normal and longpoll: {"results":[...],"last_seq":...,"pending":...}
-	if err := expectDelim(dec, '{'); err != nil {
+	if err := js.delim('{'); err != nil {
 		return fail(err)
 	}
 	var final Seq
-	for dec.More() {
-		tok, err := dec.Token()
+	for first := true; ; first = false {
+		key, ok, err := js.key(first)
 		if err != nil {
 			return fail(err)
 		}
-		switch tok {
+		if !ok {
+			break
+		}
+		switch key {
 		case "results":
-			if err := expectDelim(dec, '['); err != nil {
+			if err := js.delim('['); err != nil {
 				return fail(err)
 			}
-			for dec.More() {
-				var row changeRow
-				if err := dec.Decode(&row); err != nil {
+			for first := true; ; first = false {
+				more, err := js.more(first)
+				if err != nil {
+					return fail(err)
+				}
+				if !more {
+					break
+				}
+				row, err := readRow()
+				if err != nil {
 					return fail(err)
 				}
 				if err := deliver(&row); err != nil {
 					return lastSeq, err
 				}
 			}
-			if err := expectDelim(dec, ']'); err != nil {
-				return fail(err)
-			}
 		case "last_seq":
-			if err := dec.Decode(&final); err != nil {
+			raw, err := js.value()
+			if err != nil {
 				return fail(err)
 			}
+			final = SeqOf(raw)
 		case "error":
-			var e json.RawMessage
-			_ = dec.Decode(&e)
+			e, _ := js.value()
 			return lastSeq, badResponse(r, d, fmt.Errorf("feed reported error %s", e))
 		default:
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
+			if _, err := js.value(); err != nil {
 				return fail(err)
 			}
 		}
-	}
-	if err := expectDelim(dec, '}'); err != nil {
-		return fail(err)
 	}
 	if final == nil {
 		return lastSeq, nil
@@ -230,15 +237,67 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 }
 
 type changeRow struct {
-	Seq     Seq    `json:"seq"`
-	ID      string `json:"id"`
-	Changes []struct {
-		Rev string `json:"rev"`
-	} `json:"changes"`
-	Deleted bool            `json:"deleted"`
-	LastSeq Seq             `json:"last_seq"`
-	Error   json.RawMessage `json:"error"`
-	Reason  string          `json:"reason"`
+	Seq     Seq
+	ID      string
+	Revs    []string
+	Deleted bool
+	LastSeq Seq
+	Error   json.RawMessage
+	Reason  string
+}
+
+// parseChangeRow reads one checked row object of a changes feed:
+// {"seq","id","changes":[{"rev"}],"deleted"}, or the continuous feed's
+// {"last_seq"} or {"error","reason"}. Seqs are copied; nothing else
+// points into raw.
+func parseChangeRow(raw []byte) (changeRow, error) {
+	var row changeRow
+	if len(raw) == 0 || raw[0] != '{' {
+		return row, fmt.Errorf("changes row is not an object: %.100s", raw)
+	}
+	err := objectMembers(raw, func(key, val []byte) error {
+		var err error
+		switch string(key) {
+		case `"seq"`:
+			row.Seq = SeqOf(val)
+		case `"id"`:
+			row.ID, err = unquote(val)
+		case `"changes"`:
+			if val[0] != '[' {
+				return fmt.Errorf("changes row: \"changes\" is not an array: %.100s", val)
+			}
+			err = arrayElements(val, func(c []byte) error {
+				if c[0] != '{' {
+					return fmt.Errorf("changes row: change is not an object: %.100s", c)
+				}
+				rev := ""
+				err := objectMembers(c, func(key, val []byte) error {
+					if string(key) != `"rev"` {
+						return nil
+					}
+					var err error
+					rev, err = unquote(val)
+					return err
+				})
+				row.Revs = append(row.Revs, rev)
+				return err
+			})
+		case `"deleted"`:
+			row.Deleted = string(val) == "true"
+		case `"last_seq"`:
+			row.LastSeq = SeqOf(val)
+		case `"error"`:
+			if string(val) != "null" {
+				row.Error = json.RawMessage(bytes.Clone(val))
+			}
+		case `"reason"`:
+			if val[0] == '"' {
+				row.Reason, err = unquote(val)
+			}
+		}
+		return err
+	})
+	return row, err
 }
 
 func feedRowError(r *request, d *DB, row *changeRow) error {

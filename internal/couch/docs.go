@@ -108,54 +108,101 @@ func (d *DB) BulkGet(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) er
 		return err
 	}
 	defer drain(resp)
-	dec := json.NewDecoder(resp.Body)
-	if err := seekArray(dec, "results"); err != nil {
+	if err := readBulkGet(newJSONStream(resp.Body), fn); err != nil {
+		var ce callerError
+		if errors.As(err, &ce) {
+			return ce.err
+		}
 		return badResponse(r, d, err)
-	}
-	for dec.More() {
-		var res struct {
-			Docs []struct {
-				OK json.RawMessage `json:"ok"`
-			} `json:"docs"`
-		}
-		if err := dec.Decode(&res); err != nil {
-			return badResponse(r, d, err)
-		}
-		for _, x := range res.Docs {
-			if x.OK == nil {
-				continue // {"error":...}, {"missing":...} (PouchDB) or {} (PouchDB, unknown doc)
-			}
-			doc, err := newDoc(x.OK)
-			if err != nil {
-				return badResponse(r, d, err)
-			}
-			if err := fn(doc); err != nil {
-				return err
-			}
-		}
 	}
 	return nil
 }
 
-// seekArray reads an object's tokens up to the opening '[' of key's value.
-func seekArray(dec *json.Decoder, key string) error {
-	if err := expectDelim(dec, '{'); err != nil {
+// callerError carries an error returned by a caller's callback through
+// the response parsing, to be returned unwrapped.
+type callerError struct{ err error }
+
+func (e callerError) Error() string { return e.err.Error() }
+
+func (e callerError) Unwrap() error { return e.err }
+
+// readBulkGet reads {"results":[{"id":…,"docs":[{"ok":doc}|{"error":…}|
+// {"missing":…}|{}, …]}, …]} and calls fn for every "ok" document, whose
+// Body is a slice of the stream's buffers (no copy).
+func readBulkGet(js *jsonStream, fn func(Doc) error) error {
+	if err := js.delim('{'); err != nil {
 		return err
 	}
-	for dec.More() {
-		tok, err := dec.Token()
+	seen := false
+	for first := true; ; first = false {
+		k, ok, err := js.key(first)
 		if err != nil {
 			return err
 		}
-		if tok == key {
-			return expectDelim(dec, '[')
+		if !ok {
+			break
 		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
+		if k != "results" {
+			if _, err := js.value(); err != nil {
+				return err
+			}
+			continue
+		}
+		seen = true
+		if err := js.delim('['); err != nil {
 			return err
 		}
+		for first := true; ; first = false {
+			more, err := js.more(first)
+			if err != nil {
+				return err
+			}
+			if !more {
+				break
+			}
+			res, err := js.value()
+			if err != nil {
+				return err
+			}
+			if err := bulkGetResult(res, fn); err != nil {
+				return err
+			}
+		}
 	}
-	return fmt.Errorf("no %q in the answer", key)
+	if !seen {
+		return errors.New(`no "results" in the answer`)
+	}
+	return nil
+}
+
+// bulkGetResult delivers the "ok" documents of one checked result object.
+func bulkGetResult(res []byte, fn func(Doc) error) error {
+	if len(res) == 0 || res[0] != '{' {
+		return fmt.Errorf("result is not an object: %.100s", res)
+	}
+	return objectMembers(res, func(key, val []byte) error {
+		if string(key) != `"docs"` || val[0] != '[' {
+			return nil
+		}
+		return arrayElements(val, func(x []byte) error {
+			if x[0] != '{' {
+				return nil
+			}
+			return objectMembers(x, func(key, val []byte) error {
+				if string(key) != `"ok"` || val[0] != '{' {
+					return nil // {"error":...}, {"missing":...} (PouchDB) or {} (PouchDB, unknown doc)
+				}
+				doc, err := newDoc(val)
+				if err != nil {
+					return err
+				}
+				if err := fn(doc); err != nil {
+					return callerError{err}
+				}
+				return nil
+			})
+		})
+	})
 }
 
 // presence records whether a JSON value is a non-empty object or array
@@ -203,11 +250,13 @@ func newDoc(body json.RawMessage) (Doc, error) {
 		val := b[vStart:i]
 		switch string(key) {
 		case `"_id"`:
-			if err := json.Unmarshal(val, &doc.ID); err != nil {
+			var err error
+			if doc.ID, err = unquote(val); err != nil {
 				return Doc{}, fmt.Errorf("document _id: %w", err)
 			}
 		case `"_rev"`:
-			if err := json.Unmarshal(val, &doc.Rev); err != nil {
+			var err error
+			if doc.Rev, err = unquote(val); err != nil {
 				return Doc{}, fmt.Errorf("document _rev: %w", err)
 			}
 		case `"_deleted"`:
@@ -266,20 +315,26 @@ func skipValue(b []byte, i int) int {
 	}
 }
 
-// skipString returns the index just past the string starting at b[i].
+// skipString returns the index just past the string starting at b[i]
+// (valid JSON assumed): it jumps from quote to quote (bytes.IndexByte)
+// and counts the backslashes before each.
 func skipString(b []byte, i int) int {
 	i++
-	for i < len(b) {
-		switch b[i] {
-		case '\\':
-			i += 2
-			continue
-		case '"':
-			return i + 1
+	for {
+		j := bytes.IndexByte(b[i:], '"')
+		if j < 0 {
+			return len(b)
 		}
-		i++
+		q := i + j
+		k := q - 1
+		for k >= i && b[k] == '\\' {
+			k--
+		}
+		if (q-1-k)%2 == 0 {
+			return q + 1
+		}
+		i = q + 1
 	}
-	return i
 }
 
 // maxURLLen keeps open_revs URLs under common proxy limits (CouchDB's

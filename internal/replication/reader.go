@@ -43,6 +43,42 @@ func (r *Replication) changesOptions(since couch.Seq) couch.ChangesOptions {
 	return o
 }
 
+// Paging of a one-shot feed: the first request asks for one batch of rows,
+// each next one for pageGrowth times more, up to pageMaxBatches batches.
+const (
+	pageGrowth     = 4
+	pageMaxBatches = 32
+)
+
+// pager sizes the _changes requests of a one-shot replication. A server
+// that builds the whole answer before sending its first byte (PouchDB
+// Server does; so does any proxy that buffers) would otherwise keep the
+// workers idle for as long as it takes to list every change: a short first
+// page gets them going at once, and the pages then grow faster than the
+// workers drain them. Pages also bound what such a server holds in memory
+// for one answer. A continuous feed and a doc_ids feed (which may be
+// filtered on the client, where limit= would count unfiltered rows) are
+// read in one request, as before.
+type pager struct {
+	limit, max int // 0: no paging
+}
+
+func newPager(p Params) pager {
+	if p.Continuous || p.DocIDs != nil {
+		return pager{}
+	}
+	return pager{limit: p.WorkerBatchSize, max: p.WorkerBatchSize * pageMaxBatches}
+}
+
+// more reports whether another page follows a page of got rows, and sizes it.
+func (pg *pager) more(got int) bool {
+	if pg.limit == 0 || got < pg.limit {
+		return false
+	}
+	pg.limit = min(pg.limit*pageGrowth, pg.max)
+	return true
+}
+
 // readChanges is the changes reader plus the changes manager: it reads the
 // feed (re-requesting a continuous feed from its last seq forever) and
 // hands out batches of worker_batch_size rows, each registered with the
@@ -76,10 +112,13 @@ func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
 		if wait <= 0 {
 			wait = couch.DefaultRetryBackoff
 		}
+		pages := newPager(r.p)
 		for {
-			got := false
-			last, err := r.src.Changes(ctx, r.changesOptions(since), func(c couch.Change) error {
-				got = true
+			got := 0
+			opts := r.changesOptions(since)
+			opts.Limit = pages.limit
+			last, err := r.src.Changes(ctx, opts, func(c couch.Change) error {
+				got++
 				select {
 				case rows <- c:
 					return nil
@@ -95,6 +134,9 @@ func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
 			}
 			if err == nil {
 				failures = 0
+				if pages.more(got) {
+					continue
+				}
 				if err := sendEnd(since); err != nil {
 					return nil
 				}
@@ -107,7 +149,7 @@ func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
 			if errors.As(err, &herr) && !herr.Retryable() {
 				return fmt.Errorf("%w: %w", ErrChangesFailed, err)
 			}
-			if got {
+			if got > 0 {
 				failures = 0
 			}
 			failures++

@@ -1,0 +1,449 @@
+package couch
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// jsonStream reads a JSON document from a stream one value at a time
+// without decoding it: values come back as slices of its buffers, checked
+// for well-formedness by a hand-written scanner (a single pass, no
+// reflection), which is several times cheaper than encoding/json's
+// Decoder for documents that are only passed on. A buffer is never
+// reused: slices returned earlier stay valid (they keep their buffer alive
+// until dropped), so document bodies need no copy.
+type jsonStream struct {
+	r   io.Reader
+	buf []byte // buf[off:] is unread
+	off int
+	err error // the reader's error once it returned one (io.EOF at the end)
+}
+
+const (
+	jsonChunk    = 64 << 10 // the smallest read buffer
+	jsonMaxDepth = 10000    // nesting limit, as encoding/json
+)
+
+// errIncomplete: the buffer ends inside the value.
+var errIncomplete = errors.New("incomplete JSON value")
+
+func newJSONStream(r io.Reader) *jsonStream { return &jsonStream{r: r} }
+
+// fill makes more bytes available, keeping buf[keep:] (moved to the start
+// of a new buffer). It returns false when the stream has ended.
+func (s *jsonStream) fill(keep int) bool {
+	if s.err != nil {
+		return false
+	}
+	rest := s.buf[keep:]
+	size := max(jsonChunk, 2*len(rest))
+	nb := make([]byte, len(rest), size)
+	copy(nb, rest)
+	s.buf, s.off = nb, s.off-keep
+	for {
+		n, err := s.r.Read(nb[len(nb):cap(nb)])
+		s.buf = nb[:len(nb)+n]
+		if err != nil {
+			s.err = err
+			return n > 0
+		}
+		if n > 0 {
+			return true
+		}
+	}
+}
+
+func (s *jsonStream) readErr() error {
+	if s.err == nil || s.err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return s.err
+}
+
+// peek skips whitespace and returns the next byte without consuming it.
+func (s *jsonStream) peek() (byte, error) {
+	for {
+		s.off = skipWS(s.buf, s.off)
+		if s.off < len(s.buf) {
+			return s.buf[s.off], nil
+		}
+		if !s.fill(s.off) {
+			return 0, s.readErr()
+		}
+	}
+}
+
+// delim consumes the next non-space byte, which must be c.
+func (s *jsonStream) delim(c byte) error {
+	got, err := s.peek()
+	if err != nil {
+		return err
+	}
+	if got != c {
+		return fmt.Errorf("expected %q, found %q at byte %d of the buffer", c, got, s.off)
+	}
+	s.off++
+	return nil
+}
+
+// value returns the next complete JSON value (checked) and consumes it.
+func (s *jsonStream) value() ([]byte, error) {
+	if _, err := s.peek(); err != nil {
+		return nil, err
+	}
+	for {
+		end, err := scanValue(s.buf, s.off, 0)
+		if err == errIncomplete {
+			if !s.fill(s.off) {
+				return nil, s.readErr()
+			}
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		v := s.buf[s.off:end:end]
+		s.off = end
+		return v, nil
+	}
+}
+
+// more reports whether the array being read has another element,
+// consuming the separating comma; false after consuming the closing ']'.
+// first is true before the first element.
+func (s *jsonStream) more(first bool) (bool, error) {
+	c, err := s.peek()
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case c == ']':
+		s.off++
+		return false, nil
+	case first:
+		return true, nil
+	case c == ',':
+		s.off++
+		return true, nil
+	}
+	return false, fmt.Errorf("expected ',' or ']', found %q", c)
+}
+
+// key reads an object's next key (consuming the ':' after it), or reports
+// the end of the object (consuming the '}'). first is true before the
+// first member.
+func (s *jsonStream) key(first bool) (string, bool, error) {
+	c, err := s.peek()
+	if err != nil {
+		return "", false, err
+	}
+	switch {
+	case c == '}':
+		s.off++
+		return "", false, nil
+	case !first && c == ',':
+		s.off++
+	case !first:
+		return "", false, fmt.Errorf("expected ',' or '}', found %q", c)
+	}
+	if c, err = s.peek(); err != nil {
+		return "", false, err
+	}
+	if c != '"' {
+		return "", false, fmt.Errorf("expected an object key, found %q", c)
+	}
+	raw, err := s.value()
+	if err != nil {
+		return "", false, err
+	}
+	k, err := unquote(raw)
+	if err != nil {
+		return "", false, err
+	}
+	return k, true, s.delim(':')
+}
+
+// unquote returns the content of a checked JSON string.
+func unquote(raw []byte) (string, error) {
+	if len(raw) < 2 || raw[0] != '"' {
+		return "", fmt.Errorf("not a string: %.100s", raw)
+	}
+	for _, c := range raw[1 : len(raw)-1] {
+		if c == '\\' {
+			var s string
+			err := json.Unmarshal(raw, &s)
+			return s, err
+		}
+	}
+	return string(raw[1 : len(raw)-1]), nil
+}
+
+// strPlain marks the bytes that may appear unescaped in a JSON string
+// without ending it.
+var strPlain = func() (t [256]bool) {
+	for c := 0x20; c < 256; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
+// scanValue checks the JSON value starting at b[i] (after optional
+// whitespace) and returns the index just past it; errIncomplete when b
+// ends first.
+func scanValue(b []byte, i, depth int) (int, error) {
+	i = skipWS(b, i)
+	if i >= len(b) {
+		return i, errIncomplete
+	}
+	switch c := b[i]; c {
+	case '"':
+		return scanString(b, i)
+	case '{', '[':
+		if depth >= jsonMaxDepth {
+			return i, errors.New("JSON nested too deeply")
+		}
+		closing := byte('}')
+		if c == '[' {
+			closing = ']'
+		}
+		i = skipWS(b, i+1)
+		if i >= len(b) {
+			return i, errIncomplete
+		}
+		if b[i] == closing {
+			return i + 1, nil
+		}
+		for {
+			var err error
+			if c == '{' {
+				if i = skipWS(b, i); i >= len(b) {
+					return i, errIncomplete
+				}
+				if b[i] != '"' {
+					return i, fmt.Errorf("invalid character %q looking for an object key", b[i])
+				}
+				if i, err = scanString(b, i); err != nil {
+					return i, err
+				}
+				if i = skipWS(b, i); i >= len(b) {
+					return i, errIncomplete
+				}
+				if b[i] != ':' {
+					return i, fmt.Errorf("invalid character %q after an object key", b[i])
+				}
+				i++
+			}
+			if i, err = scanValue(b, i, depth+1); err != nil {
+				return i, err
+			}
+			if i = skipWS(b, i); i >= len(b) {
+				return i, errIncomplete
+			}
+			switch b[i] {
+			case ',':
+				i++
+			case closing:
+				return i + 1, nil
+			default:
+				return i, fmt.Errorf("invalid character %q after a value", b[i])
+			}
+		}
+	case 't':
+		return scanLiteral(b, i, "true")
+	case 'f':
+		return scanLiteral(b, i, "false")
+	case 'n':
+		return scanLiteral(b, i, "null")
+	default:
+		if c == '-' || '0' <= c && c <= '9' {
+			return scanNumber(b, i)
+		}
+		return i, fmt.Errorf("invalid character %q looking for a value", c)
+	}
+}
+
+// SWAR constants: a byte 0x01 and 0x80 in every lane of a uint64.
+const (
+	lanes01 = 0x0101010101010101
+	lanes80 = 0x8080808080808080
+)
+
+// plain8 reports whether none of the 8 bytes in x ends or escapes a
+// string or is a control character.
+func plain8(x uint64) bool {
+	q := x ^ (lanes01 * '"')
+	bs := x ^ (lanes01 * '\\')
+	return ((x-lanes01*0x20)&^x|(q-lanes01)&^q|(bs-lanes01)&^bs)&lanes80 == 0
+}
+
+func scanString(b []byte, i int) (int, error) {
+	i++
+	for {
+		for i+8 <= len(b) && plain8(binary.LittleEndian.Uint64(b[i:])) {
+			i += 8
+		}
+		for i < len(b) && strPlain[b[i]] {
+			i++
+		}
+		if i >= len(b) {
+			return i, errIncomplete
+		}
+		switch b[i] {
+		case '"':
+			return i + 1, nil
+		case '\\':
+			if i+1 >= len(b) {
+				return i, errIncomplete
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) {
+					return i, errIncomplete
+				}
+				for _, h := range b[i+2 : i+6] {
+					if !('0' <= h && h <= '9' || 'a' <= h && h <= 'f' || 'A' <= h && h <= 'F') {
+						return i, fmt.Errorf("invalid \\u escape in a string")
+					}
+				}
+				i += 6
+			default:
+				return i, fmt.Errorf("invalid escape %q in a string", b[i+1])
+			}
+		default:
+			return i, fmt.Errorf("control character %#x in a string", b[i])
+		}
+	}
+}
+
+func scanLiteral(b []byte, i int, lit string) (int, error) {
+	for k := 0; k < len(lit); k++ {
+		if i+k >= len(b) {
+			return i, errIncomplete
+		}
+		if b[i+k] != lit[k] {
+			return i, fmt.Errorf("invalid literal, expected %s", lit)
+		}
+	}
+	return i + len(lit), nil
+}
+
+// scanNumber checks a number's grammar. A number running to the end of b
+// is incomplete: more digits may follow.
+func scanNumber(b []byte, i int) (int, error) {
+	digits := func(i int) (int, int) {
+		s := i
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+		return i, i - s
+	}
+	if b[i] == '-' {
+		i++
+	}
+	if i >= len(b) {
+		return i, errIncomplete
+	}
+	if b[i] == '0' {
+		i++
+	} else {
+		var n int
+		if i, n = digits(i); n == 0 {
+			if i >= len(b) {
+				return i, errIncomplete
+			}
+			return i, errors.New("invalid number")
+		}
+	}
+	if i < len(b) && b[i] == '.' {
+		var n int
+		if i, n = digits(i + 1); n == 0 {
+			if i >= len(b) {
+				return i, errIncomplete
+			}
+			return i, errors.New("invalid number")
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		var n int
+		if i, n = digits(i); n == 0 {
+			if i >= len(b) {
+				return i, errIncomplete
+			}
+			return i, errors.New("invalid number")
+		}
+	}
+	if i >= len(b) {
+		return i, errIncomplete
+	}
+	return i, nil
+}
+
+// objectMembers calls fn for each member of the checked JSON object obj
+// (keys still quoted); values are slices of obj.
+func objectMembers(obj []byte, fn func(key, val []byte) error) error {
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return fmt.Errorf("not an object: %.100s", obj)
+	}
+	i++
+	for {
+		i = skipWS(obj, i)
+		if i >= len(obj) {
+			return fmt.Errorf("object truncated: %.100s", obj)
+		}
+		switch obj[i] {
+		case '}':
+			return nil
+		case ',':
+			i++
+			continue
+		}
+		kEnd := skipValue(obj, i)
+		key := obj[i:kEnd]
+		i = skipWS(obj, kEnd)
+		if i >= len(obj) || obj[i] != ':' {
+			return fmt.Errorf("object malformed: %.100s", obj)
+		}
+		vStart := skipWS(obj, i+1)
+		i = skipValue(obj, vStart)
+		if err := fn(key, obj[vStart:i]); err != nil {
+			return err
+		}
+	}
+}
+
+// arrayElements calls fn for each element of the checked JSON array arr.
+func arrayElements(arr []byte, fn func(val []byte) error) error {
+	i := skipWS(arr, 0)
+	if i >= len(arr) || arr[i] != '[' {
+		return fmt.Errorf("not an array: %.100s", arr)
+	}
+	i++
+	for {
+		i = skipWS(arr, i)
+		if i >= len(arr) {
+			return fmt.Errorf("array truncated: %.100s", arr)
+		}
+		switch arr[i] {
+		case ']':
+			return nil
+		case ',':
+			i++
+			continue
+		}
+		end := skipValue(arr, i)
+		if err := fn(arr[i:end]); err != nil {
+			return err
+		}
+		i = end
+	}
+}
