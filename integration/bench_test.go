@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -562,4 +563,49 @@ func BenchmarkReplicationMemory(b *testing.B) {
 			b.Logf("docs=%d load %s", n, loadAvg())
 		})
 	}
+}
+
+// serverCPU returns a function reading the CPU time (user+system) used so
+// far by the pouchdb-server process listening on s's port, found by its
+// command line; nil when it cannot be found.
+func serverCPU(s *testserver.Server) func() time.Duration {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return nil
+	}
+	want := []byte("--port\x00" + u.Port() + "\x00")
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !bytes.Contains(cmd, want) {
+			continue
+		}
+		return func() time.Duration {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			if err != nil {
+				return 0
+			}
+			// Fields after the parenthesised command: state is field 3,
+			// utime and stime are fields 14 and 15, in clock ticks (100 Hz).
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 {
+				return 0
+			}
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) < 13 {
+				return 0
+			}
+			ut, _ := strconv.ParseInt(f[11], 10, 64)
+			st, _ := strconv.ParseInt(f[12], 10, 64)
+			return time.Duration(ut+st) * 10 * time.Millisecond
+		}
+	}
+	return nil
 }

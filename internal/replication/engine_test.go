@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -226,6 +227,58 @@ func TestRevsDiffEmptyTarget(t *testing.T) {
 			}
 			if res.Stats.DocsWritten != int64(tc.wantFetched) || res.Stats.RevisionsChecked != 30 {
 				t.Errorf("stats %+v", res.Stats)
+			}
+		})
+	}
+}
+
+// TestChangesPaging: a one-shot feed is read in pages of one batch, then
+// growing 4× (capped at 32 batches); doc_ids feeds are read in one request.
+func TestChangesPaging(t *testing.T) {
+	tests := []struct {
+		name, extra string
+		docs        int
+		wantLimits  []string
+	}{
+		{name: "one batch", extra: `,"worker_batch_size":5`, docs: 3, wantLimits: []string{"5"}},
+		{name: "exact batch", extra: `,"worker_batch_size":5`, docs: 5, wantLimits: []string{"5", "20"}},
+		{name: "growing", extra: `,"worker_batch_size":5`, docs: 30, wantLimits: []string{"5", "20", "80"}},
+		{name: "capped", extra: `,"worker_batch_size":1`, docs: 100, wantLimits: []string{"1", "4", "16", "32", "32", "32"}},
+		{name: "doc_ids in one request", extra: `,"worker_batch_size":5,"doc_ids":["d00","d01","d02","d03","d04","d05","d06"]`, docs: 30, wantLimits: []string{""}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeCouch(t)
+			f.addDB("src")
+			f.addDB("tgt")
+			for i := 0; i < tc.docs; i++ {
+				f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+			}
+			res, err := runFake(fakeParams(t, tc.extra, f.URL+"/src", f.URL+"/tgt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var limits []string
+			for _, q := range f.changesQuery {
+				v, _ := url.ParseQuery(q)
+				limits = append(limits, v.Get("limit"))
+			}
+			if fmt.Sprint(limits) != fmt.Sprint(tc.wantLimits) {
+				t.Errorf("limits %q, want %q", limits, tc.wantLimits)
+			}
+			want := tc.docs
+			if strings.Contains(tc.extra, "doc_ids") {
+				want = 7
+			}
+			if n := len(f.dbs["tgt"].docs); n != want || res.Stats.DocsWritten != int64(want) {
+				t.Errorf("target has %d docs (stats %+v), want %d", n, res.Stats, want)
+			}
+			var body struct {
+				SourceLastSeq string `json:"source_last_seq"`
+			}
+			_ = json.Unmarshal(res.Body, &body)
+			if body.SourceLastSeq != seqStr(tc.docs) {
+				t.Errorf("source_last_seq %q, want %q", body.SourceLastSeq, seqStr(tc.docs))
 			}
 		})
 	}

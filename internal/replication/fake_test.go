@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -159,9 +161,17 @@ func (f *fakeCouch) serve(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Get("filter") == "_selector" && !matches(doc.body, filt.Selector) {
 				continue
 			}
+			if r.URL.Query().Get("filter") == "_doc_ids" && !slices.Contains(filt.DocIDs, id) {
+				continue
+			}
 			results = append(results, map[string]any{"seq": seqStr(doc.seq), "id": id, "changes": []any{map[string]string{"rev": doc.rev}}})
 		}
-		writeJSON(w, 200, map[string]any{"results": results, "last_seq": seqStr(d.seq), "pending": 0})
+		lastSeq := seqStr(d.seq)
+		if limit, _ := strconv.Atoi(r.URL.Query().Get("limit")); limit > 0 && len(results) > limit {
+			results = results[:limit]
+			lastSeq = results[limit-1].(map[string]any)["seq"].(string)
+		}
+		writeJSON(w, 200, map[string]any{"results": results, "last_seq": lastSeq, "pending": 0})
 	case rest == "_revs_diff":
 		var q map[string][]string
 		_ = json.Unmarshal(body, &q)
