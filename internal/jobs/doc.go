@@ -20,7 +20,6 @@
 //	(READY, type, priority, id)           = ""   pending, scheduled time reached
 //	(DELAYED, type, scheduled_ns, id)     = ""   pending, scheduled in the future
 //	(PENDING_WATCH, type)                 = counter bumped on every enqueue
-//	(ACTIVITY_WATCH, type)                = versionstamp of the last accept/update
 //	(TYPES, type)                         = JobTypeConfig (activity timeout)
 //	(ACTIVITY, type, versionstamp, id)    = ""   one per running job
 //	(CORRUPT, type, id)                   = ""   records that failed to decode
@@ -29,7 +28,7 @@
 // Options.AcceptSpread READY keys (lowest priority first), picks one at
 // random and adds an explicit read conflict on it, so that concurrent
 // acceptors on a real FoundationDB cluster do not all collide on the queue
-// head. The activity monitor (Monitor) samples each type's ACTIVITY_WATCH
+// head. The activity monitor (Monitor) samples each type's newest ACTIVITY
 // stamp and re-enqueues only the ACTIVITY entries older than a sample at
 // least one timeout old: its cost is proportional to the stale jobs, not to
 // all running jobs, and it is safe to run on every node at once.

@@ -11,32 +11,31 @@ import (
 
 // Key-space tags (see the package comment).
 const (
-	tagData          = 1
-	tagReady         = 2
-	tagDelayed       = 3
-	tagPendingWatch  = 4
-	tagActivityWatch = 5
-	tagTypes         = 6
-	tagActivity      = 7
-	tagCorrupt       = 8
+	tagData         = 1
+	tagReady        = 2
+	tagDelayed      = 3
+	tagPendingWatch = 4
+	_               = 5 // was ACTIVITY_WATCH; the newest ACTIVITY key serves instead
+	tagTypes        = 6
+	tagActivity     = 7
+	tagCorrupt      = 8
 )
 
 type keys struct {
-	root, data, ready, delayed, pendingWatch, activityWatch, types, activity, corrupt tuple.Subspace
+	root, data, ready, delayed, pendingWatch, types, activity, corrupt tuple.Subspace
 }
 
 func newKeys(prefix []byte) keys {
 	root := tuple.NewSubspace(prefix, tuple.Tuple{"jobs"})
 	return keys{
-		root:          root,
-		data:          root.Sub(tagData),
-		ready:         root.Sub(tagReady),
-		delayed:       root.Sub(tagDelayed),
-		pendingWatch:  root.Sub(tagPendingWatch),
-		activityWatch: root.Sub(tagActivityWatch),
-		types:         root.Sub(tagTypes),
-		activity:      root.Sub(tagActivity),
-		corrupt:       root.Sub(tagCorrupt),
+		root:         root,
+		data:         root.Sub(tagData),
+		ready:        root.Sub(tagReady),
+		delayed:      root.Sub(tagDelayed),
+		pendingWatch: root.Sub(tagPendingWatch),
+		types:        root.Sub(tagTypes),
+		activity:     root.Sub(tagActivity),
+		corrupt:      root.Sub(tagCorrupt),
 	}
 }
 
@@ -107,10 +106,9 @@ func (k keys) parseDelayed(key []byte) (sched time.Time, id string, err error) {
 	return time.Unix(0, ns), id, nil
 }
 
-func (k keys) pendingWatchKey(typ string) []byte  { return k.pendingWatch.Pack(tuple.Tuple{typ}) }
-func (k keys) activityWatchKey(typ string) []byte { return k.activityWatch.Pack(tuple.Tuple{typ}) }
-func (k keys) typeKey(typ string) []byte          { return k.types.Pack(tuple.Tuple{typ}) }
-func (k keys) typesRange() (begin, end []byte)    { return k.types.Range() }
+func (k keys) pendingWatchKey(typ string) []byte { return k.pendingWatch.Pack(tuple.Tuple{typ}) }
+func (k keys) typeKey(typ string) []byte         { return k.types.Pack(tuple.Tuple{typ}) }
+func (k keys) typesRange() (begin, end []byte)   { return k.types.Range() }
 
 func (k keys) typeFromKey(key []byte) (string, error) {
 	t, err := k.types.Unpack(key)
@@ -137,6 +135,9 @@ func (k keys) activityKeyIncomplete(typ, id string) ([]byte, int, error) {
 	}
 	return key, off, nil
 }
+
+// activityRange holds every activity entry of typ.
+func (k keys) activityRange(typ string) (begin, end []byte) { return k.activity.Sub(typ).Range() }
 
 // activityRangeThrough holds the activity entries of typ whose stamp is at
 // most stamp.

@@ -29,11 +29,14 @@ type MonitorOptions struct {
 // transaction that re-checks the job, so a job is re-enqueued once.
 //
 // It follows couch_jobs' scheme: every Accept and Update writes the job's
-// ACTIVITY entry under the transaction's versionstamp and stores that stamp
-// in the type's ACTIVITY_WATCH key. Each check samples that key; an entry
-// whose stamp is not newer than a sample taken at least one timeout ago has
-// not been updated for a whole timeout. Only those entries are read, so a
-// check costs in proportion to the stale jobs, not to all running jobs.
+// ACTIVITY entry under the transaction's versionstamp, so the entries are
+// ordered by the time of each job's last sign of life. Each check samples
+// the newest stamp (the last ACTIVITY key of the type; couch_jobs keeps it
+// in a separate "watches" key that every update rewrites, which costs a
+// write per update and is a hot key on FoundationDB). An entry whose stamp
+// is not newer than a sample taken at least one timeout ago has not been
+// updated for a whole timeout. Only those entries are read, so a check
+// costs in proportion to the stale jobs, not to all running jobs.
 type Monitor struct {
 	q    *Queue
 	opts MonitorOptions
@@ -137,21 +140,32 @@ func (m *Monitor) checkType(ctx context.Context, typ string, timeout time.Durati
 	}
 	m.mu.Unlock()
 
-	// Sample the current stamp before scanning (any order is correct; this
-	// one keeps the sample conservative).
-	var cur []byte
+	// Sample the newest activity stamp before scanning (any order is
+	// correct; this one keeps the sample conservative).
+	var (
+		cur  [kv.VersionstampLength]byte
+		have bool
+	)
 	err := m.q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
-		v, err := tx.Get(m.q.keys.activityWatchKey(typ))
-		cur = v
-		return err
+		have = false
+		begin, end := m.q.keys.activityRange(typ)
+		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: 1, Reverse: true})
+		for it.Next() {
+			stamp, _, err := m.q.keys.parseActivity(it.KeyValue().Key)
+			if err != nil {
+				return err
+			}
+			cur, have = stamp, true
+		}
+		return it.Err()
 	})
 	if err != nil {
 		return 0, err
 	}
-	if len(cur) == kv.VersionstampLength {
+	if have {
 		m.mu.Lock()
 		if m.types[typ] == st {
-			st.samples = append(st.samples, stampSample{at: now, stamp: [kv.VersionstampLength]byte(cur)})
+			st.samples = append(st.samples, stampSample{at: now, stamp: cur})
 		}
 		m.mu.Unlock()
 	}

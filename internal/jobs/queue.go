@@ -55,6 +55,9 @@ type Queue struct {
 	mu          sync.RWMutex
 	types       map[string]struct{}  // types known to be registered (never unregistered)
 	lastPromote map[string]time.Time // per type, when Accept last promoted DELAYED jobs
+
+	claimMu sync.Mutex
+	claimed map[string]struct{} // READY keys this process's Accepts are trying
 }
 
 // New returns a Queue storing its jobs in db.
@@ -69,6 +72,7 @@ func New(db kv.Database, opts Options) *Queue {
 		keys:        newKeys(opts.Prefix),
 		types:       make(map[string]struct{}),
 		lastPromote: make(map[string]time.Time),
+		claimed:     make(map[string]struct{}),
 	}
 	if q.clock == nil {
 		q.clock = time.Now

@@ -114,8 +114,8 @@ func (q *Queue) storeKeepStamp(tx kv.Tx, rec *messages.JobRecord) error {
 }
 
 // storeRunning writes rec as running: the record carries this
-// transaction's versionstamp as its activity stamp, a new activity entry
-// is written under the same stamp and the type's activity watch is bumped.
+// transaction's versionstamp as its activity stamp and a new activity entry
+// is written under the same stamp.
 // The caller must have cleared the job's previous activity entry.
 func (q *Queue) storeRunning(tx kv.Tx, rec *messages.JobRecord) error {
 	rec.Version++
@@ -139,10 +139,6 @@ func (q *Queue) storeRunning(tx kv.Tx, rec *messages.JobRecord) error {
 	}
 	if err := tx.SetVersionstampedKey(key, off, nil); err != nil {
 		return fmt.Errorf("jobs: write activity of %q/%q: %w", typ, id, err)
-	}
-	stamp := make([]byte, kv.VersionstampLength)
-	if err := tx.SetVersionstampedValue(q.keys.activityWatchKey(typ), stamp, 0); err != nil {
-		return fmt.Errorf("jobs: bump activity watch of %q: %w", typ, err)
 	}
 	return nil
 }

@@ -66,13 +66,14 @@ func (q *Queue) Accept(ctx context.Context, typ string, opts AcceptOptions) (*Jo
 			next time.Time
 		)
 		noJob := false
+		var claims []string
 		err := q.db.Transact(ctx, func(tx kv.Tx) error {
 			var err error
 			if w != nil { // from an attempt that did not commit
 				w.Cancel()
 			}
 			w, next, noJob = nil, time.Time{}, false
-			job, err = q.acceptTx(tx, typ, opts)
+			job, err = q.acceptTx(tx, typ, opts, &claims)
 			if !errors.Is(err, errNoJob) {
 				return err
 			}
@@ -84,6 +85,7 @@ func (q *Queue) Accept(ctx context.Context, typ string, opts AcceptOptions) (*Jo
 			}
 			return err
 		})
+		q.release(claims)
 		if err != nil {
 			if w != nil {
 				w.Cancel()
@@ -136,14 +138,14 @@ func (q *Queue) nextScheduled(tx kv.Tx, typ string) (time.Time, error) {
 // ignored. It returns an error wrapping ErrNotFound when nothing is
 // eligible.
 func (q *Queue) AcceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error) {
-	job, err := q.acceptTx(tx, typ, opts)
+	job, err := q.acceptTx(tx, typ, opts, nil)
 	if errors.Is(err, errNoJob) {
 		return nil, fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	return job, err
 }
 
-func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error) {
+func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]string) (*Job, error) {
 	if err := q.checkType(tx, typ); err != nil {
 		return nil, err
 	}
@@ -183,7 +185,11 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error)
 			continue
 		}
 		mrand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+		q.preferUnclaimed(cands)
 		for _, key := range cands {
+			if claims != nil {
+				q.claim(key, claims)
+			}
 			job, err := q.take(tx, typ, key, now)
 			if err != nil || job != nil {
 				return job, err
@@ -197,6 +203,48 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error)
 			}
 		}
 		begin = append(last, 0x00)
+	}
+}
+
+// preferUnclaimed moves the keys that no other Accept of this process is
+// trying right now to the front (keeping their random order), so that
+// acceptors in one process do not collide on the same job; on a conflict
+// the loser would only retry its transaction.
+func (q *Queue) preferUnclaimed(keys [][]byte) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	if len(q.claimed) == 0 {
+		return
+	}
+	n := 0
+	for i, k := range keys {
+		if _, ok := q.claimed[string(k)]; !ok {
+			keys[n], keys[i] = keys[i], keys[n]
+			n++
+		}
+	}
+}
+
+// claim marks key as being tried by this process's Accept; release undoes
+// the claims once its transaction is over.
+func (q *Queue) claim(key []byte, claims *[]string) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	k := string(key)
+	if _, ok := q.claimed[k]; !ok {
+		q.claimed[k] = struct{}{}
+		*claims = append(*claims, k)
+	}
+}
+
+func (q *Queue) release(claims []string) {
+	if len(claims) == 0 {
+		return
+	}
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	for _, k := range claims {
+		delete(q.claimed, k)
 	}
 }
 
