@@ -23,6 +23,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -152,7 +153,7 @@ func AcceptorProps(deps actors.Deps, slots *Slots, opts ...AcceptorOptions) *act
 	}
 	return actors.Props(func() actor.Actor {
 		return &acceptor{deps: deps, slots: slots, o: o, log: deps.Logger.With().Str("actor", Acceptor).Logger()}
-	})
+	}, actors.Handles(&messages.DrainRequest{}, &messages.UndrainRequest{}, &messages.SetConfigRequest{}))
 }
 
 type acceptor struct {
@@ -161,6 +162,7 @@ type acceptor struct {
 	o      AcceptorOptions
 	log    zerolog.Logger
 	cancel context.CancelFunc
+	done   chan struct{}
 }
 
 func (a *acceptor) Receive(ctx actor.Context) {
@@ -170,24 +172,56 @@ func (a *acceptor) Receive(ctx actor.Context) {
 			a.log.Info().Msg("acceptor: not a replication node, accepting no jobs")
 			return
 		}
-		c, cancel := context.WithCancel(context.Background())
-		a.cancel = cancel
-		go a.loop(c, ctx.ActorSystem())
+		a.start(ctx.ActorSystem())
 	case *messages.DrainRequest:
+		// Stop taking slots, and leave the queue now: a waiting Accept
+		// would otherwise take the very jobs the drain hands back. Once the
+		// loop returned, every job it accepted runs under jobs_sup.
 		a.slots.SetPaused(true)
+		a.halt()
 		if ctx.Sender() != nil {
 			ctx.Respond(&messages.DrainResponse{})
 		}
 	case *messages.UndrainRequest:
 		a.slots.SetPaused(false)
+		if a.cancel == nil && a.deps.Config.HasNodeType(config.NodeTypeReplication) && a.deps.RepJobs != nil {
+			a.start(ctx.ActorSystem())
+		}
 		if ctx.Sender() != nil {
 			ctx.Respond(&messages.UndrainResponse{})
+		}
+	case *messages.SetConfigRequest:
+		// The scheduler changed the policy: waiting acquirers re-read
+		// max_jobs.
+		a.slots.Wake()
+		if ctx.Sender() != nil {
+			p := a.deps.RepJobs.Policy()
+			ctx.Respond(&messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)})
 		}
 	case *actor.Stopping:
 		if a.cancel != nil {
 			a.cancel()
 		}
 	}
+}
+
+func (a *acceptor) start(system *actor.ActorSystem) {
+	c, cancel := context.WithCancel(context.Background())
+	a.cancel, a.done = cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		a.loop(c, system)
+	}(a.done)
+}
+
+// halt stops the accept loop and waits for it to return.
+func (a *acceptor) halt() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	<-a.done
+	a.cancel, a.done = nil, nil
 }
 
 // loop accepts jobs while there are free slots, until ctx ends.
@@ -218,6 +252,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
 		jo := replicationjob.Options{
 			Store: store, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 			Logger: a.deps.Logger, Scheduler: a.deps.PID("scheduler"), Released: release,
+			NodePool: true, Limiter: ratelimiter.For(system),
 		}
 		if !a.o.NoJitter {
 			jo.StartupDelay = store.Policy().StartupDelay(nil)

@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replication"
@@ -58,6 +59,11 @@ type Options struct {
 	HTTPClient func(p replication.Params) *http.Client
 	// Limiter, if set, is the node's shared rate limiter (rate_limiter).
 	Limiter couch.Limiter
+	// NodePool makes the job take its HTTP client from the node's
+	// connection_pool actor: a lease of http_connections concurrent requests
+	// per endpoint, held by this actor (the pool reclaims it if the actor
+	// dies) and released when the run ends. It overrides HTTPClient.
+	NodePool bool
 	// Released is called once when the actor has stopped (the acceptor's
 	// slot accounting).
 	Released func()
@@ -88,6 +94,9 @@ func Props(run *repjob.Run, o Options) *actor.Props {
 type outcome struct{ err error }
 
 type jobActor struct {
+	// client is the lease's client when Options.NodePool is set; only the
+	// job goroutine uses it.
+	client  *http.Client
 	run     *repjob.Run
 	o       Options
 	log     zerolog.Logger
@@ -113,7 +122,7 @@ func (a *jobActor) Receive(ctx actor.Context) {
 		}
 		self, system := ctx.Self(), ctx.ActorSystem()
 		go func() {
-			err := a.work(c, system)
+			err := a.work(c, system, self)
 			close(a.done)
 			system.Root.Send(self, outcome{err: err})
 		}()
@@ -156,7 +165,7 @@ func (a *jobActor) Receive(ctx actor.Context) {
 
 // work runs the job until it ends and records how; it returns only store
 // errors that could not be recorded.
-func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem) error {
+func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
 	run := a.run
 	if a.o.StartupDelay > 0 {
 		t := time.NewTimer(a.o.StartupDelay)
@@ -179,6 +188,17 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem) error {
 	p, err := replication.ParseParams(rec.Body)
 	if err != nil {
 		return a.fail(system, err.Error())
+	}
+	if a.o.NodePool {
+		lease, err := connpool.Acquire(ctx, system, self, p.HTTPConnections)
+		if err != nil {
+			if ctx.Err() != nil {
+				return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+			}
+			return a.crash(system, "connection_pool: "+err.Error())
+		}
+		defer lease.Release()
+		a.client = lease.Client()
 	}
 	p, err = a.withFilterCode(ctx, p)
 	if err != nil {
@@ -228,15 +248,24 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replication.Params) (re
 	if err != nil {
 		return p, fmt.Errorf("%w: source: %w", replication.ErrInvalidParams, err)
 	}
-	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest}
-	if a.o.HTTPClient != nil {
-		opts.HTTPClient = a.o.HTTPClient(p)
-	}
+	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest, HTTPClient: a.httpClient(p)}
 	code, err := replication.FetchFilterCode(ctx, couch.NewDB(ep, opts), p.Filter)
 	if err != nil {
 		return p, err
 	}
 	return p.WithFilterCode(code), nil
+}
+
+// httpClient is the client for the job's requests: the connection pool's
+// lease, else Options.HTTPClient, else nil (the engine's own).
+func (a *jobActor) httpClient(p replication.Params) *http.Client {
+	if a.client != nil {
+		return a.client
+	}
+	if a.o.HTTPClient != nil {
+		return a.o.HTTPClient(p)
+	}
+	return nil
 }
 
 func endpointJSON(ep replication.EndpointParams) map[string]any {
@@ -267,9 +296,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, p r
 			}
 			progress <- s
 		}}
-	if a.o.HTTPClient != nil {
-		o.HTTPClient = a.o.HTTPClient(p)
-	}
+	o.HTTPClient = a.httpClient(p)
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	resCh := make(chan engineResult, 1)

@@ -76,7 +76,8 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 	js := jobserver.Spec(deps)
 	js.Supervisor.Children[1].Props = jobserver.AcceptorProps(deps, n.slots, jobserver.AcceptorOptions{
 		NoJitter:   true,
-		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash) },
+		// The fake engine makes no HTTP requests: no connection_pool needed.
+		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash); o.NodePool = false },
 	})
 	sup, err := supervisor.Start(context.Background(), system, actors.RootName, supervisor.Spec{
 		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
