@@ -11,11 +11,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"connectrpc.com/connect"
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/rs/zerolog"
@@ -32,7 +34,9 @@ import (
 	"github.com/couchrep/couchrep/actors/httpapi"
 	"github.com/couchrep/couchrep/actors/jobserver"
 	"github.com/couchrep/couchrep/actors/ratelimiter"
+	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -54,6 +58,17 @@ var (
 	ErrUnknownRequest = errors.New("couchrep: unknown request type")
 	// ErrStopped is returned by requests to a node that has stopped.
 	ErrStopped = errors.New("couchrep: node stopped")
+	// ErrInvalidRequest is returned for a request whose fields are wrong
+	// (an invalid replication, max_jobs 0, ...).
+	ErrInvalidRequest = errors.New("couchrep: invalid request")
+	// ErrJobNotFound is returned for a job id or replication id no job has.
+	ErrJobNotFound = errors.New("couchrep: job not found")
+	// ErrJobNotRunning is returned for stopping a job that is not running.
+	ErrJobNotRunning = errors.New("couchrep: job not running")
+	// ErrJobElsewhere is returned for stopping or restarting a job that
+	// runs on another node: only the node running a job can stop it
+	// cleanly; the error names that node.
+	ErrJobElsewhere = errors.New("couchrep: job runs on another node")
 )
 
 // Config is a node's configuration: the same settings couchrepd reads from
@@ -79,9 +94,39 @@ func WithLogger(l zerolog.Logger) Option { return func(o *options) { o.logger = 
 // system instead of a new one. The node never shuts that system down.
 func WithActorSystem(s *actor.ActorSystem) Option { return func(o *options) { o.system = s } }
 
-// WithStore runs the node on an already open job store instead of opening
-// the embedded store at the configured path. The node never closes it.
-func WithStore(db kv.Database) Option { return func(o *options) { o.store = db } }
+// WithStore runs the node on an already open job store (see OpenStore)
+// instead of opening the embedded store at the configured path. The node
+// never closes it; several nodes may share one store, as node processes
+// share one store file.
+func WithStore(s *Store) Option {
+	return func(o *options) {
+		if s != nil {
+			o.store = s.db
+		}
+	}
+}
+
+// Store is an open job store: the shared state of every node that uses it
+// (jobs, fair-share accounts, checkpoints of the queue). Open one with
+// OpenStore and hand it to Start with WithStore; close it after the nodes
+// using it stopped.
+type Store struct {
+	db kv.Database
+}
+
+// OpenStore opens (creating if needed) the embedded job store at path, an
+// SQLite file that node processes on one machine may share. Durability is
+// "normal" ([couchrep] durability): commits survive a process crash.
+func OpenStore(ctx context.Context, path string) (*Store, error) {
+	db, err := sqlite.Open(ctx, path, sqlite.Options{Durability: sqlite.DurabilityNormal})
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: open job store %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Close closes the store.
+func (s *Store) Close() error { return s.db.Close() }
 
 // Node is a running couchrep node.
 type Node struct {
@@ -93,6 +138,11 @@ type Node struct {
 	events    *eventstream.Subscription
 	deps      actors.Deps
 	ownStore  bool
+
+	stopOnce sync.Once
+	stopped  chan struct{}
+	stopErr  error
+	draining atomic.Bool
 }
 
 // Start starts a node and returns once its whole supervision tree is running.
@@ -109,7 +159,8 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 			return nil, fmt.Errorf("couchrep: %w", err)
 		}
 	}
-	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system}
+	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system,
+		stopped: make(chan struct{})}
 	store := o.store
 	if store == nil {
 		path := cfg.StorePath()
@@ -264,13 +315,24 @@ func (n *Node) Done() <-chan struct{} { return n.sup.Done() }
 // supervisor.ErrEscalated if the tree gave up.
 func (n *Node) Err() error { return n.sup.Err() }
 
-// Stop stops the node's actors in reverse start order and waits for them.
+// Stop stops the node's actors in reverse start order (running jobs
+// checkpoint and go back to the queue), waits for them and closes what Start
+// opened. Calling it again, or concurrently, waits for the first call and
+// returns its result.
 func (n *Node) Stop(ctx context.Context) error {
-	err := n.sup.Stop(ctx)
-	n.system.EventStream.Unsubscribe(n.events)
-	n.release()
-	n.log.Info().Err(err).Msg("node stopped")
-	return err
+	n.stopOnce.Do(func() {
+		defer close(n.stopped)
+		n.stopErr = n.sup.Stop(ctx)
+		n.system.EventStream.Unsubscribe(n.events)
+		n.release()
+		n.log.Info().Err(n.stopErr).Msg("node stopped")
+	})
+	select {
+	case <-n.stopped:
+		return n.stopErr
+	case <-ctx.Done():
+		return fmt.Errorf("couchrep: stop: %w", ctx.Err())
+	}
 }
 
 // release closes what Start opened.
@@ -300,6 +362,9 @@ func (n *Node) Request(ctx context.Context, msg proto.Message) (proto.Message, e
 		return nil, ErrStopped
 	default:
 	}
+	if msg == nil {
+		return nil, fmt.Errorf("%w: nil message", ErrUnknownRequest)
+	}
 	switch m := msg.(type) {
 	case *messages.TreeRequest:
 		return n.tree(ctx)
@@ -307,8 +372,373 @@ func (n *Node) Request(ctx context.Context, msg proto.Message) (proto.Message, e
 		return n.kill(ctx, m)
 	case *messages.SendRequest:
 		return n.send(ctx, m)
+	case *messages.ListJobsRequest:
+		return n.listJobs(ctx, m)
+	case *messages.GetJobRequest:
+		rec, err := n.findJob(ctx, m.GetId())
+		if err != nil {
+			return nil, err
+		}
+		return &messages.GetJobResponse{Job: admin.JobSummary(rec, true)}, nil
+	case *messages.StopJobRequest:
+		return n.stopJob(ctx, m)
+	case *messages.RestartJobRequest:
+		return n.restartJob(ctx, m)
+	case *messages.CancelJobRequest:
+		return n.cancelJob(ctx, m)
+	case *messages.ReplicateRequest:
+		return n.replicate(ctx, m)
+	case *messages.GetSharesRequest, *messages.SetSharesRequest, *messages.SchedulerStatusRequest:
+		return n.ask(ctx, scheduler.Name, msg)
+	case *messages.SetConfigRequest:
+		return n.setConfig(ctx, m)
+	case *messages.DrainRequest:
+		return n.drain(ctx)
+	case *messages.UndrainRequest:
+		reply, err := n.ask(ctx, acceptorPath, m)
+		if err == nil {
+			n.draining.Store(false)
+			n.log.Info().Msg("node undrained: accepting jobs")
+		}
+		return reply, err
+	case *messages.StopNodeRequest:
+		n.log.Info().Msg("stop requested by an admin request")
+		go func() {
+			c, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			_ = n.Stop(c)
+		}()
+		return &messages.StopNodeResponse{Node: n.Name()}, nil
+	case *messages.NodesRequest:
+		return n.nodes(ctx, m)
 	default:
 		return nil, fmt.Errorf("%w: %s", ErrUnknownRequest, msg.ProtoReflect().Descriptor().FullName())
+	}
+}
+
+// acceptorPath and jobsSupPath locate the job server's children.
+const (
+	acceptorPath = jobserver.Name + "/" + jobserver.Acceptor
+	jobsSupPath  = jobserver.Name + "/" + jobserver.JobsSup
+)
+
+// jobStore is the node's replication job store, or an error on a node
+// without one.
+func (n *Node) jobStore() (*repjob.Store, error) {
+	if n.deps.RepJobs == nil {
+		return nil, fmt.Errorf("%w: this node has no job store", ErrUnknownRequest)
+	}
+	return n.deps.RepJobs, nil
+}
+
+func (n *Node) listJobs(ctx context.Context, req *messages.ListJobsRequest) (*messages.ListJobsResponse, error) {
+	store, err := n.jobStore()
+	if err != nil {
+		return nil, err
+	}
+	resp := &messages.ListJobsResponse{}
+	err = store.Each(ctx, admin.JobFilter(req), func(r *repjob.Record) error {
+		resp.Total++
+		if req.GetLimit() == 0 || uint32(len(resp.Jobs)) < req.GetLimit() {
+			resp.Jobs = append(resp.Jobs, admin.JobSummary(r, false))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: list jobs: %w", err)
+	}
+	return resp, nil
+}
+
+// findJob finds a job by job id, else by replication id.
+func (n *Node) findJob(ctx context.Context, id string) (*repjob.Record, error) {
+	store, err := n.jobStore()
+	if err != nil {
+		return nil, err
+	}
+	if id == "" {
+		return nil, fmt.Errorf("%w: no job id given", ErrJobNotFound)
+	}
+	rec, err := store.Get(ctx, id)
+	if errors.Is(err, repjob.ErrNotFound) {
+		rec, err = store.FindByRepID(ctx, id)
+	}
+	switch {
+	case errors.Is(err, repjob.ErrNotFound):
+		return nil, fmt.Errorf("%w: %q", ErrJobNotFound, id)
+	case err != nil:
+		return nil, fmt.Errorf("couchrep: find job %q: %w", id, err)
+	}
+	return rec, nil
+}
+
+// stopJob stops a job running on this node cleanly (final checkpoint, back
+// to the queue as pending, due now).
+func (n *Node) stopJob(ctx context.Context, req *messages.StopJobRequest) (*messages.StopJobResponse, error) {
+	rec, err := n.findJob(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING {
+		return nil, fmt.Errorf("%w: job %s is %s", ErrJobNotRunning, rec.GetJobId(), rec.StateName())
+	}
+	if err := n.runsHere(rec); err != nil {
+		return nil, err
+	}
+	if _, err := n.stopLocalJobs(ctx, "operator", rec.GetJobId()); err != nil {
+		return nil, err
+	}
+	rec, err = n.findJob(ctx, rec.GetJobId())
+	if err != nil {
+		return nil, err
+	}
+	return &messages.StopJobResponse{Job: admin.JobSummary(rec, true)}, nil
+}
+
+// restartJob makes a job run again now: a running job (on this node) is
+// stopped cleanly and is due at once; a pending, crashing, completed or
+// failed one is resubmitted due now (a crashing job's backoff is skipped).
+func (n *Node) restartJob(ctx context.Context, req *messages.RestartJobRequest) (*messages.RestartJobResponse, error) {
+	rec, err := n.findJob(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	if rec.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING {
+		if err := n.runsHere(rec); err != nil {
+			return nil, err
+		}
+		if _, err := n.stopLocalJobs(ctx, "restart", rec.GetJobId()); err != nil {
+			return nil, err
+		}
+	} else {
+		store, _ := n.jobStore()
+		if err := store.Queue().Resubmit(ctx, repjob.JobType, rec.GetJobId(), jobs.ResubmitOptions{}); err != nil {
+			return nil, fmt.Errorf("couchrep: restart job %s: %w", rec.GetJobId(), err)
+		}
+	}
+	n.log.Info().Str("job_id", rec.GetJobId()).Msg("job restarted by an admin request")
+	rec, err = n.findJob(ctx, rec.GetJobId())
+	if err != nil {
+		return nil, err
+	}
+	return &messages.RestartJobResponse{Job: admin.JobSummary(rec, true)}, nil
+}
+
+// cancelJob removes a transient job; a persistent job is canceled in the
+// queue and stays so until its document changes (the doc processor then
+// replaces the job). A job running on this node is stopped at once; one
+// running elsewhere stops at its worker's next write.
+func (n *Node) cancelJob(ctx context.Context, req *messages.CancelJobRequest) (*messages.CancelJobResponse, error) {
+	rec, err := n.findJob(ctx, req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	store, _ := n.jobStore()
+	id := rec.GetJobId()
+	if rec.GetKind() == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
+		err = store.Queue().Cancel(ctx, repjob.JobType, id)
+	} else {
+		err = store.Remove(ctx, id)
+	}
+	if err != nil && !errors.Is(err, repjob.ErrNotFound) && !errors.Is(err, jobs.ErrNotFound) {
+		return nil, fmt.Errorf("couchrep: cancel job %s: %w", id, err)
+	}
+	if rec.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING && n.runsHere(rec) == nil {
+		// Its next store write fails (the job is gone or canceled): the
+		// actor stops without writing anything more.
+		if _, err := n.stopLocalJobs(ctx, "canceled", id); err != nil {
+			return nil, err
+		}
+	}
+	n.log.Info().Str("job_id", id).Msg("job canceled by an admin request")
+	return &messages.CancelJobResponse{Id: id}, nil
+}
+
+// replicate adds a transient job, as POST /_replicate does.
+func (n *Node) replicate(ctx context.Context, req *messages.ReplicateRequest) (*messages.ReplicateResponse, error) {
+	store, err := n.jobStore()
+	if err != nil {
+		return nil, err
+	}
+	user := req.GetUser()
+	if user == "" {
+		user = "admin"
+	}
+	res, err := store.AddTransient(ctx, []byte(req.GetBody()), user)
+	if err != nil {
+		if errors.Is(err, repjob.ErrInvalid) {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidRequest, err)
+		}
+		return nil, fmt.Errorf("couchrep: add replication: %w", err)
+	}
+	return &messages.ReplicateResponse{Id: res.JobID, ReplicationId: res.RepID}, nil
+}
+
+// runsHere returns nil if the running job rec runs on this node, else an
+// error naming the node that runs it.
+func (n *Node) runsHere(rec *repjob.Record) error {
+	node := rec.WorkerNode
+	if node == "" {
+		node = rec.GetNode()
+	}
+	if node != n.Name() {
+		return fmt.Errorf("%w: job %s runs on node %q: send the request to that node", ErrJobElsewhere, rec.GetJobId(), node)
+	}
+	return nil
+}
+
+// stopLocalJobs asks the actors of the given jobs (all of this node's jobs
+// if none are given) to stop cleanly, and waits until they have exited:
+// each checkpointed and handed its job back to the queue (or finished it).
+// It returns the ids of the jobs it stopped.
+func (n *Node) stopLocalJobs(ctx context.Context, reason string, ids ...string) ([]string, error) {
+	exited := make(chan string, 64)
+	jobsSup := RootName + "/" + jobsSupPath
+	sub := n.system.EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*supervisor.Event); ok && e.Kind == supervisor.ChildExited && e.Supervisor == jobsSup {
+			select {
+			case exited <- e.Child:
+			default:
+				go func() { exited <- e.Child }()
+			}
+		}
+	})
+	defer n.system.EventStream.Unsubscribe(sub)
+	root, err := supervisor.Which(ctx, n.system, n.sup.PID())
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: list tree: %w", err)
+	}
+	sup := findActor(root, jobsSupPath)
+	if sup == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownActor, jobsSupPath)
+	}
+	jobOf := map[string]string{} // actor name -> job id
+	if len(ids) == 0 && n.deps.RepJobs != nil {
+		// Every job of this node: name their actors by job id.
+		err := n.deps.RepJobs.Each(ctx, repjob.Filter{Node: n.Name()}, func(r *repjob.Record) error {
+			jobOf[replicationjob.Name(r.GetJobId())] = r.GetJobId()
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("couchrep: list this node's jobs: %w", err)
+		}
+	}
+	for _, id := range ids {
+		jobOf[replicationjob.Name(id)] = id
+	}
+	waiting := map[string]string{} // actor name -> job id
+	for _, c := range sup.Children {
+		if c.PID == nil || c.State == supervisor.Stopped || (len(ids) > 0 && jobOf[c.Name] == "") {
+			continue
+		}
+		id := jobOf[c.Name]
+		if id == "" {
+			id = c.Name // started after the listing above
+		}
+		waiting[c.Name] = id
+		n.system.Root.Send(c.PID, &messages.StopReplicationJobRequest{JobId: id, Reason: reason})
+	}
+	var stopped []string
+	for len(waiting) > 0 {
+		select {
+		case name := <-exited:
+			if id, ok := waiting[name]; ok {
+				delete(waiting, name)
+				stopped = append(stopped, id)
+			}
+		case <-ctx.Done():
+			return stopped, fmt.Errorf("couchrep: %d job(s) still stopping: %w", len(waiting), ctx.Err())
+		}
+	}
+	return stopped, nil
+}
+
+// setConfig changes max_jobs/max_churn (the scheduler owns the policy) and
+// wakes the acceptor so that a raised max_jobs takes effect at once.
+func (n *Node) setConfig(ctx context.Context, req *messages.SetConfigRequest) (proto.Message, error) {
+	if (req.MaxJobs != nil && req.GetMaxJobs() == 0) || (req.MaxChurn != nil && req.GetMaxChurn() == 0) {
+		return nil, fmt.Errorf("%w: max_jobs and max_churn must be at least 1", ErrInvalidRequest)
+	}
+	reply, err := n.ask(ctx, scheduler.Name, req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := n.ask(ctx, acceptorPath, req); err != nil && !errors.Is(err, ErrUnknownRequest) {
+		n.log.Warn().Err(err).Msg("config change: acceptor not woken")
+	}
+	got := reply.(*messages.SetConfigResponse)
+	if (req.MaxJobs != nil && got.GetMaxJobs() != req.GetMaxJobs()) || (req.MaxChurn != nil && got.GetMaxChurn() != req.GetMaxChurn()) {
+		return nil, fmt.Errorf("%w: the scheduler refused the change (in force: max_jobs %d, max_churn %d)",
+			ErrInvalidRequest, got.GetMaxJobs(), got.GetMaxChurn())
+	}
+	n.log.Info().Uint32("max_jobs", got.GetMaxJobs()).Uint32("max_churn", got.GetMaxChurn()).Msg("config changed by an admin request")
+	return got, nil
+}
+
+// drain stops accepting jobs, then stops this node's running jobs cleanly so
+// that other nodes take them from the queue.
+func (n *Node) drain(ctx context.Context) (*messages.DrainResponse, error) {
+	if _, err := n.ask(ctx, acceptorPath, &messages.DrainRequest{}); err != nil {
+		return nil, err
+	}
+	n.draining.Store(true)
+	ids, err := n.stopLocalJobs(ctx, "drain")
+	n.log.Info().Int("released", len(ids)).Strs("job_ids", ids).Err(err).Msg("node drained")
+	if err != nil {
+		return nil, err
+	}
+	return &messages.DrainResponse{Released: uint32(len(ids)), JobIds: ids}, nil
+}
+
+// Draining reports whether the node was drained (and not undrained since).
+func (n *Node) Draining() bool { return n.draining.Load() }
+
+// nodes asks the clustering actor for the cluster view (every registered
+// node, its heartbeat and running jobs) and adds what only this node knows:
+// whether it is drained.
+func (n *Node) nodes(ctx context.Context, req *messages.NodesRequest) (proto.Message, error) {
+	reply, err := n.ask(ctx, clustering.Name, req)
+	if err != nil {
+		return nil, err
+	}
+	if resp, ok := reply.(*messages.NodesResponse); ok {
+		for _, info := range resp.GetNodes() {
+			if info.GetName() == n.Name() {
+				info.Draining = info.GetDraining() || n.Draining()
+			}
+		}
+	}
+	return reply, nil
+}
+
+// AdminHandler returns the mount path and HTTP handler of the node's admin
+// endpoint (the Connect service couchrepctl talks to), for a program that
+// serves it on its own listener. A non-empty token is required, as
+// "Authorization: Bearer <token>", on every request; serve the handler
+// beyond loopback only with one.
+func (n *Node) AdminHandler(token string) (string, http.Handler) {
+	return admin.Handler(n, admin.Options{Token: token, Classify: AdminCode})
+}
+
+// AdminCode maps an error of Request to the admin protocol's error code.
+func AdminCode(err error) connect.Code {
+	switch {
+	case errors.Is(err, ErrUnknownActor), errors.Is(err, ErrJobNotFound):
+		return connect.CodeNotFound
+	case errors.Is(err, ErrUnknownRequest):
+		return connect.CodeUnimplemented
+	case errors.Is(err, ErrInvalidRequest):
+		return connect.CodeInvalidArgument
+	case errors.Is(err, ErrJobNotRunning), errors.Is(err, ErrJobElsewhere):
+		return connect.CodeFailedPrecondition
+	case errors.Is(err, ErrStopped):
+		return connect.CodeUnavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return connect.CodeDeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return connect.CodeCanceled
+	default:
+		return connect.CodeInternal
 	}
 }
 

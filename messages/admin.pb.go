@@ -1222,7 +1222,9 @@ func (*DrainRequest) Descriptor() ([]byte, []int) {
 type DrainResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Jobs handed back to the queue.
-	Released      uint32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	Released uint32 `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	// Their job ids.
+	JobIds        []string `protobuf:"bytes,2,rep,name=job_ids,json=jobIds,proto3" json:"job_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1262,6 +1264,13 @@ func (x *DrainResponse) GetReleased() uint32 {
 		return x.Released
 	}
 	return 0
+}
+
+func (x *DrainResponse) GetJobIds() []string {
+	if x != nil {
+		return x.JobIds
+	}
+	return nil
 }
 
 type UndrainRequest struct {
@@ -1609,6 +1618,118 @@ func (x *NodesResponse) GetUnstable() bool {
 	return false
 }
 
+// ReplicateRequest adds a transient replication job, as POST /_replicate
+// does, and returns at once (the job runs on whichever node accepts it).
+// It has no RPC of its own: send it with Send (no actor) or Node.Request.
+type ReplicateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The replication as POST /_replicate's JSON body ("source", "target",
+	// "continuous", ...).
+	Body string `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	// The user the job runs for (its fair-share key); empty is "admin".
+	User          string `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ReplicateRequest) GetBody() string {
+	if x != nil {
+		return x.Body
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+type ReplicateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The job id (_scheduler/jobs "id").
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The replication id, when it could be computed without the network.
+	ReplicationId string `protobuf:"bytes,2,opt,name=replication_id,json=replicationId,proto3" json:"replication_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReplicateResponse) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ReplicateResponse) GetReplicationId() string {
+	if x != nil {
+		return x.ReplicationId
+	}
+	return ""
+}
+
 // SendRequest is the generic actor message envelope.
 type SendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1623,7 +1744,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1635,7 +1756,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1648,7 +1769,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SendRequest) GetVersion() uint32 {
@@ -1682,7 +1803,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1694,7 +1815,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1707,7 +1828,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SendResponse) GetVersion() uint32 {
@@ -1815,9 +1936,10 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x11SetConfigResponse\x12\x19\n" +
 	"\bmax_jobs\x18\x01 \x01(\rR\amaxJobs\x12\x1b\n" +
 	"\tmax_churn\x18\x02 \x01(\rR\bmaxChurn\"\x0e\n" +
-	"\fDrainRequest\"+\n" +
+	"\fDrainRequest\"D\n" +
 	"\rDrainResponse\x12\x1a\n" +
-	"\breleased\x18\x01 \x01(\rR\breleased\"\x10\n" +
+	"\breleased\x18\x01 \x01(\rR\breleased\x12\x17\n" +
+	"\ajob_ids\x18\x02 \x03(\tR\x06jobIds\"\x10\n" +
 	"\x0eUndrainRequest\"\x11\n" +
 	"\x0fUndrainResponse\"\x11\n" +
 	"\x0fStopNodeRequest\"&\n" +
@@ -1835,7 +1957,13 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\fhttp_address\x18\b \x01(\tR\vhttpAddress\"X\n" +
 	"\rNodesResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.couchrep.v1.NodeInfoR\x05nodes\x12\x1a\n" +
-	"\bunstable\x18\x02 \x01(\bR\bunstable\"m\n" +
+	"\bunstable\x18\x02 \x01(\bR\bunstable\":\n" +
+	"\x10ReplicateRequest\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\tR\x04body\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\"J\n" +
+	"\x11ReplicateResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
+	"\x0ereplication_id\x18\x02 \x01(\tR\rreplicationId\"m\n" +
 	"\vSendRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12.\n" +
@@ -1884,7 +2012,7 @@ func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_couchrep_v1_admin_proto_goTypes = []any{
 	(AdminProtocolVersion)(0),     // 0: couchrep.v1.AdminProtocolVersion
 	(JobStatus)(0),                // 1: couchrep.v1.JobStatus
@@ -1915,39 +2043,41 @@ var file_couchrep_v1_admin_proto_goTypes = []any{
 	(*NodesRequest)(nil),          // 26: couchrep.v1.NodesRequest
 	(*NodeInfo)(nil),              // 27: couchrep.v1.NodeInfo
 	(*NodesResponse)(nil),         // 28: couchrep.v1.NodesResponse
-	(*SendRequest)(nil),           // 29: couchrep.v1.SendRequest
-	(*SendResponse)(nil),          // 30: couchrep.v1.SendResponse
-	nil,                           // 31: couchrep.v1.GetSharesResponse.SharesEntry
-	nil,                           // 32: couchrep.v1.SetSharesRequest.SharesEntry
-	nil,                           // 33: couchrep.v1.SetSharesResponse.SharesEntry
-	(*timestamppb.Timestamp)(nil), // 34: google.protobuf.Timestamp
-	(*JobEvent)(nil),              // 35: couchrep.v1.JobEvent
-	(*anypb.Any)(nil),             // 36: google.protobuf.Any
-	(*TreeRequest)(nil),           // 37: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),           // 38: couchrep.v1.KillRequest
-	(*TreeResponse)(nil),          // 39: couchrep.v1.TreeResponse
-	(*KillResponse)(nil),          // 40: couchrep.v1.KillResponse
+	(*ReplicateRequest)(nil),      // 29: couchrep.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),     // 30: couchrep.v1.ReplicateResponse
+	(*SendRequest)(nil),           // 31: couchrep.v1.SendRequest
+	(*SendResponse)(nil),          // 32: couchrep.v1.SendResponse
+	nil,                           // 33: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                           // 34: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                           // 35: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
+	(*JobEvent)(nil),              // 37: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),             // 38: google.protobuf.Any
+	(*TreeRequest)(nil),           // 39: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),           // 40: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),          // 41: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),          // 42: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
-	34, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
-	34, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	36, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	36, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
-	35, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	37, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
 	1,  // 5: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
 	3,  // 6: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
 	3,  // 7: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 8: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 9: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	31, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	32, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	33, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	34, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	33, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	34, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	35, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	36, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
 	27, // 14: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
-	36, // 15: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	36, // 16: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	37, // 17: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	38, // 18: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	38, // 15: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	38, // 16: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	39, // 17: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	40, // 18: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
 	4,  // 19: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
 	6,  // 20: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
 	8,  // 21: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
@@ -1960,9 +2090,9 @@ var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	22, // 28: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
 	24, // 29: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
 	26, // 30: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
-	29, // 31: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	39, // 32: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	40, // 33: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	31, // 31: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	41, // 32: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	42, // 33: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
 	5,  // 34: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
 	7,  // 35: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
 	9,  // 36: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
@@ -1975,7 +2105,7 @@ var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	23, // 43: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
 	25, // 44: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
 	28, // 45: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	30, // 46: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	32, // 46: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
 	32, // [32:47] is the sub-list for method output_type
 	17, // [17:32] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
@@ -1997,7 +2127,7 @@ func file_couchrep_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -86,7 +86,8 @@ func Props(store *repjob.Store, log zerolog.Logger, o Options) *actor.Props {
 		}
 		return &schedActor{store: store, o: o, log: log.With().Str("actor", Name).Logger(),
 			running: map[string]*entry{}, byPID: map[string]string{}}
-	})
+	}, actors.Handles(&messages.GetSharesRequest{}, &messages.SetSharesRequest{}, &messages.SetConfigRequest{},
+		&messages.SchedulerStatusRequest{}))
 }
 
 type schedActor struct {

@@ -7,7 +7,8 @@
 //
 // Settings come from CouchDB's defaults, then the ini file, then COUCHREP_*
 // environment variables, then flags. SIGINT or SIGTERM stops the node
-// cleanly, its actors in reverse start order.
+// cleanly, its actors in reverse start order; so does couchrepctl stop (an
+// admin StopNodeRequest), and the process then exits 0.
 package main
 
 import (
@@ -24,11 +25,9 @@ import (
 	"syscall"
 	"time"
 
-	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep"
-	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/config"
 	clog "github.com/couchrep/couchrep/internal/log"
 )
@@ -129,7 +128,12 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error 
 	case <-ctx.Done():
 		logger.Info().Msg("signal received, stopping")
 	case <-node.Done():
-		runErr = fmt.Errorf("supervision tree stopped: %w", node.Err())
+		if err := node.Err(); err != nil {
+			runErr = fmt.Errorf("supervision tree stopped: %w", err)
+		} else {
+			// A StopNode admin request: the node stops itself as on SIGTERM.
+			logger.Info().Msg("stop requested, stopping")
+		}
 	}
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -153,7 +157,7 @@ func startAdmin(cfg config.Config, node *couchrep.Node, logger zerolog.Logger) (
 		return nil, "", fmt.Errorf("admin endpoint: %w", err)
 	}
 	mux := http.NewServeMux()
-	path, handler := admin.Handler(node, admin.Options{Token: cfg.Admin.Token, Classify: classify})
+	path, handler := node.AdminHandler(cfg.Admin.Token)
 	mux.Handle(path, handler)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -168,19 +172,4 @@ func startAdmin(cfg config.Config, node *couchrep.Node, logger zerolog.Logger) (
 		}
 	}
 	return srv, addr, nil
-}
-
-func classify(err error) connect.Code {
-	switch {
-	case errors.Is(err, couchrep.ErrUnknownActor):
-		return connect.CodeNotFound
-	case errors.Is(err, couchrep.ErrUnknownRequest):
-		return connect.CodeUnimplemented
-	case errors.Is(err, couchrep.ErrStopped):
-		return connect.CodeUnavailable
-	case errors.Is(err, context.DeadlineExceeded):
-		return connect.CodeDeadlineExceeded
-	default:
-		return connect.CodeInternal
-	}
 }

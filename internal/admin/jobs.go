@@ -1,0 +1,74 @@
+package admin
+
+import (
+	"strings"
+
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// JobFilter turns a ListJobsRequest into the job store's filter. The job
+// statuses have the numbers of the replication states they name.
+func JobFilter(req *messages.ListJobsRequest) repjob.Filter {
+	f := repjob.Filter{DB: req.GetDatabase(), Node: req.GetNode()}
+	for _, s := range req.GetStates() {
+		f.States = append(f.States, messages.ReplicationState(s))
+	}
+	return f
+}
+
+// JobSummary is the admin view of a stored job; withHistory adds its
+// scheduler history (newest first).
+func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
+	st := r.State()
+	s := &messages.JobSummary{
+		Id:            r.GetJobId(),
+		ReplicationId: r.GetRepId(),
+		Status:        messages.JobStatus(st),
+		Database:      r.GetDbName(),
+		DocId:         r.GetDocId(),
+		Source:        r.GetSource(),
+		Target:        r.GetTarget(),
+		Continuous:    r.GetContinuous(),
+		StartTime:     r.GetLastStarted(),
+		LastUpdated:   r.GetLastUpdated(),
+		ErrorCount:    uint32(max(r.GetErrorCount(), 0)),
+		Stats:         jobStats(r.GetStats()),
+		Kind:          strings.ToLower(strings.TrimPrefix(r.GetKind().String(), "REPLICATION_KIND_")),
+	}
+	if st == messages.ReplicationState_REPLICATION_STATE_RUNNING {
+		s.Node = r.WorkerNode
+		if s.Node == "" {
+			s.Node = r.GetNode()
+		}
+	}
+	if st == messages.ReplicationState_REPLICATION_STATE_CRASHING || st == messages.ReplicationState_REPLICATION_STATE_FAILED {
+		s.Error = r.GetLastError()
+		if s.Error == "" && r.Canceled {
+			s.Error = "canceled"
+		}
+	}
+	if withHistory {
+		s.History = r.GetHistory().GetEvents()
+	}
+	return s
+}
+
+func jobStats(st *messages.ReplicationStats) *messages.JobStats {
+	out := &messages.JobStats{ChangesPending: -1}
+	if st == nil {
+		return out
+	}
+	out.DocsRead = uint64(max(st.GetDocsRead(), 0))
+	out.DocsWritten = uint64(max(st.GetDocsWritten(), 0))
+	out.DocWriteFailures = uint64(max(st.GetDocWriteFailures(), 0))
+	out.MissingRevisionsFound = uint64(max(st.GetMissingRevisionsFound(), 0))
+	out.RevisionsChecked = uint64(max(st.GetRevisionsChecked(), 0))
+	if st.ChangesPending != nil {
+		out.ChangesPending = st.GetChangesPending()
+	}
+	out.SourceSeq = st.GetSourceSeq()
+	out.CheckpointedSourceSeq = st.GetCheckpointedSourceSeq()
+	out.ThroughSeq = st.GetThroughSeq()
+	return out
+}
