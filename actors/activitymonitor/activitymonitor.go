@@ -27,16 +27,28 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 // Props returns the actor's props: it runs queue's activity monitor with
 // opts, after registering the replication job type (if store is set) so that
 // its timeout is known from the start.
+//
+// The monitor (its activity samples) outlives the actor, as the job
+// server's slot count outlives the acceptor: a job is stale once its
+// activity is older than a sample taken a whole timeout ago, so a monitor
+// that forgot its samples at every restart (of itself, or of any actor
+// before it under the rest_for_one root) would leave a dead node's jobs
+// alone for a whole extra timeout after each restart — forever, if restarts
+// come more often than the timeout.
 func Props(queue *jobs.Queue, store *repjob.Store, log zerolog.Logger, opts jobs.MonitorOptions) *actor.Props {
+	var mon *jobs.Monitor
+	if queue != nil {
+		mon = queue.NewMonitor(opts)
+	}
 	return actors.Props(func() actor.Actor {
-		return &monitor{q: queue, store: store, opts: opts, log: log.With().Str("actor", Name).Logger()}
+		return &monitor{q: queue, mon: mon, store: store, log: log.With().Str("actor", Name).Logger()}
 	})
 }
 
 type monitor struct {
 	q      *jobs.Queue
+	mon    *jobs.Monitor
 	store  *repjob.Store
-	opts   jobs.MonitorOptions
 	log    zerolog.Logger
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -57,7 +69,7 @@ func (m *monitor) Receive(ctx actor.Context) {
 					m.log.Warn().Err(err).Msg("activity monitor: register replication job type")
 				}
 			}
-			if err := m.q.NewMonitor(m.opts).Run(c); err != nil {
+			if err := m.mon.Run(c); err != nil {
 				m.log.Warn().Err(err).Msg("activity monitor stopped")
 			}
 		}()
@@ -65,6 +77,8 @@ func (m *monitor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		if m.cancel != nil {
 			m.cancel()
+			// The next incarnation runs the same monitor: one at a time.
+			<-m.done
 		}
 	}
 }
