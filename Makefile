@@ -18,7 +18,7 @@ NODE_MODULES         := integration/node_modules/.couchrep-stamp
 DATA       ?= $(CURDIR)/.data
 GOTESTFLAGS ?=
 
-.PHONY: help run build test test-short bench proto proto-check lint tools testdeps clean
+.PHONY: help run build test test-short bench chaos proto proto-check lint tools testdeps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,12 @@ test: proto-check lint testdeps build ## everything CI runs: generated code, lin
 
 test-short: ## the fast unit tests only (go test -short)
 	$(GO) test -short -count=1 ./...
+
+CHAOS_DURATION ?= 10m
+CHAOS_SEED     ?=
+chaos: testdeps build ## randomized soak: 3 nodes, SIGKILL/SIGTERM/actor kills for CHAOS_DURATION (seed printed; replay with CHAOS_SEED=n)
+	COUCHREP_CHAOS_DURATION=$(CHAOS_DURATION) COUCHREP_CHAOS_SEED=$(CHAOS_SEED) \
+	  $(GO) test -count=1 -v -run '^TestChaosSoak$$' -timeout 60m ./integration/
 
 bench: testdeps build ## Go benchmarks (numbers go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...
