@@ -41,3 +41,54 @@ func TestAdminOffLoopbackNeedsToken(t *testing.T) {
 		t.Fatalf("kill with the token: exit %d: %s", code, errOut)
 	}
 }
+
+// TestAdminSendUnknownActorOrTypeIsAClearError: the generic Send envelope
+// naming an actor the node does not have, or carrying a message type no
+// actor knows (or the named actor does not handle), is answered with a
+// clear error and exit 1; the node is unharmed and still answers.
+func TestAdminSendUnknownActorOrTypeIsAClearError(t *testing.T) {
+	skipShort(t)
+	n := startNode(t, nodeOptions{})
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"unknown actor", []string{"send", "no_such_actor", "couchrep.v1.TreeRequest"},
+			[]string{"not_found", "unknown actor", "no_such_actor"}},
+		{"unknown type to an actor", []string{"send", "scheduler", "couchrep.v1.NoSuchMessage"},
+			[]string{"unimplemented", "unknown request type", "couchrep.v1.NoSuchMessage"}},
+		{"unknown type to the node", []string{"send", "", "couchrep.v1.NoSuchMessage"},
+			[]string{"unimplemented", "unknown request type", "couchrep.v1.NoSuchMessage"}},
+		{"type the actor does not handle", []string{"send", "scheduler", "couchrep.v1.DrainRequest"},
+			[]string{"unimplemented", "scheduler does not handle couchrep.v1.DrainRequest"}},
+		{"type no actor handles", []string{"send", "", "couchrep.v1.JobEvent"},
+			[]string{"unimplemented", "unknown request type", "couchrep.v1.JobEvent"}},
+		{"supervisor", []string{"send", "job_server", "couchrep.v1.SchedulerStatusRequest"},
+			[]string{"unimplemented", "is a supervisor"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, errOut, code := n.ctl(tc.args...)
+			if code != 1 {
+				t.Fatalf("exit %d, want 1: %s", code, errOut)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(errOut, w) {
+					t.Fatalf("stderr %q does not mention %q", errOut, w)
+				}
+			}
+		})
+	}
+	// A known type to the actor that handles it still works, and the tree
+	// is whole: nothing crashed.
+	out, errOut, code := n.ctl("send", "scheduler", "couchrep.v1.SchedulerStatusRequest")
+	if code != 0 || !strings.Contains(out, "couchrep.v1.SchedulerStatusResponse") {
+		t.Fatalf("send SchedulerStatusRequest: exit %d: %s%s", code, out, errOut)
+	}
+	if !allRunning(n.tree().GetRoot()) {
+		t.Fatal("tree not whole after bad Send requests")
+	}
+	if lines := n.logLines("panic"); len(lines) > 0 {
+		t.Fatalf("the node logged a panic: %v", lines)
+	}
+}
