@@ -69,3 +69,57 @@ func Example() {
 	//    http_api
 	// restarted scheduler restart count 1
 }
+
+// Two nodes in one program share one job store, as couchrepd processes
+// share one store file: a replication added through one node is a job every
+// node sees, and whichever node has a free slot runs it.
+func ExampleOpenStore() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "couchrep-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+
+	store, err := couchrep.OpenStore(ctx, dir+"/jobs.db")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer store.Close()
+	var nodes []*couchrep.Node
+	for _, name := range []string{"a", "b"} {
+		cfg := couchrep.DefaultConfig()
+		cfg.Couchrep.DataDir = dir + "/" + name
+		cfg.Couchrep.NodeName = name
+		cfg.CouchDB.UUID = "0f1e2d3c4b5a69788796a5b4c3d2e1f0" // nodes sharing a store share the uuid
+		cfg.Couchrep.NodeTypes = []string{"replication"}      // no HTTP API
+		node, err := couchrep.Start(ctx, cfg, couchrep.WithStore(store))
+		if err != nil {
+			log.Fatal(err)
+		}
+		nodes = append(nodes, node)
+	}
+
+	reply, err := nodes[0].Request(ctx, &messages.ReplicateRequest{
+		Body: `{"source": "http://127.0.0.1:1/unreachable", "target": "http://127.0.0.1:1/target", "continuous": true}`,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	id := reply.(*messages.ReplicateResponse).GetId()
+	seen, err := nodes[1].Request(ctx, &messages.GetJobRequest{Id: id})
+	if err != nil {
+		log.Fatal(err)
+	}
+	job := seen.(*messages.GetJobResponse).GetJob()
+	fmt.Println("node b sees the job of", job.GetSource(), "continuous:", job.GetContinuous())
+
+	for _, node := range nodes {
+		if err := node.Stop(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// Output:
+	// node b sees the job of http://127.0.0.1:1/unreachable/ continuous: true
+}
