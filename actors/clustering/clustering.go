@@ -177,6 +177,9 @@ func (a *clustering) start(ctx actor.Context) error {
 	}
 	c, cancel := context.WithTimeout(context.Background(), max(5*time.Second, a.opts.Interval))
 	err := a.reg.Heartbeat(c, a.record())
+	if err == nil {
+		_, err = a.reg.Members(c)
+	}
 	cancel()
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
@@ -218,7 +221,14 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 		}
 		t.Reset(a.opts.Interval)
 		now := time.Now()
-		if err := a.reg.Heartbeat(ctx, a.record()); err != nil {
+		// The store is healthy when the heartbeat commits and the
+		// members read back: a store can fail one way only.
+		err := a.reg.Heartbeat(ctx, a.record())
+		var members []cluster.Member
+		if err == nil {
+			members, err = a.reg.Members(ctx)
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -230,13 +240,6 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 			continue
 		}
 		lastOK = now
-		members, err := a.reg.Members(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				a.log.Warn().Err(err).Msg("clustering: read members")
-			}
-			continue
-		}
 		var live []string
 		for _, m := range members {
 			if m.Alive {
