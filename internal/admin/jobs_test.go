@@ -1,0 +1,84 @@
+package admin
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
+)
+
+func TestJobFilter(t *testing.T) {
+	f := JobFilter(&messages.ListJobsRequest{
+		States:   []messages.JobStatus{messages.JobStatus_JOB_STATUS_RUNNING, messages.JobStatus_JOB_STATUS_CRASHING},
+		Database: "a/_replicator", Node: "n1",
+	})
+	want := []messages.ReplicationState{messages.ReplicationState_REPLICATION_STATE_RUNNING, messages.ReplicationState_REPLICATION_STATE_CRASHING}
+	if f.DB != "a/_replicator" || f.Node != "n1" || len(f.States) != 2 || f.States[0] != want[0] || f.States[1] != want[1] {
+		t.Fatalf("filter %+v", f)
+	}
+	// Every job status names the replication state of the same number.
+	for name, v := range messages.JobStatus_value {
+		if v == 0 {
+			continue
+		}
+		st := messages.ReplicationState(v).String()
+		if st[len("REPLICATION_STATE_"):] != name[len("JOB_STATUS_"):] {
+			t.Errorf("%s = %d is %s", name, v, st)
+		}
+	}
+}
+
+func TestJobSummary(t *testing.T) {
+	pending := int64(7)
+	started := timestamppb.Now()
+	history := &messages.JobHistory{Events: []*messages.JobEvent{{Type: messages.JobEventType_JOB_EVENT_TYPE_STARTED}}}
+	base := func() *messages.ReplicationJob {
+		return &messages.ReplicationJob{JobId: "j1", RepId: "r1+continuous", Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
+			DbName: "db/_replicator", DocId: "d", Source: "http://s/", Target: "http://t/", Continuous: true, Node: "old",
+			LastStarted: started, ErrorCount: 2, LastError: "boom", History: history,
+			Stats: &messages.ReplicationStats{DocsWritten: 5, DocsRead: 6, ChangesPending: &pending, CheckpointedSourceSeq: "9"}}
+	}
+	for _, tc := range []struct {
+		name        string
+		rec         *repjob.Record
+		withHistory bool
+		check       func(*messages.JobSummary) bool
+	}{
+		{"running shows its worker node, no error", &repjob.Record{ReplicationJob: base(), QueueState: jobs.StateRunning, WorkerNode: "n2"}, false,
+			func(s *messages.JobSummary) bool {
+				return s.Status == messages.JobStatus_JOB_STATUS_RUNNING && s.Node == "n2" && s.Error == "" && s.History == nil &&
+					s.Kind == "persistent" && s.Stats.GetChangesPending() == 7 && s.Stats.GetDocsWritten() == 5 && s.ErrorCount == 2
+			}},
+		{"crashing shows the error, no node", &repjob.Record{ReplicationJob: func() *messages.ReplicationJob {
+			m := base()
+			m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
+			return m
+		}(), QueueState: jobs.StatePending}, true,
+			func(s *messages.JobSummary) bool {
+				return s.Status == messages.JobStatus_JOB_STATUS_CRASHING && s.Node == "" && s.Error == "boom" && len(s.History) == 1
+			}},
+		{"canceled finished job", &repjob.Record{ReplicationJob: func() *messages.ReplicationJob {
+			m := base()
+			m.LastError = ""
+			m.Stats = nil
+			return m
+		}(), QueueState: jobs.StateFinished, Canceled: true}, false,
+			func(s *messages.JobSummary) bool {
+				return s.Status == messages.JobStatus_JOB_STATUS_FAILED && s.Error == "canceled" && s.Stats.GetChangesPending() == -1
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := JobSummary(tc.rec, tc.withHistory)
+			if !tc.check(s) {
+				t.Fatalf("summary %v", s)
+			}
+			if !proto.Equal(s.StartTime, started) || s.Id != "j1" || s.ReplicationId != "r1+continuous" {
+				t.Fatalf("identity fields: %v", s)
+			}
+		})
+	}
+}
