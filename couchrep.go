@@ -41,6 +41,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/kv/tuple"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -169,6 +170,16 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 			return nil, fmt.Errorf("couchrep: open job store %s: %w", path, err)
 		}
 		store, n.ownStore = db, true
+	}
+	uuid, err := sharedUUID(ctx, store, cfg.CouchDB)
+	if err != nil {
+		n.release()
+		return nil, err
+	}
+	if uuid != cfg.CouchDB.UUID {
+		n.log.Info().Str("uuid", uuid).Msg("using the server uuid recorded in the shared job store")
+		cfg.CouchDB.UUID = uuid
+		n.cfg = cfg
 	}
 	if n.system == nil {
 		n.system = actor.NewActorSystem()
@@ -304,6 +315,10 @@ func SupervisorEventProto(e *supervisor.Event) *messages.SupervisorEvent {
 	return p
 }
 
+// ServerUUID is the server UUID the node uses in replication ids: the
+// configured [couchdb] uuid, or the one shared by the nodes of its store.
+func (n *Node) ServerUUID() string { return n.cfg.CouchDB.UUID }
+
 // Name is the node's name.
 func (n *Node) Name() string { return n.cfg.Couchrep.NodeName }
 
@@ -345,6 +360,38 @@ func (n *Node) release() {
 			n.log.Warn().Err(err).Msg("close job store")
 		}
 	}
+}
+
+// uuidKey is where the store records the server UUID of the nodes sharing it.
+var uuidKey = tuple.Tuple{"couchrep", "server_uuid"}.Pack()
+
+// sharedUUID returns the server UUID the node uses in replication ids. Every
+// node sharing a store must use the same one, or a job moving between nodes
+// would not find its checkpoints: the first node records its UUID in the
+// store and later nodes whose UUID was generated (not configured) adopt it.
+// A configured UUID is always used as is.
+func sharedUUID(ctx context.Context, store kv.Database, c config.CouchDB) (string, error) {
+	uuid := c.UUID
+	err := store.Transact(ctx, func(tx kv.Tx) error {
+		got, err := tx.Get(uuidKey)
+		if err != nil {
+			return err
+		}
+		switch {
+		case got == nil && c.UUID != "":
+			tx.Set(uuidKey, []byte(c.UUID))
+			uuid = c.UUID
+		case got != nil && c.Generated:
+			uuid = string(got)
+		default:
+			uuid = c.UUID
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("couchrep: server uuid in the job store: %w", err)
+	}
+	return uuid, nil
 }
 
 func durability(cfg Config) sqlite.Durability {

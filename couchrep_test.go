@@ -320,6 +320,12 @@ func TestSharedStore(t *testing.T) {
 	if list.GetTotal() != 1 || list.GetJobs()[0].GetId() != rep.GetId() {
 		t.Fatalf("node b sees %v", list)
 	}
+	// Both nodes compute replication ids with one server UUID (the first
+	// node's, recorded in the store), or a job moving between them would not
+	// find its checkpoints.
+	if a.ServerUUID() == "" || a.ServerUUID() != b.ServerUUID() {
+		t.Fatalf("server uuids %q and %q, want one shared uuid", a.ServerUUID(), b.ServerUUID())
+	}
 	request[*messages.CancelJobResponse](t, b, &messages.CancelJobRequest{Id: rep.GetId()})
 	if list := request[*messages.ListJobsResponse](t, a, &messages.ListJobsRequest{}); list.GetTotal() != 0 {
 		t.Fatalf("node a sees %v after b canceled", list)

@@ -177,8 +177,13 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		}
 	}
 	if err := run.Start(ctx, a.o.Node); err != nil {
-		if repjob.IsLost(err) || ctx.Err() != nil {
+		if repjob.IsLost(err) {
 			return nil
+		}
+		if ctx.Err() != nil {
+			// Stopped while starting: hand the job back now rather than
+			// leave it to the activity monitor.
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
 		}
 		return err
 	}
@@ -223,8 +228,11 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		}
 		return a.crash(system, dup.Error())
 	case err != nil:
-		if repjob.IsLost(err) || ctx.Err() != nil {
+		if repjob.IsLost(err) {
 			return nil
+		}
+		if ctx.Err() != nil {
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
 		}
 		return a.crash(system, err.Error())
 	}

@@ -75,7 +75,7 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 	t.Cleanup(func() { system.EventStream.Unsubscribe(sub) })
 	js := jobserver.Spec(deps)
 	js.Supervisor.Children[1].Props = jobserver.AcceptorProps(deps, n.slots, jobserver.AcceptorOptions{
-		NoJitter:   true,
+		NoJitter: true,
 		// The fake engine makes no HTTP requests: no connection_pool needed.
 		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash); o.NodePool = false },
 	})

@@ -269,8 +269,13 @@ type CouchDB struct {
 	// UUID is the server UUID, the first element of every replication ID
 	// (uuid). Set it to a CouchDB server's [couchdb] uuid to resume from
 	// that server's checkpoints. Empty means generated once and persisted
-	// in the data directory (see Complete and EnsureUUID).
+	// in the data directory (see Complete and EnsureUUID); a node then
+	// adopts the UUID already recorded in its shared job store, so that
+	// every node sharing a store computes the same replication ids.
 	UUID string
+	// Generated is set by Complete when it filled UUID from the data
+	// directory rather than from the configuration.
+	Generated bool
 }
 
 // Log is the [log] section.

@@ -39,7 +39,7 @@ func (c *Config) Complete() error {
 		if err != nil {
 			return err
 		}
-		c.CouchDB.UUID = id
+		c.CouchDB.UUID, c.CouchDB.Generated = id, true
 	}
 	if c.Couchrep.NodeName == "" {
 		name, err := EnsureNodeName(dir)

@@ -46,6 +46,7 @@ import (
 	"hash/maphash"
 	"net/url"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -148,6 +149,10 @@ var _ kv.Database = (*DB)(nil)
 // writing to it, a file that is not a couchrep store.
 func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	opts.fill()
+	// A relative path would be read as a URI authority ("file:data/x.db").
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
 	if err := checkHeader(path); err != nil {
 		return nil, err
 	}
