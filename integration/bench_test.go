@@ -250,7 +250,9 @@ func cpuTime() time.Duration {
 }
 
 // heapPeak samples the Go heap (live and not yet swept objects) every 5 ms
-// until stopped and returns the largest value seen.
+// until stopped and returns the largest value seen above the heap at the
+// start (what the benchmark itself holds, e.g. the bound's prepared
+// requests, is not the replicator's).
 type heapPeak struct {
 	stop chan struct{}
 	done chan uint64
@@ -260,6 +262,8 @@ func startHeapPeak() *heapPeak {
 	h := &heapPeak{stop: make(chan struct{}), done: make(chan uint64, 1)}
 	go func() {
 		s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+		metrics.Read(s)
+		base := s[0].Value.Uint64()
 		var peak uint64
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
@@ -268,7 +272,7 @@ func startHeapPeak() *heapPeak {
 			peak = max(peak, s[0].Value.Uint64())
 			select {
 			case <-h.stop:
-				h.done <- peak
+				h.done <- peak - min(base, peak)
 				return
 			case <-t.C:
 			}
@@ -326,7 +330,8 @@ func runCouchrep(ctx context.Context, src, tgt string) (couchrepRun, error) {
 		return couchrepRun{}, err
 	}
 	runtime.GC()
-	hp := startHeapPeak()
+	hp := startHeapPeak() // right after a GC: the base is what is live
+
 	cpu0, start := cpuTime(), time.Now()
 	res, err := replication.New(p, replication.Options{ServerUUID: "bench", Logger: zerolog.Nop()}).Run(ctx)
 	out := couchrepRun{wall: time.Since(start), cpu: cpuTime() - cpu0, heap: hp.end()}
@@ -451,6 +456,12 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 	}
 	s2.Do(b, http.MethodDelete, warm, nil, http.StatusOK)
 
+	srcCPU, tgtCPU := serverCPU(s1), serverCPU(s2)
+	if srcCPU == nil || tgtCPU == nil {
+		b.Log("pouchdb-server processes not found in /proc: no server CPU figures")
+		srcCPU, tgtCPU = func() time.Duration { return 0 }, func() time.Duration { return 0 }
+	}
+	serverSecs := map[string][]float64{} // contestant+"-src"/"-tgt" -> CPU s per 10k docs
 	rates := map[string][]float64{}
 	var pctBound, xDefault, xBS500, cpuPer10k, heapMB []float64
 	order := []string{cCouchrep, cDefault, cBS500, cBound}
@@ -466,6 +477,7 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 				var d time.Duration
 				var written int64 = -1
 				var err error
+				src0, tgt0 := srcCPU(), tgtCPU()
 				switch c {
 				case cCouchrep:
 					var r couchrepRun
@@ -489,6 +501,10 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 				if err != nil {
 					b.Fatalf("%s: %v", c, err)
 				}
+				per10k := 10000 / float64(set.n)
+				serverSecs[c+"-src"] = append(serverSecs[c+"-src"], (srcCPU()-src0).Seconds()*per10k)
+				serverSecs[c+"-tgt"] = append(serverSecs[c+"-tgt"], (tgtCPU()-tgt0).Seconds()*per10k)
+				line = append(line, fmt.Sprintf("%s-servers-cpu=%.2f+%.2fs", c, (srcCPU()-src0).Seconds(), (tgtCPU()-tgt0).Seconds()))
 				if n, err := docCount(tgt); err != nil || n != set.n {
 					b.Fatalf("%s: target doc_count %d (%v), want %d", c, n, err, set.n)
 				}
@@ -516,6 +532,10 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 	b.ReportMetric(median(xBS500), "x-pouchdb-bs500")
 	b.ReportMetric(median(cpuPer10k), "cpu-s/10k-docs")
 	b.ReportMetric(median(heapMB), "peak-heap-MB")
+	for _, c := range order {
+		b.ReportMetric(median(serverSecs[c+"-src"]), c+"-src-cpu-s/10k-docs")
+		b.ReportMetric(median(serverSecs[c+"-tgt"]), c+"-tgt-cpu-s/10k-docs")
+	}
 }
 
 // BenchmarkReplicationMemory replicates N documents of about 1 KB one-shot
