@@ -202,15 +202,18 @@ func writeError(w http.ResponseWriter, e *apiError) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // "<job@node>" pids as CouchDB writes them
+	if err := enc.Encode(v); err != nil {
 		status = http.StatusInternalServerError
-		b = []byte(`{"error":"unknown_error","reason":"cannot encode the reply"}`)
+		buf.Reset()
+		buf.WriteString(`{"error":"unknown_error","reason":"cannot encode the reply"}` + "\n")
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "must-revalidate")
 	w.WriteHeader(status)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(buf.Bytes())
 }
 
 // readJSONBody reads a POST body: at most maxBody bytes, a JSON content
