@@ -122,7 +122,6 @@ const (
 // every subcommand in both output modes, and checks exit codes and --help.
 func TestCtlEverySubcommand(t *testing.T) {
 	skipShort(t)
-	requireJobServer(t)
 	srv := testserver.StartPouchDB(t)
 	src, tgt, once := srv.CreateDB(t, "csrc"), srv.CreateDB(t, "ctgt"), srv.DBURL("conce")
 	var docs []map[string]any
@@ -477,7 +476,6 @@ func seqNumber(s string) (int, bool) {
 // checkpoint.
 func TestCtlDrainHandsJobsToAnotherNode(t *testing.T) {
 	skipShort(t)
-	requireJobServer(t)
 	srv := testserver.StartPouchDB(t)
 	srcDB := srv.CreateDB(t, "dsrc")
 	const before, after, nJobs = 200, 100, 3

@@ -71,20 +71,6 @@ func api(t *testing.T, addr, method, path, body string) apiReply {
 	return apiReply{status: resp.StatusCode, body: b}
 }
 
-// jobServerBuilt reports whether this build's job_server actor runs jobs
-// (it starts as a placeholder that only appears in the tree).
-func jobServerBuilt(t *testing.T) bool {
-	b, err := os.ReadFile(filepath.Join("..", "actors", "jobserver", "jobserver.go"))
-	return err == nil && !bytes.Contains(b, []byte("placeholder.Props"))
-}
-
-func requireJobServer(t *testing.T) {
-	t.Helper()
-	if !jobServerBuilt(t) {
-		t.Skip("actors/jobserver is still a placeholder: no node runs jobs yet")
-	}
-}
-
 // waitJobState polls GET /_scheduler/jobs/{id} until the job is in state.
 func waitJobState(t *testing.T, addr, id, state string) map[string]any {
 	t.Helper()
@@ -177,25 +163,23 @@ func TestHTTPAPIContinuousPendingAndCancel(t *testing.T) {
 	if j["id"] != id || (j["state"] != "pending" && j["state"] != "running") {
 		t.Fatalf("job %v", j)
 	}
-	if jobServerBuilt(t) {
-		waitJobState(t, addr, id, "running")
-		src.PutDocs(t, srcDB, map[string]any{"_id": "live", "n": 1})
-		deadline := time.Now().Add(time.Minute)
-		for {
-			var doc map[string]any
-			if st := api(t, strings.TrimPrefix(strings.TrimSuffix(tgt.URL, "/"), "http://"), "GET", "/tgt/live", ""); st.status == 200 {
-				_ = json.Unmarshal(st.body, &doc)
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("continuous replication did not copy a new doc within 1 min")
-			}
-			time.Sleep(50 * time.Millisecond)
+	waitJobState(t, addr, id, "running")
+	src.PutDocs(t, srcDB, map[string]any{"_id": "live", "n": 1})
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var doc map[string]any
+		if st := api(t, strings.TrimPrefix(strings.TrimSuffix(tgt.URL, "/"), "http://"), "GET", "/tgt/live", ""); st.status == 200 {
+			_ = json.Unmarshal(st.body, &doc)
+			break
 		}
-		tasks := api(t, addr, "GET", "/_active_tasks", "")
-		if !strings.Contains(string(tasks.body), id) {
-			t.Fatalf("_active_tasks lacks %s: %s", id, tasks.body)
+		if time.Now().After(deadline) {
+			t.Fatal("continuous replication did not copy a new doc within 1 min")
 		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	tasks := api(t, addr, "GET", "/_active_tasks", "")
+	if !strings.Contains(string(tasks.body), id) {
+		t.Fatalf("_active_tasks lacks %s: %s", id, tasks.body)
 	}
 	// Cancel by body, then by id: 404.
 	r = api(t, addr, "POST", "/_replicate", strings.TrimSuffix(body, "}")+`,"cancel":true}`)
@@ -217,7 +201,6 @@ func TestHTTPAPIContinuousPendingAndCancel(t *testing.T) {
 
 func TestHTTPAPIOneShotReplyIsCouchDBs(t *testing.T) {
 	skipShort(t)
-	requireJobServer(t)
 	n := startNode(t, nodeOptions{})
 	addr := n.httpAddr("")
 	src, tgt := testserver.StartPouchDB(t), testserver.StartPouchDB(t)
@@ -253,7 +236,6 @@ func TestHTTPAPIOneShotReplyIsCouchDBs(t *testing.T) {
 
 func TestHTTPAPICrashingContinuous(t *testing.T) {
 	skipShort(t)
-	requireJobServer(t)
 	n := startNode(t, nodeOptions{})
 	addr := n.httpAddr("")
 	src, tgt := testserver.StartPouchDB(t), testserver.StartPouchDB(t)
