@@ -218,7 +218,12 @@ func (n *Node) spec() supervisor.Spec {
 		MaxRestarts: 10,
 		Period:      time.Second,
 		Children: []supervisor.ChildSpec{
-			eventbus.Spec(d),
+			eventbus.Spec(d, func(evt any) proto.Message {
+				if e, ok := evt.(*supervisor.Event); ok {
+					return SupervisorEventProto(e)
+				}
+				return nil
+			}),
 			clustering.Spec(d),
 			connpool.Spec(d),
 			ratelimiter.Spec(d),
