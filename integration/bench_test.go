@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/url"
@@ -442,6 +443,9 @@ func median(xs []float64) float64 {
 // seconds (this process: the replicator only, the servers are other
 // processes) are reported per 10,000 documents.
 //
+// $COUCHREP_BENCH_CONTESTANTS (comma-separated) runs only some of them
+// (couchrep always).
+//
 // Corpora: 10,000 and 50,000 documents of about 1 KB, and 10,000 where 5%
 // carry a 20 KB attachment. Run only these with
 //
@@ -484,6 +488,12 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 	rates := map[string][]float64{}
 	var pctBound, pctBound4, xDefault, xBS500, cpuPer10k, heapMB []float64
 	order := []string{cCouchrep, cDefault, cBS500, cBound, cBound4}
+	if only := os.Getenv("COUCHREP_BENCH_CONTESTANTS"); only != "" {
+		order = slices.DeleteFunc(order, func(c string) bool { return !slices.Contains(strings.Split(only, ","), c) })
+		if !slices.Contains(order, cCouchrep) {
+			b.Fatal("COUCHREP_BENCH_CONTESTANTS must include couchrep")
+		}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		for round := 0; round < benchRounds(); round++ {
@@ -536,10 +546,16 @@ func benchSideBySide(b *testing.B, script string, set benchSet) {
 				secs[c] = d.Seconds()
 				rates[c] = append(rates[c], float64(set.n)/d.Seconds())
 			}
-			pctBound = append(pctBound, 100*secs[cBound]/secs[cCouchrep])
-			pctBound4 = append(pctBound4, 100*secs[cBound4]/secs[cCouchrep])
-			xDefault = append(xDefault, secs[cDefault]/secs[cCouchrep])
-			xBS500 = append(xBS500, secs[cBS500]/secs[cCouchrep])
+			ratio := func(c string, scale float64) float64 {
+				if secs[c] == 0 {
+					return math.NaN()
+				}
+				return scale * secs[c] / secs[cCouchrep]
+			}
+			pctBound = append(pctBound, ratio(cBound, 100))
+			pctBound4 = append(pctBound4, ratio(cBound4, 100))
+			xDefault = append(xDefault, ratio(cDefault, 1))
+			xBS500 = append(xBS500, ratio(cBS500, 1))
 			b.Logf("%s round %d (load %s → %s; order %v): couchrep %.0f docs/s, pouchdb-default %.0f, pouchdb-bs500 %.0f, bound %.0f, bound-4 %.0f; couchrep %.0f%% of bound, %.0f%% of bound-4; %s",
 				set, round+1, load, loadAvg(), rot, float64(set.n)/secs[cCouchrep], float64(set.n)/secs[cDefault],
 				float64(set.n)/secs[cBS500], float64(set.n)/secs[cBound], float64(set.n)/secs[cBound4],
