@@ -115,15 +115,49 @@ type Store struct {
 	db kv.Database
 }
 
-// OpenStore opens (creating if needed) the embedded job store at path, an
-// SQLite file that node processes on one machine may share. Durability is
-// "normal" ([couchrep] durability): commits survive a process crash.
-func OpenStore(ctx context.Context, path string) (*Store, error) {
-	db, err := sqlite.Open(ctx, path, sqlite.Options{Durability: sqlite.DurabilityNormal})
+// OpenStore opens (creating if needed) the job store at location: the path
+// of the embedded SQLite file that node processes on one machine may share,
+// or "fdb:<cluster file>" ("fdb:" alone for FoundationDB's default cluster
+// file) for a FoundationDB cluster, in a build with -tags fdb. Durability of
+// the embedded store is "normal": commits survive a process crash.
+func OpenStore(ctx context.Context, location string) (*Store, error) {
+	db, err := openStore(ctx, location, sqlite.DurabilityNormal, zerolog.Nop())
 	if err != nil {
-		return nil, fmt.Errorf("couchrep: open job store %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
+}
+
+// ErrNoFDB is returned for an "fdb:" store by a build without FoundationDB
+// support.
+var ErrNoFDB = errors.New("couchrep: this build has no FoundationDB support (build with -tags fdb and the FoundationDB client installed)")
+
+// openFDB opens a FoundationDB store; builds with -tags fdb set it
+// (store_fdb.go).
+var openFDB func(ctx context.Context, clusterFile string, log zerolog.Logger) (kv.Database, error)
+
+// FDBSupported reports whether this build can open FoundationDB stores.
+func FDBSupported() bool { return openFDB != nil }
+
+// FDBPrefix marks a store location as a FoundationDB cluster file.
+const FDBPrefix = "fdb:"
+
+func openStore(ctx context.Context, location string, d sqlite.Durability, log zerolog.Logger) (kv.Database, error) {
+	if clusterFile, ok := strings.CutPrefix(location, FDBPrefix); ok {
+		if openFDB == nil {
+			return nil, ErrNoFDB
+		}
+		db, err := openFDB(ctx, clusterFile, log)
+		if err != nil {
+			return nil, fmt.Errorf("couchrep: open FoundationDB job store %q: %w", clusterFile, err)
+		}
+		return db, nil
+	}
+	db, err := sqlite.Open(ctx, location, sqlite.Options{Durability: d, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("couchrep: open job store %s: %w", location, err)
+	}
+	return db, nil
 }
 
 // Close closes the store.
@@ -164,10 +198,9 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		stopped: make(chan struct{})}
 	store := o.store
 	if store == nil {
-		path := cfg.StorePath()
-		db, err := sqlite.Open(ctx, path, sqlite.Options{Durability: durability(cfg), Logger: n.log})
+		db, err := openStore(ctx, cfg.StorePath(), durability(cfg), n.log)
 		if err != nil {
-			return nil, fmt.Errorf("couchrep: open job store %s: %w", path, err)
+			return nil, err
 		}
 		store, n.ownStore = db, true
 	}

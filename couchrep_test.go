@@ -331,3 +331,21 @@ func TestSharedStore(t *testing.T) {
 		t.Fatalf("node a sees %v after b canceled", list)
 	}
 }
+
+// TestFDBStoreNeedsTheBuildTag: a FoundationDB store location in a build
+// without -tags fdb is a clear error, not a SQLite file named "fdb:...".
+func TestFDBStoreNeedsTheBuildTag(t *testing.T) {
+	if couchrep.FDBSupported() {
+		t.Skip("built with -tags fdb")
+	}
+	cfg := couchrep.DefaultConfig()
+	cfg.Couchrep.DataDir = t.TempDir()
+	cfg.Couchrep.Store = "fdb:/etc/foundationdb/fdb.cluster"
+	_, err := couchrep.Start(context.Background(), cfg)
+	if !errors.Is(err, couchrep.ErrNoFDB) {
+		t.Fatalf("Start with an fdb: store = %v, want ErrNoFDB", err)
+	}
+	if _, err := couchrep.OpenStore(context.Background(), "fdb:"); !errors.Is(err, couchrep.ErrNoFDB) {
+		t.Fatalf("OpenStore(fdb:) = %v, want ErrNoFDB", err)
+	}
+}
