@@ -15,15 +15,22 @@ import (
 // Decoder for documents that are only passed on. A buffer is never
 // reused: slices returned earlier stay valid (they keep their buffer alive
 // until dropped), so document bodies need no copy.
+//
+// Read buffers follow the stream: each is twice what the last read
+// delivered, from jsonMinChunk up to jsonChunk, so a stream that delivers
+// fast reads 64 KiB at a time while an idle one (a continuous _changes
+// feed waiting for a change or a heartbeat) holds only a small buffer.
 type jsonStream struct {
-	r   io.Reader
-	buf []byte // buf[off:] is unread
-	off int
-	err error // the reader's error once it returned one (io.EOF at the end)
+	r     io.Reader
+	buf   []byte // buf[off:] is unread
+	off   int
+	err   error // the reader's error once it returned one (io.EOF at the end)
+	chunk int   // the next read buffer's size (0: jsonMinChunk)
 }
 
 const (
-	jsonChunk    = 64 << 10 // the smallest read buffer
+	jsonMinChunk = 1 << 10  // the smallest read buffer
+	jsonChunk    = 64 << 10 // the largest read buffer, unless a value needs more
 	jsonMaxDepth = 10000    // nesting limit, as encoding/json
 )
 
@@ -39,13 +46,19 @@ func (s *jsonStream) fill(keep int) bool {
 		return false
 	}
 	rest := s.buf[keep:]
-	size := max(jsonChunk, 2*len(rest))
+	if s.chunk == 0 {
+		s.chunk = jsonMinChunk
+	}
+	size := max(s.chunk, 2*len(rest))
 	nb := make([]byte, len(rest), size)
 	copy(nb, rest)
 	s.buf, s.off = nb, s.off-keep
 	for {
 		n, err := s.r.Read(nb[len(nb):cap(nb)])
 		s.buf = nb[:len(nb)+n]
+		if n > 0 {
+			s.chunk = min(max(2*n, jsonMinChunk), jsonChunk)
+		}
 		if err != nil {
 			s.err = err
 			return n > 0

@@ -10,6 +10,10 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 )
 
+// rowsReadAhead bounds the rows the changes reader decodes ahead of the
+// batcher.
+const rowsReadAhead = 64
+
 // batchIdle flushes a partial batch when the feed has been quiet this long
 // (continuous feeds, slow sources).
 const batchIdle = 20 * time.Millisecond
@@ -87,7 +91,10 @@ func (pg *pager) more(got int) bool {
 // are done.
 func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
 	r := s.r
-	rows := make(chan couch.Change, r.p.WorkerBatchSize)
+	// A short read-ahead is enough: the batcher only appends. (A whole
+	// batch of buffered rows, 36 KB at worker_batch_size 500, was most of an
+	// idle continuous job's memory.)
+	rows := make(chan couch.Change, min(r.p.WorkerBatchSize, rowsReadAhead))
 	type feedEnd = struct{ seq couch.Seq }
 	ends := make(chan feedEnd) // unbuffered: a feed end is taken only after its rows
 	batcherErr := make(chan error, 1)
@@ -178,7 +185,9 @@ func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
 
 func (s *runState) batcher(ctx context.Context, rows <-chan couch.Change, ends <-chan struct{ seq couch.Seq }, out chan<- batch) error {
 	size := s.r.p.WorkerBatchSize
-	cur := make([]couch.Change, 0, size)
+	// cur is allocated by the first row of a batch: an idle continuous
+	// feed holds no batch buffer (worker_batch_size rows are 36 KB).
+	var cur []couch.Change
 	idle := time.NewTimer(time.Hour)
 	idle.Stop()
 	emit := func(changes []couch.Change, seq couch.Seq) error {
@@ -197,7 +206,7 @@ func (s *runState) batcher(ctx context.Context, rows <-chan couch.Change, ends <
 			return nil
 		}
 		b := cur
-		cur = make([]couch.Change, 0, size)
+		cur = nil
 		return emit(b, b[len(b)-1].Seq)
 	}
 	for {
@@ -231,6 +240,9 @@ func (s *runState) batcher(ctx context.Context, rows <-chan couch.Change, ends <
 		}
 		if c.Seq == nil && len(cur) > 0 {
 			c.Seq = cur[len(cur)-1].Seq
+		}
+		if cur == nil {
+			cur = make([]couch.Change, 0, size)
 		}
 		cur = append(cur, c)
 		if len(cur) >= size {
