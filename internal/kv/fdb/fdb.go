@@ -60,6 +60,21 @@ var _ kv.Database = (*DB)(nil)
 var apiOnce sync.Once
 var apiErr error
 
+// The bindings' fdb.OpenDatabase caches one handle per cluster file in an
+// unsynchronised map, and fdb.Database.Close destroys that shared handle.
+// Open and Close therefore go through this reference-counted table: opens
+// are serialised, and the handle is closed only when the last DB using it
+// is.
+var (
+	handlesMu sync.Mutex
+	handles   = map[string]*handle{}
+)
+
+type handle struct {
+	db   fdb.Database
+	refs int
+}
+
 // Open connects to the cluster named by opts.ClusterFile.
 func Open(ctx context.Context, opts Options) (*DB, error) {
 	if opts.MaxAttempts <= 0 {
@@ -69,11 +84,19 @@ func Open(ctx context.Context, opts Options) (*DB, error) {
 	if apiErr != nil {
 		return nil, fmt.Errorf("fdb: select API version %d: %w", APIVersion, apiErr)
 	}
-	db, err := fdb.OpenDatabase(opts.ClusterFile)
-	if err != nil {
-		return nil, fmt.Errorf("fdb: open cluster %q: %w", opts.ClusterFile, err)
+	handlesMu.Lock()
+	defer handlesMu.Unlock()
+	h := handles[opts.ClusterFile]
+	if h == nil {
+		db, err := fdb.OpenDatabase(opts.ClusterFile)
+		if err != nil {
+			return nil, fmt.Errorf("fdb: open cluster %q: %w", opts.ClusterFile, err)
+		}
+		h = &handle{db: db}
+		handles[opts.ClusterFile] = h
 	}
-	return &DB{db: db, opts: opts, log: opts.Logger.With().Str("component", "kv/fdb").Logger()}, nil
+	h.refs++
+	return &DB{db: h.db, opts: opts, log: opts.Logger.With().Str("component", "kv/fdb").Logger()}, nil
 }
 
 func (d *DB) isClosed() bool {
@@ -83,13 +106,21 @@ func (d *DB) isClosed() bool {
 }
 
 // Close implements kv.Database. The bindings keep the network thread; the
-// database handle is released.
+// database handle is released when the last DB on its cluster file closes.
 func (d *DB) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.closed {
-		d.closed = true
-		d.db.Close()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	handlesMu.Lock()
+	defer handlesMu.Unlock()
+	if h := handles[d.opts.ClusterFile]; h != nil {
+		if h.refs--; h.refs == 0 {
+			delete(handles, d.opts.ClusterFile)
+			h.db.Close()
+		}
 	}
 	return nil
 }
@@ -162,6 +193,7 @@ func (d *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
 type tx struct {
 	tr      fdb.Transaction
 	rt      fdb.ReadTransaction
+	root    *tx // the transaction a Snapshot view belongs to; nil for the root
 	err     error
 	done    bool
 	watches []*watch
@@ -187,15 +219,24 @@ func (t *tx) finish(err error) {
 	}
 }
 
+// isDone reports whether the function this transaction (or the transaction
+// a Snapshot view belongs to) was given to has returned.
+func (t *tx) isDone() bool {
+	if t.root != nil {
+		return t.root.done
+	}
+	return t.done
+}
+
 func (t *tx) Get(key []byte) ([]byte, error) {
-	if t.done {
+	if t.isDone() {
 		return nil, kv.ErrTxDone
 	}
 	return t.rt.Get(fdb.Key(key)).Get()
 }
 
 func (t *tx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator {
-	if t.done {
+	if t.isDone() {
 		return &iterator{err: kv.ErrTxDone}
 	}
 	r := fdb.KeyRange{Begin: fdb.Key(begin), End: fdb.Key(end)}
@@ -204,7 +245,11 @@ func (t *tx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator 
 }
 
 func (t *tx) Snapshot() kv.ReadTx {
-	return &tx{tr: t.tr, rt: t.tr.Snapshot(), done: t.done}
+	root := t
+	if t.root != nil {
+		root = t.root
+	}
+	return &tx{tr: t.tr, rt: t.tr.Snapshot(), root: root}
 }
 
 func (t *tx) Set(key, value []byte) { t.tr.Set(fdb.Key(key), value) }
