@@ -234,16 +234,22 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 			_, _ = w.rollback.Exec()
 		}
 	}()
-	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
-		return touched, 0, fmt.Errorf("sqlite: read commit counter: %w", err)
+	// One statement bumps the counter and reads it; if nothing commits,
+	// the rollback undoes the bump.
+	if err := w.bumpCommit.QueryRow().Scan(&version); err != nil {
+		return touched, 0, fmt.Errorf("sqlite: bump commit counter: %w", err)
 	}
-	version++
+	cur := version - 1 // the newest committed version
 	var order uint16
 	for _, r := range batch {
 		r.err = nil
-		ok, err := db.validate(r.t)
-		if err != nil {
-			return touched, 0, err
+		ok, known := db.validateKnown(r.t, cur, &touched)
+		if !known {
+			db.rereads.Add(1)
+			var err error
+			if ok, err = db.validate(r.t); err != nil {
+				return touched, 0, err
+			}
 		}
 		if !ok {
 			r.err = kv.ErrConflict
@@ -267,13 +273,12 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 	if order == 0 {
 		return touched, 0, nil // every request conflicted; the rollback is free
 	}
-	if _, err := w.setCommit.Exec(version); err != nil {
-		return touched, 0, fmt.Errorf("sqlite: write commit counter: %w", err)
-	}
 	if _, err := w.commit.Exec(); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: commit: %w", err)
 	}
 	committed = true
+	db.own.add(version, &touched)
+	db.committed.Store(version)
 	return touched, version, nil
 }
 

@@ -16,7 +16,10 @@
 // logical transaction is first validated by re-reading its read set inside
 // that write transaction, so a read invalidated by an earlier transaction in
 // the batch, by an earlier batch or by another process makes it fail with
-// kv.ErrConflict, and Transact runs it again. Because validation happens
+// kv.ErrConflict, and Transact runs it again. When every commit since the
+// transaction's snapshot was this process's own, validation compares the
+// read set with what those commits wrote, in memory, instead of re-reading
+// (see validate.go). Because validation happens
 // under SQLite's write lock, read-modify-write is serializable across
 // processes.
 //
@@ -48,6 +51,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -137,6 +141,15 @@ type DB struct {
 	pending []*commitReq
 	leading bool // a goroutine is running batches
 	closed  bool
+
+	// own remembers what this process's recent commits wrote; only the
+	// leading goroutine uses it.
+	own ownCommits
+	// committed is the newest commit version this process made, or saw
+	// at open; see validateKnown.
+	committed atomic.Int64
+	// rereads counts transactions validated by re-reading their read set.
+	rereads atomic.Int64
 
 	watches *watchSet
 	closing chan struct{}
@@ -266,7 +279,15 @@ func (db *DB) init(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return w.prepare(ctx)
+	if err := w.prepare(ctx); err != nil {
+		return err
+	}
+	var version int64
+	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
+		return fmt.Errorf("read commit counter: %w", err)
+	}
+	db.committed.Store(version)
+	return nil
 }
 
 // checkStore refuses an SQLite file that is not empty and not ours,

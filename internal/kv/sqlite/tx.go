@@ -71,6 +71,9 @@ type tx struct {
 	watches []*watch
 	stamps  []*stampFuture
 	done    bool
+	// snapVersion is a lower bound of the snapshot's commit version
+	// (db.committed before the read transaction began); see validateKnown.
+	snapVersion int64
 }
 
 var _ kv.Tx = (*tx)(nil)
@@ -98,6 +101,7 @@ func (t *tx) snapshot() (*readerConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: reader: %w", err)
 	}
+	t.snapVersion = t.db.committed.Load()
 	if _, err := r.begin.Exec(); err != nil {
 		t.db.putReader(r)
 		return nil, fmt.Errorf("sqlite: begin read: %w", err)

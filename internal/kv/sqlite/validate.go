@@ -1,0 +1,127 @@
+package sqlite
+
+import (
+	"bytes"
+)
+
+// Validation without re-reading.
+//
+// A transaction's read set must still hold at commit. The general check
+// (validate) re-reads every recorded key and range inside the write
+// transaction. Most of the time, though, every commit since the
+// transaction's snapshot was made by this process, and this process knows
+// what each of its commits wrote: then the read set holds unless one of
+// those commits (or an earlier transaction of the same batch) wrote a key
+// in it, which is decided in memory.
+//
+// The snapshot's version is bounded from below: before its read
+// transaction starts, the transaction notes db.committed, the newest
+// version this process has committed (stored only after the COMMIT
+// returned). Every commit not visible to the snapshot therefore has a
+// greater version. Inside the write transaction, with the commit counter
+// read (cur), the versions in (snapshot, cur] are looked up in ownLog; if
+// any is missing (another process committed it, or it fell out of the
+// log) the general check runs. Commits that the snapshot did see but that
+// lie above the lower bound can only cause a spurious conflict, and only
+// when they wrote a key the transaction read.
+
+// ownLogCap bounds how many of this process's commits ownLog remembers.
+const ownLogCap = 512
+
+// ownLogMaxKeys: a commit that wrote more keys than this is not
+// remembered (transactions reading across it use the general check).
+const ownLogMaxKeys = 4096
+
+// ownCommits is the leader's memory of this process's recent commits.
+// Only the goroutine leading (db.leading) touches it.
+type ownCommits struct {
+	byVersion map[int64]*touchedKeys
+	order     []int64 // versions in commit order, oldest first
+}
+
+func (o *ownCommits) add(version int64, t *touchedKeys) {
+	if o.byVersion == nil {
+		o.byVersion = make(map[int64]*touchedKeys)
+	}
+	if len(t.keys) > ownLogMaxKeys || len(t.ranges) > ownLogMaxKeys {
+		return
+	}
+	o.byVersion[version] = t
+	o.order = append(o.order, version)
+	if len(o.order) > ownLogCap {
+		delete(o.byVersion, o.order[0])
+		o.order = append(o.order[:0], o.order[1:]...)
+	}
+}
+
+// validateKnown decides whether t's read set still holds when every commit
+// after t's snapshot (up to cur) was made by this process; known is false
+// when that is not the case (or not certain), and the caller must re-read.
+// batch holds what earlier transactions of the running batch wrote.
+func (db *DB) validateKnown(t *tx, cur int64, batch *touchedKeys) (ok, known bool) {
+	if len(t.points) == 0 && len(t.ranges) == 0 {
+		return true, true
+	}
+	if t.snapVersion > cur || cur-t.snapVersion > ownLogCap {
+		return false, false
+	}
+	for v := t.snapVersion + 1; v <= cur; v++ {
+		if _, mine := db.own.byVersion[v]; !mine {
+			return false, false
+		}
+	}
+	if t.readsTouched(batch) {
+		return false, true
+	}
+	for v := t.snapVersion + 1; v <= cur; v++ {
+		if t.readsTouched(db.own.byVersion[v]) {
+			return false, true
+		}
+	}
+	return true, true
+}
+
+// readsTouched reports whether w wrote a key t read (or may have read).
+func (t *tx) readsTouched(w *touchedKeys) bool {
+	if len(w.keys) == 0 && len(w.ranges) == 0 {
+		return false
+	}
+	var points map[string]struct{}
+	if len(t.points) > 8 && len(w.keys) > 8 {
+		points = make(map[string]struct{}, len(t.points))
+		for _, p := range t.points {
+			points[string(p.key)] = struct{}{}
+		}
+	}
+	for _, k := range w.keys {
+		if points != nil {
+			if _, ok := points[string(k)]; ok {
+				return true
+			}
+		} else {
+			for _, p := range t.points {
+				if bytes.Equal(p.key, k) {
+					return true
+				}
+			}
+		}
+		for _, rr := range t.ranges {
+			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(k, rr.begin) >= 0 && bytes.Compare(k, rr.end) < 0 {
+				return true
+			}
+		}
+	}
+	for _, c := range w.ranges {
+		for _, p := range t.points {
+			if c.contains(p.key) {
+				return true
+			}
+		}
+		for _, rr := range t.ranges {
+			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(c.begin, rr.end) < 0 && bytes.Compare(rr.begin, c.end) < 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
