@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ func parallel(b *testing.B, g int, op func(worker, i int) error) {
 	var wg sync.WaitGroup
 	errs := make(chan error, g)
 	start := time.Now()
+	cpu0 := processCPU()
 	for w := range g {
 		wg.Go(func() {
 			for i := w; i < b.N; i += g {
@@ -46,6 +48,7 @@ func parallel(b *testing.B, g int, op func(worker, i int) error) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "tx/s")
+	b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 	close(errs)
 	for err := range errs {
 		b.Fatal(err)
@@ -223,4 +226,13 @@ func BenchmarkTwoProcesses(b *testing.B) {
 	}
 	b.ReportMetric(float64(total)/elapsed.Seconds(), "commits/s")
 	b.ReportMetric(100*float64(min(counts[0], counts[1]))/float64(total), "min-share-%")
+}
+
+// processCPU returns the user+system CPU time this process has used.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -149,8 +149,8 @@ func (r *readerConn) close() error {
 type writerConn struct {
 	conn *sql.Conn
 	stmts
-	set, del, delRange, getCommit, bumpCommit *sql.Stmt
-	beginImmediate, commit                    *sql.Stmt
+	set, del, delRange, getCommit, setCommit *sql.Stmt
+	beginImmediate, commit                   *sql.Stmt
 }
 
 func newWriterConn(ctx context.Context, c *sql.Conn) (*writerConn, error) {
@@ -170,7 +170,7 @@ func (w *writerConn) prepare(ctx context.Context) error {
 		{&w.del, "DELETE FROM kv WHERE k = ?"},
 		{&w.delRange, "DELETE FROM kv WHERE k >= ? AND k < ?"},
 		{&w.getCommit, "SELECT value FROM meta WHERE name = 'commit'"},
-		{&w.bumpCommit, "UPDATE meta SET value = value + 1 WHERE name = 'commit' RETURNING value"},
+		{&w.setCommit, "UPDATE meta SET value = ? WHERE name = 'commit'"},
 		{&w.beginImmediate, "BEGIN IMMEDIATE"},
 		{&w.commit, "COMMIT"},
 	} {
@@ -188,7 +188,7 @@ func (w *writerConn) exec(q string) error {
 
 func (w *writerConn) close() error {
 	w.stmts.close()
-	for _, st := range []*sql.Stmt{w.set, w.del, w.delRange, w.getCommit, w.bumpCommit, w.beginImmediate, w.commit} {
+	for _, st := range []*sql.Stmt{w.set, w.del, w.delRange, w.getCommit, w.setCommit, w.beginImmediate, w.commit} {
 		if st != nil {
 			st.Close()
 		}

@@ -150,6 +150,8 @@ type DB struct {
 	committed atomic.Int64
 	// rereads counts transactions validated by re-reading their read set.
 	rereads atomic.Int64
+	// inflight counts Transact attempts running their function; see gather.
+	inflight atomic.Int64
 
 	watches *watchSet
 	closing chan struct{}

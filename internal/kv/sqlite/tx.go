@@ -74,6 +74,17 @@ type tx struct {
 	// snapVersion is a lower bound of the snapshot's commit version
 	// (db.committed before the read transaction began); see validateKnown.
 	snapVersion int64
+	// inflight: counted in db.inflight (running its function, not yet
+	// queued for commit); see DB.gather.
+	inflight bool
+}
+
+// leaveInflight uncounts t from db.inflight, once.
+func (t *tx) leaveInflight() {
+	if t.inflight {
+		t.inflight = false
+		t.db.inflight.Add(-1)
+	}
 }
 
 var _ kv.Tx = (*tx)(nil)

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -166,5 +167,46 @@ func TestValidateRangesAndClears(t *testing.T) {
 	}
 	if n := db.rereads.Load(); n != 0 {
 		t.Errorf("%d transactions re-read their read set in a single-process store", n)
+	}
+}
+
+// TestInflightAccounting: every way out of Transact uncounts the attempt,
+// so the leader's gather never waits for transactions that are gone.
+func TestInflightAccounting(t *testing.T) {
+	db, _ := openTemp(t, Options{})
+	key := tuple.Tuple{"inflight"}.Pack()
+	errFn := errors.New("fn failed")
+	cases := []struct {
+		name string
+		ctx  func() context.Context
+		fn   func(tx kv.Tx) error
+	}{
+		{"commit", context.Background, func(tx kv.Tx) error { tx.Set(key, []byte("v")); return nil }},
+		{"read only", context.Background, func(tx kv.Tx) error { _, err := tx.Get(key); return err }},
+		{"fn error", context.Background, func(tx kv.Tx) error { tx.Set(key, nil); return errFn }},
+		{"context ended in fn", func() context.Context {
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			return ctx
+		}, nil},
+		{"panic", context.Background, func(tx kv.Tx) error { panic("fn panicked") }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := tc.ctx()
+			fn := tc.fn
+			if fn == nil {
+				cctx, cancel := context.WithCancel(ctx)
+				ctx = cctx
+				fn = func(tx kv.Tx) error { tx.Set(key, nil); cancel(); return nil }
+			}
+			func() {
+				defer func() { _ = recover() }()
+				_ = db.Transact(ctx, fn)
+			}()
+			if n := db.inflight.Load(); n != 0 {
+				t.Errorf("inflight = %d after Transact returned, want 0", n)
+			}
+		})
 	}
 }
