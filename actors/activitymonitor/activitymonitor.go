@@ -46,12 +46,11 @@ func Props(queue *jobs.Queue, store *repjob.Store, log zerolog.Logger, opts jobs
 }
 
 type monitor struct {
-	q      *jobs.Queue
-	mon    *jobs.Monitor
-	store  *repjob.Store
-	log    zerolog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	q     *jobs.Queue
+	mon   *jobs.Monitor
+	store *repjob.Store
+	log   zerolog.Logger
+	task  actors.Task
 }
 
 func (m *monitor) Receive(ctx actor.Context) {
@@ -60,10 +59,7 @@ func (m *monitor) Receive(ctx actor.Context) {
 		if m.q == nil {
 			return
 		}
-		c, cancel := context.WithCancel(context.Background())
-		m.cancel, m.done = cancel, make(chan struct{})
-		go func() {
-			defer close(m.done)
+		m.task.Go(func(c context.Context) {
 			if m.store != nil {
 				if err := m.store.Init(c); err != nil && c.Err() == nil {
 					m.log.Warn().Err(err).Msg("activity monitor: register replication job type")
@@ -72,13 +68,10 @@ func (m *monitor) Receive(ctx actor.Context) {
 			if err := m.mon.Run(c); err != nil {
 				m.log.Warn().Err(err).Msg("activity monitor stopped")
 			}
-		}()
+		})
 		m.log.Debug().Msg("activity monitor started")
 	case *actor.Stopping:
-		if m.cancel != nil {
-			m.cancel()
-			// The next incarnation runs the same monitor: one at a time.
-			<-m.done
-		}
+		// The next incarnation runs the same monitor: one at a time.
+		m.task.Stop(0)
 	}
 }

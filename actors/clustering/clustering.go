@@ -108,8 +108,7 @@ type clustering struct {
 	reg         *cluster.Registry
 	log         zerolog.Logger
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	task actors.Task
 
 	mu       sync.Mutex
 	unstable bool
@@ -184,18 +183,16 @@ func (a *clustering) start(ctx actor.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
-	lc, lcancel := context.WithCancel(context.Background())
-	a.cancel, a.done = lcancel, make(chan struct{})
-	go a.loop(lc, ctx.ActorSystem(), ctx.Self())
+	system, self := ctx.ActorSystem(), ctx.Self()
+	a.task.Go(func(c context.Context) { a.loop(c, system, self) })
 	return nil
 }
 
 func (a *clustering) stop() {
-	if a.cancel == nil {
+	if !a.task.Running() {
 		return
 	}
-	a.cancel()
-	<-a.done
+	a.task.Stop(0)
 	c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	// A restarted actor registers again at once; a stopping node is gone
@@ -207,7 +204,6 @@ func (a *clustering) stop() {
 
 // loop heartbeats and watches membership until ctx ends.
 func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
-	defer close(a.done)
 	stab := cluster.NewStability(a.opts.Quiet)
 	lastOK := time.Now()
 	var lastForget time.Time

@@ -42,10 +42,9 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 type processorFailed struct{ err error }
 
 type docProcessor struct {
-	deps   actors.Deps
-	log    zerolog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	deps actors.Deps
+	log  zerolog.Logger
+	task actors.Task
 }
 
 func (a *docProcessor) Receive(ctx actor.Context) {
@@ -84,27 +83,17 @@ func (a *docProcessor) start(ctx actor.Context) {
 		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))
 		return
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	a.cancel, a.done = cancel, make(chan struct{})
 	self, root := ctx.Self(), ctx.ActorSystem().Root
-	go func() {
-		defer close(a.done)
+	a.task.Go(func(runCtx context.Context) {
 		if err := p.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
 			root.Send(self, &processorFailed{err: err})
 		}
-	}()
+	})
 	a.log.Info().Strs("watch", cfg.Couchrep.Watch).Msg("doc processor started")
 }
 
 func (a *docProcessor) stop() {
-	if a.cancel == nil {
-		return
-	}
-	a.cancel()
-	select {
-	case <-a.done:
-	case <-time.After(stopTimeout):
+	if !a.task.Stop(stopTimeout) {
 		a.log.Warn().Msg("doc processor did not stop in time")
 	}
-	a.cancel = nil
 }

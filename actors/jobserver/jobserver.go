@@ -157,12 +157,11 @@ func AcceptorProps(deps actors.Deps, slots *Slots, opts ...AcceptorOptions) *act
 }
 
 type acceptor struct {
-	deps   actors.Deps
-	slots  *Slots
-	o      AcceptorOptions
-	log    zerolog.Logger
-	cancel context.CancelFunc
-	done   chan struct{}
+	deps  actors.Deps
+	slots *Slots
+	o     AcceptorOptions
+	log   zerolog.Logger
+	task  actors.Task
 }
 
 func (a *acceptor) Receive(ctx actor.Context) {
@@ -184,7 +183,7 @@ func (a *acceptor) Receive(ctx actor.Context) {
 		}
 	case *messages.UndrainRequest:
 		a.slots.SetPaused(false)
-		if a.cancel == nil && a.deps.Config.HasNodeType(config.NodeTypeReplication) && a.deps.RepJobs != nil {
+		if !a.task.Running() && a.deps.Config.HasNodeType(config.NodeTypeReplication) && a.deps.RepJobs != nil {
 			a.start(ctx.ActorSystem())
 		}
 		if ctx.Sender() != nil {
@@ -199,30 +198,18 @@ func (a *acceptor) Receive(ctx actor.Context) {
 			ctx.Respond(&messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)})
 		}
 	case *actor.Stopping:
-		if a.cancel != nil {
-			a.cancel()
-		}
+		// The loop returns soon after its context ends; the job actors it
+		// started run on under jobs_sup.
+		a.task.Cancel()
 	}
 }
 
 func (a *acceptor) start(system *actor.ActorSystem) {
-	c, cancel := context.WithCancel(context.Background())
-	a.cancel, a.done = cancel, make(chan struct{})
-	go func(done chan struct{}) {
-		defer close(done)
-		a.loop(c, system)
-	}(a.done)
+	a.task.Go(func(c context.Context) { a.loop(c, system) })
 }
 
 // halt stops the accept loop and waits for it to return.
-func (a *acceptor) halt() {
-	if a.cancel == nil {
-		return
-	}
-	a.cancel()
-	<-a.done
-	a.cancel, a.done = nil, nil
-}
+func (a *acceptor) halt() { a.task.Stop(0) }
 
 // loop accepts jobs while there are free slots, until ctx ends.
 func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
