@@ -388,20 +388,10 @@ type incarnation struct {
 	once sync.Once
 }
 
-type homeKey struct {
-	system *actor.ActorSystem
-	id     string
-}
-
-var homes sync.Map // homeKey → *home
+var homes actors.Local[home]
 
 func homeOf(system *actor.ActorSystem, pid *actor.PID) *home {
-	k := homeKey{system, pid.Id}
-	if h, ok := homes.Load(k); ok {
-		return h.(*home)
-	}
-	h, _ := homes.LoadOrStore(k, &home{next: make(chan struct{})})
-	return h.(*home)
+	return homes.Get(system, pid, func() *home { return &home{next: make(chan struct{})} })
 }
 
 func (h *home) current() (*incarnation, <-chan struct{}) {

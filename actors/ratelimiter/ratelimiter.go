@@ -24,7 +24,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -137,22 +136,12 @@ type slot struct {
 	table atomic.Pointer[replication.RateLimiter]
 }
 
-type slotKey struct {
-	system *actor.ActorSystem
-	id     string
-}
-
-var slots sync.Map // slotKey → *slot
+var slots actors.Local[slot]
 
 // slotOf returns the slot of the rate_limiter pid of system, created on
 // first use and kept for the life of the process.
 func slotOf(system *actor.ActorSystem, pid *actor.PID) *slot {
-	k := slotKey{system, pid.Id}
-	if s, ok := slots.Load(k); ok {
-		return s.(*slot)
-	}
-	s, _ := slots.LoadOrStore(k, &slot{})
-	return s.(*slot)
+	return slots.Get(system, pid, func() *slot { return &slot{} })
 }
 
 // Limiter is a handle on a rate_limiter actor. It implements couch.Limiter
