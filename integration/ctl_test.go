@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -421,7 +422,7 @@ func newChangesProxy(t *testing.T, target string) *changesProxy {
 			for _, d := range q.Docs {
 				p.fetched[d.ID]++
 			}
-			r.Body = ioNopCloser(bytes.NewReader(body.Bytes()))
+			r.Body = io.NopCloser(bytes.NewReader(body.Bytes()))
 			r.ContentLength = int64(body.Len())
 		case r.URL.Query().Get("open_revs") != "":
 			parts := strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -19,7 +20,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
@@ -253,7 +253,7 @@ func newProxy(t testing.TB, target string) *countingProxy {
 				c, _ := p.fetched.LoadOrStore(d.ID, new(atomic.Int64))
 				c.(*atomic.Int64).Add(1)
 			}
-			r.Body = ioNopCloser(bytes.NewReader(body.Bytes()))
+			r.Body = io.NopCloser(bytes.NewReader(body.Bytes()))
 		} else if r.URL.Query().Get("open_revs") != "" {
 			id := strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)[1]
 			c, _ := p.fetched.LoadOrStore(id, new(atomic.Int64))
@@ -391,93 +391,3 @@ func TestReplicationTargetRateLimited(t *testing.T) {
 	}
 	verify(t, s, s, src, s.DBURL("tgt"), nil)
 }
-
-// BenchmarkReplicatePouchDB replicates 10,000 documents of about 1 KB
-// one-shot between two in-memory PouchDB Servers, into a fresh target per
-// iteration, and reports docs/s. It also measures, in the same run, the
-// endpoints' overlapped bound (N / max(read, write): _changes plus
-// sequential _bulk_get of 500 from the source; sequential _bulk_docs of 500
-// into a fresh target) and reports docs/s as a percentage of it, since the
-// machine's load moves both.
-func BenchmarkReplicatePouchDB(b *testing.B) {
-	const n = 10000
-	s1, s2 := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
-	src := s1.CreateDB(b, "bench")
-	pad := strings.Repeat("x", 1000)
-	for i := 0; i < n; i += 1000 {
-		docs := make([]map[string]any, 0, 1000)
-		for j := i; j < i+1000; j++ {
-			docs = append(docs, testserver.Doc(fmt.Sprintf("doc%06d", j), []string{"1-a"}, map[string]any{"pad": pad}))
-		}
-		s1.PutRevs(b, src, docs...)
-	}
-	// Warm both servers up (Node's JIT) with one untimed replication.
-	run(b, params(b, map[string]any{"source": src, "target": s2.CreateDB(b, "warmup")}))
-	b.ResetTimer()
-	var total, bound time.Duration
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		bound += endpointBound(b, src, s2.CreateDB(b, fmt.Sprintf("bound%d", i)))
-		tgt := s2.CreateDB(b, fmt.Sprintf("t%d", i))
-		b.StartTimer()
-		start := time.Now()
-		res := run(b, params(b, map[string]any{"source": src, "target": tgt}))
-		total += time.Since(start)
-		if res.Stats.DocsWritten != n {
-			b.Fatalf("docs_written = %d, want %d", res.Stats.DocsWritten, n)
-		}
-	}
-	b.ReportMetric(float64(n*b.N)/total.Seconds(), "docs/s")
-	b.ReportMetric(float64(n*b.N)/bound.Seconds(), "bound-docs/s")
-	b.ReportMetric(100*bound.Seconds()/total.Seconds(), "%-of-bound")
-}
-
-// endpointBound times reading every document from src (_changes, then
-// _bulk_get in batches of 500) and writing them to tgt (_bulk_docs
-// new_edits=false in batches of 500), one request at a time, and returns
-// max(read, write): the time a perfectly overlapped replicator would need.
-func endpointBound(b *testing.B, srcURL, tgtURL string) time.Duration {
-	b.Helper()
-	ctx := context.Background()
-	open := func(u string) *couch.DB {
-		ep, err := couch.ParseEndpoint(u)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return couch.NewDB(ep, couch.Options{})
-	}
-	src, tgt := open(srcURL), open(tgtURL)
-	start := time.Now()
-	var reqs []couch.BulkGetRequest
-	if _, err := src.Changes(ctx, couch.ChangesOptions{Style: couch.StyleAllDocs}, func(c couch.Change) error {
-		for _, r := range c.Revs {
-			reqs = append(reqs, couch.BulkGetRequest{ID: c.ID, Rev: r})
-		}
-		return nil
-	}); err != nil {
-		b.Fatal(err)
-	}
-	var bodies []json.RawMessage
-	for i := 0; i < len(reqs); i += 500 {
-		if err := src.BulkGet(ctx, reqs[i:min(i+500, len(reqs))], func(d couch.Doc) error {
-			bodies = append(bodies, d.Body)
-			return nil
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	read := time.Since(start)
-	start = time.Now()
-	for i := 0; i < len(bodies); i += 500 {
-		if _, err := tgt.BulkDocs(ctx, bodies[i:min(i+500, len(bodies))], false); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return max(read, time.Since(start))
-}
-
-type nopCloser struct{ *bytes.Reader }
-
-func (nopCloser) Close() error { return nil }
-
-func ioNopCloser(r *bytes.Reader) nopCloser { return nopCloser{r} }
