@@ -163,12 +163,13 @@ func (d *dbProc) process(ctx context.Context, c couch.Change) error {
 		log.Info().Str("job_id", jobID).Msg("job added")
 		return d.st.commit(ctx, c.ID, &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev}, seq)
 	case ActionFail:
-		if rec != nil && rec.JobID != "" {
-			if err := d.p.opts.Jobs.Remove(ctx, rec.JobID); err != nil && !errors.Is(err, ErrJobNotFound) {
-				return fmt.Errorf("docproc: remove job %s: %w", rec.JobID, err)
-			}
+		// The failed document is recorded as a failed job (replacing any
+		// job it had), so that _scheduler/docs shows it with its reason.
+		jobID, err := d.p.opts.Jobs.AddInvalid(ctx, d.srv.key, d.st.db, c.ID, dec.Body, dec.Why)
+		if err != nil {
+			return fmt.Errorf("docproc: record invalid document %s: %w", c.ID, err)
 		}
-		newRec := &DocRecord{Fingerprint: dec.Fingerprint, Rev: doc.Rev, State: StateFailed}
+		newRec := &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev, State: StateFailed}
 		rev, err := d.writeState(ctx, c.ID, dec.Fingerprint, &Job{State: StateFailed, Reason: dec.Why})
 		if err != nil {
 			log.Warn().Err(err).Msg("writing failed state to invalid document failed")

@@ -44,6 +44,9 @@ type JobStore interface {
 	// parameters restart it, a finished job runs again. It returns the
 	// job id.
 	AddPersistent(ctx context.Context, server, db, docID string, body json.RawMessage) (jobID string, err error)
+	// AddInvalid records an invalid _replicator document as a failed job
+	// with reason (replacing the job it had), and returns the job id.
+	AddInvalid(ctx context.Context, server, db, docID string, body json.RawMessage, reason string) (jobID string, err error)
 	// Remove removes a job; an error matching ErrJobNotFound when absent.
 	Remove(ctx context.Context, jobID string) error
 	// Get returns a job; an error matching ErrJobNotFound when absent.

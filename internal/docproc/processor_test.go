@@ -44,6 +44,15 @@ func (f *fakeJobs) AddPersistent(_ context.Context, server, db, docID string, bo
 	return id, nil
 }
 
+func (f *fakeJobs) AddInvalid(_ context.Context, server, db, docID string, body json.RawMessage, reason string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := server + "|" + db + "|" + docID
+	f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: "failed", Reason: reason}
+	f.bodies[id] = string(body)
+	return id, nil
+}
+
 func (f *fakeJobs) Remove(_ context.Context, jobID string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

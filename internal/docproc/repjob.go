@@ -38,6 +38,16 @@ func (r RepJobs) AddPersistent(ctx context.Context, server, db, docID string, bo
 	return res.JobID, nil
 }
 
+// AddInvalid implements JobStore.
+func (r RepJobs) AddInvalid(ctx context.Context, server, db, docID string, body json.RawMessage, reason string) (string, error) {
+	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body)}
+	res, err := r.Store.AddInvalid(ctx, doc, reason)
+	if err != nil {
+		return "", err
+	}
+	return res.JobID, nil
+}
+
 // ownerOf is the document's owner: "owner", else user_ctx.name.
 func ownerOf(body json.RawMessage) string {
 	var v struct {

@@ -23,6 +23,10 @@ type AddOptions struct {
 	// data, its cancel and resubmit flags cleared. If it was running, its
 	// worker loses the lock (its next call returns ErrWorkerConflict).
 	Replace bool
+	// Finished adds the job as already finished: it is never accepted.
+	// Users keep such a record to show something that will not run, such
+	// as a replication document that failed validation.
+	Finished bool
 }
 
 // Add adds job (typ, id) as pending. It fails with ErrExists if the id is
@@ -67,6 +71,11 @@ func (q *Queue) AddTx(tx kv.Tx, typ, id string, opts AddOptions) error {
 	rec.ScheduledAt = timeTS(sched)
 	rec.Data = opts.Data
 	rec.UpdatedAt = timeTS(now)
+	if opts.Finished {
+		rec.State = messages.JobState_JOB_STATE_FINISHED
+		rec.FinishedAt = timeTS(now)
+		return q.storeRecord(tx, rec)
+	}
 	q.enqueue(tx, rec, now)
 	return q.storeRecord(tx, rec)
 }

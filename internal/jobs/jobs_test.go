@@ -637,3 +637,25 @@ func TestCorruptRunningRecord(t *testing.T) {
 		t.Fatalf("get after remove: %v", err)
 	}
 }
+
+// TestAddFinished: a job added finished is stored for users to read but is
+// never accepted, and Replace later makes it a normal pending job.
+func TestAddFinished(t *testing.T) {
+	b := setup(t, Options{})
+	mustAdd(t, b, "invalid", AddOptions{Finished: true, Data: []byte("why")})
+	info := mustState(t, b, "invalid", StateFinished)
+	if string(info.Data) != "why" || info.FinishedAt.IsZero() {
+		t.Fatalf("finished job: data %q, finished at %v", info.Data, info.FinishedAt)
+	}
+	if _, err := b.q.Accept(b.ctx, typA, AcceptOptions{}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Accept took a job added finished: %v", err)
+	}
+	if n, err := b.q.PendingCount(b.ctx, typA, 0); err != nil || n != 0 {
+		t.Fatalf("pending count %d, %v; want 0", n, err)
+	}
+	mustAdd(t, b, "invalid", AddOptions{Replace: true})
+	mustState(t, b, "invalid", StatePending)
+	if j := mustAccept(t, b); j.ID() != "invalid" {
+		t.Fatalf("accepted %q", j.ID())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -123,16 +124,9 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 				res.Existed, res.Record, res.RepID = true, old, old.RepId
 				return nil
 			}
-			if info.State == jobs.StatePending {
-				// Its reserved quantum goes back before a new one is taken.
-				if err := s.ledger(tx).charge(old.ShareKey, -s.shareParams().Quantum, now); err != nil {
-					return err
-				}
-			}
-			if err := s.releaseRepID(tx, old.RepId, j.id); err != nil {
+			if err := s.retire(tx, old, info.State, now); err != nil {
 				return err
 			}
-			tx.Clear(s.k.expireKey(old.GetFinishedAt().AsTime(), j.id))
 		}
 		m := &messages.ReplicationJob{
 			Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
@@ -165,6 +159,75 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 	})
 	if err != nil {
 		return AddResult{}, fmt.Errorf("repjob: add job %q: %w", j.id, err)
+	}
+	return res, nil
+}
+
+// retire undoes what a job being replaced holds: the quantum a pending job
+// reserved goes back to its share key, its replication id is released, and
+// a finished transient job's expiry is dropped.
+func (s *Store) retire(tx kv.Tx, old *Record, st jobs.State, now time.Time) error {
+	if st == jobs.StatePending {
+		if err := s.ledger(tx).charge(old.ShareKey, -s.shareParams().Quantum, now); err != nil {
+			return err
+		}
+	}
+	if err := s.releaseRepID(tx, old.RepId, old.JobId); err != nil {
+		return err
+	}
+	tx.Clear(s.k.expireKey(old.GetFinishedAt().AsTime(), old.JobId))
+	return nil
+}
+
+// AddInvalid records a _replicator document that failed validation as a
+// failed job, so that _scheduler/docs shows it with its reason (as
+// CouchDB's does); it replaces (and stops) any job the document had. The job
+// is never accepted; a valid edit of the document replaces it through
+// AddPersistent.
+func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string) (AddResult, error) {
+	if err := s.Init(ctx); err != nil {
+		return AddResult{}, err
+	}
+	id := PersistentJobID(doc.Server, doc.DB, doc.DocID)
+	var res AddResult
+	err := s.db.Transact(ctx, func(tx kv.Tx) error {
+		now := s.now()
+		info, err := s.q.GetTx(tx, JobType, id)
+		switch {
+		case errors.Is(err, jobs.ErrNotFound):
+		case err != nil:
+			return err
+		default:
+			old, err := recordFromInfo(info)
+			if err != nil {
+				return err
+			}
+			if err := s.retire(tx, old, info.State, now); err != nil {
+				return err
+			}
+		}
+		m := &messages.ReplicationJob{
+			Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
+			DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
+			State: messages.ReplicationState_REPLICATION_STATE_FAILED, LastError: reason,
+			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
+			ShareKey: share.Key(doc.DB, doc.User),
+		}
+		data, err := marshal(m)
+		if err != nil {
+			return err
+		}
+		if err := s.q.AddTx(tx, JobType, id, jobs.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
+			return err
+		}
+		if err := s.noteChange(tx, id); err != nil {
+			return err
+		}
+		res = AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobs.StateFinished}}
+		return nil
+	})
+	if err != nil {
+		return AddResult{}, fmt.Errorf("repjob: record invalid document %q: %w", id, err)
 	}
 	return res, nil
 }

@@ -441,3 +441,56 @@ func TestFairShareAccountsInStore(t *testing.T) {
 		t.Fatalf("other node's priority %d, want %d", got, want)
 	}
 }
+
+// TestAddInvalidRecordsAFailedJob: an invalid document replaces its running
+// job with a failed record that is never accepted and frees the replication
+// id; a valid edit makes it a pending job again.
+func TestAddInvalidRecordsAFailedJob(t *testing.T) {
+	ctx := context.Background()
+	e := newEnv(t, nil)
+	doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "d1",
+		Body: body("http://a/src", "http://b/tgt", "")}
+	added, err := e.store.AddPersistent(ctx, doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := e.store.Accept(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+
+	bad := doc
+	bad.Body = []byte(`{"source":"http://a/src","target":"http://b/tgt","doc_ids":"d1"}`)
+	res, err := e.store.AddInvalid(ctx, bad, "parameter `doc_ids` must be an array")
+	if err != nil || res.JobID != added.JobID {
+		t.Fatalf("AddInvalid = %+v, %v", res, err)
+	}
+	if err := run.Progress(ctx, replication.Stats{}); !repjob.IsLost(err) {
+		t.Fatalf("the replaced run's worker kept its job: %v", err)
+	}
+	rec, err := e.store.Get(ctx, added.JobID)
+	if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED ||
+		rec.GetLastError() != "parameter `doc_ids` must be an array" || rec.GetDocId() != "d1" {
+		t.Fatalf("invalid document's job: %+v %v", rec, err)
+	}
+	if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
+		t.Fatalf("a failed record was accepted: %v", err)
+	}
+	// Its replication id is free: another document may use it.
+	other := doc
+	other.DocID = "d2"
+	if _, err := e.store.AddPersistent(ctx, other); err != nil {
+		t.Fatalf("the invalid document still holds the replication id: %v", err)
+	}
+
+	// Fixing the document makes it a job again.
+	if r, err := e.store.AddPersistent(ctx, doc); err != nil || r.Existed {
+		t.Fatalf("valid edit: %+v %v", r, err)
+	}
+	if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+		t.Fatalf("after the valid edit: %v", rec.State())
+	}
+}
