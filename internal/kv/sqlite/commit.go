@@ -258,16 +258,16 @@ func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64
 
 func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int64, err error) {
 	w := db.writer
-	if _, err := w.beginImmediate.Exec(); err != nil {
+	if err := w.beginImmediate.exec(); err != nil {
 		return touched, 0, fmt.Errorf("%w: begin: %v", errRetry, err)
 	}
 	committed := false
 	defer func() {
 		if !committed {
-			_, _ = w.rollback.Exec()
+			_ = w.rollback.exec()
 		}
 	}()
-	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
+	if version, err = w.getCommit.int64Row(); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: read commit counter: %w", err)
 	}
 	cur := version // the newest committed version
@@ -305,10 +305,10 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 	if order == 0 {
 		return touched, 0, nil // every request conflicted; the rollback is free
 	}
-	if _, err := w.setCommit.Exec(version); err != nil {
+	if err := run(w.setCommit, nil, version); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: write commit counter: %w", err)
 	}
-	if _, err := w.commit.Exec(); err != nil {
+	if err := w.commit.exec(); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: commit: %w", err)
 	}
 	committed = true
@@ -350,7 +350,7 @@ func (db *DB) validate(t *tx) (bool, error) {
 func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKeys) error {
 	w := db.writer
 	for _, r := range t.clears {
-		if _, err := w.delRange.Exec(r.begin, nonNil(r.end)); err != nil {
+		if err := run(w.delRange, [][]byte{r.begin, r.end}); err != nil {
 			return fmt.Errorf("sqlite: clear range: %w", err)
 		}
 		touched.ranges = append(touched.ranges, r)
@@ -360,19 +360,19 @@ func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKe
 		var err error
 		switch o.kind {
 		case opSet:
-			_, err = w.set.Exec(nonNil(key), o.value)
+			err = run(w.set, [][]byte{key, o.value})
 		case opClear:
-			_, err = w.del.Exec(nonNil(key))
+			err = run(w.del, [][]byte{key})
 		case opAdd:
 			var cur []byte
 			cur, _, err = w.getValue(key)
 			if err == nil {
-				_, err = w.set.Exec(nonNil(key), kv.EncodeInt64LE(kv.Int64LE(cur)+o.delta))
+				err = run(w.set, [][]byte{key, kv.EncodeInt64LE(kv.Int64LE(cur) + o.delta)})
 			}
 		case opSetVSV:
 			v := bytes.Clone(o.value)
 			copy(v[o.vsOffset:], stamp[:])
-			_, err = w.set.Exec(nonNil(key), v)
+			err = run(w.set, [][]byte{key, v})
 		}
 		if err != nil {
 			return fmt.Errorf("sqlite: write %x: %w", key, err)
@@ -382,7 +382,7 @@ func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKe
 	for _, vk := range t.vsKeys {
 		key := bytes.Clone(vk.key)
 		copy(key[vk.offset:], stamp[:])
-		if _, err := w.set.Exec(key, vk.value); err != nil {
+		if err := run(w.set, [][]byte{key, vk.value}); err != nil {
 			return fmt.Errorf("sqlite: write %x: %w", key, err)
 		}
 		touched.keys = append(touched.keys, key)

@@ -1,65 +1,48 @@
 package sqlite
 
-import (
-	"context"
-	"database/sql"
-	"errors"
-)
-
 const (
-	qGet      = "SELECT v FROM kv WHERE k = ?"
-	qRangeFwd = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?"
-	qRangeRev = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?"
+	qGet       = "SELECT v FROM kv WHERE k = ?"
+	qRangeFwd  = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?"
+	qRangeRev  = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k DESC LIMIT ?"
+	qGetCommit = "SELECT value FROM meta WHERE name = 'commit'"
 )
 
 // stmts are the read statements every connection prepares.
 type stmts struct {
-	get, fwd, rev   *sql.Stmt
-	begin, rollback *sql.Stmt // BEGIN (deferred) and ROLLBACK, prepared once
+	get, fwd, rev   *cstmt
+	begin, rollback *cstmt // BEGIN (deferred) and ROLLBACK
 }
 
-func prepareReads(ctx context.Context, c *sql.Conn) (stmts, error) {
+func prepareReads(c *cconn) (stmts, error) {
 	var s stmts
 	var err error
-	if s.get, err = c.PrepareContext(ctx, qGet); err != nil {
-		return s, err
-	}
-	if s.fwd, err = c.PrepareContext(ctx, qRangeFwd); err != nil {
-		return s, err
-	}
-	if s.rev, err = c.PrepareContext(ctx, qRangeRev); err != nil {
-		return s, err
-	}
-	if s.begin, err = c.PrepareContext(ctx, "BEGIN"); err != nil {
-		return s, err
-	}
-	s.rollback, err = c.PrepareContext(ctx, "ROLLBACK")
-	return s, err
-}
-
-func (s stmts) close() {
-	for _, st := range []*sql.Stmt{s.get, s.fwd, s.rev, s.begin, s.rollback} {
-		if st != nil {
-			st.Close()
+	for _, p := range []struct {
+		dst **cstmt
+		q   string
+	}{
+		{&s.get, qGet}, {&s.fwd, qRangeFwd}, {&s.rev, qRangeRev},
+		{&s.begin, "BEGIN"}, {&s.rollback, "ROLLBACK"},
+	} {
+		if *p.dst, err = c.prepare(p.q); err != nil {
+			return s, err
 		}
 	}
+	return s, nil
 }
 
-// get reads one key: (nil, false) if absent; a present empty value is
+// getValue reads one key: (nil, false) if absent; a present empty value is
 // returned as a non-nil empty slice.
 func (s stmts) getValue(key []byte) ([]byte, bool, error) {
-	var v []byte
-	err := s.get.QueryRow(nonNil(key)).Scan(&v)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, false, nil
-	}
-	if err != nil {
+	st := s.get
+	if err := st.bind([][]byte{key}); err != nil {
 		return nil, false, err
 	}
-	if v == nil {
-		v = []byte{}
+	defer st.reset()
+	row, err := st.step()
+	if err != nil || !row {
+		return nil, false, err
 	}
-	return v, true, nil
+	return st.blob(0), true, nil
 }
 
 // page reads up to n rows of [begin, end) in key order (or reverse).
@@ -68,25 +51,17 @@ func (s stmts) page(begin, end []byte, reverse bool, n int, out []kvPair) ([]kvP
 	if reverse {
 		st = s.rev
 	}
-	rows, err := st.Query(nonNil(begin), nonNil(end), n)
-	if err != nil {
+	if err := st.bind([][]byte{begin, end}, int64(n)); err != nil {
 		return out, err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var p kvPair
-		if err := rows.Scan(&p.k, &p.v); err != nil {
+	defer st.reset()
+	for {
+		row, err := st.step()
+		if err != nil || !row {
 			return out, err
 		}
-		if p.k == nil {
-			p.k = []byte{}
-		}
-		if p.v == nil {
-			p.v = []byte{}
-		}
-		out = append(out, p)
+		out = append(out, kvPair{k: st.blob(0), v: st.blob(1)})
 	}
-	return out, rows.Err()
 }
 
 type kvPair struct{ k, v []byte }
@@ -101,28 +76,28 @@ func nonNil(b []byte) []byte {
 
 // readerConn is a pooled connection used for snapshot reads.
 type readerConn struct {
-	conn *sql.Conn
+	conn *cconn
 	stmts
+	pragmaDataVersion, getCommit *cstmt // the watch poller's
 }
 
-func (db *DB) getReader(ctx context.Context) (*readerConn, error) {
+func (db *DB) getReader() (*readerConn, error) {
 	select {
 	case r := <-db.readers:
 		return r, nil
 	default:
 	}
-	c, err := db.sql.Conn(ctx)
+	c, err := openConn(db.path, db.opts.BusyTimeout)
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.ExecContext(ctx, "PRAGMA query_only = 1"); err != nil {
-		c.Close()
+	if err := c.execOnce("PRAGMA query_only = 1"); err != nil {
+		c.close()
 		return nil, err
 	}
-	s, err := prepareReads(ctx, c)
+	s, err := prepareReads(c)
 	if err != nil {
-		s.close()
-		c.Close()
+		c.close()
 		return nil, err
 	}
 	return &readerConn{conn: c, stmts: s}, nil
@@ -140,58 +115,68 @@ func (db *DB) putReader(r *readerConn) {
 	}
 }
 
-func (r *readerConn) close() error {
-	r.stmts.close()
-	return r.conn.Close()
+func (r *readerConn) close() error { return r.conn.close() }
+
+// dataVersion returns PRAGMA data_version (prepared on first use).
+func (r *readerConn) dataVersion() (int64, error) {
+	if r.pragmaDataVersion == nil {
+		var err error
+		if r.pragmaDataVersion, err = r.conn.prepare("PRAGMA data_version"); err != nil {
+			return 0, err
+		}
+	}
+	return r.pragmaDataVersion.int64Row()
+}
+
+// commitCounter reads the commit counter (prepared on first use).
+func (r *readerConn) commitCounter() (int64, error) {
+	if r.getCommit == nil {
+		var err error
+		if r.getCommit, err = r.conn.prepare(qGetCommit); err != nil {
+			return 0, err
+		}
+	}
+	return r.getCommit.int64Row()
 }
 
 // writerConn is the process's one write connection.
 type writerConn struct {
-	conn *sql.Conn
+	conn *cconn
 	stmts
-	set, del, delRange, getCommit, setCommit *sql.Stmt
-	beginImmediate, commit                   *sql.Stmt
+	set, del, delRange, getCommit, setCommit *cstmt
+	beginImmediate, commit                   *cstmt
 }
 
-func newWriterConn(ctx context.Context, c *sql.Conn) (*writerConn, error) {
-	return &writerConn{conn: c}, nil
-}
-
-func (w *writerConn) prepare(ctx context.Context) error {
+func (w *writerConn) prepare() error {
 	var err error
-	if w.stmts, err = prepareReads(ctx, w.conn); err != nil {
+	if w.stmts, err = prepareReads(w.conn); err != nil {
 		return err
 	}
 	for _, p := range []struct {
-		dst **sql.Stmt
+		dst **cstmt
 		q   string
 	}{
 		{&w.set, "INSERT OR REPLACE INTO kv (k, v) VALUES (?, ?)"},
 		{&w.del, "DELETE FROM kv WHERE k = ?"},
 		{&w.delRange, "DELETE FROM kv WHERE k >= ? AND k < ?"},
-		{&w.getCommit, "SELECT value FROM meta WHERE name = 'commit'"},
+		{&w.getCommit, qGetCommit},
 		{&w.setCommit, "UPDATE meta SET value = ? WHERE name = 'commit'"},
 		{&w.beginImmediate, "BEGIN IMMEDIATE"},
 		{&w.commit, "COMMIT"},
 	} {
-		if *p.dst, err = w.conn.PrepareContext(ctx, p.q); err != nil {
+		if *p.dst, err = w.conn.prepare(p.q); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (w *writerConn) exec(q string) error {
-	_, err := w.conn.ExecContext(context.Background(), q)
-	return err
+// run binds blobs and ints to st and runs it.
+func run(st *cstmt, blobs [][]byte, ints ...int64) error {
+	if err := st.bind(blobs, ints...); err != nil {
+		return err
+	}
+	return st.exec()
 }
 
-func (w *writerConn) close() error {
-	w.stmts.close()
-	for _, st := range []*sql.Stmt{w.set, w.del, w.delRange, w.getCommit, w.setCommit, w.beginImmediate, w.commit} {
-		if st != nil {
-			st.Close()
-		}
-	}
-	return w.conn.Close()
-}
+func (w *writerConn) close() error { return w.conn.close() }

@@ -43,11 +43,9 @@ package sqlite
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sync"
@@ -56,7 +54,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
 	"github.com/couchrep/couchrep/internal/kv"
 )
@@ -128,7 +125,6 @@ type DB struct {
 	path  string
 	opts  Options
 	log   zerolog.Logger
-	sql   *sql.DB
 	lock  *os.File // "<path>.lock", flocked around write transactions
 	queue *os.File // "<path>.lock-queue", the turnstile in front of lock
 	seed  maphash.Seed
@@ -171,20 +167,10 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	if err := checkHeader(path); err != nil {
 		return nil, err
 	}
-	dsn := (&url.URL{Scheme: "file", Path: path}).String() +
-		fmt.Sprintf("?_pragma=busy_timeout(%d)", opts.BusyTimeout.Milliseconds())
-	sdb, err := sql.Open("sqlite", dsn)
-	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
-	}
-	sdb.SetMaxIdleConns(64)
-	sdb.SetConnMaxIdleTime(0)
-	sdb.SetConnMaxLifetime(0)
 	db := &DB{
 		path:    path,
 		opts:    opts,
 		log:     opts.Logger.With().Str("component", "kv/sqlite").Str("path", path).Logger(),
-		sql:     sdb,
 		seed:    maphash.MakeSeed(),
 		readers: make(chan *readerConn, 64),
 		closing: make(chan struct{}),
@@ -230,62 +216,55 @@ func checkHeader(path string) error {
 }
 
 func (db *DB) init(ctx context.Context) error {
-	conn, err := db.sql.Conn(ctx)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	conn, err := openConn(db.path, db.opts.BusyTimeout)
 	if err != nil {
 		return err
 	}
-	if err := checkStore(ctx, conn); err != nil {
-		conn.Close()
+	w := &writerConn{conn: conn}
+	db.writer = w
+	if err := checkStore(conn); err != nil {
 		return err
 	}
-	if _, err := conn.ExecContext(ctx, "PRAGMA journal_mode=WAL"); err != nil {
-		conn.Close()
+	if err := conn.execOnce("PRAGMA journal_mode=WAL"); err != nil {
 		return err
 	}
 	sync := "NORMAL"
 	if db.opts.Durability == DurabilityFull {
 		sync = "FULL"
 	}
-	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous="+sync); err != nil {
-		conn.Close()
+	if err := conn.execOnce("PRAGMA synchronous=" + sync); err != nil {
 		return err
 	}
 	lock, err := os.OpenFile(db.path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		conn.Close()
 		return fmt.Errorf("lock file: %w", err)
 	}
 	db.lock = lock
 	if db.queue, err = os.OpenFile(db.path+".lock-queue", os.O_CREATE|os.O_RDWR, 0o644); err != nil {
-		conn.Close()
 		return fmt.Errorf("lock file: %w", err)
 	}
-	w, err := newWriterConn(ctx, conn)
-	if err != nil {
-		conn.Close()
-		return err
-	}
-	db.writer = w
 	if err := db.lockFile(); err != nil {
 		return err
 	}
 	defer db.unlockFile()
-	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+	if err := conn.execOnce("BEGIN IMMEDIATE"); err != nil {
 		return err
 	}
-	if err := createSchema(ctx, conn); err != nil {
-		_, _ = conn.ExecContext(context.Background(), "ROLLBACK")
+	if err := createSchema(conn); err != nil {
+		_ = conn.execOnce("ROLLBACK")
 		return err
 	}
-	_, err = conn.ExecContext(ctx, "COMMIT")
+	if err := conn.execOnce("COMMIT"); err != nil {
+		return err
+	}
+	if err := w.prepare(); err != nil {
+		return err
+	}
+	version, err := w.getCommit.int64Row()
 	if err != nil {
-		return err
-	}
-	if err := w.prepare(ctx); err != nil {
-		return err
-	}
-	var version int64
-	if err := w.getCommit.QueryRow().Scan(&version); err != nil {
 		return fmt.Errorf("read commit counter: %w", err)
 	}
 	db.committed.Store(version)
@@ -294,17 +273,17 @@ func (db *DB) init(ctx context.Context) error {
 
 // checkStore refuses an SQLite file that is not empty and not ours,
 // reading its header and schema in one snapshot, without writing.
-func checkStore(ctx context.Context, conn *sql.Conn) error {
-	if _, err := conn.ExecContext(ctx, "BEGIN"); err != nil {
+func checkStore(conn *cconn) error {
+	if err := conn.execOnce("BEGIN"); err != nil {
 		return err
 	}
-	defer conn.ExecContext(context.Background(), "ROLLBACK") //nolint:errcheck // read-only
-	var appID int64
-	var tables int
-	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema").Scan(&tables); err != nil {
+	defer conn.execOnce("ROLLBACK") //nolint:errcheck // read-only
+	tables, err := conn.intOnce("SELECT count(*) FROM sqlite_schema")
+	if err != nil {
 		return err
 	}
-	if err := conn.QueryRowContext(ctx, "PRAGMA application_id").Scan(&appID); err != nil {
+	appID, err := conn.intOnce("PRAGMA application_id")
+	if err != nil {
 		return err
 	}
 	if appID != applicationID && (appID != 0 || tables != 0) {
@@ -313,9 +292,9 @@ func checkStore(ctx context.Context, conn *sql.Conn) error {
 	return nil
 }
 
-func createSchema(ctx context.Context, conn *sql.Conn) error {
-	var n int
-	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE name = 'kv'").Scan(&n); err != nil {
+func createSchema(conn *cconn) error {
+	n, err := conn.intOnce("SELECT count(*) FROM sqlite_schema WHERE name = 'kv'")
+	if err != nil {
 		return err
 	}
 	if n == 0 {
@@ -325,14 +304,14 @@ func createSchema(ctx context.Context, conn *sql.Conn) error {
 			fmt.Sprintf("INSERT INTO meta VALUES ('format', %d), ('commit', 0)", formatVersion),
 			fmt.Sprintf("PRAGMA application_id = %d", applicationID),
 		} {
-			if _, err := conn.ExecContext(ctx, q); err != nil {
+			if err := conn.execOnce(q); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	var format int
-	if err := conn.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = 'format'").Scan(&format); err != nil {
+	format, err := conn.intOnce("SELECT value FROM meta WHERE name = 'format'")
+	if err != nil {
 		return fmt.Errorf("%w: reading format: %v", ErrNotStore, err)
 	}
 	if format != formatVersion {
@@ -409,9 +388,6 @@ func (db *DB) closeResources() error {
 	}
 	if db.writer != nil {
 		errs = append(errs, db.writer.close())
-	}
-	if db.sql != nil {
-		errs = append(errs, db.sql.Close())
 	}
 	for _, f := range []*os.File{db.lock, db.queue} {
 		if f != nil {

@@ -108,12 +108,12 @@ func (t *tx) snapshot() (*readerConn, error) {
 	if t.reader != nil {
 		return t.reader, nil
 	}
-	r, err := t.db.getReader(t.ctx)
+	r, err := t.db.getReader()
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: reader: %w", err)
 	}
 	t.snapVersion = t.db.committed.Load()
-	if _, err := r.begin.Exec(); err != nil {
+	if err := r.begin.exec(); err != nil {
 		t.db.putReader(r)
 		return nil, fmt.Errorf("sqlite: begin read: %w", err)
 	}
@@ -126,7 +126,7 @@ func (t *tx) endSnapshot() {
 	if t.reader == nil {
 		return
 	}
-	if _, err := t.reader.rollback.Exec(); err != nil {
+	if err := t.reader.rollback.exec(); err != nil {
 		t.reader.close()
 	} else {
 		t.db.putReader(t.reader)

@@ -148,7 +148,6 @@ func (s *watchSet) committed(version int64, t touchedKeys) {
 func (db *DB) watchLoop() {
 	defer db.done.Done()
 	s := db.watches
-	ctx := context.Background()
 	var poll *readerConn
 	defer func() {
 		if poll != nil {
@@ -188,20 +187,21 @@ func (db *DB) watchLoop() {
 		case <-ticker.C:
 			if poll == nil {
 				var err error
-				if poll, err = db.getReader(ctx); err != nil {
+				if poll, err = db.getReader(); err != nil {
 					db.log.Error().Err(err).Msg("watch poller connection")
 					continue
 				}
 			}
-			var dv, commit int64
-			if err := poll.conn.QueryRowContext(ctx, "PRAGMA data_version").Scan(&dv); err != nil {
+			dv, err := poll.dataVersion()
+			if err != nil {
 				db.log.Error().Err(err).Msg("watch poll")
 				continue
 			}
 			if dv == lastDataVersion {
 				continue
 			}
-			if err := poll.conn.QueryRowContext(ctx, "SELECT value FROM meta WHERE name = 'commit'").Scan(&commit); err != nil {
+			commit, err := poll.commitCounter()
+			if err != nil {
 				db.log.Error().Err(err).Msg("watch poll")
 				continue
 			}
@@ -225,7 +225,7 @@ func (db *DB) watchLoop() {
 		}
 		if poll == nil {
 			var err error
-			if poll, err = db.getReader(ctx); err != nil {
+			if poll, err = db.getReader(); err != nil {
 				db.log.Error().Err(err).Msg("watch poller connection")
 				continue
 			}
