@@ -191,6 +191,10 @@ func BenchmarkQueueCycle(b *testing.B) {
 				}
 				return nil
 			})
+			// Attempts whose reads through the writer connection had to
+			// start over on a reader snapshot (read.go), per cycle.
+			b.ReportMetric(float64(db.moves.Load())/float64(b.N), "moved/cycle")
+			b.ReportMetric(float64(db.batched.Load())/float64(max(1, db.batches.Load())), "tx/batch")
 		})
 	}
 }

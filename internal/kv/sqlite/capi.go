@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"encoding/binary"
 	"fmt"
 	"time"
 	"unsafe"
@@ -76,6 +77,22 @@ func (c *cconn) errorf(rc int32, what string) error {
 		}
 	}
 	return fmt.Errorf("%s: %s (%d)", what, msg, rc)
+}
+
+// dataVersion returns the main database's data version: it changes when
+// the connection, starting a transaction, finds that another connection
+// committed (SQLITE_FCNTL_DATA_VERSION; the connection's own commits do not
+// change it).
+func (c *cconn) dataVersion() uint32 {
+	z := c.tls.Alloc(8) // "main\x00" and then the result
+	defer c.tls.Free(8)
+	copy(libc.GoBytes(z, 5), "main\x00")
+	p := c.tls.Alloc(4)
+	defer c.tls.Free(4)
+	if rc := sqlite3.Xsqlite3_file_control(c.tls, c.db, z, sqlite3.SQLITE_FCNTL_DATA_VERSION, p); rc != sqlite3.SQLITE_OK {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(libc.GoBytes(p, 4))
 }
 
 // prepare compiles one SQL statement, finalized when c closes.

@@ -27,6 +27,7 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			t.leaveInflight() // fn panicked
 		}
 	}()
+	classic := false // see read.go
 	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -34,12 +35,22 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 		if db.isClosed() {
 			return kv.ErrClosed
 		}
-		t = newTx(ctx, db)
+		t = newTx(ctx, db, classic)
 		db.inflight.Add(1)
 		t.inflight = true
 		err := fn(t)
 		if err == nil {
 			err = t.err
+		}
+		if err != nil && isMoved(t, err) {
+			// The attempt's reads were not consistent: whatever fn
+			// concluded is void. Run it again on a reader snapshot.
+			t.leaveInflight()
+			t.finish(errMoved)
+			db.moves.Add(1)
+			classic = true
+			last = errMoved
+			continue
 		}
 		if err != nil {
 			t.leaveInflight()
@@ -58,6 +69,10 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			return nil
 		}
 		t.finish(err)
+		if isMoved(t, err) {
+			db.moves.Add(1)
+			classic = true
+		}
 		if !errors.Is(err, kv.ErrConflict) && !errors.Is(err, errRetry) {
 			return err
 		}
@@ -96,13 +111,21 @@ func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error 
 	if db.isClosed() {
 		return kv.ErrClosed
 	}
-	t := newTx(ctx, db)
-	err := fn(t)
-	if err == nil {
-		err = t.err
+	for _, classic := range []bool{false, true} {
+		t := newTx(ctx, db, classic)
+		err := fn(t)
+		if err == nil {
+			err = t.err
+		}
+		t.finish(err)
+		if !isMoved(t, err) {
+			return err
+		}
+		// The reads were not consistent; run fn again on a reader
+		// snapshot (see read.go).
+		db.moves.Add(1)
 	}
-	t.finish(err)
-	return err
+	return errMoved // not reached: classic reads never move
 }
 
 // commitReq is a transaction waiting for the writer.
@@ -227,6 +250,8 @@ func (db *DB) gather() {
 // runBatch commits batch in one write transaction; if that fails as a
 // whole, each request is committed alone so one bad request fails alone.
 func (db *DB) runBatch(batch []*commitReq) {
+	db.batches.Add(1)
+	db.batched.Add(int64(len(batch)))
 	touched, version, err := db.writeBatch(batch)
 	if err != nil && len(batch) > 1 {
 		db.log.Warn().Err(err).Int("batch", len(batch)).Msg("group commit failed; committing one by one")
@@ -258,6 +283,18 @@ func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64
 
 func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int64, err error) {
 	w := db.writer
+	db.wmu.Lock()
+	defer db.wmu.Unlock()
+	if db.wclosed {
+		return touched, 0, kv.ErrClosed
+	}
+	cur := int64(-1) // the newest committed version, once known
+	defer func() {
+		// Whatever happened, the writer connection's view may have
+		// moved: record it for transactions reading through it.
+		db.wgen++
+		db.wver, db.wdv = cur, w.conn.dataVersion()
+	}()
 	if err := w.beginImmediate.exec(); err != nil {
 		return touched, 0, fmt.Errorf("%w: begin: %v", errRetry, err)
 	}
@@ -270,7 +307,7 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 	if version, err = w.getCommit.int64Row(); err != nil {
 		return touched, 0, fmt.Errorf("sqlite: read commit counter: %w", err)
 	}
-	cur := version // the newest committed version
+	cur = version
 	version++
 	var order uint16
 	for _, r := range batch {
@@ -312,6 +349,7 @@ func (db *DB) writeLocked(batch []*commitReq) (touched touchedKeys, version int6
 		return touched, 0, fmt.Errorf("sqlite: commit: %w", err)
 	}
 	committed = true
+	cur = version
 	db.own.add(version, &touched)
 	db.committed.Store(version)
 	return touched, version, nil

@@ -7,9 +7,12 @@
 // is marked with SQLite's application_id so that Open refuses files that are
 // not couchrep stores without writing to them.
 //
-// Transactions are optimistic. A transaction's function runs against a
-// read snapshot (a read transaction on a pooled reader connection) and
-// buffers its writes; its non-snapshot reads are recorded (point reads with
+// Transactions are optimistic. A transaction's function reads through the
+// writer connection, whose page cache stays warm, one statement at a time
+// while no write transaction runs, moving on to a newer state only when the
+// commits in between wrote nothing it read; otherwise it runs again on a
+// read snapshot (a read transaction on a pooled reader connection), see
+// read.go. It buffers its writes; its non-snapshot reads are recorded (point reads with
 // their values, range reads with a digest of the rows consumed). Commit
 // hands the transaction to the process's single writer: concurrent commits
 // are grouped into one SQLite write transaction (group commit), and each
@@ -131,6 +134,31 @@ type DB struct {
 
 	writer  *writerConn
 	readers chan *readerConn // idle reader connections
+
+	// wmu serializes the writer connection between the leading goroutine
+	// (a whole write transaction) and transactions reading through it
+	// (one statement at a time); see read.go. The fields below are the
+	// writer connection's state as last observed, guarded by wmu.
+	wmu sync.Mutex
+	// wgen is bumped whenever the writer connection's view may have
+	// changed (a write transaction of ours, or a commit by another
+	// process noticed through wdv).
+	wgen uint64
+	// wver is the commit version the writer connection's view holds, or
+	// -1 if unknown (another process committed since our last write).
+	wver int64
+	// wdv is the connection's data version (SQLITE_FCNTL_DATA_VERSION)
+	// when wgen was last bumped; it changes when SQLite notices another
+	// process's commit.
+	wdv uint32
+	// wclosed: the writer connection is closed (guarded by wmu).
+	wclosed bool
+	// moves counts transaction attempts whose reads through the writer
+	// connection could not continue consistently (run again on a reader
+	// snapshot).
+	moves atomic.Int64
+	// batches and batched count group commits and the requests in them.
+	batches, batched atomic.Int64
 
 	mu      sync.Mutex // guards the fields below
 	idle    *sync.Cond // signalled when leading turns false
@@ -268,6 +296,9 @@ func (db *DB) init(ctx context.Context) error {
 		return fmt.Errorf("read commit counter: %w", err)
 	}
 	db.committed.Store(version)
+	db.wmu.Lock()
+	db.wgen, db.wver, db.wdv = 1, version, w.conn.dataVersion()
+	db.wmu.Unlock()
 	return nil
 }
 
@@ -387,7 +418,10 @@ func (db *DB) closeResources() error {
 		break
 	}
 	if db.writer != nil {
+		db.wmu.Lock()
+		db.wclosed = true
 		errs = append(errs, db.writer.close())
+		db.wmu.Unlock()
 	}
 	for _, f := range []*os.File{db.lock, db.queue} {
 		if f != nil {

@@ -25,7 +25,7 @@ type iterator struct {
 	reverse, snapshot  bool
 	limit, emitted     int
 
-	rr       *rangeRead // nil for snapshot reads
+	rr       *rangeRead // the span read (validated unless rr.snap); nil for classic snapshot reads
 	started  bool
 	page     []kvPair
 	pos      int
@@ -57,15 +57,22 @@ func (it *iterator) start() bool {
 		it.complete, it.dbDone = true, true
 		return true
 	}
-	if _, err := it.t.snapshot(); err != nil {
-		it.err = err
-		return false
+	if it.t.classic {
+		if _, err := it.t.snapshot(); err != nil {
+			it.err = err
+			return false
+		}
 	}
 	it.local = it.t.localKeys(it.begin, it.end, it.reverse)
-	if !it.snapshot {
+	switch {
+	case !it.snapshot:
 		it.rr = &rangeRead{begin: it.origBegin, end: it.origEnd, reverse: it.reverse, it: it}
 		it.rr.h.SetSeed(it.t.db.seed)
 		it.t.ranges = append(it.t.ranges, it.rr)
+	case !it.t.classic:
+		// Not validated; only for moving to a newer view (read.go).
+		it.rr = &rangeRead{begin: it.origBegin, end: it.origEnd, reverse: it.reverse, it: it, snap: true}
+		it.t.snapRanges = append(it.t.snapRanges, it.rr)
 	}
 	return true
 }
@@ -85,7 +92,12 @@ func (it *iterator) peek() (kvPair, bool) {
 	if it.limit > 0 && it.limit-it.emitted < n {
 		n = it.limit - it.emitted
 	}
-	page, err := it.t.reader.page(it.begin, it.end, it.reverse, n, nil)
+	var page []kvPair
+	err := it.t.read(func(s stmts) error {
+		var err error
+		page, err = s.page(it.begin, it.end, it.reverse, n, nil)
+		return err
+	})
 	if err != nil {
 		it.err = fmt.Errorf("sqlite: range [%x, %x): %w", it.origBegin, it.origEnd, err)
 		return kvPair{}, false
@@ -110,7 +122,7 @@ func (it *iterator) peek() (kvPair, bool) {
 
 func (it *iterator) consume(p kvPair) {
 	it.pos++
-	if it.rr != nil {
+	if it.rr != nil && !it.rr.snap {
 		hashPair(&it.rr.h, p.k, p.v)
 	}
 	it.lastKey = p.k
@@ -141,6 +153,7 @@ func (it *iterator) Next() bool {
 		return false
 	}
 	if it.limit > 0 && it.emitted >= it.limit {
+		it.closeSpan() // nothing past the last row is read
 		return false
 	}
 	for {

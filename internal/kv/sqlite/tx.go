@@ -48,6 +48,7 @@ type rangeRead struct {
 	reverse    bool
 	h          maphash.Hash
 	it         *iterator // while still iterating, the iterator that owns the span
+	snap       bool      // a snapshot read: its span is tracked, not validated
 }
 
 type vsKeyWrite struct {
@@ -77,6 +78,19 @@ type tx struct {
 	// inflight: counted in db.inflight (running its function, not yet
 	// queued for commit); see DB.gather.
 	inflight bool
+
+	// classic: reads use a reader connection's snapshot (t.reader); else
+	// they go through the writer connection (see read.go).
+	classic bool
+	// Through the writer connection: the generation and version of the
+	// view the reads saw (wgen 0: no read yet), whether they could not
+	// go on consistently, and the snapshot reads (kept only to decide
+	// whether the transaction can move to a newer view).
+	wgen       uint64
+	wver       int64
+	moved      bool
+	snapPoints []pointRead
+	snapRanges []*rangeRead
 }
 
 // leaveInflight uncounts t from db.inflight, once.
@@ -89,8 +103,8 @@ func (t *tx) leaveInflight() {
 
 var _ kv.Tx = (*tx)(nil)
 
-func newTx(ctx context.Context, db *DB) *tx {
-	return &tx{db: db, ctx: ctx, writes: map[string]*op{}}
+func newTx(ctx context.Context, db *DB, classic bool) *tx {
+	return &tx{db: db, ctx: ctx, writes: map[string]*op{}, classic: classic}
 }
 
 func (t *tx) fail(err error) {
@@ -174,16 +188,20 @@ func (t *tx) get(key []byte, snapshot bool) ([]byte, error) {
 
 // readStored reads key from the snapshot, recording it unless snapshot.
 func (t *tx) readStored(key []byte, snapshot bool) ([]byte, error) {
-	r, err := t.snapshot()
-	if err != nil {
-		return nil, err
-	}
-	v, present, err := r.getValue(key)
-	if err != nil {
+	var v []byte
+	var present bool
+	if err := t.read(func(s stmts) error {
+		var err error
+		v, present, err = s.getValue(key)
+		return err
+	}); err != nil {
 		return nil, fmt.Errorf("sqlite: get %x: %w", key, err)
 	}
-	if !snapshot {
+	switch {
+	case !snapshot:
 		t.points = append(t.points, pointRead{key: slices.Clone(key), value: v, present: present})
+	case !t.classic:
+		t.snapPoints = append(t.snapPoints, pointRead{key: slices.Clone(key)})
 	}
 	return slices.Clone(v), nil
 }
@@ -299,14 +317,9 @@ func (t *tx) AddReadConflictRange(begin, end []byte) {
 	if !t.checkWrite() || bytes.Compare(begin, end) >= 0 {
 		return
 	}
-	r, err := t.snapshot()
-	if err != nil {
-		t.fail(err)
-		return
-	}
 	rr := &rangeRead{begin: slices.Clone(begin), end: slices.Clone(end)}
 	rr.h.SetSeed(t.db.seed)
-	if err := digestRange(r.stmts, rr.begin, rr.end, false, &rr.h); err != nil {
+	if err := t.read(func(s stmts) error { return digestRange(s, rr.begin, rr.end, false, &rr.h) }); err != nil {
 		t.fail(fmt.Errorf("sqlite: read conflict range: %w", err))
 		return
 	}
@@ -371,6 +384,11 @@ func (t *tx) Versionstamp() kv.VersionstampFuture {
 // finishReads closes the spans of range reads still being iterated.
 func (t *tx) finishReads() {
 	for _, rr := range t.ranges {
+		if rr.it != nil {
+			rr.it.closeSpan()
+		}
+	}
+	for _, rr := range t.snapRanges {
 		if rr.it != nil {
 			rr.it.closeSpan()
 		}

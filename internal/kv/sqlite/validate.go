@@ -82,14 +82,17 @@ func (db *DB) validateKnown(t *tx, cur int64, batch *touchedKeys) (ok, known boo
 }
 
 // readsTouched reports whether w wrote a key t read (or may have read).
-func (t *tx) readsTouched(w *touchedKeys) bool {
+func (t *tx) readsTouched(w *touchedKeys) bool { return readSetTouched(t.points, t.ranges, w) }
+
+// readSetTouched reports whether w wrote one of points or a key in ranges.
+func readSetTouched(tpoints []pointRead, tranges []*rangeRead, w *touchedKeys) bool {
 	if len(w.keys) == 0 && len(w.ranges) == 0 {
 		return false
 	}
 	var points map[string]struct{}
-	if len(t.points) > 8 && len(w.keys) > 8 {
-		points = make(map[string]struct{}, len(t.points))
-		for _, p := range t.points {
+	if len(tpoints) > 8 && len(w.keys) > 8 {
+		points = make(map[string]struct{}, len(tpoints))
+		for _, p := range tpoints {
 			points[string(p.key)] = struct{}{}
 		}
 	}
@@ -99,25 +102,25 @@ func (t *tx) readsTouched(w *touchedKeys) bool {
 				return true
 			}
 		} else {
-			for _, p := range t.points {
+			for _, p := range tpoints {
 				if bytes.Equal(p.key, k) {
 					return true
 				}
 			}
 		}
-		for _, rr := range t.ranges {
+		for _, rr := range tranges {
 			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(k, rr.begin) >= 0 && bytes.Compare(k, rr.end) < 0 {
 				return true
 			}
 		}
 	}
 	for _, c := range w.ranges {
-		for _, p := range t.points {
+		for _, p := range tpoints {
 			if c.contains(p.key) {
 				return true
 			}
 		}
-		for _, rr := range t.ranges {
+		for _, rr := range tranges {
 			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(c.begin, rr.end) < 0 && bytes.Compare(rr.begin, c.end) < 0 {
 				return true
 			}
