@@ -250,8 +250,16 @@ func (q *Queue) release(claims []string) {
 
 // take tries to accept the job of READY entry key. It returns (nil, nil)
 // if the entry was stale (and clears it).
+//
+// The job record is read with a conflict; the entry itself needs none (it
+// was read, without conflict, in this transaction's snapshot). Every
+// commit that adds or removes the READY entry of a pending record also
+// writes that record (enqueue, dequeue and take all do) except two: a
+// promotion from DELAYED, which only adds entries, and the clearing of a
+// stale entry, which happens only while the record does not match the
+// entry, and then take does not accept it either. So the record read
+// conflicts whenever the entry could have gone.
 func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time) (*Job, error) {
-	tx.AddReadConflictKey(key)
 	prio, id, err := q.keys.parseReady(key)
 	if err != nil {
 		q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable pending entry")

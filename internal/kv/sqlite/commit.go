@@ -133,6 +133,9 @@ type commitReq struct {
 	t    *tx
 	err  error
 	done chan struct{}
+	// lead hands the writer over: the leader, done with its own request,
+	// passes the leading on to a waiting one (buffered, sent under db.mu).
+	lead chan struct{}
 	// Set by the batch that committed it.
 	stamp [kv.VersionstampLength]byte
 	armed []armedWatch
@@ -142,6 +145,15 @@ type armedWatch struct {
 	w       *watch
 	value   []byte
 	present bool
+}
+
+func isDone(r *commitReq) bool {
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (r *commitReq) finish(err error) {
@@ -166,7 +178,7 @@ func (db *DB) commit(ctx context.Context, t *tx) error {
 		return nil
 	}
 	t.endSnapshot() // the writer validates against the current state
-	req := &commitReq{t: t, done: make(chan struct{})}
+	req := &commitReq{t: t, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 	db.mu.Lock()
 	if db.closed {
 		db.mu.Unlock()
@@ -180,21 +192,43 @@ func (db *DB) commit(ctx context.Context, t *tx) error {
 	}
 	db.mu.Unlock()
 	if lead {
-		db.lead()
+		db.lead(req)
 	}
-	select {
-	case <-req.done:
-	case <-ctx.Done():
-		db.mu.Lock()
-		for i, r := range db.pending {
-			if r == req {
-				db.pending = append(db.pending[:i], db.pending[i+1:]...)
-				db.mu.Unlock()
-				return ctx.Err() // never handed to the writer: nothing committed
+wait:
+	for {
+		select {
+		case <-req.done:
+			break wait
+		case <-req.lead:
+			db.lead(req)
+		case <-ctx.Done():
+			db.mu.Lock()
+			for i, r := range db.pending {
+				if r == req {
+					db.pending = append(db.pending[:i], db.pending[i+1:]...)
+					handed := false
+					select {
+					case <-req.lead:
+						handed = true
+					default:
+					}
+					db.mu.Unlock()
+					if handed {
+						db.lead(nil) // pass it on
+					}
+					return ctx.Err() // never handed to the writer: nothing committed
+				}
+			}
+			db.mu.Unlock()
+			for { // already in a batch: its outcome is the answer
+				select {
+				case <-req.done:
+					break wait
+				case <-req.lead:
+					db.lead(req)
+				}
 			}
 		}
-		db.mu.Unlock()
-		<-req.done // already in a batch: its outcome is the answer
 	}
 	if req.err != nil {
 		return req.err
@@ -207,9 +241,12 @@ func (db *DB) commit(ctx context.Context, t *tx) error {
 	return nil
 }
 
-// lead runs batches until no commit is pending. Only one goroutine leads at
-// a time; the others wait for their request to be done.
-func (db *DB) lead() {
+// lead runs batches while commits are pending, until own (nil: none) is
+// done: then, if commits are still pending, it hands the leading to the
+// oldest of them, so that no caller waits for others' commits after its
+// own. Only one goroutine leads at a time; the others wait for their
+// request to be done or for the leading.
+func (db *DB) lead(own *commitReq) {
 	for {
 		db.gather()
 		db.mu.Lock()
@@ -217,6 +254,11 @@ func (db *DB) lead() {
 		if n == 0 {
 			db.leading = false
 			db.idle.Broadcast()
+			db.mu.Unlock()
+			return
+		}
+		if own == nil || isDone(own) {
+			db.pending[0].lead <- struct{}{} // db.leading stays true
 			db.mu.Unlock()
 			return
 		}

@@ -2,8 +2,12 @@ package sqlite
 
 import (
 	"context"
+	"errors"
+	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
@@ -166,5 +170,61 @@ func TestWriterReadsAfterClose(t *testing.T) {
 	}
 	if !errorsIs(err, kv.ErrClosed) {
 		t.Fatalf("read after close: %v, want kv.ErrClosed", err)
+	}
+}
+
+// TestGroupCommitCancellation: many goroutines commit increments, some
+// with contexts that end while they wait in the commit queue (possibly
+// just as the leading is handed to them). Every Transact returns, and the
+// counter equals the number of increments reported committed.
+func TestGroupCommitCancellation(t *testing.T) {
+	db, _ := openTemp(t, Options{})
+	key := tuple.Tuple{"cancel", "n"}.Pack()
+	const workers, rounds = 8, 60
+	var committed [workers]int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range rounds {
+				ctx, cancel := context.WithCancel(context.Background())
+				if (w+i)%3 == 0 {
+					// Ends at some point of the attempt: in fn, in the
+					// commit queue, or while its batch runs.
+					ctx, cancel = context.WithTimeout(context.Background(), time.Duration(rand.IntN(300))*time.Microsecond)
+				}
+				err := db.Transact(ctx, func(tx kv.Tx) error {
+					v, err := tx.Get(key)
+					tx.Set(key, kv.EncodeInt64LE(kv.Int64LE(v)+1))
+					return err
+				})
+				cancel()
+				switch {
+				case err == nil:
+					committed[w]++
+				case errors.Is(err, context.DeadlineExceeded):
+					// Not committed, unless the batch already had it:
+					// then Transact reports its outcome (nil).
+				default:
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var want int64
+	for _, n := range committed {
+		want += n
+	}
+	var got int64
+	if err := db.ReadTransact(context.Background(), func(tx kv.ReadTx) error {
+		v, err := tx.Get(key)
+		got = kv.Int64LE(v)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Fatalf("counter = %d, %d increments reported committed", got, want)
 	}
 }
