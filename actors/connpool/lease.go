@@ -33,10 +33,12 @@ type Lease struct {
 	cancel context.CancelCauseFunc
 	client *http.Client
 
-	mu        sync.Mutex
-	endpoints map[string]*slots  // by EndpointKey
-	byHost    map[hostKey]*slots // the same, by the URL's raw scheme and host
-	notify    func(*Lease)       // tells the actor about Release; set once
+	mu sync.Mutex
+	// endpoints are the slots by the URL's raw scheme and host; spellings
+	// of one endpoint share them. A slice: a lease sees one or two hosts
+	// (and a map costs an idle job hundreds of bytes).
+	endpoints []hostSlots
+	notify    func(*Lease) // tells the actor about Release; set once
 	released  atomic.Bool
 }
 
@@ -51,7 +53,7 @@ type slots struct {
 func newLease(owner *actor.PID, max int, tr http.RoundTripper, c *counters, notify func(*Lease)) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	l := &Lease{owner: owner, max: max, tr: tr, pool: c, ctx: ctx, cancel: cancel,
-		endpoints: map[string]*slots{}, byHost: map[hostKey]*slots{}, notify: notify}
+		notify: notify}
 	l.client = &http.Client{Transport: l}
 	return l
 }
@@ -109,8 +111,12 @@ type EndpointUsage struct {
 func (l *Lease) Usage() []EndpointUsage {
 	l.mu.Lock()
 	out := make([]EndpointUsage, 0, len(l.endpoints))
-	for k, s := range l.endpoints {
-		out = append(out, EndpointUsage{Endpoint: k, InFlight: int(s.inFlight.Load()),
+	for i, e := range l.endpoints {
+		if l.aliasOfEarlier(i) {
+			continue
+		}
+		s := e.s
+		out = append(out, EndpointUsage{Endpoint: e.key, InFlight: int(s.inFlight.Load()),
 			Peak: int(s.peak.Load()), Requests: s.total.Load()})
 	}
 	l.mu.Unlock()
@@ -120,22 +126,47 @@ func (l *Lease) Usage() []EndpointUsage {
 
 type hostKey struct{ scheme, host string }
 
+// hostSlots are the slots of one spelling of an endpoint.
+type hostSlots struct {
+	host hostKey
+	key  string // EndpointKey
+	s    *slots
+}
+
+// aliasOfEarlier reports whether endpoints[i] shares its slots with an
+// earlier entry (another spelling of the same endpoint); l.mu is held.
+func (l *Lease) aliasOfEarlier(i int) bool {
+	for _, e := range l.endpoints[:i] {
+		if e.s == l.endpoints[i].s {
+			return true
+		}
+	}
+	return false
+}
+
 // slotsFor returns the slots of u's endpoint; spellings of one endpoint
 // ("H", "h:80") share them.
 func (l *Lease) slotsFor(u *url.URL) *slots {
 	hk := hostKey{u.Scheme, u.Host}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if s, ok := l.byHost[hk]; ok {
-		return s
+	for _, e := range l.endpoints {
+		if e.host == hk {
+			return e.s
+		}
 	}
 	key := EndpointKey(u)
-	s, ok := l.endpoints[key]
-	if !ok {
-		s = &slots{sem: make(chan struct{}, l.max)}
-		l.endpoints[key] = s
+	var s *slots
+	for _, e := range l.endpoints {
+		if e.key == key {
+			s = e.s
+			break
+		}
 	}
-	l.byHost[hk] = s
+	if s == nil {
+		s = &slots{sem: make(chan struct{}, l.max)}
+	}
+	l.endpoints = append(l.endpoints, hostSlots{host: hk, key: key, s: s})
 	return s
 }
 

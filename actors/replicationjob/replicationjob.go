@@ -1,7 +1,8 @@
 // Package replicationjob is the replication job actor: one per job running
 // on this node, a temporary child of job_server/jobs_sup. It runs the
-// replication engine (internal/replication) in a goroutine under a context,
-// never in Receive, records progress in the job store at every checkpoint and
+// replication engine (internal/replication) under a context, never in
+// Receive (a goroutine starts the job and hands it to the engine's own
+// goroutine, which ends it), records progress in the job store at every checkpoint and
 // at least twice per activity timeout, and ends the run in the store when the
 // engine returns: completed, crashed (backoff), failed, or stopped cleanly
 // (rotation, shutdown, kill). It stops at once, writing nothing more, when
@@ -101,16 +102,23 @@ type jobActor struct {
 	o       Options
 	log     zerolog.Logger
 	cancel  context.CancelFunc
-	stopReq chan string
 	done    chan struct{}
 	release sync.Once
+	// lease is the connection pool's lease, released by exit.
+	lease *connpool.Lease
+
+	// mu guards the stop request: its reason, and the engine's cancel
+	// while the engine runs (a request before the engine starts stops it
+	// as soon as it does).
+	mu         sync.Mutex
+	stopReason string
+	cancelRun  context.CancelFunc
 }
 
 func (a *jobActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
 		rec := a.run.Record()
-		a.stopReq = make(chan string, 1)
 		a.done = make(chan struct{})
 		c, cancel := context.WithCancel(context.Background())
 		a.cancel = cancel
@@ -122,15 +130,22 @@ func (a *jobActor) Receive(ctx actor.Context) {
 		}
 		self, system := ctx.Self(), ctx.ActorSystem()
 		go func() {
-			err := a.work(c, system, self)
-			close(a.done)
-			system.Root.Send(self, outcome{err: err})
+			if err := a.work(c, system, self); err != errHandedOff {
+				a.exit(system, self, err)
+			}
 		}()
 	case *messages.StopReplicationJobRequest:
-		select {
-		case a.stopReq <- m.GetReason():
-		default:
+		a.mu.Lock()
+		if a.stopReason == "" {
+			a.stopReason = m.GetReason()
+			if a.stopReason == "" {
+				a.stopReason = "stopped"
+			}
 		}
+		if a.cancelRun != nil {
+			a.cancelRun()
+		}
+		a.mu.Unlock()
 		if ctx.Sender() != nil {
 			ctx.Respond(&messages.StopReplicationJobResponse{JobId: a.run.ID()})
 		}
@@ -163,8 +178,9 @@ func (a *jobActor) Receive(ctx actor.Context) {
 	}
 }
 
-// work runs the job until it ends and records how; it returns only store
-// errors that could not be recorded.
+// work starts the job and, once the engine runs, hands it over to the
+// engine's goroutine (errHandedOff); otherwise it records how the job
+// ended and returns only store errors that could not be recorded.
 func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
 	run := a.run
 	if a.o.StartupDelay > 0 {
@@ -202,7 +218,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 			}
 			return a.crash(system, "connection_pool: "+err.Error())
 		}
-		defer lease.Release()
+		a.lease = lease
 		a.client = lease.Client()
 	}
 	p, err = a.withFilterCode(ctx, p)
@@ -239,7 +255,22 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	if changed {
 		a.log.Info().Str("replication_id", base+ext).Msg("replication job: replication id changed (filter code or server uuid), recorded")
 	}
-	return a.replicate(ctx, system, p)
+	return a.replicate(ctx, system, self, p)
+}
+
+// errHandedOff: work handed the job over to the engine's goroutine, which
+// calls exit when the run ends.
+var errHandedOff = errors.New("replicationjob: handed off to the engine")
+
+// exit ends the job's work, once, on whichever goroutine finished it: it
+// releases the connection pool's lease and tells the actor (err is a store
+// write that failed).
+func (a *jobActor) exit(system *actor.ActorSystem, self *actor.PID, err error) {
+	if a.lease != nil {
+		a.lease.Release()
+	}
+	close(a.done)
+	system.Root.Send(self, outcome{err: err})
 }
 
 // withFilterCode fetches a named filter's code from the source, so that the
@@ -291,84 +322,134 @@ func endpointJSON(ep replication.EndpointParams) map[string]any {
 	return m
 }
 
-// replicate runs the engine and records its progress and outcome.
-func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, p replication.Params) error {
-	run := a.run
-	progress := make(chan replication.Stats, 1)
+// replicate starts the engine and hands the job over to it (it returns
+// errHandedOff): the engine replicates on a goroutine of its own, with a
+// shallow stack, and records the outcome there when it ends. Progress is
+// written from the engine's OnProgress (its timers) and, while the engine
+// reports none, by a heartbeat timer. So an idle continuous job holds one
+// goroutine of its own: the engine's, waiting on the changes feed.
+func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, self *actor.PID, p replication.Params) error {
 	every := a.o.Store.ActivityTimeout() / 2
+	// The engine runs under the job's context: a stop request cancels it
+	// too (after recording its reason), so does losing the job.
+	runCtx, cancelRun := ctx, a.cancel
+	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun)
 	o := replication.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
-		OnProgress: func(s replication.Stats) {
-			select {
-			case <-progress:
-			default:
-			}
-			progress <- s
-		}}
+		OnProgress: pw.write}
 	o.HTTPClient = a.httpClient(p)
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	resCh := make(chan engineResult, 1)
-	engine := a.o.Engine
-	if engine == nil {
-		engine = func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
-			return replication.New(p, o).Run(ctx)
-		}
+	a.mu.Lock()
+	a.cancelRun = cancelRun
+	if a.stopReason != "" {
+		cancelRun()
 	}
-	go func() {
-		res, err := engine(runCtx, p, o)
-		resCh <- engineResult{res, err}
-	}()
-	ticker := time.NewTicker(every)
-	defer ticker.Stop()
-	var last replication.Stats
-	stopped := ""
-	for {
-		select {
-		case s := <-progress:
-			last = s
-			if err := run.Progress(ctx, s); err != nil && a.lost(err, cancelRun, resCh) {
-				return nil
-			}
-		case <-ticker.C:
-			if err := run.Progress(ctx, last); err != nil && a.lost(err, cancelRun, resCh) {
-				return nil
-			}
-		case reason := <-a.stopReq:
-			stopped = reason
-			cancelRun()
-		case <-ctx.Done():
-			if stopped == "" {
-				stopped = "shutdown"
-			}
-			cancelRun()
-		case r := <-resCh:
-			return a.ended(system, p, r.res, r.err, stopped)
+	a.mu.Unlock()
+
+	continuous := p.Continuous
+	done := func(res replication.Result, err error) {
+		a.mu.Lock()
+		a.cancelRun = nil
+		stopped := a.stopReason
+		a.mu.Unlock()
+		if pw.stop() {
+			a.exit(system, self, nil) // the job was taken away: nothing more to write
+			return
 		}
+		if stopped == "" && ctx.Err() != nil {
+			stopped = "shutdown"
+		}
+		err = a.ended(system, continuous, res, err, stopped)
+		cancelRun()
+		a.exit(system, self, err)
 	}
+	if a.o.Engine != nil {
+		done(a.o.Engine(runCtx, p, o))
+		return errHandedOff
+	}
+	replication.New(p, o).Start(runCtx, done)
+	return errHandedOff
 }
 
-// lost reports whether err means the job was taken away; then it stops the
-// engine and waits for it.
-type engineResult struct {
-	res replication.Result
-	err error
+// progressWriter records a running job's progress in the store: every
+// report of the engine, and the last one again when the engine has
+// reported nothing for a while (at least twice per activity timeout, also
+// while the engine is still starting). Writes are serialised; a write that
+// finds the job taken away stops the engine.
+// progressWriteTimeout bounds one progress write.
+const progressWriteTimeout = 30 * time.Second
+
+type progressWriter struct {
+	ctx       context.Context
+	run       *repjob.Run
+	log       zerolog.Logger
+	every     time.Duration
+	cancelRun context.CancelFunc
+
+	mu      sync.Mutex
+	last    replication.Stats
+	stopped bool
+	lost    bool
+	beat    *time.Timer
 }
 
-func (a *jobActor) lost(err error, cancel context.CancelFunc, resCh <-chan engineResult) bool {
-	if !repjob.IsLost(err) {
-		a.log.Warn().Err(err).Msg("replication job: progress update failed")
-		return false
+func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration, cancelRun context.CancelFunc) *progressWriter {
+	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun}
+	w.mu.Lock()
+	w.beat = time.AfterFunc(every, w.heartbeat)
+	w.mu.Unlock()
+	return w
+}
+
+// write records s (the engine's OnProgress).
+func (w *progressWriter) write(s replication.Stats) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = s
+	w.writeLocked()
+}
+
+func (w *progressWriter) heartbeat() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeLocked()
+}
+
+func (w *progressWriter) writeLocked() {
+	if w.stopped || w.lost {
+		return
 	}
-	a.log.Info().Err(err).Msg("replication job: lost the job, stopping")
+	w.beat.Reset(w.every)
+	// The job's context is cancelled by a stop request before the engine
+	// has reported its last stats: write them anyway, bounded.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), progressWriteTimeout)
+	err := w.run.Progress(ctx, w.last)
 	cancel()
-	<-resCh
-	return true
+	switch {
+	case err == nil:
+	case repjob.IsLost(err):
+		w.log.Info().Err(err).Msg("replication job: lost the job, stopping")
+		w.lost = true
+		w.cancelRun()
+	default:
+		w.log.Warn().Err(err).Msg("replication job: progress update failed")
+	}
 }
 
-func (a *jobActor) ended(system *actor.ActorSystem, p replication.Params, res replication.Result, err error, stopped string) error {
+// stop ends the writes, waiting for one under way, and reports whether the
+// job was lost.
+func (w *progressWriter) stop() (lost bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stopped = true
+	w.beat.Stop()
+	return w.lost
+}
+
+// ended records how the engine's run ended: completed, stopped (back to
+// the queue), failed or crashed.
+func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replication.Result, err error, stopped string) error {
 	run := a.run
 	switch {
-	case err == nil && stopped == "" && !p.Continuous:
+	case err == nil && stopped == "" && !continuous:
 		werr := a.finalWrite(func(c context.Context) error { return run.Complete(c, res) })
 		if werr == nil {
 			rec := run.Record()

@@ -90,150 +90,231 @@ var errFeedTimedOut = errors.New("couch: changes feed timeout reached")
 // opts.Since), so a caller can resume from it. Errors before the response
 // arrives are retried per Options; errors mid-stream are not (the caller
 // resumes from lastSeq).
+//
+// While it waits for the server, Changes keeps its state on the heap and
+// its stack shallow (a few hundred bytes above net/http's): a goroutine
+// that spends its life in a continuous feed keeps a small stack.
 func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) error) (lastSeq Seq, err error) {
-	lastSeq = opts.Since
-	r, clientIDs, err := changesRequest(opts)
-	if err != nil {
-		return lastSeq, err
+	return d.ReadChanges(ctx, &opts, fn)
+}
+
+// ReadChanges is Changes with the options passed by pointer (not retained,
+// not modified): a caller reading a feed in a loop on a long-lived
+// goroutine keeps its frame small with it.
+func (d *DB) ReadChanges(ctx context.Context, opts *ChangesOptions, fn func(Change) error) (lastSeq Seq, err error) {
+	f := newFeed()
+	f.d, f.opts, f.fn, f.lastSeq = d, opts, fn, opts.Since
+	if err := f.open(ctx); err != nil {
+		return f.lastSeq, err
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	resp, err := d.do(ctx, r)
+	err = f.read()
+	f.close(err)
+	return f.lastSeq, err
+}
+
+// newFeed allocates a feed on the heap: left to escape analysis it would
+// live in ReadChanges' frame, on the stack of a goroutine that may wait on
+// the feed for its whole life.
+//
+//go:noinline
+func newFeed() *feed { return new(feed) }
+
+// feed is one _changes response being read.
+type feed struct {
+	d         *DB
+	opts      *ChangesOptions // the caller's, for the call's duration
+	fn        func(Change) error
+	lastSeq   Seq
+	r         *request
+	clientIDs map[string]struct{} // doc_ids filtered here (the server answered 405)
+	ctx       context.Context
+	cancel    context.CancelCauseFunc
+	resp      *http.Response
+	w         *feedWatch
+	js        *jsonStream
+	row       changeRow
+}
+
+// open sends the request (retried per Options) and prepares the stream.
+func (f *feed) open(ctx context.Context) error {
+	d, opts := f.d, f.opts
+	r, clientIDs, err := changesRequest(*opts)
+	if err != nil {
+		return err
+	}
+	f.ctx, f.cancel = context.WithCancelCause(ctx)
+	resp, err := d.do(f.ctx, r)
 	if err != nil && clientIDs == nil && opts.DocIDs != nil && isStatus(err, http.StatusMethodNotAllowed) {
 		// The server cannot filter by POSTed doc_ids: read everything and filter here.
-		o := opts
+		o := *opts
 		o.DocIDs = nil
 		if r, _, err = changesRequest(o); err != nil {
-			return lastSeq, err
+			f.cancel(nil)
+			return err
 		}
 		clientIDs = make(map[string]struct{}, len(opts.DocIDs))
 		for _, id := range opts.DocIDs {
 			clientIDs[id] = struct{}{}
 		}
-		resp, err = d.do(ctx, r)
+		resp, err = d.do(f.ctx, r)
 	}
 	if err != nil {
-		return lastSeq, err
+		f.cancel(nil)
+		return err
 	}
-	defer func() {
-		if err != nil {
-			// The feed may never end (continuous, or a server ignoring
-			// timeout=): do not read on, drop the connection.
-			cancel(err)
-			_ = resp.Body.Close()
-			return
-		}
-		drain(resp)
-	}()
-
-	w := newFeedWatch(cancel, opts)
-	defer w.stop()
+	f.r, f.clientIDs, f.resp = r, clientIDs, resp
+	f.w = newFeedWatch(f.cancel, *opts)
 	body := io.Reader(resp.Body)
-	if w.stall != nil {
-		body = &activityReader{r: resp.Body, w: w}
+	if f.w.stall != nil {
+		body = &activityReader{r: resp.Body, w: f.w}
 	}
-	js := newJSONStream(body)
-	deliver := func(row *changeRow) error {
-		w.rowSeen()
-		if row.Seq != nil {
-			lastSeq = row.Seq
-		}
-		if clientIDs != nil {
-			if _, ok := clientIDs[row.ID]; !ok {
-				return nil
-			}
-		}
-		return fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs})
+	f.js = newJSONStream(body)
+	return nil
+}
+
+// close ends the response: after an error the feed may never end
+// (continuous, or a server ignoring timeout=), so the connection is
+// dropped instead of read on.
+func (f *feed) close(err error) {
+	f.w.stop()
+	if err != nil {
+		f.cancel(err)
+		_ = f.resp.Body.Close()
+	} else {
+		drain(f.resp)
 	}
-	fail := func(err error) (Seq, error) {
-		if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
-			switch {
-			case errors.Is(cause, errFeedTimedOut):
-				return lastSeq, nil
-			case errors.Is(cause, ErrFeedStalled):
-				return lastSeq, fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, r.method, r.redactedURL(d), w.stallAfter)
-			}
-			return lastSeq, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), cause)
-		}
-		return lastSeq, badResponse(r, d, err)
+	f.cancel(nil)
+}
+
+func (f *feed) read() error {
+	if f.opts.Feed == FeedContinuous {
+		return f.continuous()
 	}
-	readRow := func() (changeRow, error) {
-		raw, err := js.value()
-		if err != nil {
-			return changeRow{}, err
+	return f.normal()
+}
+
+// continuous reads a continuous feed: one row object per line.
+func (f *feed) continuous() error {
+	row := &f.row
+	for {
+		if err := f.readRow(); err != nil {
+			return f.fail(err)
 		}
-		return parseChangeRow(raw)
-	}
-	if opts.Feed == FeedContinuous {
-		for {
-			row, err := readRow()
-			if err != nil {
-				return fail(err)
-			}
-			if row.Error != nil {
-				return lastSeq, feedRowError(r, d, &row)
-			}
-			if row.LastSeq != nil {
-				return row.LastSeq, nil
-			}
-			if err := deliver(&row); err != nil {
-				return lastSeq, err
-			}
+		if row.Error != nil {
+			return feedRowError(f.r, f.d, row)
+		}
+		if row.LastSeq != nil {
+			f.lastSeq = row.LastSeq
+			return nil
+		}
+		if err := f.deliver(); err != nil {
+			return err
 		}
 	}
-	// normal and longpoll: {"results":[...],"last_seq":...,"pending":...}
+}
+
+// normal reads a normal or longpoll feed:
+// {"results":[...],"last_seq":...,"pending":...}.
+func (f *feed) normal() error {
+	js := f.js
 	if err := js.delim('{'); err != nil {
-		return fail(err)
+		return f.fail(err)
 	}
 	var final Seq
 	for first := true; ; first = false {
 		key, ok, err := js.key(first)
 		if err != nil {
-			return fail(err)
+			return f.fail(err)
 		}
 		if !ok {
 			break
 		}
 		switch key {
 		case "results":
-			if err := js.delim('['); err != nil {
-				return fail(err)
-			}
-			for first := true; ; first = false {
-				more, err := js.more(first)
-				if err != nil {
-					return fail(err)
-				}
-				if !more {
-					break
-				}
-				row, err := readRow()
-				if err != nil {
-					return fail(err)
-				}
-				if err := deliver(&row); err != nil {
-					return lastSeq, err
-				}
+			if err := f.results(); err != nil {
+				return err
 			}
 		case "last_seq":
 			raw, err := js.value()
 			if err != nil {
-				return fail(err)
+				return f.fail(err)
 			}
 			final = SeqOf(raw)
 		case "error":
 			e, _ := js.value()
-			return lastSeq, badResponse(r, d, fmt.Errorf("feed reported error %s", e))
+			return badResponse(f.r, f.d, fmt.Errorf("feed reported error %s", e))
 		default:
 			if _, err := js.value(); err != nil {
-				return fail(err)
+				return f.fail(err)
 			}
 		}
 	}
-	if final == nil {
-		return lastSeq, nil
+	if final != nil {
+		f.lastSeq = final
 	}
-	return final, nil
+	return nil
+}
+
+// results reads the rows of a normal feed's "results" array.
+func (f *feed) results() error {
+	js := f.js
+	if err := js.delim('['); err != nil {
+		return f.fail(err)
+	}
+	for first := true; ; first = false {
+		more, err := js.more(first)
+		if err != nil {
+			return f.fail(err)
+		}
+		if !more {
+			return nil
+		}
+		if err := f.readRow(); err != nil {
+			return f.fail(err)
+		}
+		if err := f.deliver(); err != nil {
+			return err
+		}
+	}
+}
+
+// readRow reads the next row object into f.row.
+func (f *feed) readRow() error {
+	raw, err := f.js.value()
+	if err != nil {
+		return err
+	}
+	return parseChangeRow(raw, &f.row)
+}
+
+// deliver hands f.row to fn (unless filtered out here).
+func (f *feed) deliver() error {
+	row := &f.row
+	f.w.rowSeen()
+	if row.Seq != nil {
+		f.lastSeq = row.Seq
+	}
+	if f.clientIDs != nil {
+		if _, ok := f.clientIDs[row.ID]; !ok {
+			return nil
+		}
+	}
+	return f.fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs})
+}
+
+// fail turns a read error into the feed's error: nil when the feed watch
+// ended a feed whose server ignored timeout=.
+func (f *feed) fail(err error) error {
+	if cause := context.Cause(f.ctx); cause != nil && f.ctx.Err() != nil {
+		switch {
+		case errors.Is(cause, errFeedTimedOut):
+			return nil
+		case errors.Is(cause, ErrFeedStalled):
+			return fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, f.r.method, f.r.redactedURL(f.d), f.w.stallAfter)
+		}
+		return fmt.Errorf("couch: %s %s: %w", f.r.method, f.r.redactedURL(f.d), cause)
+	}
+	return badResponse(f.r, f.d, err)
 }
 
 type changeRow struct {
@@ -246,14 +327,14 @@ type changeRow struct {
 	Reason  string
 }
 
-// parseChangeRow reads one checked row object of a changes feed:
-// {"seq","id","changes":[{"rev"}],"deleted"}, or the continuous feed's
-// {"last_seq"} or {"error","reason"}. Seqs are copied; nothing else
+// parseChangeRow reads one checked row object of a changes feed into
+// row: {"seq","id","changes":[{"rev"}],"deleted"}, or the continuous
+// feed's {"last_seq"} or {"error","reason"}. Seqs are copied; nothing else
 // points into raw.
-func parseChangeRow(raw []byte) (changeRow, error) {
-	var row changeRow
+func parseChangeRow(raw []byte, row *changeRow) error {
+	*row = changeRow{}
 	if len(raw) == 0 || raw[0] != '{' {
-		return row, fmt.Errorf("changes row is not an object: %.100s", raw)
+		return fmt.Errorf("changes row is not an object: %.100s", raw)
 	}
 	err := objectMembers(raw, func(key, val []byte) error {
 		var err error
@@ -297,7 +378,7 @@ func parseChangeRow(raw []byte) (changeRow, error) {
 		}
 		return err
 	})
-	return row, err
+	return err
 }
 
 func feedRowError(r *request, d *DB, row *changeRow) error {

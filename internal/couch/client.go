@@ -85,7 +85,7 @@ type DB struct {
 	opts    Options
 	client  *http.Client
 	log     zerolog.Logger
-	headers http.Header
+	headers http.Header // shared: read only
 }
 
 // userAgent is sent unless Options.UserAgent says otherwise.
@@ -116,6 +116,21 @@ func NewDB(ep Endpoint, opts Options) *DB {
 		d.server = ep.ServerURL().String()
 	}
 	d.red = ep.Redacted()
+	if (opts.UserAgent == "" || opts.UserAgent == userAgent) && !opts.Gzip && len(ep.Headers) == 0 {
+		d.headers = defaultHeaders
+		return d
+	}
+	d.headers = requestHeaders(opts, ep)
+	return d
+}
+
+// defaultHeaders are the headers of a DB with default Options and no
+// endpoint headers, shared by all of them (never modified: send copies
+// them into each request).
+var defaultHeaders = requestHeaders(Options{}, Endpoint{})
+
+// requestHeaders are the headers sent with every request of a DB.
+func requestHeaders(opts Options, ep Endpoint) http.Header {
 	h := http.Header{}
 	h.Set("Accept", "application/json")
 	ua := opts.UserAgent
@@ -130,8 +145,7 @@ func NewDB(ep Endpoint, opts Options) *DB {
 	for k, vs := range ep.Headers {
 		h[k] = append([]string(nil), vs...)
 	}
-	d.headers = h
-	return d
+	return h
 }
 
 // Endpoint returns the endpoint the DB talks to.

@@ -29,7 +29,7 @@ type jsonStream struct {
 }
 
 const (
-	jsonMinChunk = 1 << 10  // the smallest read buffer
+	jsonMinChunk = 256      // the smallest read buffer
 	jsonChunk    = 64 << 10 // the largest read buffer, unless a value needs more
 	jsonMaxDepth = 10000    // nesting limit, as encoding/json
 )

@@ -149,45 +149,61 @@ func withRev(id, rev string, body []byte) []byte {
 
 // seqTracker is CouchDB's through_seq bookkeeping (report_seq_done): batches
 // are numbered in feed order; the checkpointable seq is that of the highest
-// batch such that it and every batch before it have completed.
+// batch such that it and every batch before it have completed. Batches
+// not yet through are a queue in feed order (no maps: an idle job's
+// tracker is a few words).
 type seqTracker struct {
-	next     uint64               // number of the next batch to be handed out
-	inFlight map[uint64]couch.Seq // handed out, not done
-	done     map[uint64]couch.Seq // done, waiting for an earlier batch
-	low      uint64               // lowest batch number not yet through
-	through  couch.Seq
+	next    uint64         // number of the next batch to be handed out
+	low     uint64         // number of queue[head], the lowest batch not yet through
+	queue   []trackedBatch // queue[head:] are batches low..next-1
+	head    int
+	through couch.Seq
+}
+
+type trackedBatch struct {
+	seq  couch.Seq
+	done bool
 }
 
 func newSeqTracker(start couch.Seq) *seqTracker {
-	return &seqTracker{inFlight: map[uint64]couch.Seq{}, done: map[uint64]couch.Seq{}, through: start}
+	return &seqTracker{through: start}
 }
 
 // start registers a batch ending at seq and returns its number.
 func (t *seqTracker) start(seq couch.Seq) uint64 {
+	if t.head > 0 && t.head >= len(t.queue)/2 {
+		// Drop the batches already through (amortised: the queue never
+		// holds more dead entries than live ones when it grows).
+		k := copy(t.queue, t.queue[t.head:])
+		clear(t.queue[k:])
+		t.queue, t.head = t.queue[:k], 0
+	}
 	n := t.next
 	t.next++
-	t.inFlight[n] = seq
+	t.queue = append(t.queue, trackedBatch{seq: seq})
 	return n
 }
 
 // finish marks batch n done and reports whether through advanced.
 func (t *seqTracker) finish(n uint64) bool {
-	seq, ok := t.inFlight[n]
-	if !ok {
+	if n < t.low || n >= t.next {
 		return false
 	}
-	delete(t.inFlight, n)
-	t.done[n] = seq
+	b := &t.queue[t.head+int(n-t.low)]
+	if b.done {
+		return false
+	}
+	b.done = true
 	advanced := false
-	for {
-		s, ok := t.done[t.low]
-		if !ok {
-			break
-		}
-		delete(t.done, t.low)
-		t.through = s
+	for t.head < len(t.queue) && t.queue[t.head].done {
+		t.through = t.queue[t.head].seq
+		t.queue[t.head] = trackedBatch{}
+		t.head++
 		t.low++
 		advanced = true
+	}
+	if t.head == len(t.queue) {
+		t.queue, t.head = t.queue[:0], 0
 	}
 	return advanced
 }
@@ -195,7 +211,7 @@ func (t *seqTracker) finish(n uint64) bool {
 // advance sets through to seq when nothing is in flight (a feed that ended
 // with last_seq beyond its last row).
 func (t *seqTracker) advance(seq couch.Seq) {
-	if len(t.inFlight) == 0 && len(t.done) == 0 && seq != nil {
+	if t.low == t.next && seq != nil {
 		t.through = seq
 	}
 }

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"encoding/json"
+	"strconv"
 	"testing"
 	"time"
 
@@ -85,5 +86,73 @@ func TestCheckpointFormat(t *testing.T) {
 		`"docs_written":0,"doc_write_failures":0,"bulk_get_docs":0,"bulk_get_attempts":0}]}`
 	if string(b) != want {
 		t.Errorf("checkpoint JSON\n got %s\nwant %s", b, want)
+	}
+}
+
+// TestSeqTrackerOutOfOrder: batches finishing in any order move through
+// only over contiguous done batches, and the queue of a long run stays
+// bounded by the batches in flight.
+func TestSeqTrackerOutOfOrder(t *testing.T) {
+	tests := []struct {
+		name   string
+		window int // batches in flight at once
+	}{
+		{"one at a time", 1},
+		{"four workers", 4},
+		{"wide", 33},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newSeqTracker(nil)
+			var inFlight []uint64
+			seqOf := func(n uint64) string { return strconv.FormatUint(n*10, 10) }
+			for range 1000 {
+				inFlight = append(inFlight, tr.start(couch.Seq(seqOf(tr.next))))
+				if len(inFlight) < tc.window {
+					continue
+				}
+				// Finish the newest first: through may only move when the
+				// oldest is done.
+				oldest := inFlight[0]
+				for j := len(inFlight) - 1; j >= 0; j-- {
+					if j > 0 && tr.finish(inFlight[j]) {
+						t.Fatalf("through advanced to %s before batch %d was done", tr.through, oldest)
+					}
+				}
+				if !tr.finish(oldest) {
+					t.Fatalf("finishing batch %d did not advance through", oldest)
+				}
+				if got, want := string(tr.through), seqOf(inFlight[len(inFlight)-1]); got != want {
+					t.Fatalf("through %s, want %s", got, want)
+				}
+				if tr.finish(oldest) {
+					t.Fatal("finishing a batch twice advanced through")
+				}
+				inFlight = inFlight[:0]
+				if len(tr.queue)-tr.head != 0 {
+					t.Fatalf("%d batches left in the queue", len(tr.queue)-tr.head)
+				}
+			}
+			if cap(tr.queue) > 2*tc.window+8 {
+				t.Errorf("queue capacity %d for %d batches in flight", cap(tr.queue), tc.window)
+			}
+			// A sliding window: the queue never empties.
+			for range 1000 {
+				inFlight = append(inFlight, tr.start(couch.Seq(seqOf(tr.next))))
+				if len(inFlight) <= tc.window {
+					continue
+				}
+				if !tr.finish(inFlight[0]) {
+					t.Fatalf("finishing the oldest batch %d did not advance through", inFlight[0])
+				}
+				if got, want := string(tr.through), seqOf(inFlight[0]); got != want {
+					t.Fatalf("through %s, want %s", got, want)
+				}
+				inFlight = inFlight[1:]
+			}
+			if cap(tr.queue) > 4*tc.window+16 {
+				t.Errorf("sliding window: queue capacity %d for %d batches in flight", cap(tr.queue), tc.window)
+			}
+		})
 	}
 }

@@ -36,6 +36,12 @@ var (
 	ErrCheckpointFailed = errors.New("replication: checkpoint_commit_failure")
 )
 
+// connBufferSize is the read and write buffer of the connections of a
+// transport the engine builds (as the node's connection_pool): an idle
+// continuous replication's open feed holds 2 KiB of buffers instead of
+// net/http's 8. Bulk transfers bypass them.
+const connBufferSize = 1 << 10
+
 // docBufferBytes flushes a worker's _bulk_docs buffer (CouchDB: 4 MiB).
 const docBufferBytes = 4 << 20
 
@@ -55,7 +61,9 @@ type Options struct {
 	// Clock returns the current time (tests); nil is time.Now.
 	Clock func() time.Time
 	// OnProgress, if set, is called with fresh stats about once per
-	// ProgressInterval and after every checkpoint, from Run's goroutine.
+	// ProgressInterval and after every checkpoint: from a timer's goroutine
+	// while the run is under way, never concurrently, never after Run
+	// returns.
 	OnProgress func(Stats)
 	// ProgressInterval defaults to one second.
 	ProgressInterval time.Duration
@@ -173,6 +181,7 @@ func (r *Replication) openDBs() error {
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = max(r.p.HTTPConnections, 2) * 2
 		tr.MaxConnsPerHost = max(r.p.HTTPConnections, 2) * 2
+		tr.ReadBufferSize, tr.WriteBufferSize = connBufferSize, connBufferSize
 		client = &http.Client{Transport: tr, Timeout: 0}
 		r.ownTr = tr
 	}
@@ -198,7 +207,7 @@ func openError(which string, db *couch.DB, err error) error {
 // ID returns the replication id (base+ext) once Run has computed it.
 func (r *Replication) ID() string { return r.base + r.ext }
 
-// batch is worker_batch_size changes (or a seq-only marker: no changes).
+// batch is up to worker_batch_size changes, numbered by the seq tracker.
 type batch struct {
 	n       uint64
 	changes []couch.Change
@@ -211,11 +220,60 @@ type batch struct {
 // checkpoint and returns with a nil error. Failures return a wrapped
 // sentinel error with a reason a user can read.
 func (r *Replication) Run(ctx context.Context) (Result, error) {
-	if err := r.openDBs(); err != nil {
+	st, err := r.prepare(ctx)
+	if err != nil {
+		r.closeIdle()
 		return Result{}, err
 	}
+	res, err := st.end(ctx, st.pipeline(ctx))
+	r.closeIdle()
+	return res, err
+}
+
+// Start is Run on a goroutine of its own: it opens the endpoints and reads
+// the checkpoints in the caller's goroutine, then replicates on a new one,
+// and calls done with what Run would return, exactly once (in the caller's
+// goroutine when the replication fails to start). The new goroutine starts
+// with a shallow stack and keeps it while it waits on the changes feed,
+// which keeps an idle continuous replication cheap (see runState.main).
+func (r *Replication) Start(ctx context.Context, done func(Result, error)) {
+	st, err := r.prepare(ctx)
+	if err != nil {
+		r.closeIdle()
+		done(Result{}, err)
+		return
+	}
+	go st.main(ctx, done)
+}
+
+// main is the goroutine of a run begun with Start. Its frame, the
+// pipeline's, the changes reader's and the feed's are kept small: Go
+// halves a goroutine's stack only while it uses less than a quarter of it,
+// so a feed waiting under a deep stack would hold 16 KiB of stack instead
+// of 8.
+func (s *runState) main(ctx context.Context, done func(Result, error)) {
+	err := s.pipeline(ctx)
+	s.complete(ctx, err, done)
+}
+
+func (s *runState) complete(ctx context.Context, err error, done func(Result, error)) {
+	res, err := s.end(ctx, err)
+	s.r.closeIdle()
+	done(res, err)
+}
+
+// closeIdle closes the idle connections of the transport openDBs built.
+func (r *Replication) closeIdle() {
 	if r.ownTr != nil {
-		defer r.ownTr.CloseIdleConnections()
+		r.ownTr.CloseIdleConnections()
+	}
+}
+
+// prepare opens the endpoints, computes the replication id and reads the
+// checkpoints: everything before the changes feed.
+func (r *Replication) prepare(ctx context.Context) (*runState, error) {
+	if err := r.openDBs(); err != nil {
+		return nil, err
 	}
 	p := r.p
 	if p.CreateTarget {
@@ -229,18 +287,18 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 		}
 		if err := r.tgt.Create(ctx, params); err != nil && !errors.Is(err, couch.ErrExists) {
 			if errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) {
-				return Result{}, openError("target", r.tgt, err)
+				return nil, openError("target", r.tgt, err)
 			}
 			r.log.Warn().Err(err).Msg("replication: create_target failed; opening the target anyway")
 		}
 	}
 	srcInfo, err := r.src.Info(ctx)
 	if err != nil {
-		return Result{}, openError("source", r.src, err)
+		return nil, openError("source", r.src, err)
 	}
 	tgtInfo, err := r.tgt.Info(ctx)
 	if err != nil {
-		return Result{}, openError("target", r.tgt, err)
+		return nil, openError("target", r.tgt, err)
 	}
 	if tgtInfo.DocCount == 0 && tgtInfo.DocDelCount == 0 {
 		r.fetch.emptyTarget(r.now())
@@ -248,12 +306,12 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 	if p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet {
 		code, err := FetchFilterCode(ctx, r.src, p.Filter)
 		if err != nil {
-			return Result{}, err
+			return nil, err
 		}
 		p = p.WithFilterCode(code)
 	}
 	if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	log := r.log.With().Str("replication_id", r.base+r.ext).Logger()
 	r.log = log
@@ -261,11 +319,11 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 
 	srcLog, err := r.readCheckpoint(ctx, r.src, localID)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	tgtLog, err := r.readCheckpoint(ctx, r.tgt, localID)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	startSeq, history := compareCheckpoints(srcLog.Checkpoint, tgtLog.Checkpoint)
 	if startSeq.IsZero() {
@@ -289,7 +347,7 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 		srcStart: srcInfo.InstanceStartTime, tgtStart: tgtInfo.InstanceStartTime,
 		sourceSeq: srcInfo.UpdateSeq, localID: localID, tracker: newSeqTracker(startSeq),
 	}
-	return st.run(ctx)
+	return st, nil
 }
 
 func queryValue(v any) string {
@@ -319,8 +377,10 @@ func (r *Replication) readCheckpoint(ctx context.Context, db *couch.DB, id strin
 	return c, nil
 }
 
-// runState is one Run's mutable state, owned by Run's goroutine except
-// tracker (guarded by mu).
+// runState is one Run's mutable state. tracker is guarded by mu; the
+// checkpoint state (committed, revs, lastBody) by cmu, which also
+// serialises checkpoints and progress reports (timer functions while the
+// pipeline runs, then Run's goroutine).
 type runState struct {
 	r                  *Replication
 	session            string
@@ -337,6 +397,9 @@ type runState struct {
 
 	mu      sync.Mutex
 	tracker *seqTracker
+
+	cmu   sync.Mutex
+	ended bool // the timers are stopped
 }
 
 func (s *runState) through() couch.Seq {
@@ -359,116 +422,129 @@ func (s *runState) stats() Stats {
 	return st
 }
 
-func (s *runState) run(ctx context.Context) (Result, error) {
-	r := s.r
-	pctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	defer cancel(nil)
+// pipeline runs the replication: this goroutine reads the changes feed
+// and cuts it into batches (readChanges, batcher), workers started on
+// demand process them (workerPool), and timers — not goroutines —
+// checkpoint every checkpoint_interval and report progress every
+// ProgressInterval. A failure anywhere aborts the pipeline with its error
+// as the cause, and is returned. It returns nil when the feed is done
+// (one-shot) or ctx is.
+func (s *runState) pipeline(ctx context.Context) error {
+	pl := &pipeline{}
+	pl.ctx, pl.cancel = context.WithCancelCause(ctx)
+	pool := newWorkerPool(pl.ctx, s, pl.abort)
+	bt := newBatcher(s, pool.submit)
+	tm := s.startTimers(ctx, pl.abort)
 
-	batches := make(chan batch, r.p.WorkerProcesses)
-	done := make(chan uint64, r.p.WorkerProcesses*2)
-	errc := make(chan error, r.p.WorkerProcesses+2)
-	readerDone := make(chan struct{})
-	var wg sync.WaitGroup
-
-	go func() {
-		defer close(readerDone)
-		defer close(batches)
-		if err := s.readChanges(pctx, batches); err != nil && pctx.Err() == nil {
-			errc <- err
-		}
-	}()
-	for i := 0; i < r.p.WorkerProcesses; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w := &worker{r: r}
-			for b := range batches {
-				if len(b.changes) > 0 {
-					if err := w.process(pctx, b.changes); err != nil {
-						if pctx.Err() == nil {
-							errc <- err
-						}
-						return
-					}
-				}
-				select {
-				case done <- b.n:
-				case <-pctx.Done():
-					return
-				}
-			}
-		}()
-	}
-	workersDone := make(chan struct{})
-	go func() { wg.Wait(); close(workersDone) }()
-
-	stop := func() {
-		cancel(context.Canceled)
-		<-readerDone
-		<-workersDone
-	}
-	ckpt := time.NewTicker(r.p.CheckpointInterval)
-	defer ckpt.Stop()
-	prog := time.NewTicker(r.o.ProgressInterval)
-	defer prog.Stop()
-	for {
-		select {
-		case n := <-done:
-			s.mu.Lock()
-			s.tracker.finish(n)
-			s.mu.Unlock()
-		case <-workersDone:
-			// Drain completions that raced with the close.
-			for {
-				select {
-				case n := <-done:
-					s.mu.Lock()
-					s.tracker.finish(n)
-					s.mu.Unlock()
-					continue
-				default:
-				}
-				break
-			}
-			select {
-			case err := <-errc:
-				stop()
-				return s.fail(err)
-			default:
-			}
-			if ctx.Err() != nil {
-				return s.finish(ctx, true)
-			}
-			return s.finish(ctx, false)
-		case err := <-errc:
-			stop()
-			return s.fail(err)
-		case <-ckpt.C:
-			if err := s.checkpoint(ctx); err != nil {
-				stop()
-				return s.fail(err)
-			}
-		case <-prog.C:
-			s.progress()
-		case <-ctx.Done():
-			stop()
-			// Completed batches may still sit in done.
-			for {
-				select {
-				case n := <-done:
-					s.mu.Lock()
-					s.tracker.finish(n)
-					s.mu.Unlock()
-					continue
-				default:
-				}
-				break
-			}
-			return s.finish(ctx, true)
-		}
-	}
+	err := s.readChanges(pl.ctx, bt)
+	bt.close()
+	pool.close()
+	tm.stop()
+	return pl.result(err)
 }
 
+// pipeline is the context of a run's changes reader, workers and timers;
+// the first failure cancels it.
+type pipeline struct {
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	once    sync.Once
+	failure error
+}
+
+func (pl *pipeline) abort(err error) {
+	pl.once.Do(func() {
+		pl.failure = err
+		pl.cancel(err)
+	})
+}
+
+// result is the pipeline's failure, else err (the reader's); every writer
+// of the failure has returned.
+func (pl *pipeline) result(err error) error {
+	pl.once.Do(func() {})
+	pl.cancel(nil)
+	if pl.failure != nil {
+		return pl.failure
+	}
+	return err
+}
+
+// end turns the pipeline's outcome into Run's: a failure, or the final
+// checkpoint and the result.
+func (s *runState) end(ctx context.Context, err error) (Result, error) {
+	if err != nil {
+		return s.fail(err)
+	}
+	return s.finish(ctx, ctx.Err() != nil)
+}
+
+// runTimers are a run's periodic checkpoint and progress report: one
+// timer function that re-arms itself for whichever is due next, serialised
+// with the final checkpoint by runState.cmu.
+type runTimers struct {
+	s                  *runState
+	ctx                context.Context
+	abort              func(error)
+	t                  *time.Timer
+	nextCkpt, nextProg time.Time
+}
+
+func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimers {
+	now := time.Now()
+	tm := &runTimers{s: s, ctx: ctx, abort: abort,
+		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(s.r.o.ProgressInterval)}
+	s.cmu.Lock() // fire reads tm.t under cmu
+	tm.t = time.AfterFunc(tm.wait(now), tm.fire)
+	s.cmu.Unlock()
+	return tm
+}
+
+// wait is how long from now until the next checkpoint or report is due.
+func (tm *runTimers) wait(now time.Time) time.Duration {
+	next := tm.nextCkpt
+	if tm.nextProg.Before(next) {
+		next = tm.nextProg
+	}
+	return max(next.Sub(now), 0)
+}
+
+func (tm *runTimers) fire() {
+	s, r := tm.s, tm.s.r
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	if s.ended {
+		return
+	}
+	now := time.Now()
+	if !now.Before(tm.nextCkpt) {
+		if err := s.checkpoint(tm.ctx); err != nil {
+			if tm.ctx.Err() == nil {
+				tm.abort(err)
+			}
+			return
+		}
+		now = time.Now()
+		tm.nextCkpt = now.Add(r.p.CheckpointInterval)
+	}
+	if !now.Before(tm.nextProg) {
+		s.progress()
+		tm.nextProg = now.Add(r.o.ProgressInterval)
+	}
+	tm.t.Reset(tm.wait(now))
+}
+
+// stop stops the timer and waits for a checkpoint or report under way;
+// none runs afterwards.
+func (tm *runTimers) stop() {
+	tm.t.Stop()
+	tm.s.cmu.Lock()
+	tm.s.ended = true
+	tm.s.cmu.Unlock()
+}
+
+// progress reports the stats to OnProgress; s.cmu is held, or the timers
+// are stopped.
 func (s *runState) progress() {
 	if f := s.r.o.OnProgress; f != nil {
 		f(s.stats())

@@ -5,22 +5,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
 )
 
-// rowsReadAhead bounds the rows the changes reader decodes ahead of the
-// batcher.
-const rowsReadAhead = 64
-
 // batchIdle flushes a partial batch when the feed has been quiet this long
-// (continuous feeds, slow sources).
+// (continuous feeds, slow sources): between one and two batchIdle after its
+// last row.
 const batchIdle = 20 * time.Millisecond
 
-// changesOptions builds the _changes request for the job's filters.
-func (r *Replication) changesOptions(since couch.Seq) couch.ChangesOptions {
-	o := couch.ChangesOptions{Feed: couch.FeedNormal, Since: since, Style: couch.StyleAllDocs}
+// changesOptions sets o to the _changes request for the job's filters.
+func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
+	*o = couch.ChangesOptions{Feed: couch.FeedNormal, Since: since, Style: couch.StyleAllDocs}
 	if r.p.WinningRevsOnly {
 		o.Style = couch.StyleMainOnly
 	}
@@ -44,7 +42,6 @@ func (r *Replication) changesOptions(since couch.Seq) couch.ChangesOptions {
 			}
 		}
 	}
-	return o
 }
 
 // Paging of a one-shot feed: the first request asks for one batch of rows,
@@ -83,174 +80,230 @@ func (pg *pager) more(got int) bool {
 	return true
 }
 
-// readChanges is the changes reader plus the changes manager: it reads the
-// feed (re-requesting a continuous feed from its last seq forever) and
-// hands out batches of worker_batch_size rows, each registered with the
-// seq tracker in feed order. A feed's end is marked by a change-less batch
-// carrying last_seq, so through_seq reaches it once all earlier batches
-// are done.
-func (s *runState) readChanges(ctx context.Context, out chan<- batch) error {
-	r := s.r
-	// A short read-ahead is enough: the batcher only appends. (A whole
-	// batch of buffered rows, 36 KB at worker_batch_size 500, was most of an
-	// idle continuous job's memory.)
-	rows := make(chan couch.Change, min(r.p.WorkerBatchSize, rowsReadAhead))
-	type feedEnd = struct{ seq couch.Seq }
-	ends := make(chan feedEnd) // unbuffered: a feed end is taken only after its rows
-	batcherErr := make(chan error, 1)
-
-	go func() {
-		batcherErr <- s.batcher(ctx, rows, ends, out)
-	}()
-	// The batcher owns rows/ends; marks are sent through ends after the
-	// rows of the same feed (ends is drained only when rows is empty).
-	sendEnd := func(seq couch.Seq) error {
-		select {
-		case ends <- feedEnd{seq}:
-			return nil
-		case <-ctx.Done():
-			return context.Cause(ctx)
+// readChanges is the changes reader plus the changes manager, run by the
+// pipeline's goroutine: it reads the feed (re-requesting a continuous feed
+// from its last seq forever) and hands every row to the batcher, which
+// cuts batches of worker_batch_size rows in feed order. A feed's end is
+// marked in the seq tracker after its rows, so through_seq reaches
+// last_seq once every earlier batch is done. It returns nil when ctx is
+// done or a one-shot feed has been read to its end.
+func (s *runState) readChanges(ctx context.Context, bt *batcher) error {
+	cr := newChangesReader(s, bt)
+	for {
+		if err := cr.request(ctx); err != nil || cr.done {
+			return err
 		}
 	}
-	err := func() error {
-		since := s.startSeq
-		failures := 0
-		wait := r.o.RetryBackoff
-		if wait <= 0 {
-			wait = couch.DefaultRetryBackoff
-		}
-		pages := newPager(r.p)
-		for {
-			got := 0
-			opts := r.changesOptions(since)
-			opts.Limit = pages.limit
-			last, err := r.src.Changes(ctx, opts, func(c couch.Change) error {
-				got++
-				select {
-				case rows <- c:
-					return nil
-				case <-ctx.Done():
-					return context.Cause(ctx)
-				}
-			})
-			if ctx.Err() != nil {
-				return nil
-			}
-			if last != nil {
-				since = last
-			}
-			if err == nil {
-				failures = 0
-				if pages.more(got) {
-					continue
-				}
-				if err := sendEnd(since); err != nil {
-					return nil
-				}
-				if !r.p.Continuous {
-					return nil
-				}
-				continue
-			}
-			var herr *couch.HTTPError
-			if errors.As(err, &herr) && !herr.Retryable() {
-				return fmt.Errorf("%w: %w", ErrChangesFailed, err)
-			}
-			if got > 0 {
-				failures = 0
-			}
-			failures++
-			if failures > r.p.RetriesPerRequest {
-				return fmt.Errorf("%w: after %d attempts: %w", ErrChangesFailed, failures, err)
-			}
-			r.log.Warn().Err(err).Int("attempt", failures).Str("since", seqOrZero(since).String()).
-				Msg("replication: changes feed failed, resuming")
-			t := time.NewTimer(wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				return nil
-			}
-			wait = min(wait*2, 5*time.Minute)
-		}
-	}()
-	close(rows)
-	berr := <-batcherErr
-	if err != nil {
-		return err
-	}
-	return berr
 }
 
-func (s *runState) batcher(ctx context.Context, rows <-chan couch.Change, ends <-chan struct{ seq couch.Seq }, out chan<- batch) error {
-	size := s.r.p.WorkerBatchSize
-	// cur is allocated by the first row of a batch: an idle continuous
-	// feed holds no batch buffer (worker_batch_size rows are 36 KB).
-	var cur []couch.Change
-	idle := time.NewTimer(time.Hour)
-	idle.Stop()
-	emit := func(changes []couch.Change, seq couch.Seq) error {
-		s.mu.Lock()
-		n := s.tracker.start(seq)
-		s.mu.Unlock()
-		select {
-		case out <- batch{n: n, changes: changes, seq: seq}:
-			return nil
-		case <-ctx.Done():
-			return nil
-		}
+// changesReader is readChanges' state, on the heap: the goroutine reading
+// a continuous feed spends its life in request, whose frame stays small.
+type changesReader struct {
+	s        *runState
+	bt       *batcher
+	opts     couch.ChangesOptions
+	since    couch.Seq
+	pages    pager
+	failures int
+	wait     time.Duration
+	got      int  // rows of the current request
+	done     bool // the reader has nothing more to do
+	onRow    func(couch.Change) error
+}
+
+//go:noinline
+func newChangesReader(s *runState, bt *batcher) *changesReader {
+	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p), wait: s.r.o.RetryBackoff}
+	if cr.wait <= 0 {
+		cr.wait = couch.DefaultRetryBackoff
 	}
-	flush := func() error {
-		if len(cur) == 0 {
-			return nil
-		}
-		b := cur
-		cur = nil
-		return emit(b, b[len(b)-1].Seq)
+	cr.onRow = func(c couch.Change) error {
+		cr.got++
+		return cr.bt.add(c)
 	}
-	for {
-		var c couch.Change
-		var ok bool
-		select {
-		case c, ok = <-rows:
-		default:
-			// Nothing buffered: a feed end may be pending, else wait.
-			select {
-			case c, ok = <-rows:
-			case e := <-ends:
-				if err := flush(); err != nil {
-					return err
-				}
-				if err := emit(nil, e.seq); err != nil {
-					return err
-				}
-				continue
-			case <-idle.C:
-				if err := flush(); err != nil {
-					return err
-				}
-				continue
-			case <-ctx.Done():
-				return nil
+	return cr
+}
+
+// request reads the feed once, from since; it sets done when the reader
+// should stop (ctx done, one-shot feed read to its end) and returns an
+// error when the feed failed for good.
+func (cr *changesReader) request(ctx context.Context) error {
+	cr.got = 0
+	cr.s.r.changesOptions(&cr.opts, cr.since)
+	cr.opts.Limit = cr.pages.limit
+	last, err := cr.s.r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
+	if ctx.Err() != nil {
+		cr.done = true
+		return nil
+	}
+	if last != nil {
+		cr.since = last
+	}
+	if err != nil {
+		return cr.failed(ctx, err)
+	}
+	cr.failures = 0
+	if cr.pages.more(cr.got) {
+		return nil
+	}
+	if err := cr.bt.end(cr.since); err != nil {
+		cr.done = true
+		return nil
+	}
+	cr.done = !cr.s.r.p.Continuous
+	return nil
+}
+
+// failed handles a request that failed: after a pause it is retried from
+// since, unless the error is final or the retries are used up.
+func (cr *changesReader) failed(ctx context.Context, err error) error {
+	r := cr.s.r
+	var herr *couch.HTTPError
+	if errors.As(err, &herr) && !herr.Retryable() {
+		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
+	}
+	if cr.got > 0 {
+		cr.failures = 0
+	}
+	cr.failures++
+	if cr.failures > r.p.RetriesPerRequest {
+		return fmt.Errorf("%w: after %d attempts: %w", ErrChangesFailed, cr.failures, err)
+	}
+	r.log.Warn().Err(err).Int("attempt", cr.failures).Str("since", seqOrZero(cr.since).String()).
+		Msg("replication: changes feed failed, resuming")
+	t := time.NewTimer(cr.wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		cr.done = true
+		return nil
+	}
+	cr.wait = min(cr.wait*2, 5*time.Minute)
+	return nil
+}
+
+// batcher cuts the feed's rows into batches of worker_batch_size and
+// submits them to the workers. The changes reader appends rows; a partial
+// batch is flushed once the feed has been quiet for batchIdle (checked by a
+// timer, not a goroutine: an idle feed holds neither a goroutine nor a
+// batch buffer here). Batches are registered with the seq tracker in feed
+// order when they are cut, so the order they reach the workers in does not
+// matter.
+type batcher struct {
+	s      *runState
+	size   int
+	submit func(batch) error
+
+	mu     sync.Mutex
+	cur    []couch.Change // allocated by a batch's first row
+	rows   uint64         // rows appended so far
+	seen   uint64         // rows when the idle timer was armed or last checked
+	timer  *time.Timer    // the idle flush (made by the first row); armed while cur is not empty
+	armed  bool
+	closed bool
+	// flushing counts idle flushes submitting a batch outside mu.
+	flushing sync.WaitGroup
+}
+
+func newBatcher(s *runState, submit func(batch) error) *batcher {
+	return &batcher{s: s, size: s.r.p.WorkerBatchSize, submit: submit}
+}
+
+// add appends one row, submitting the batch when it is full.
+func (b *batcher) add(c couch.Change) error {
+	b.mu.Lock()
+	if c.Seq == nil && len(b.cur) > 0 {
+		c.Seq = b.cur[len(b.cur)-1].Seq
+	}
+	if b.cur == nil {
+		b.cur = make([]couch.Change, 0, b.size)
+	}
+	b.cur = append(b.cur, c)
+	b.rows++
+	if len(b.cur) < b.size {
+		if !b.armed {
+			b.armed, b.seen = true, b.rows
+			if b.timer == nil {
+				b.timer = time.AfterFunc(batchIdle, b.idle)
+			} else {
+				b.timer.Reset(batchIdle)
 			}
 		}
-		if !ok {
-			return nil
-		}
-		if c.Seq == nil && len(cur) > 0 {
-			c.Seq = cur[len(cur)-1].Seq
-		}
-		if cur == nil {
-			cur = make([]couch.Change, 0, size)
-		}
-		cur = append(cur, c)
-		if len(cur) >= size {
-			if err := flush(); err != nil {
-				return err
-			}
-			continue
-		}
-		idle.Reset(batchIdle)
+		b.mu.Unlock()
+		return nil
 	}
+	out := b.cut()
+	b.mu.Unlock()
+	return b.submit(out)
+}
+
+// end submits the partial batch and marks the end of a feed at seq: a
+// change-less mark needs no worker, it is done as soon as it is registered.
+func (b *batcher) end(seq couch.Seq) error {
+	b.mu.Lock()
+	var out batch
+	if len(b.cur) > 0 {
+		out = b.cut()
+	}
+	s := b.s
+	s.mu.Lock()
+	s.tracker.finish(s.tracker.start(seq))
+	s.mu.Unlock()
+	b.mu.Unlock()
+	if out.changes == nil {
+		return nil
+	}
+	return b.submit(out)
+}
+
+// cut takes the current batch and registers it with the seq tracker; b.mu
+// is held.
+func (b *batcher) cut() batch {
+	changes := b.cur
+	b.cur = nil
+	if b.armed {
+		b.timer.Stop()
+		b.armed = false
+	}
+	seq := changes[len(changes)-1].Seq
+	s := b.s
+	s.mu.Lock()
+	n := s.tracker.start(seq)
+	s.mu.Unlock()
+	return batch{n: n, changes: changes, seq: seq}
+}
+
+// idle is the idle timer's function: it flushes the partial batch when no
+// row arrived since the timer was armed or last checked, else checks again
+// batchIdle later.
+func (b *batcher) idle() {
+	b.mu.Lock()
+	if b.closed || len(b.cur) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	if b.rows != b.seen {
+		b.seen = b.rows
+		b.timer.Reset(batchIdle)
+		b.mu.Unlock()
+		return
+	}
+	out := b.cut()
+	b.flushing.Add(1)
+	b.mu.Unlock()
+	defer b.flushing.Done()
+	_ = b.submit(out) // fails only when the run is stopping
+}
+
+// close stops the idle timer and waits for a flush under way; nothing is
+// submitted afterwards.
+func (b *batcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.mu.Unlock()
+	b.flushing.Wait()
 }
