@@ -2,9 +2,9 @@
 // on this node, a temporary child of job_server/jobs_sup. It runs the
 // replication engine (internal/replication) under a context, never in
 // Receive (a goroutine starts the job and hands it to the engine's own
-// goroutine, which ends it), records progress in the job store at every checkpoint and
-// at least twice per activity timeout, and ends the run in the store when the
-// engine returns: completed, crashed (backoff), failed, or stopped cleanly
+// goroutine, which ends it), records progress in the job store at every
+// checkpoint and at least twice per activity timeout, and ends the run in
+// the store when the engine returns: completed, crashed (backoff), failed, or stopped cleanly
 // (rotation, shutdown, kill). It stops at once, writing nothing more, when
 // the store says the job was taken away (jobs.ErrWorkerConflict) or removed
 // (jobs.ErrCanceled).
@@ -107,9 +107,9 @@ type jobActor struct {
 	// lease is the connection pool's lease, released by exit.
 	lease *connpool.Lease
 
-	// mu guards the stop request: its reason, and the engine's cancel
-	// while the engine runs (a request before the engine starts stops it
-	// as soon as it does).
+	// mu guards the stop request: its reason, and, while the engine runs,
+	// the cancel of its context (the job's). A request before the engine
+	// starts stops it as soon as it does.
 	mu         sync.Mutex
 	stopReason string
 	cancelRun  context.CancelFunc
