@@ -4,10 +4,10 @@
 // Receive (a goroutine starts the job and hands it to the engine's own
 // goroutine, which ends it), records progress in the job store at every
 // checkpoint and at least twice per activity timeout, and ends the run in
-// the store when the engine returns: completed, crashed (backoff), failed, or stopped cleanly
-// (rotation, shutdown, kill). It stops at once, writing nothing more, when
-// the store says the job was taken away (jobs.ErrWorkerConflict) or removed
-// (jobs.ErrCanceled).
+// the store when the engine returns: completed, crashed (backoff), failed,
+// or stopped cleanly (rotation, shutdown, kill). It stops at once, writing
+// nothing more, when the store says the job was taken away
+// (jobs.ErrWorkerConflict) or removed (jobs.ErrCanceled).
 //
 // It registers with the scheduler actor (a ReplicationJobEvent request; the
 // scheduler watches it and may send StopReplicationJobRequest) and publishes
