@@ -304,6 +304,12 @@ func TestCtlEverySubcommand(t *testing.T) {
 	if out = ctlOK(t, n, "kill", "scheduler", "chaos"); !strings.Contains(out, "killed couchrep_sup/scheduler") {
 		t.Fatalf("kill: %q", out)
 	}
+	// rest_for_one restarts job_server too: wait for the tree to heal
+	// before killing one of its children.
+	waitUntil(t, "tree healed after killing the scheduler", 30*time.Second, func() bool {
+		root := n.tree().GetRoot()
+		return allRunning(root) && childrenByName(root)["job_server"].GetIncarnation() >= 2
+	})
 	var killed messages.KillResponse
 	ctlJSON(t, n, &killed, "kill", "job_server/acceptor")
 	if killed.GetPid() != "couchrep_sup/job_server/acceptor" {

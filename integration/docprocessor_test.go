@@ -107,8 +107,11 @@ func TestDocProcessor(t *testing.T) {
 	if r, _ := docField(t, srv1, "_replicator", "bad", "_replication_state_reason").(string); !strings.Contains(r, "worker_processes") {
 		t.Fatalf("reason %q does not name the field", r)
 	}
-	if exists(server1, "bad")() {
-		t.Fatal("invalid document has a job")
+	// It is recorded as a failed job (so that _scheduler/docs shows it)
+	// that never runs.
+	waitUntil(t, "failed record of bad", 30*time.Second, exists(server1, "bad"))
+	if rec, _ := job(server1, "bad"); rec.StateName() != "failed" || !strings.Contains(rec.GetLastError(), "worker_processes") {
+		t.Fatalf("invalid document's job: state %s, error %q", rec.StateName(), rec.GetLastError())
 	}
 
 	// Editing the document updates its job's parameters.
