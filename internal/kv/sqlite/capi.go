@@ -251,6 +251,9 @@ func (s *cstmt) int64Row() (int64, error) {
 	return sqlite3.Xsqlite3_column_int64(s.c.tls, s.p, 0), nil
 }
 
+// int64Col returns column i of the current row as an integer.
+func (s *cstmt) int64Col(i int32) int64 { return sqlite3.Xsqlite3_column_int64(s.c.tls, s.p, i) }
+
 // blob returns a copy of column i of the current row (never nil).
 func (s *cstmt) blob(i int32) []byte {
 	p := sqlite3.Xsqlite3_column_blob(s.c.tls, s.p, i)

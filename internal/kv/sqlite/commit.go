@@ -306,6 +306,9 @@ func (db *DB) runBatch(batch []*commitReq) {
 		batch[0].finish(err)
 		return
 	}
+	if version != 0 {
+		db.kickCheckpoint()
+	}
 	db.watches.committed(version, touched)
 	for _, r := range batch {
 		r.finish(r.err)
@@ -316,6 +319,8 @@ func (db *DB) runBatch(batch []*commitReq) {
 // batch that validates. It returns the keys written (for watches) and the
 // commit version.
 func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64, err error) {
+	db.fileMu.Lock()
+	defer db.fileMu.Unlock()
 	if err := db.lockFile(); err != nil {
 		return touched, 0, err
 	}

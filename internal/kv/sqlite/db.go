@@ -32,6 +32,9 @@
 // them). kill -9 releases the lock with the process; SQLite's WAL rolls back
 // anything uncommitted.
 //
+// Checkpoints (copying the WAL back into the database) run on a goroutine
+// of their own instead of inside a commit; see checkpoint.go.
+//
 // Versionstamps are the commit counter stored in the file (incremented in
 // every write transaction, so strictly increasing across processes), 8 bytes
 // big-endian, followed by the transaction's 2-byte position in its batch.
@@ -177,6 +180,19 @@ type DB struct {
 	// inflight counts Transact attempts running their function; see gather.
 	inflight atomic.Int64
 
+	// fileMu serializes this process's holders of the lock file (the
+	// leader and the checkpoint goroutine): flock does not exclude two
+	// users of one file descriptor.
+	fileMu sync.Mutex
+	// ckptKick wakes the checkpoint goroutine; sinceCkpt counts group
+	// commits since the last kick (leader only). See checkpoint.go.
+	ckptKick  chan struct{}
+	sinceCkpt int
+	// ckptDone is signalled after each checkpoint (for tests);
+	// ckptComplete counts those completed under the write lock.
+	ckptDone     chan struct{}
+	ckptComplete atomic.Int64
+
 	watches *watchSet
 	closing chan struct{}
 	done    sync.WaitGroup
@@ -196,12 +212,14 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		return nil, err
 	}
 	db := &DB{
-		path:    path,
-		opts:    opts,
-		log:     opts.Logger.With().Str("component", "kv/sqlite").Str("path", path).Logger(),
-		seed:    maphash.MakeSeed(),
-		readers: make(chan *readerConn, 64),
-		closing: make(chan struct{}),
+		path:     path,
+		opts:     opts,
+		log:      opts.Logger.With().Str("component", "kv/sqlite").Str("path", path).Logger(),
+		seed:     maphash.MakeSeed(),
+		readers:  make(chan *readerConn, 64),
+		closing:  make(chan struct{}),
+		ckptKick: make(chan struct{}, 1),
+		ckptDone: make(chan struct{}, 1),
 	}
 	db.idle = sync.NewCond(&db.mu)
 	if err := db.init(ctx); err != nil {
@@ -209,8 +227,9 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
 	}
 	db.watches = newWatchSet(db)
-	db.done.Add(1)
+	db.done.Add(2)
 	go db.watchLoop()
+	go db.checkpointLoop()
 	db.log.Debug().Int("durability", int(opts.Durability)).Msg("store opened")
 	return db, nil
 }
@@ -264,6 +283,10 @@ func (db *DB) init(ctx context.Context) error {
 		sync = "FULL"
 	}
 	if err := conn.execOnce("PRAGMA synchronous=" + sync); err != nil {
+		return err
+	}
+	// The checkpoint goroutine checkpoints instead (checkpoint.go).
+	if err := conn.execOnce("PRAGMA wal_autocheckpoint=0"); err != nil {
 		return err
 	}
 	lock, err := os.OpenFile(db.path+".lock", os.O_CREATE|os.O_RDWR, 0o644)

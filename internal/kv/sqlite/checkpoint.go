@@ -1,0 +1,120 @@
+package sqlite
+
+import (
+	"time"
+)
+
+// Checkpoints off the commit path.
+//
+// SQLite's automatic checkpoint runs inside the COMMIT that pushes the WAL
+// past 1,000 frames: the leader, holding the writer connection and the
+// lock file, copies the WAL's pages into the database and fsyncs both
+// files, and every reader and writer of the process waits (a few
+// milliseconds, about once per 200 group commits at 8 job workers). Here
+// the writer connection's automatic checkpoint is off and the checkpoint
+// goroutine, on its own connection, runs a PASSIVE checkpoint every
+// ckptEvery group commits, concurrently with readers and writers.
+//
+// A passive checkpoint that runs alongside writers never catches up with
+// the WAL's end, and SQLite only starts the WAL over (instead of growing
+// it) when a write begins after a checkpoint that copied every frame. So
+// once the WAL holds ckptRestartFrames frames, the checkpoint goroutine
+// takes the write lock (in-process and the lock file) and checkpoints the
+// frames written since its passive pass: few, so writers wait briefly.
+
+const (
+	// ckptEvery is how many group commits pass between checkpoints.
+	ckptEvery = 64
+	// ckptRestartFrames is the WAL length (frames) from which a
+	// checkpoint completes under the write lock so the WAL starts over.
+	ckptRestartFrames = 2000
+)
+
+// kickCheckpoint is called by the leader after each committed batch.
+func (db *DB) kickCheckpoint() {
+	db.sinceCkpt++
+	if db.sinceCkpt < ckptEvery {
+		return
+	}
+	db.sinceCkpt = 0
+	select {
+	case db.ckptKick <- struct{}{}:
+	default:
+	}
+}
+
+// checkpointLoop is the DB's checkpoint goroutine.
+func (db *DB) checkpointLoop() {
+	defer db.done.Done()
+	var c *cconn
+	var st *cstmt
+	defer func() {
+		if c != nil {
+			c.close()
+		}
+	}()
+	for {
+		select {
+		case <-db.closing:
+			return
+		case <-db.ckptKick:
+		}
+		if c == nil {
+			var err error
+			if c, err = openConn(db.path, db.opts.BusyTimeout); err == nil {
+				st, err = c.prepare("PRAGMA wal_checkpoint(PASSIVE)")
+			}
+			if err != nil {
+				db.log.Error().Err(err).Msg("checkpoint connection")
+				if c != nil {
+					c.close()
+					c = nil
+				}
+				continue
+			}
+		}
+		start := time.Now()
+		busy, frames, err := checkpoint(st)
+		if err != nil {
+			db.log.Error().Err(err).Msg("checkpoint")
+			continue
+		}
+		restarted := false
+		if !busy && frames >= ckptRestartFrames {
+			db.fileMu.Lock()
+			if err := db.lockFile(); err != nil {
+				db.fileMu.Unlock()
+				db.log.Error().Err(err).Msg("checkpoint")
+				continue
+			}
+			_, _, err = checkpoint(st)
+			db.unlockFile()
+			db.fileMu.Unlock()
+			if err != nil {
+				db.log.Error().Err(err).Msg("checkpoint")
+				continue
+			}
+			restarted = true
+		}
+		db.log.Debug().Bool("busy", busy).Int64("frames", frames).Bool("complete", restarted).
+			Dur("took", time.Since(start)).Msg("checkpoint")
+		if restarted {
+			db.ckptComplete.Add(1)
+		}
+		select {
+		case db.ckptDone <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// checkpoint runs st (PRAGMA wal_checkpoint) and returns whether another
+// checkpoint was running and the WAL's length in frames.
+func checkpoint(st *cstmt) (busy bool, frames int64, err error) {
+	defer st.reset()
+	row, err := st.step()
+	if err != nil || !row {
+		return false, 0, err
+	}
+	return st.int64Col(0) != 0, st.int64Col(1), nil
+}
