@@ -12,28 +12,34 @@ import (
 // files, and every reader and writer of the process waits (a few
 // milliseconds, about once per 200 group commits at 8 job workers). Here
 // the writer connection's automatic checkpoint is off and the checkpoint
-// goroutine, on its own connection, runs a PASSIVE checkpoint every
-// ckptEvery group commits, concurrently with readers and writers.
+// goroutine, on its own connection, runs a PASSIVE checkpoint about every
+// 4,000 WAL frames (counted in group commits, at the frames per
+// commit the last checkpoint saw), concurrently with readers and writers.
 //
 // A passive checkpoint that runs alongside writers never catches up with
 // the WAL's end, and SQLite only starts the WAL over (instead of growing
 // it) when a write begins after a checkpoint that copied every frame. So
-// once the WAL holds ckptRestartFrames frames, the checkpoint goroutine
+// once the WAL holds twice that, the checkpoint goroutine
 // takes the write lock (in-process and the lock file) and checkpoints the
 // frames written since its passive pass: few, so writers wait briefly.
 
 const (
-	// ckptEvery is how many group commits pass between checkpoints.
-	ckptEvery = 64
-	// ckptRestartFrames is the WAL length (frames) from which a
-	// checkpoint completes under the write lock so the WAL starts over.
-	ckptRestartFrames = 2000
+	// ckptEvery is how many group commits pass before the first
+	// checkpoint; later ones adapt (within ckptEveryMin..ckptEveryMax).
+	ckptEvery, ckptEveryMin, ckptEveryMax = 64, 8, 1024
+	// ckptTargetFrames is how many new WAL frames a checkpoint aims to
+	// copy (Options.ckptFrames in tests). Larger than SQLite's automatic
+	// interval (1,000): pages written again and again (the commit
+	// counter's, the newest activity entries') are copied once per
+	// checkpoint. A checkpoint completes under the write lock so that the
+	// WAL starts over from twice this length (32 MB of 4 KB pages).
+	ckptTargetFrames = 4000
 )
 
 // kickCheckpoint is called by the leader after each committed batch.
 func (db *DB) kickCheckpoint() {
 	db.sinceCkpt++
-	if db.sinceCkpt < ckptEvery {
+	if db.sinceCkpt < db.ckptEvery.Load() {
 		return
 	}
 	db.sinceCkpt = 0
@@ -53,6 +59,11 @@ func (db *DB) checkpointLoop() {
 			c.close()
 		}
 	}()
+	// What the last checkpoint saw: the WAL's length, whether it started
+	// the WAL over, and the group commits made so far.
+	var lastFrames, lastBatches int64
+	lastRestart := true
+	target := int64(db.opts.ckptFrames)
 	for {
 		select {
 		case <-db.closing:
@@ -74,13 +85,24 @@ func (db *DB) checkpointLoop() {
 			}
 		}
 		start := time.Now()
+		batches := db.batches.Load()
 		busy, frames, err := checkpoint(st)
 		if err != nil {
 			db.log.Error().Err(err).Msg("checkpoint")
 			continue
 		}
+		newFrames := frames - lastFrames
+		if lastRestart || newFrames < 0 {
+			newFrames = frames
+		}
+		if n := batches - lastBatches; n > 0 && newFrames > 0 {
+			// Kick the next one after about target frames.
+			every := target * n / newFrames
+			db.ckptEvery.Store(min(max(every, ckptEveryMin), ckptEveryMax))
+		}
+		lastFrames, lastBatches, lastRestart = frames, batches, false
 		restarted := false
-		if !busy && frames >= ckptRestartFrames {
+		if !busy && frames >= 2*target {
 			db.fileMu.Lock()
 			if err := db.lockFile(); err != nil {
 				db.fileMu.Unlock()
@@ -95,6 +117,7 @@ func (db *DB) checkpointLoop() {
 				continue
 			}
 			restarted = true
+			lastRestart = true
 		}
 		db.log.Debug().Bool("busy", busy).Int64("frames", frames).Bool("complete", restarted).
 			Dur("took", time.Since(start)).Msg("checkpoint")

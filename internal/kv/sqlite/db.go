@@ -105,6 +105,9 @@ type Options struct {
 	// BusyTimeout is SQLite's busy timeout for locks the lock file does not
 	// cover (checkpoints, processes without the lock file); 30s by default.
 	BusyTimeout time.Duration
+
+	// ckptFrames overrides ckptTargetFrames (tests).
+	ckptFrames int
 }
 
 func (o *Options) fill() {
@@ -122,6 +125,9 @@ func (o *Options) fill() {
 	}
 	if o.BusyTimeout <= 0 {
 		o.BusyTimeout = 30 * time.Second
+	}
+	if o.ckptFrames <= 0 {
+		o.ckptFrames = ckptTargetFrames
 	}
 }
 
@@ -187,7 +193,8 @@ type DB struct {
 	// ckptKick wakes the checkpoint goroutine; sinceCkpt counts group
 	// commits since the last kick (leader only). See checkpoint.go.
 	ckptKick  chan struct{}
-	sinceCkpt int
+	sinceCkpt int64
+	ckptEvery atomic.Int64 // group commits between kicks, set by the checkpoint goroutine
 	// ckptDone is signalled after each checkpoint (for tests);
 	// ckptComplete counts those completed under the write lock.
 	ckptDone     chan struct{}
@@ -222,6 +229,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 		ckptDone: make(chan struct{}, 1),
 	}
 	db.idle = sync.NewCond(&db.mu)
+	db.ckptEvery.Store(ckptEvery)
 	if err := db.init(ctx); err != nil {
 		db.closeResources()
 		return nil, fmt.Errorf("sqlite: open %s: %w", path, err)
