@@ -175,7 +175,10 @@ func (a *clustering) start(ctx actor.Context) error {
 		return nil
 	}
 	c, cancel := context.WithTimeout(context.Background(), max(5*time.Second, a.opts.Interval))
-	err := a.reg.Heartbeat(c, a.record())
+	err := a.checkStore(c)
+	if err == nil {
+		err = a.reg.Heartbeat(c, a.record())
+	}
 	if err == nil {
 		_, err = a.reg.Members(c)
 	}
@@ -202,6 +205,17 @@ func (a *clustering) stop() {
 	}
 }
 
+// checkStore runs the store's own health check, if it has one: a store
+// serving transactions from warm caches may not notice that its file is
+// gone bad, and a restarted incarnation must fail its start then too, so
+// that the supervisor's restart intensity gives up on the node.
+func (a *clustering) checkStore(ctx context.Context) error {
+	if c, ok := a.deps.Store.(kv.Checker); ok {
+		return c.Check(ctx)
+	}
+	return nil
+}
+
 // loop heartbeats and watches membership until ctx ends.
 func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
 	stab := cluster.NewStability(a.opts.Quiet)
@@ -219,7 +233,10 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 		now := time.Now()
 		// The store is healthy when the heartbeat commits and the
 		// members read back: a store can fail one way only.
-		err := a.reg.Heartbeat(ctx, a.record())
+		err := a.checkStore(ctx)
+		if err == nil {
+			err = a.reg.Heartbeat(ctx, a.record())
+		}
 		var members []cluster.Member
 		if err == nil {
 			members, err = a.reg.Members(ctx)

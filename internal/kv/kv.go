@@ -145,3 +145,11 @@ type Database interface {
 	// Close releases the store. Pending watches fail with ErrClosed.
 	Close() error
 }
+
+// Checker is implemented by backends that can tell cheaply whether their
+// storage is still usable, beyond what a transaction served from caches
+// shows (the embedded store checks its file). Callers run it with their
+// health checks (the clustering actor, at every heartbeat).
+type Checker interface {
+	Check(ctx context.Context) error
+}
