@@ -34,6 +34,10 @@ const (
 	// checkpoint. A checkpoint completes under the write lock so that the
 	// WAL starts over from twice this length (32 MB of 4 KB pages).
 	ckptTargetFrames = 4000
+	// ckptTargetFramesFull is the target with DurabilityFull, where every
+	// commit fsyncs the WAL: a short WAL is rewritten in place, a long
+	// one grows for longer, and an fsync that grows the file costs more.
+	ckptTargetFramesFull = 1000
 )
 
 // kickCheckpoint is called by the leader after each committed batch.

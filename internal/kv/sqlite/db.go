@@ -128,6 +128,9 @@ func (o *Options) fill() {
 	}
 	if o.ckptFrames <= 0 {
 		o.ckptFrames = ckptTargetFrames
+		if o.Durability == DurabilityFull {
+			o.ckptFrames = ckptTargetFramesFull
+		}
 	}
 }
 
