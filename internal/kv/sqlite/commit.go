@@ -111,21 +111,17 @@ func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error 
 	if db.isClosed() {
 		return kv.ErrClosed
 	}
-	for _, classic := range []bool{false, true} {
-		t := newTx(ctx, db, classic)
-		err := fn(t)
-		if err == nil {
-			err = t.err
-		}
-		t.finish(err)
-		if !isMoved(t, err) {
-			return err
-		}
-		// The reads were not consistent; run fn again on a reader
-		// snapshot (see read.go).
-		db.moves.Add(1)
+	// A read-only transaction runs fn exactly once, on a reader snapshot:
+	// reads through the writer connection may have to be run again when a
+	// commit moves them (see read.go), and callers of ReadTransact collect
+	// what fn reads (List, Fold) without expecting a second run.
+	t := newTx(ctx, db, true)
+	err := fn(t)
+	if err == nil {
+		err = t.err
 	}
-	return errMoved // not reached: classic reads never move
+	t.finish(err)
+	return err
 }
 
 // commitReq is a transaction waiting for the writer.
