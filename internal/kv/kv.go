@@ -139,10 +139,10 @@ type Database interface {
 	// attempts and never past ctx. fn must have no side effects outside the
 	// transaction that would be wrong to repeat.
 	Transact(ctx context.Context, fn func(Tx) error) error
-	// ReadTransact runs fn once in a read-only transaction on a consistent
-	// snapshot (backends that must retry, as FoundationDB may on a
-	// transaction that grew too old, return the error instead of calling
-	// fn again).
+	// ReadTransact runs fn exactly once in a read-only transaction on a
+	// consistent snapshot: callers may collect what fn reads. Where a
+	// backend would retry (FoundationDB's transaction_too_old on a long
+	// read), it returns the error instead of calling fn again.
 	ReadTransact(ctx context.Context, fn func(ReadTx) error) error
 	// Close releases the store. Pending watches fail with ErrClosed.
 	Close() error

@@ -181,12 +181,26 @@ func (d *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 
 // ReadTransact implements kv.Database.
 func (d *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
-	return d.run(ctx, func(tr fdb.Transaction) error {
-		t := &tx{tr: tr, rt: tr}
-		err := fn(t)
-		t.finish(err)
-		return err
-	})
+	// fn runs exactly once (the kv contract: callers collect what it
+	// reads); a retryable FDB error, such as transaction_too_old on a long
+	// read, is returned rather than retried.
+	if d.isClosed() {
+		return kv.ErrClosed
+	}
+	tr, err := d.db.CreateTransaction()
+	if err != nil {
+		return fmt.Errorf("fdb: create transaction: %w", err)
+	}
+	defer tr.Cancel()
+	stop := context.AfterFunc(ctx, tr.Cancel)
+	defer stop()
+	t := &tx{tr: tr, rt: tr}
+	err = fn(t)
+	t.finish(err)
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // tx adapts fdb.Transaction to kv.Tx.
