@@ -646,40 +646,42 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 }
 
 func runJobStop(ctx context.Context, e *env, args []string) error {
-	id, err := oneID("job stop", args)
-	if err != nil {
-		return err
-	}
-	c, cancel := e.rpc(ctx)
-	defer cancel()
-	resp, err := e.client.StopJob(c, connect.NewRequest(&messages.StopJobRequest{Id: id}))
-	if err != nil {
-		return err
-	}
-	if e.g.json {
-		return printJSON(e.out, resp.Msg)
-	}
-	j := resp.Msg.GetJob()
-	fmt.Fprintf(e.out, "stopped job %s: now %s\n", j.GetId(), lower("JOB_STATUS_", j.GetStatus()))
-	return nil
+	return jobAction(ctx, e, "job stop", "stopped", args, func(c context.Context, id string) (proto.Message, *messages.JobSummary, error) {
+		resp, err := e.client.StopJob(c, connect.NewRequest(&messages.StopJobRequest{Id: id}))
+		if err != nil {
+			return nil, nil, err
+		}
+		return resp.Msg, resp.Msg.GetJob(), nil
+	})
 }
 
 func runJobRestart(ctx context.Context, e *env, args []string) error {
-	id, err := oneID("job restart", args)
+	return jobAction(ctx, e, "job restart", "restarted", args, func(c context.Context, id string) (proto.Message, *messages.JobSummary, error) {
+		resp, err := e.client.RestartJob(c, connect.NewRequest(&messages.RestartJobRequest{Id: id}))
+		if err != nil {
+			return nil, nil, err
+		}
+		return resp.Msg, resp.Msg.GetJob(), nil
+	})
+}
+
+// jobAction runs one request about job ID and prints the job's new state.
+func jobAction(ctx context.Context, e *env, cmd, done string, args []string,
+	call func(context.Context, string) (proto.Message, *messages.JobSummary, error)) error {
+	id, err := oneID(cmd, args)
 	if err != nil {
 		return err
 	}
 	c, cancel := e.rpc(ctx)
 	defer cancel()
-	resp, err := e.client.RestartJob(c, connect.NewRequest(&messages.RestartJobRequest{Id: id}))
+	reply, j, err := call(c, id)
 	if err != nil {
 		return err
 	}
 	if e.g.json {
-		return printJSON(e.out, resp.Msg)
+		return printJSON(e.out, reply)
 	}
-	j := resp.Msg.GetJob()
-	fmt.Fprintf(e.out, "restarted job %s: now %s\n", j.GetId(), lower("JOB_STATUS_", j.GetStatus()))
+	fmt.Fprintf(e.out, "%s job %s: now %s\n", done, j.GetId(), lower("JOB_STATUS_", j.GetStatus()))
 	return nil
 }
 
