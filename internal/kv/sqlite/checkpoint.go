@@ -41,6 +41,15 @@ const (
 )
 
 // kickCheckpoint is called by the leader after each committed batch.
+//
+// The WAL's length is bounded in group commits, not in time: when the
+// checkpoint goroutine has not yet taken the previous kick, the leader lets
+// one more interval pass and then waits for it to take the kick (it is
+// scheduled late on a loaded machine, or its last pass is slow). Without
+// that wait, a writer that outruns the checkpoint goroutine grows the WAL
+// as far as the OS scheduler lets it. The wait holds no lock the
+// checkpoint goroutine needs, and it costs a commit only when a checkpoint
+// pass takes longer than two intervals of writes.
 func (db *DB) kickCheckpoint() {
 	db.sinceCkpt++
 	if db.sinceCkpt < db.ckptEvery.Load() {
@@ -49,7 +58,18 @@ func (db *DB) kickCheckpoint() {
 	db.sinceCkpt = 0
 	select {
 	case db.ckptKick <- struct{}{}:
+		db.ckptBehind = false
+		return
 	default:
+	}
+	if !db.ckptBehind {
+		db.ckptBehind = true
+		return
+	}
+	db.ckptBehind = false
+	select {
+	case db.ckptKick <- struct{}{}:
+	case <-db.closing:
 	}
 }
 
@@ -90,7 +110,7 @@ func (db *DB) checkpointLoop() {
 		}
 		start := time.Now()
 		batches := db.batches.Load()
-		busy, frames, err := checkpoint(st)
+		busy, frames, copied, err := checkpoint(st)
 		if err != nil {
 			db.log.Error().Err(err).Msg("checkpoint")
 			continue
@@ -100,11 +120,16 @@ func (db *DB) checkpointLoop() {
 			newFrames = frames
 		}
 		if n := batches - lastBatches; n > 0 && newFrames > 0 {
-			// Kick the next one after about target frames.
-			every := target * n / newFrames
+			// Kick the next one after about target frames, at most
+			// twice as late as the last one: a frame count that misread
+			// a restart must not stretch the interval past the bound.
+			every := min(target*n/newFrames, 2*db.ckptEvery.Load())
 			db.ckptEvery.Store(min(max(every, ckptEveryMin), ckptEveryMax))
 		}
-		lastFrames, lastBatches, lastRestart = frames, batches, false
+		// A pass that copied every frame lets the next write start the
+		// WAL over: count the next pass's frames from zero.
+		lastFrames, lastBatches = frames, batches
+		lastRestart = !busy && frames > 0 && copied == frames
 		restarted := false
 		if !busy && frames >= 2*target {
 			db.fileMu.Lock()
@@ -113,7 +138,7 @@ func (db *DB) checkpointLoop() {
 				db.log.Error().Err(err).Msg("checkpoint")
 				continue
 			}
-			_, _, err = checkpoint(st)
+			_, _, _, err = checkpoint(st)
 			db.unlockFile()
 			db.fileMu.Unlock()
 			if err != nil {
@@ -136,12 +161,13 @@ func (db *DB) checkpointLoop() {
 }
 
 // checkpoint runs st (PRAGMA wal_checkpoint) and returns whether another
-// checkpoint was running and the WAL's length in frames.
-func checkpoint(st *cstmt) (busy bool, frames int64, err error) {
+// checkpoint was running, the WAL's length in frames and how many of them
+// are now copied into the database.
+func checkpoint(st *cstmt) (busy bool, frames, copied int64, err error) {
 	defer st.reset()
 	row, err := st.step()
 	if err != nil || !row {
-		return false, 0, err
+		return false, 0, 0, err
 	}
-	return st.int64Col(0) != 0, st.int64Col(1), nil
+	return st.int64Col(0) != 0, st.int64Col(1), st.int64Col(2), nil
 }

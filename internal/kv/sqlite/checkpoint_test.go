@@ -13,6 +13,9 @@ import (
 // TestCheckpointsKeepWALBounded: with automatic checkpoints off, the
 // checkpoint goroutine copies the WAL back and, past twice its target,
 // completes a checkpoint so that the WAL starts over instead of growing.
+// The bound is in commits, whatever the machine's speed or load: the
+// leader waits for a checkpoint goroutine that falls two intervals behind
+// (kickCheckpoint). Run it with both CPUs busy to see it hold.
 func TestCheckpointsKeepWALBounded(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes some 66 MB of WAL frames")
@@ -46,13 +49,15 @@ func TestCheckpointsKeepWALBounded(t *testing.T) {
 			}
 		}
 	}
-	if db.ckptComplete.Load() == 0 {
-		t.Fatalf("no checkpoint completed under the write lock in %d commits", n)
-	}
+	// Whether a pass had to complete under the write lock depends on how
+	// the writer and the checkpoint goroutine interleave (a passive pass
+	// that no write overlaps already lets the WAL start over); the bound
+	// below holds either way, and fails if neither restarts the WAL.
 	st, err := os.Stat(path + "-wal")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("%d commits, %d checkpoints completed under the write lock, WAL %d bytes", n, db.ckptComplete.Load(), st.Size())
 	if limit := int64(8*target) * 4120; st.Size() > limit {
 		t.Errorf("WAL is %d bytes after %d commits, want at most %d", st.Size(), n, limit)
 	}

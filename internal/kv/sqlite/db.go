@@ -197,7 +197,10 @@ type DB struct {
 	// commits since the last kick (leader only). See checkpoint.go.
 	ckptKick  chan struct{}
 	sinceCkpt int64
-	ckptEvery atomic.Int64 // group commits between kicks, set by the checkpoint goroutine
+	// ckptBehind: the last kick found the previous one not yet taken
+	// (leader only; see kickCheckpoint).
+	ckptBehind bool
+	ckptEvery  atomic.Int64 // group commits between kicks, set by the checkpoint goroutine
 	// ckptDone is signalled after each checkpoint (for tests);
 	// ckptComplete counts those completed under the write lock.
 	ckptDone     chan struct{}
