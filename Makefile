@@ -71,7 +71,18 @@ $(PROTOC_GEN_CONNECT):
 	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(CONNECT_GO_VERSION)
 	@mkdir -p $(@D) && touch $@
 
-testdeps: $(NODE_MODULES) ## install the pinned test servers (PouchDB Server) from npm
+testdeps: $(NODE_MODULES) chromium ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
+
+# Debian packages, installed only when their binary is missing (other jobs may
+# hold the dpkg lock meanwhile: wait for it). apt-get update only if the
+# package is not found in the lists the machine has.
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_GET  := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600
+APT_INSTALL = $(APT_GET) install -y --no-install-recommends $(1) || { $(APT_GET) update && $(APT_GET) install -y --no-install-recommends $(1); }
+
+.PHONY: chromium
+chromium: ## Debian's chromium for the status page's browser test (chromedp)
+	@command -v chromium >/dev/null 2>&1 || { $(call APT_INSTALL,chromium); }
 
 $(NODE_MODULES): integration/package.json integration/package-lock.json
 	cd integration && npm ci --no-audit --no-fund --loglevel=error

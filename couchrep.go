@@ -226,6 +226,17 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
+	// Actors may send admin requests (the status page shows the tree and
+	// the nodes) once the tree is up: n.sup is set then.
+	treeUp := make(chan struct{})
+	n.deps.Request = func(ctx context.Context, msg proto.Message) (proto.Message, error) {
+		select {
+		case <-treeUp:
+			return n.Request(ctx, msg)
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	n.events = n.system.EventStream.Subscribe(func(evt any) {
 		if e, ok := evt.(*supervisor.Event); ok {
 			n.logEvent(e)
@@ -238,6 +249,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		return nil, fmt.Errorf("couchrep: start supervision tree: %w", err)
 	}
 	n.sup = sup
+	close(treeUp)
 	n.log.Info().Msg("node started")
 	return n, nil
 }

@@ -1,8 +1,11 @@
 package actors
 
 import (
+	"context"
+
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobs"
@@ -31,6 +34,10 @@ type Deps struct {
 	// RepJobs is the replication job store over Jobs, shared by every actor
 	// of the node (run-time share and policy changes reach all of them).
 	RepJobs *repjob.Store
+	// Request delivers an admin message as the node's admin endpoint does
+	// (couchrep.Node.Request); nil outside a node. Call it from a goroutine
+	// of one's own, never from Receive: it may ask other actors.
+	Request func(ctx context.Context, msg proto.Message) (proto.Message, error)
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

@@ -1,5 +1,5 @@
 // Package httpapi is the http_api actor: it serves CouchDB's replicator HTTP
-// API (/_replicate, /_scheduler/*, /_active_tasks, /_up, /metrics; see
+// API (/_replicate, /_scheduler/*, /_active_tasks, /_up, /metrics, /_status; see
 // internal/httpapi) on [couchrep] http_bind, on api_frontend nodes.
 //
 // The listener is opened when the actor starts, so a bind failure is a start
@@ -95,9 +95,12 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		return fmt.Errorf("http api: %w", err)
 	}
 	server := api.New(api.Options{
-		Store:  api.NewRepjobStore(store, cfg.CouchDB.UUID),
-		Admins: cfg.Admins,
-		Logger: a.log,
+		Store:    api.NewRepjobStore(store, cfg.CouchDB.UUID),
+		Admins:   cfg.Admins,
+		Logger:   a.log,
+		UUID:     cfg.CouchDB.UUID,
+		NodeName: cfg.Couchrep.NodeName,
+		Cluster:  cluster{deps: a.deps, store: store},
 	})
 	metrics := server.Metrics()
 	a.sub = a.deps.System.EventStream.Subscribe(func(evt any) {

@@ -5,6 +5,8 @@
 //	GET  /_scheduler/jobs[/{id}]          replication jobs (pending, running, crashing)
 //	GET  /_scheduler/docs[/{db}[/{doc}]]  jobs of _replicator documents, all states
 //	GET  /_active_tasks                   running replications with their stats
+//	GET  /                                CouchDB's welcome document
+//	GET  /_status                         the status page (GET /_status/data: its JSON)
 //	GET  /_up                             liveness
 //	GET  /metrics                         Prometheus metrics
 //
@@ -21,5 +23,11 @@
 // Authentication is CouchDB's basic auth against the [admins] section
 // (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes). With no
 // admins configured the API is open ("admin party"), and the node logs a
-// warning. GET /_up is always open.
+// warning. GET /_up, GET / and the status page's script and style sheet are
+// always open; the page and its data need the same auth as the API.
+//
+// The status page (status.go, statuspage/) is plain HTML, CSS and JavaScript
+// embedded in the binary: no build step, no CDN. Its script polls
+// /_status/data and writes every string through textContent, never as
+// markup; a Content-Security-Policy forbids inline script besides.
 package httpapi

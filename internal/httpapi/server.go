@@ -38,6 +38,14 @@ type Options struct {
 	// MaxBodyBytes limits request bodies (413 beyond it); zero means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// UUID is the server uuid GET / shows.
+	UUID string
+	// NodeName is the name of the node serving the API (the status page
+	// shows it).
+	NodeName string
+	// Cluster gives the status page the nodes, the supervision tree and the
+	// shares; nil leaves those sections empty.
+	Cluster Cluster
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -47,11 +55,16 @@ type Server struct {
 	log     zerolog.Logger
 	metrics *Metrics
 	maxBody int64
+
+	uuid, nodeName string
+	cluster        Cluster
+	rates          rateTracker
 }
 
 // New returns the API handler.
 func New(o Options) *Server {
-	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes}
+	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
+		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
@@ -106,6 +119,12 @@ type route struct {
 
 func (s *Server) route(path string) (route, string, bool) {
 	switch {
+	case path == "":
+		return route{name: "welcome", methods: "GET,HEAD", open: true, handle: s.welcome}, "", true
+	case path == "/_status" || path == "/_status/data":
+		return route{name: "status", methods: "GET,HEAD", handle: s.statusPage}, strings.TrimPrefix(strings.TrimPrefix(path, "/_status"), "/"), true
+	case strings.HasPrefix(path, "/_status/"):
+		return route{name: "status_asset", methods: "GET,HEAD", open: true, handle: s.statusAsset}, strings.TrimPrefix(path, "/_status/"), true
 	case path == "/_replicate":
 		return route{name: "replicate", methods: "POST", handle: s.replicate}, "", true
 	case path == "/_scheduler/jobs" || strings.HasPrefix(path, "/_scheduler/jobs/"):

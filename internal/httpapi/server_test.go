@@ -32,6 +32,12 @@ type env struct {
 
 func newEnv(t *testing.T, admins map[string]string) *env {
 	t.Helper()
+	return newEnvWith(t, httpapi.Options{Admins: admins, MaxBodyBytes: 64 << 10})
+}
+
+// newEnvWith is newEnv with o's options (Store is set here).
+func newEnvWith(t *testing.T, o httpapi.Options) *env {
+	t.Helper()
 	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "store.db"), sqlite.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +45,8 @@ func newEnv(t *testing.T, admins map[string]string) *env {
 	t.Cleanup(func() { db.Close() })
 	q := jobs.New(db, jobs.Options{NodeName: "n1", AcceptSpread: 1})
 	st := repjob.New(q, db, repjob.Options{ServerUUID: uuid, Policy: scheduler.DefaultPolicy()})
-	api := httpapi.New(httpapi.Options{Store: httpapi.NewRepjobStore(st, uuid), Admins: admins, MaxBodyBytes: 64 << 10})
+	o.Store = httpapi.NewRepjobStore(st, uuid)
+	api := httpapi.New(o)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
 	return &env{t: t, store: st, srv: srv, api: api}
@@ -136,7 +143,8 @@ func TestBadInput(t *testing.T) {
 		{"cancel unknown id", "POST", "/_replicate", "application/json", `{"replication_id":"nope","cancel":true}`, 404, "not_found", "replication nope not found"},
 		{"cancel unknown body", "POST", "/_replicate", "application/json", `{` + ok + `,"cancel":true}`, 404, "not_found", "not found"},
 		{"unknown endpoint", "GET", "/_nope", "", ``, 404, "not_found", "unknown endpoint /_nope"},
-		{"root", "GET", "/", "", ``, 404, "not_found", "unknown endpoint"},
+		{"root post", "POST", "/", "application/json", `{}`, 405, "method_not_allowed", "Only GET,HEAD allowed"},
+		{"status page unknown", "GET", "/_status/nope", "", ``, 404, "not_found", "unknown endpoint"},
 		{"wrong method", "GET", "/_replicate", "", ``, 405, "method_not_allowed", "Only POST allowed"},
 		{"post to jobs", "POST", "/_scheduler/jobs", "application/json", `{}`, 405, "method_not_allowed", "Only GET,HEAD allowed"},
 		{"bad limit", "GET", "/_scheduler/jobs?limit=x", "", ``, 400, "query_parse_error", `Invalid value for integer: "x"`},
@@ -183,6 +191,11 @@ func TestAuth(t *testing.T) {
 		{"pbkdf2 wrong password", "/_scheduler/docs", []string{"hashed", "x"}, 401},
 		{"metrics need auth", "/metrics", nil, 401},
 		{"_up is open", "/_up", nil, 200},
+		{"welcome is open", "/", nil, 200},
+		{"status page needs auth", "/_status", nil, 401},
+		{"status data needs auth", "/_status/data", nil, 401},
+		{"status page with auth", "/_status", []string{"plain", "s3cret"}, 200},
+		{"status script is open", "/_status/status.js", nil, 200},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.get(tc.path, tc.auth...)

@@ -1,0 +1,401 @@
+package httpapi
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"io/fs"
+	"net/http"
+	"path"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/share"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// Cluster is what the status page shows beyond the jobs: the nodes sharing
+// the store, this node's supervision tree and the fair-share weights. The
+// node answers it from its actors (the same replies couchrepctl nodes and
+// tree print).
+type Cluster interface {
+	// Nodes is the cluster view: every node, its heartbeat and drain state.
+	Nodes(ctx context.Context) (*messages.NodesResponse, error)
+	// Tree is this node's supervision tree.
+	Tree(ctx context.Context) (*messages.TreeResponse, error)
+	// Shares are the configured [replicator.shares]; other keys have
+	// share.DefaultShares.
+	Shares() map[string]int
+}
+
+//go:embed statuspage
+var statusFS embed.FS
+
+// statusAssets are the page's static files: public code, served without
+// authentication (the page and its data need it).
+var statusAssets = func() fs.FS { f, _ := fs.Sub(statusFS, "statuspage"); return f }()
+
+// contentSecurity keeps the page to its own scripts and styles: no inline
+// script, no other origin (the node works offline, and an injected handler
+// could not run even if a string escaped textContent).
+const contentSecurity = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+
+// statusPage is GET /_status (the page) and its assets and data under
+// /_status/.
+func (s *Server) statusPage(w http.ResponseWriter, r *http.Request, rest string) error {
+	switch rest {
+	case "":
+		return s.serveAsset(w, "index.html")
+	case "data":
+		return s.statusData(w, r)
+	}
+	return errorf(http.StatusNotFound, "not_found", "unknown endpoint %s", r.URL.Path)
+}
+
+// statusAsset serves the page's script and style sheet.
+func (s *Server) statusAsset(w http.ResponseWriter, r *http.Request, rest string) error {
+	if rest != "status.js" && rest != "status.css" {
+		return errorf(http.StatusNotFound, "not_found", "unknown endpoint %s", r.URL.Path)
+	}
+	return s.serveAsset(w, rest)
+}
+
+func (s *Server) serveAsset(w http.ResponseWriter, name string) error {
+	b, err := fs.ReadFile(statusAssets, name)
+	if err != nil {
+		return err
+	}
+	ct := map[string]string{".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}[path.Ext(name)]
+	writeStatus(w, ct, "no-cache", b)
+	return nil
+}
+
+// writeStatus writes a reply of the status page with its security headers.
+func writeStatus(w http.ResponseWriter, contentType, cacheControl string, b []byte) {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Content-Security-Policy", contentSecurity)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("Cache-Control", cacheControl)
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+}
+
+// statusJSON is what the page polls (GET /_status/data).
+type statusJSON struct {
+	Node            string         `json:"node"`
+	Now             time.Time      `json:"now"`
+	ClusterUnstable bool           `json:"cluster_unstable"`
+	Nodes           []statusNode   `json:"nodes"`
+	Counts          map[string]int `json:"counts"`
+	Jobs            []statusJob    `json:"jobs"`
+	Shares          []statusShare  `json:"shares"`
+	Tree            *statusTree    `json:"tree"`
+	// Errors name the sections that could not be read this time.
+	Errors []string `json:"errors"`
+}
+
+type statusNode struct {
+	Name         string   `json:"name"`
+	Types        []string `json:"types"`
+	Alive        bool     `json:"alive"`
+	Draining     bool     `json:"draining"`
+	RunningJobs  uint32   `json:"running_jobs"`
+	HeartbeatAge *float64 `json:"heartbeat_age_s"`
+	HTTP         string   `json:"http"`
+}
+
+type statusJob struct {
+	ID          string    `json:"id"`
+	RepID       string    `json:"rep_id"`
+	State       string    `json:"state"`
+	Kind        string    `json:"kind"`
+	Database    string    `json:"database"`
+	DocID       string    `json:"doc_id"`
+	Source      string    `json:"source"`
+	Target      string    `json:"target"`
+	Continuous  bool      `json:"continuous"`
+	Node        string    `json:"node"`
+	DocsRead    int64     `json:"docs_read"`
+	DocsWritten int64     `json:"docs_written"`
+	Failures    int64     `json:"doc_write_failures"`
+	Pending     *int64    `json:"changes_pending"`
+	Rate        float64   `json:"docs_per_s"`
+	Spark       []float64 `json:"spark"`
+	ErrorCount  int       `json:"error_count"`
+	LastError   string    `json:"last_error"`
+	Updated     string    `json:"updated"`
+}
+
+type statusShare struct {
+	Database string  `json:"database"`
+	Weight   int     `json:"weight"`
+	Running  int     `json:"running"`
+	Waiting  int     `json:"waiting"`
+	Usage    float64 `json:"usage"`
+	Entitled float64 `json:"entitled"`
+}
+
+type statusTree struct {
+	Name        string        `json:"name"`
+	Kind        string        `json:"kind"`
+	State       string        `json:"state"`
+	Restarts    uint32        `json:"restarts"`
+	Incarnation uint64        `json:"incarnation"`
+	Children    []*statusTree `json:"children,omitempty"`
+}
+
+// stateOrder sorts the page's jobs: what needs looking at first.
+var stateOrder = map[string]int{StateCrashing: 0, StateRunning: 1, StatePending: 2, StateFailed: 3, StateCompleted: 4}
+
+func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
+	ctx, now := r.Context(), time.Now()
+	out := statusJSON{Node: s.nodeName, Now: now.UTC(), Counts: map[string]int{}, Nodes: []statusNode{}, Jobs: []statusJob{}, Shares: []statusShare{}, Errors: []string{}}
+	jobs, err := s.store.List(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return err
+		}
+		out.Errors = append(out.Errors, "jobs: "+RedactText(err.Error()))
+	}
+	samples := s.rates.observe(now, jobs)
+	for _, st := range []string{StateRunning, StatePending, StateCrashing, StateCompleted, StateFailed} {
+		out.Counts[st] = 0
+	}
+	sort.Slice(jobs, func(a, b int) bool {
+		if oa, ob := stateOrder[jobs[a].State], stateOrder[jobs[b].State]; oa != ob {
+			return oa < ob
+		}
+		return jobs[a].JobID < jobs[b].JobID
+	})
+	for _, j := range jobs {
+		out.Counts[j.State]++
+		out.Jobs = append(out.Jobs, statusJobOf(j, samples[j.JobID], now))
+	}
+	var weights map[string]int
+	if s.cluster != nil {
+		weights = s.cluster.Shares()
+		if nodes, err := s.cluster.Nodes(ctx); err != nil {
+			out.Errors = append(out.Errors, "nodes: "+RedactText(err.Error()))
+		} else {
+			out.ClusterUnstable = nodes.GetUnstable()
+			for _, n := range nodes.GetNodes() {
+				sn := statusNode{Name: n.GetName(), Types: n.GetTypes(), Alive: n.GetAlive(), Draining: n.GetDraining(),
+					RunningJobs: n.GetRunningJobs(), HTTP: n.GetHttpAddress()}
+				if hb := n.GetLastHeartbeat(); hb != nil {
+					age := max(now.Sub(hb.AsTime()).Seconds(), 0)
+					sn.HeartbeatAge = &age
+				}
+				out.Nodes = append(out.Nodes, sn)
+			}
+		}
+		if tree, err := s.cluster.Tree(ctx); err != nil {
+			out.Errors = append(out.Errors, "tree: "+RedactText(err.Error()))
+		} else {
+			out.Tree = treeOf(tree.GetRoot())
+		}
+	}
+	out.Shares = shareUsage(jobs, weights)
+	b, err := json.Marshal(out) // escapes <, > and & too
+	if err != nil {
+		return err
+	}
+	writeStatus(w, "application/json", "no-store", b)
+	return nil
+}
+
+func statusJobOf(j *Job, sm *jobSamples, now time.Time) statusJob {
+	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State, Kind: "persistent", Database: j.Database, DocID: j.DocID,
+		Source: RedactURL(j.Source), Target: RedactURL(j.Target), Continuous: j.Continuous, Node: j.Node,
+		ErrorCount: j.ErrorCount, LastError: RedactText(j.LastError), Spark: []float64{}}
+	if j.Transient {
+		v.Kind = "transient"
+	}
+	if !j.LastUpdated.IsZero() {
+		v.Updated = j.LastUpdated.UTC().Format(time.RFC3339)
+	}
+	if st := j.Stats; st != nil {
+		v.DocsRead, v.DocsWritten, v.Failures, v.Pending = st.DocsRead, st.DocsWritten, st.DocWriteFailures, st.ChangesPending
+	}
+	if sm != nil {
+		v.Rate, v.Spark = sm.rate(), sm.spark()
+	}
+	if v.Rate == 0 && j.State == StateRunning && j.Stats != nil && !j.LastStarted.IsZero() {
+		// Before two samples: the average since the job started.
+		if d := now.Sub(j.LastStarted).Seconds(); d >= 1 {
+			v.Rate = float64(j.Stats.DocsWritten) / d
+		}
+	}
+	return v
+}
+
+// shareUsage is the fair-share view of the persistent jobs: per
+// _replicator database its weight, running and waiting jobs, the fraction
+// of the running persistent jobs it has (usage) and the fraction its weight
+// entitles it to among the databases that have work (entitled).
+func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
+	byDB := map[string]*statusShare{}
+	get := func(db string) *statusShare {
+		if sh, ok := byDB[db]; ok {
+			return sh
+		}
+		sh := &statusShare{Database: db, Weight: share.DefaultShares}
+		if w, ok := weights[db]; ok {
+			sh.Weight = w
+		}
+		byDB[db] = sh
+		return sh
+	}
+	for db := range weights {
+		get(db)
+	}
+	running, activeWeight := 0, 0
+	for _, j := range jobs {
+		if j.Transient {
+			continue
+		}
+		sh := get(j.Database)
+		switch j.State {
+		case StateRunning:
+			sh.Running++
+			running++
+		case StatePending, StateCrashing:
+			sh.Waiting++
+		}
+	}
+	out := make([]statusShare, 0, len(byDB))
+	for _, sh := range byDB {
+		if sh.Running+sh.Waiting > 0 {
+			activeWeight += sh.Weight
+		}
+	}
+	for _, sh := range byDB {
+		if running > 0 {
+			sh.Usage = float64(sh.Running) / float64(running)
+		}
+		if activeWeight > 0 && sh.Running+sh.Waiting > 0 {
+			sh.Entitled = float64(sh.Weight) / float64(activeWeight)
+		}
+		out = append(out, *sh)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Database < out[b].Database })
+	return out
+}
+
+func treeOf(t *messages.TreeNode) *statusTree {
+	if t == nil {
+		return nil
+	}
+	kind := "worker"
+	if t.GetSupervisor() {
+		kind = trimEnum(t.GetStrategy().String(), "STRATEGY_")
+	}
+	n := &statusTree{Name: t.GetName(), Kind: kind, State: trimEnum(t.GetState().String(), "CHILD_STATE_"),
+		Restarts: t.GetRestartCount(), Incarnation: t.GetIncarnation()}
+	for _, c := range t.GetChildren() {
+		n.Children = append(n.Children, treeOf(c))
+	}
+	return n
+}
+
+func trimEnum(s, prefix string) string {
+	if len(s) > len(prefix) && s[:len(prefix)] == prefix {
+		s = s[len(prefix):]
+	}
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 'a' - 'A'
+		}
+	}
+	return string(b)
+}
+
+// Sparkline sampling: every job's docs_written is sampled at most every
+// sampleEvery, when the page (or any client) reads /_status/data, and the
+// last sparkPoints samples are kept: the sparkline spans the last minutes
+// the page was watched. Jobs that left the store are forgotten.
+const (
+	sampleEvery = 5 * time.Second
+	sparkPoints = 36
+)
+
+type rateTracker struct {
+	mu   sync.Mutex
+	jobs map[string]*jobSamples
+}
+
+type jobSamples struct {
+	at      []time.Time
+	written []int64
+}
+
+// observe samples jobs at now and returns a copy of every job's samples.
+func (t *rateTracker) observe(now time.Time, jobs []*Job) map[string]*jobSamples {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.jobs == nil {
+		t.jobs = map[string]*jobSamples{}
+	}
+	seen := make(map[string]bool, len(jobs))
+	out := make(map[string]*jobSamples, len(jobs))
+	for _, j := range jobs {
+		seen[j.JobID] = true
+		if j.Stats == nil {
+			continue
+		}
+		sm := t.jobs[j.JobID]
+		if sm == nil {
+			sm = &jobSamples{}
+			t.jobs[j.JobID] = sm
+		}
+		if n := len(sm.at); n == 0 || now.Sub(sm.at[n-1]) >= sampleEvery {
+			sm.at = append(sm.at, now)
+			sm.written = append(sm.written, j.Stats.DocsWritten)
+			if len(sm.at) > sparkPoints+1 {
+				sm.at, sm.written = sm.at[1:], sm.written[1:]
+			}
+		}
+		out[j.JobID] = &jobSamples{at: append([]time.Time(nil), sm.at...), written: append([]int64(nil), sm.written...)}
+	}
+	for id := range t.jobs {
+		if !seen[id] {
+			delete(t.jobs, id)
+		}
+	}
+	return out
+}
+
+// spark is docs/s between consecutive samples (a job whose counters went
+// back, restarted from an older checkpoint, shows 0).
+func (s *jobSamples) spark() []float64 {
+	out := make([]float64, 0, len(s.at))
+	for i := 1; i < len(s.at); i++ {
+		d := s.at[i].Sub(s.at[i-1]).Seconds()
+		v := 0.0
+		if dw := s.written[i] - s.written[i-1]; dw > 0 && d > 0 {
+			v = float64(dw) / d
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// rate is docs/s over the newest samples spanning up to a minute.
+func (s *jobSamples) rate() float64 {
+	n := len(s.at)
+	if n < 2 {
+		return 0
+	}
+	i := n - 2
+	for i > 0 && s.at[n-1].Sub(s.at[i]) < time.Minute {
+		i--
+	}
+	d := s.at[n-1].Sub(s.at[i]).Seconds()
+	if dw := s.written[n-1] - s.written[i]; dw > 0 && d > 0 {
+		return float64(dw) / d
+	}
+	return 0
+}
