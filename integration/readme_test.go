@@ -480,4 +480,3 @@ func runExample(t *testing.T, dir string, env []string, script string) (string, 
 	}
 	return stdout.String(), stderr.String(), code
 }
-
