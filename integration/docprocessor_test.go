@@ -157,4 +157,3 @@ func TestDocProcessor(t *testing.T) {
 		}
 	})
 }
-
