@@ -71,7 +71,7 @@ $(PROTOC_GEN_CONNECT):
 	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(CONNECT_GO_VERSION)
 	@mkdir -p $(@D) && touch $@
 
-testdeps: $(NODE_MODULES) chromium curl ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
+testdeps: $(NODE_MODULES) chromium curl postgresql ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
 
 # Debian packages, installed only when their binary is missing (other jobs may
 # hold the dpkg lock meanwhile: wait for it). apt-get update only if the
@@ -87,6 +87,10 @@ chromium: ## Debian's chromium for the status page's browser test (chromedp)
 .PHONY: curl
 curl: ## Debian's curl: the README's examples run in the tests (integration/readme_test.go)
 	@command -v curl >/dev/null 2>&1 || { $(call APT_INSTALL,curl); }
+
+.PHONY: postgresql
+postgresql: ## Debian's PostgreSQL server for the postgres job store's tests (internal/kv/postgres/pgtest)
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(call APT_INSTALL,postgresql); }
 
 $(NODE_MODULES): integration/package.json integration/package-lock.json
 	cd integration && npm ci --no-audit --no-fund --loglevel=error

@@ -1,7 +1,8 @@
 // Package kv is couchrep's job-store seam: a transactional, ordered key-value
 // store shaped like FoundationDB, so that the same job queue code runs on the
-// embedded SQLite backend (internal/kv/sqlite, the default) and on a
-// FoundationDB cluster (internal/kv/fdb, build tag fdb).
+// embedded SQLite backend (internal/kv/sqlite, the default), on PostgreSQL
+// (internal/kv/postgres, nodes on several machines) and on a FoundationDB
+// cluster (internal/kv/fdb, build tag fdb).
 //
 // The model is FoundationDB's: serializable transactions retried
 // automatically on conflict, ordered byte keys (built with the tuple encoding

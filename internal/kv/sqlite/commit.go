@@ -7,11 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"math/rand/v2"
 	"runtime"
-	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/kvbuf"
 )
 
 // errRetry marks a commit failure worth running the transaction again for
@@ -77,30 +76,11 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			return err
 		}
 		last = err
-		if err := backoff(ctx, attempt); err != nil {
+		if err := kv.RetryBackoff(ctx, attempt); err != nil {
 			return err
 		}
 	}
 	return fmt.Errorf("sqlite: gave up after %d attempts: %w", db.opts.MaxAttempts, last)
-}
-
-// backoff waits about 0.1ms·2^attempt (jittered, capped at 20ms), or until
-// ctx ends.
-func backoff(ctx context.Context, attempt int) error {
-	if attempt == 0 {
-		return nil // the first retry runs at once: the conflict is resolved already
-	}
-	d := 100 * time.Microsecond << min(attempt, 8)
-	d = min(d, 20*time.Millisecond)
-	d = d/2 + rand.N(d/2+1)
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-timer.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // ReadTransact implements kv.Database.
@@ -231,7 +211,7 @@ wait:
 	}
 	t.finish(nil)
 	for _, f := range t.stamps {
-		f.resolve(req.stamp, nil)
+		f.Resolve(req.stamp, nil)
 	}
 	db.watches.arm(req.armed)
 	return nil
@@ -430,29 +410,29 @@ func (db *DB) validate(t *tx) (bool, error) {
 // write to a cleared key came after the clear.
 func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKeys) error {
 	w := db.writer
-	for _, r := range t.clears {
-		if err := run(w.delRange, [][]byte{r.begin, r.end}); err != nil {
+	for _, r := range t.buf.Clears {
+		if err := run(w.delRange, [][]byte{r.Begin, r.End}); err != nil {
 			return fmt.Errorf("sqlite: clear range: %w", err)
 		}
 		touched.ranges = append(touched.ranges, r)
 	}
-	for k, o := range t.writes {
+	for k, o := range t.buf.Writes {
 		key := []byte(k)
 		var err error
-		switch o.kind {
-		case opSet:
-			err = run(w.set, [][]byte{key, o.value})
-		case opClear:
+		switch o.Kind {
+		case kvbuf.Set:
+			err = run(w.set, [][]byte{key, o.Value})
+		case kvbuf.Clear:
 			err = run(w.del, [][]byte{key})
-		case opAdd:
+		case kvbuf.Add:
 			var cur []byte
 			cur, _, err = w.getValue(key)
 			if err == nil {
-				err = run(w.set, [][]byte{key, kv.EncodeInt64LE(kv.Int64LE(cur) + o.delta)})
+				err = run(w.set, [][]byte{key, kv.EncodeInt64LE(kv.Int64LE(cur) + o.Delta)})
 			}
-		case opSetVSV:
-			v := bytes.Clone(o.value)
-			copy(v[o.vsOffset:], stamp[:])
+		case kvbuf.SetVSV:
+			v := bytes.Clone(o.Value)
+			copy(v[o.VSOffset:], stamp[:])
 			err = run(w.set, [][]byte{key, v})
 		}
 		if err != nil {
@@ -460,10 +440,10 @@ func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKe
 		}
 		touched.keys = append(touched.keys, key)
 	}
-	for _, vk := range t.vsKeys {
-		key := bytes.Clone(vk.key)
-		copy(key[vk.offset:], stamp[:])
-		if err := run(w.set, [][]byte{key, vk.value}); err != nil {
+	for _, vk := range t.buf.VSKeys {
+		key := bytes.Clone(vk.Key)
+		copy(key[vk.Offset:], stamp[:])
+		if err := run(w.set, [][]byte{key, vk.Value}); err != nil {
 			return fmt.Errorf("sqlite: write %x: %w", key, err)
 		}
 		touched.keys = append(touched.keys, key)
@@ -474,5 +454,5 @@ func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKe
 // touchedKeys are the keys and ranges a batch wrote.
 type touchedKeys struct {
 	keys   [][]byte
-	ranges []keyRange
+	ranges []kvbuf.Range
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/kvbuf"
 )
 
 // Range reads fetch stored rows in pages that grow from rangePageMin to
@@ -63,7 +64,7 @@ func (it *iterator) start() bool {
 			return false
 		}
 	}
-	it.local = it.t.localKeys(it.begin, it.end, it.reverse)
+	it.local = it.t.buf.Keys(it.begin, it.end, it.reverse)
 	switch {
 	case !it.snapshot:
 		it.rr = &rangeRead{begin: it.origBegin, end: it.origEnd, reverse: it.reverse, it: it}
@@ -177,18 +178,13 @@ func (it *iterator) Next() bool {
 				}
 				it.lpos++
 				it.lastKey = lk
-				o, ok := it.t.writes[string(lk)]
-				if !ok || o.kind == opClear {
+				o, ok := it.t.buf.Writes[string(lk)]
+				if !ok || o.Kind == kvbuf.Clear {
 					continue
 				}
-				var v []byte
-				switch o.kind {
-				case opSet:
-					v = o.value
-				case opAdd:
-					v = kv.EncodeInt64LE(kv.Int64LE(base) + o.delta)
-				case opSetVSV:
-					it.err = fmt.Errorf("%w: key %x", kv.ErrUnreadable, lk)
+				v, err := o.Merge(lk, base)
+				if err != nil {
+					it.err = err
 					return false
 				}
 				it.cur = kv.KeyValue{Key: lk, Value: v}
@@ -197,7 +193,7 @@ func (it *iterator) Next() bool {
 			}
 		}
 		it.consume(row)
-		if it.t.cleared(row.k) {
+		if it.t.buf.Cleared(row.k) {
 			continue
 		}
 		it.cur = kv.KeyValue{Key: row.k, Value: row.v}

@@ -7,32 +7,10 @@ import (
 	"fmt"
 	"hash/maphash"
 	"slices"
-	"sort"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/kvbuf"
 )
-
-type opKind uint8
-
-const (
-	opSet    opKind = iota // value is the new value
-	opClear                // the key is removed
-	opAdd                  // delta is added to the stored value at commit
-	opSetVSV               // value with a versionstamp at vsOffset
-)
-
-type op struct {
-	kind     opKind
-	value    []byte
-	delta    int64
-	vsOffset int
-}
-
-type keyRange struct{ begin, end []byte }
-
-func (r keyRange) contains(k []byte) bool {
-	return bytes.Compare(k, r.begin) >= 0 && bytes.Compare(k, r.end) < 0
-}
 
 // pointRead is a validated point read: the key and what the snapshot held.
 type pointRead struct {
@@ -51,12 +29,6 @@ type rangeRead struct {
 	snap       bool      // a snapshot read: its span is tracked, not validated
 }
 
-type vsKeyWrite struct {
-	key    []byte
-	offset int
-	value  []byte
-}
-
 // tx is one attempt of a logical transaction.
 type tx struct {
 	db     *DB
@@ -64,13 +36,11 @@ type tx struct {
 	reader *readerConn // the snapshot; nil until the first read
 	err    error       // first internal error, fails the commit
 
-	writes  map[string]*op
-	clears  []keyRange
-	vsKeys  []vsKeyWrite
+	buf     kvbuf.Buffer // the buffered writes
 	points  []pointRead
 	ranges  []*rangeRead
 	watches []*watch
-	stamps  []*stampFuture
+	stamps  []*kvbuf.StampFuture
 	done    bool
 	// snapVersion is a lower bound of the snapshot's commit version
 	// (db.committed before the read transaction began); see validateKnown.
@@ -104,7 +74,7 @@ func (t *tx) leaveInflight() {
 var _ kv.Tx = (*tx)(nil)
 
 func newTx(ctx context.Context, db *DB, classic bool) *tx {
-	return &tx{db: db, ctx: ctx, writes: map[string]*op{}, classic: classic}
+	return &tx{db: db, ctx: ctx, buf: kvbuf.New(), classic: classic}
 }
 
 func (t *tx) fail(err error) {
@@ -113,9 +83,7 @@ func (t *tx) fail(err error) {
 	}
 }
 
-func (t *tx) hasWrites() bool {
-	return len(t.writes) > 0 || len(t.clears) > 0 || len(t.vsKeys) > 0 || len(t.stamps) > 0
-}
+func (t *tx) hasWrites() bool { return t.buf.HasWrites() || len(t.stamps) > 0 }
 
 // snapshot starts the read transaction on first use.
 func (t *tx) snapshot() (*readerConn, error) {
@@ -148,15 +116,6 @@ func (t *tx) endSnapshot() {
 	t.reader = nil
 }
 
-func (t *tx) cleared(k []byte) bool {
-	for _, r := range t.clears {
-		if r.contains(k) {
-			return true
-		}
-	}
-	return false
-}
-
 // Get implements kv.ReadTx.
 func (t *tx) Get(key []byte) ([]byte, error) { return t.get(key, false) }
 
@@ -164,23 +123,17 @@ func (t *tx) get(key []byte, snapshot bool) ([]byte, error) {
 	if t.done {
 		return nil, kv.ErrTxDone
 	}
-	if o, ok := t.writes[string(key)]; ok {
-		switch o.kind {
-		case opSet:
-			return slices.Clone(o.value), nil
-		case opClear:
-			return nil, nil
-		case opSetVSV:
-			return nil, fmt.Errorf("%w: key %x", kv.ErrUnreadable, key)
-		case opAdd:
-			base, err := t.readStored(key, snapshot)
-			if err != nil {
+	if o, ok := t.buf.Writes[string(key)]; ok {
+		var base []byte
+		if o.Kind == kvbuf.Add {
+			var err error
+			if base, err = t.readStored(key, snapshot); err != nil {
 				return nil, err
 			}
-			return kv.EncodeInt64LE(kv.Int64LE(base) + o.delta), nil
 		}
+		return o.Merge(key, base)
 	}
-	if t.cleared(key) {
+	if t.buf.Cleared(key) {
 		return nil, nil
 	}
 	return t.readStored(key, snapshot)
@@ -233,48 +186,30 @@ func (t *tx) checkWrite() bool {
 // Set implements kv.Tx.
 func (t *tx) Set(key, value []byte) {
 	if t.checkWrite() {
-		t.writes[string(key)] = &op{kind: opSet, value: slices.Clone(nonNil(value))}
+		t.buf.Set(key, value)
 	}
 }
 
 // Clear implements kv.Tx.
 func (t *tx) Clear(key []byte) {
 	if t.checkWrite() {
-		t.writes[string(key)] = &op{kind: opClear}
+		t.buf.Clear(key)
 	}
 }
 
 // ClearRange implements kv.Tx.
 func (t *tx) ClearRange(begin, end []byte) {
-	if !t.checkWrite() || bytes.Compare(begin, end) >= 0 {
-		return
+	if t.checkWrite() {
+		t.buf.ClearRange(begin, end)
 	}
-	r := keyRange{slices.Clone(nonNil(begin)), slices.Clone(end)}
-	for k := range t.writes {
-		if r.contains([]byte(k)) {
-			delete(t.writes, k)
-		}
-	}
-	t.clears = append(t.clears, r)
 }
 
 // Add implements kv.Tx.
 func (t *tx) Add(key []byte, delta int64) {
-	if !t.checkWrite() {
-		return
-	}
-	o, ok := t.writes[string(key)]
-	switch {
-	case ok && o.kind == opSet:
-		o.value = kv.EncodeInt64LE(kv.Int64LE(o.value) + delta)
-	case ok && o.kind == opClear, !ok && t.cleared(key):
-		t.writes[string(key)] = &op{kind: opSet, value: kv.EncodeInt64LE(delta)}
-	case ok && o.kind == opAdd:
-		o.delta += delta
-	case ok && o.kind == opSetVSV:
-		t.fail(fmt.Errorf("%w: Add on key %x", kv.ErrUnreadable, key))
-	default:
-		t.writes[string(key)] = &op{kind: opAdd, delta: delta}
+	if t.checkWrite() {
+		if err := t.buf.Add(key, delta); err != nil {
+			t.fail(err)
+		}
 	}
 }
 
@@ -283,11 +218,7 @@ func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
 	if t.done {
 		return kv.ErrTxDone
 	}
-	if offset < 0 || offset+kv.VersionstampLength > len(key) {
-		return fmt.Errorf("%w: offset %d in a %d-byte key", kv.ErrInvalidVersionstamp, offset, len(key))
-	}
-	t.vsKeys = append(t.vsKeys, vsKeyWrite{key: slices.Clone(key), offset: offset, value: slices.Clone(nonNil(value))})
-	return nil
+	return t.buf.SetVersionstampedKey(key, offset, value)
 }
 
 // SetVersionstampedValue implements kv.Tx.
@@ -295,11 +226,7 @@ func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
 	if t.done {
 		return kv.ErrTxDone
 	}
-	if offset < 0 || offset+kv.VersionstampLength > len(value) {
-		return fmt.Errorf("%w: offset %d in a %d-byte value", kv.ErrInvalidVersionstamp, offset, len(value))
-	}
-	t.writes[string(key)] = &op{kind: opSetVSV, value: slices.Clone(value), vsOffset: offset}
-	return nil
+	return t.buf.SetVersionstampedValue(key, value, offset)
 }
 
 // AddReadConflictKey implements kv.Tx.
@@ -372,9 +299,9 @@ func (t *tx) Watch(key []byte) kv.Watch {
 
 // Versionstamp implements kv.Tx.
 func (t *tx) Versionstamp() kv.VersionstampFuture {
-	f := &stampFuture{done: make(chan struct{})}
+	f := kvbuf.NewStampFuture()
 	if t.done {
-		f.resolve([kv.VersionstampLength]byte{}, kv.ErrTxDone)
+		f.Resolve([kv.VersionstampLength]byte{}, kv.ErrTxDone)
 		return f
 	}
 	t.stamps = append(t.stamps, f)
@@ -407,48 +334,6 @@ func (t *tx) finish(err error) {
 		w.fail(err)
 	}
 	for _, f := range t.stamps {
-		f.resolve([kv.VersionstampLength]byte{}, err)
-	}
-}
-
-// localKeys returns the buffered keys in [begin, end), sorted.
-func (t *tx) localKeys(begin, end []byte, reverse bool) []string {
-	var ks []string
-	r := keyRange{begin, end}
-	for k := range t.writes {
-		if r.contains([]byte(k)) {
-			ks = append(ks, k)
-		}
-	}
-	sort.Strings(ks)
-	if reverse {
-		slices.Reverse(ks)
-	}
-	return ks
-}
-
-type stampFuture struct {
-	done  chan struct{}
-	stamp [kv.VersionstampLength]byte
-	err   error
-}
-
-func (f *stampFuture) resolve(s [kv.VersionstampLength]byte, err error) {
-	select {
-	case <-f.done:
-		return
-	default:
-	}
-	f.stamp, f.err = s, err
-	close(f.done)
-}
-
-// Get implements kv.VersionstampFuture.
-func (f *stampFuture) Get(ctx context.Context) ([kv.VersionstampLength]byte, error) {
-	select {
-	case <-f.done:
-		return f.stamp, f.err
-	case <-ctx.Done():
-		return [kv.VersionstampLength]byte{}, ctx.Err()
+		f.Resolve([kv.VersionstampLength]byte{}, err)
 	}
 }

@@ -116,12 +116,12 @@ func readSetTouched(tpoints []pointRead, tranges []*rangeRead, w *touchedKeys) b
 	}
 	for _, c := range w.ranges {
 		for _, p := range tpoints {
-			if c.contains(p.key) {
+			if c.Contains(p.key) {
 				return true
 			}
 		}
 		for _, rr := range tranges {
-			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(c.begin, rr.end) < 0 && bytes.Compare(rr.begin, c.end) < 0 {
+			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(c.Begin, rr.end) < 0 && bytes.Compare(rr.begin, c.End) < 0 {
 				return true
 			}
 		}

@@ -129,7 +129,7 @@ func (s *watchSet) committed(version int64, t touchedKeys) {
 	}
 	for _, r := range t.ranges {
 		for k := range s.byKey {
-			if r.contains([]byte(k)) {
+			if r.Contains([]byte(k)) {
 				s.dirty[k] = true
 				n++
 			}

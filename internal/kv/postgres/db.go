@@ -1,0 +1,326 @@
+// Package postgres is a kv.Database on PostgreSQL (through pgx and its
+// pool): the job store for couchrep nodes on several machines.
+//
+// The FDB model on PostgreSQL (README.md beside this file has the details
+// and how each guarantee maps to FoundationDB's):
+//
+//   - Keys and values live in one table, couchrep_kv (k bytea PRIMARY KEY,
+//     v bytea, ver bigint), so range reads are index range scans in key
+//     order, forward or reverse, with limits.
+//   - A transaction's reads run in a REPEATABLE READ, READ ONLY
+//     transaction: one consistent snapshot, whose commit version (snap) is
+//     read with it. Writes are buffered in the client (reads see them).
+//   - The commit is one statement, couchrep_kv_commit, in its own
+//     transaction: it takes the next commit version from a one-row table
+//     (its row lock orders commits across all nodes), fails with SQLSTATE
+//     40001 when a commit after snap wrote a key in the read set (the rows'
+//     ver and a log of recent clears say so), applies the writes, and
+//     sends a NOTIFY with the keys written. The outcome is FDB's: strictly
+//     serializable, in commit order, with conflicts only on what was read
+//     without Snapshot, and atomic Add free of conflicts.
+//   - Transact retries 40001 (conflicts) and 40P01 (deadlocks) with a
+//     bounded backoff; ReadTransact runs its function once.
+//   - Watches: one LISTEN connection per Database; a notification makes
+//     the watches on the keys it names compare their key's value again.
+//
+// The schema is created on first use and versioned in couchrep_schema; a
+// database with a newer schema is refused (ErrSchemaTooNew).
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+// Durability of commits.
+type Durability int
+
+const (
+	// DurabilityNormal: a commit is acknowledged before PostgreSQL flushed
+	// it to disk (synchronous_commit = off). A crash of a node loses
+	// nothing committed; a crash of the database server may lose the last
+	// fraction of a second of commits, never half a transaction. It is the
+	// embedded store's "normal".
+	DurabilityNormal Durability = iota
+	// DurabilityFull: a commit is acknowledged once flushed
+	// (synchronous_commit = on, or what the server is configured to).
+	DurabilityFull
+)
+
+// Options tune Open.
+type Options struct {
+	// Durability of commits; see Durability.
+	Durability Durability
+	// MaxConns bounds the connection pool (default 16, or the DSN's
+	// pool_max_conns). A transaction holds one connection from its first
+	// read to its commit.
+	MaxConns int32
+	// MaxAttempts bounds how many times Transact runs a transaction that
+	// keeps conflicting (default 100).
+	MaxAttempts int
+	// Logger receives the backend's few log lines (reconnects).
+	Logger zerolog.Logger
+}
+
+// DB is an open PostgreSQL store. It implements kv.Database and
+// kv.Checker.
+type DB struct {
+	pool   *pgxpool.Pool
+	opts   Options
+	log    zerolog.Logger
+	secret string // the DSN's password, kept out of every error
+	where  string // the DSN without its password, for errors
+
+	watches *watchHub
+
+	closeOnce sync.Once
+	closed    chan struct{}
+	bg        sync.WaitGroup
+}
+
+var (
+	_ kv.Database = (*DB)(nil)
+	_ kv.Checker  = (*DB)(nil)
+)
+
+// IsDSN reports whether location names a PostgreSQL store
+// (postgres:// or postgresql:// URL).
+func IsDSN(location string) bool {
+	return strings.HasPrefix(location, "postgres://") || strings.HasPrefix(location, "postgresql://")
+}
+
+var (
+	kvPassword   = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+	userPassword = regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`)
+)
+
+// Redact returns dsn with its password replaced by "xxxxx", for logs and
+// errors: URL userinfo and key=value password settings alike.
+func Redact(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+		q := u.Query()
+		if q.Has("password") {
+			q.Set("password", "xxxxx")
+			u.RawQuery = q.Encode()
+		}
+		return u.String()
+	}
+	return kvPassword.ReplaceAllString(userPassword.ReplaceAllString(dsn, "${1}xxxxx@"), "${1}xxxxx")
+}
+
+// Open connects to the PostgreSQL database named by dsn (a postgres://
+// URL or a key=value connection string, as libpq takes them), creates or
+// upgrades the store's schema, and starts the watch listener.
+func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		// pgx's parse errors may quote the string: say only what it is.
+		return nil, fmt.Errorf("postgres: invalid connection string %q", Redact(dsn))
+	}
+	if opts.MaxAttempts <= 0 {
+		opts.MaxAttempts = 100
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	} else if !strings.Contains(dsn, "pool_max_conns") {
+		cfg.MaxConns = 16
+	}
+	cfg.MaxConnIdleTime = time.Minute
+	cfg.HealthCheckPeriod = 5 * time.Second
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = 10 * time.Second
+	}
+	rp := cfg.ConnConfig.RuntimeParams
+	if rp["application_name"] == "" {
+		rp["application_name"] = "couchrep"
+	}
+	if opts.Durability == DurabilityNormal {
+		rp["synchronous_commit"] = "off"
+	}
+	db := &DB{
+		opts:   opts,
+		log:    opts.Logger.With().Str("component", "kv/postgres").Logger(),
+		secret: cfg.ConnConfig.Password,
+		where:  fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database),
+		closed: make(chan struct{}),
+	}
+	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, db.errorf("connect", err)
+	}
+	if err := migrate(ctx, db.pool); err != nil {
+		db.pool.Close()
+		return nil, db.errorf("schema", err)
+	}
+	db.watches = newWatchHub(db, cfg.ConnConfig.Copy())
+	db.bg.Add(2)
+	go db.watches.listen()
+	go db.watches.dispatch()
+	return db, nil
+}
+
+// redactedError keeps the wrapped error for errors.Is/As but never prints
+// the password.
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// errorf wraps err as "postgres: <what> (<user@host:port/db>): err",
+// with the password (if the server or pgx ever quoted it) removed.
+func (db *DB) errorf(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	e := fmt.Errorf("postgres: %s (%s): %w", what, db.where, err)
+	if db.secret != "" && strings.Contains(e.Error(), db.secret) {
+		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, "xxxxx"), err: e}
+	}
+	return e
+}
+
+// retryable reports whether err is a conflict worth running the
+// transaction again for: a serialization failure (our validation, 40001)
+// or a deadlock (40P01).
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "40001" || pe.Code == "40P01"
+	}
+	return false
+}
+
+func (db *DB) isClosed() bool {
+	select {
+	case <-db.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// Transact implements kv.Database.
+func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
+	var last error
+	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if db.isClosed() {
+			return kv.ErrClosed
+		}
+		t := newTx(ctx, db, false)
+		err := fn(t)
+		if err == nil {
+			err = t.err
+		}
+		if err == nil {
+			err = ctx.Err() // never commit what a cancelled caller asked
+		}
+		if err != nil {
+			t.finish(err)
+			return err
+		}
+		err = t.commit()
+		if err == nil {
+			return nil
+		}
+		t.finish(err)
+		if !errors.Is(err, kv.ErrConflict) {
+			return err
+		}
+		last = err
+		if err := kv.RetryBackoff(ctx, attempt); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("postgres: gave up after %d attempts: %w", db.opts.MaxAttempts, last)
+}
+
+// ReadTransact implements kv.Database: fn runs once on one REPEATABLE
+// READ, READ ONLY snapshot.
+func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if db.isClosed() {
+		return kv.ErrClosed
+	}
+	t := newTx(ctx, db, true)
+	err := fn(t)
+	if err == nil {
+		err = t.err
+	}
+	t.finish(err)
+	return err
+}
+
+// Check implements kv.Checker: a round trip to the server through the
+// pool, bounded by 5 s.
+func (db *DB) Check(ctx context.Context) error {
+	if db.isClosed() {
+		return kv.ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := db.pool.Exec(ctx, "SELECT 1"); err != nil {
+		return db.errorf("health check", err)
+	}
+	return nil
+}
+
+// Close implements kv.Database. Pending watches fail with kv.ErrClosed.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		close(db.closed)
+		db.watches.close()
+		db.bg.Wait()
+		db.pool.Close()
+	})
+	return nil
+}
+
+// acquire takes a pooled connection.
+func (db *DB) acquire(ctx context.Context) (*pgxpool.Conn, error) {
+	c, err := db.pool.Acquire(ctx)
+	if err != nil {
+		if db.isClosed() {
+			return nil, kv.ErrClosed
+		}
+		return nil, db.errorf("acquire connection", err)
+	}
+	return c, nil
+}
+
+// beginSQL starts a transaction's snapshot; snapSQL reads its commit
+// version in the same round trip.
+const (
+	beginSQL = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+	snapSQL  = "SELECT cur FROM couchrep_kv_meta WHERE id = 1"
+	getSQL   = "SELECT v FROM couchrep_kv WHERE k = $1"
+	fwdSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
+	revSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k DESC LIMIT $3"
+	// commitSQL calls the commit function (schema.go).
+	commitSQL = "SELECT o_version, o_xv FROM couchrep_kv_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+)
+
+var errNoRows = pgx.ErrNoRows
