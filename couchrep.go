@@ -31,13 +31,14 @@ import (
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/actors/docprocessor"
 	"github.com/couchrep/couchrep/actors/eventbus"
-	"github.com/couchrep/couchrep/actors/httpapi"
+	httpapiactor "github.com/couchrep/couchrep/actors/httpapi"
 	"github.com/couchrep/couchrep/actors/jobserver"
 	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
@@ -218,14 +219,18 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		n.system = actor.NewActorSystem()
 		n.ownSystem = true
 	}
+	metrics := httpapi.NewMetrics(nil)
+	store = timedStore{Database: store, m: metrics}
 	n.deps = actors.Deps{
-		Config: cfg,
-		Logger: n.log,
-		System: n.system,
-		Store:  store,
-		Jobs:   jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
+		Config:  cfg,
+		Logger:  n.log,
+		System:  n.system,
+		Store:   store,
+		Jobs:    jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
+		Metrics: metrics,
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
+	metrics.WatchStore(httpapi.NewRepjobStore(n.deps.RepJobs, cfg.CouchDB.UUID))
 	// Actors may send admin requests (the status page shows the tree and
 	// the nodes) once the tree is up: n.sup is set then.
 	treeUp := make(chan struct{})
@@ -238,8 +243,12 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		}
 	}
 	n.events = n.system.EventStream.Subscribe(func(evt any) {
-		if e, ok := evt.(*supervisor.Event); ok {
+		switch e := evt.(type) {
+		case *supervisor.Event:
 			n.logEvent(e)
+			metrics.ObserveSupervisor(e)
+		case *messages.ReplicationJobEvent:
+			metrics.ObserveJob(e.GetJobId(), repjob.StateName(e.GetState()), e.GetProgress(), httpapi.CountersOf(e.GetStats()))
 		}
 	})
 	sup, err := supervisor.Start(ctx, n.system, RootName, n.spec())
@@ -276,7 +285,7 @@ func (n *Node) spec() supervisor.Spec {
 			jobserver.Spec(d),
 			activitymonitor.Spec(d),
 			docprocessor.Spec(d),
-			httpapi.Spec(d),
+			httpapiactor.Spec(d),
 		},
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -38,6 +39,9 @@ type Deps struct {
 	// (couchrep.Node.Request); nil outside a node. Call it from a goroutine
 	// of one's own, never from Receive: it may ask other actors.
 	Request func(ctx context.Context, msg proto.Message) (proto.Message, error)
+	// Metrics are the node's Prometheus metrics (served by the HTTP API);
+	// nil outside a node.
+	Metrics *httpapi.Metrics
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

@@ -29,6 +29,8 @@ func (c cluster) Tree(ctx context.Context) (*messages.TreeResponse, error) {
 
 func (c cluster) Shares() map[string]int { return c.store.Shares() }
 
+func (c cluster) Self() string { return c.deps.NodeName() }
+
 var errNoNode = errors.New("http api: not running in a node")
 
 func ask[T proto.Message](ctx context.Context, deps actors.Deps, req proto.Message) (T, error) {

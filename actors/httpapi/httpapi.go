@@ -9,8 +9,8 @@
 // once (so a restarted incarnation can bind the same port), cancels the
 // requests in flight (a POST /_replicate waiting for a one-shot answers 503;
 // the replication itself continues) and lets the connections finish in the
-// background. The actor also feeds the API's metrics from the actor system's
-// event stream: supervisor restarts and this node's replication job events.
+// background. The node's metrics (actors.Deps.Metrics) are fed by the node;
+// the actor gives them the cluster view and the store's health check.
 package httpapi
 
 import (
@@ -25,14 +25,13 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/config"
 	api "github.com/couchrep/couchrep/internal/httpapi"
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -63,7 +62,6 @@ type httpAPI struct {
 	srv      *http.Server
 	ln       net.Listener
 	cancel   context.CancelFunc
-	sub      *eventstream.Subscription
 	stopping *atomic.Bool
 }
 
@@ -94,25 +92,21 @@ func (a *httpAPI) start(ctx actor.Context) error {
 	if err != nil {
 		return fmt.Errorf("http api: %w", err)
 	}
+	cl := cluster{deps: a.deps, store: store}
 	server := api.New(api.Options{
 		Store:    api.NewRepjobStore(store, cfg.CouchDB.UUID),
 		Admins:   cfg.Admins,
 		Logger:   a.log,
+		Metrics:  a.deps.Metrics,
 		UUID:     cfg.CouchDB.UUID,
 		NodeName: cfg.Couchrep.NodeName,
-		Cluster:  cluster{deps: a.deps, store: store},
+		Cluster:  cl,
 	})
-	metrics := server.Metrics()
-	a.sub = a.deps.System.EventStream.Subscribe(func(evt any) {
-		switch e := evt.(type) {
-		case *supervisor.Event:
-			if e.Kind == supervisor.ChildRestarted {
-				metrics.ObserveRestart(e.Supervisor, e.Child)
-			}
-		case *messages.ReplicationJobEvent:
-			metrics.ObserveJob(e.GetJobId(), repjob.StateName(e.GetState()), e.GetProgress(), e.GetStats().GetDocsWritten())
-		}
-	})
+	var check func(context.Context) error
+	if c, ok := a.deps.Store.(kv.Checker); ok {
+		check = c.Check
+	}
+	server.Metrics().SetCluster(cl, check)
 	base, cancel := context.WithCancel(context.Background())
 	a.ln, a.cancel, a.stopping = ln, cancel, &atomic.Bool{}
 	a.srv = &http.Server{
@@ -157,10 +151,6 @@ func writeAddr(path, addr string) error {
 
 // stop closes the listener now and drains connections in the background.
 func (a *httpAPI) stop() {
-	if a.sub != nil {
-		a.deps.System.EventStream.Unsubscribe(a.sub)
-		a.sub = nil
-	}
 	if a.srv == nil {
 		return
 	}

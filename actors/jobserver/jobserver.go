@@ -26,7 +26,9 @@ import (
 	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -240,6 +242,13 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
 			Store: store, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 			Logger: a.deps.Logger, Scheduler: a.deps.PID("scheduler"), Released: release,
 			NodePool: true, Limiter: ratelimiter.For(system),
+		}
+		if m := a.deps.Metrics; m != nil {
+			jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
+			jo.OnStats = func(id string, s replication.Stats) {
+				m.ObserveJob(id, "", true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
+					DocWriteFailures: s.DocWriteFailures, MissingRevisionsFound: s.MissingRevisionsFound, RevisionsChecked: s.RevisionsChecked})
+			}
 		}
 		if !a.o.NoJitter {
 			jo.StartupDelay = store.Policy().StartupDelay(nil)

@@ -68,6 +68,14 @@ type Options struct {
 	// Released is called once when the actor has stopped (the acceptor's
 	// slot accounting).
 	Released func()
+	// Transport, if set, wraps the transport of the job's HTTP client (the
+	// node's request metrics).
+	Transport func(http.RoundTripper) http.RoundTripper
+	// OnEvent, if set, is the engine's replication.Options.OnEvent.
+	OnEvent func(replication.Event)
+	// OnStats, if set, is given every stats report of the engine, with the
+	// job's id (the node's counters).
+	OnStats func(jobID string, s replication.Stats)
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error)
@@ -298,13 +306,16 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replication.Params) (re
 // httpClient is the client for the job's requests: the connection pool's
 // lease, else Options.HTTPClient, else nil (the engine's own).
 func (a *jobActor) httpClient(p replication.Params) *http.Client {
-	if a.client != nil {
-		return a.client
+	c := a.client
+	if c == nil && a.o.HTTPClient != nil {
+		c = a.o.HTTPClient(p)
 	}
-	if a.o.HTTPClient != nil {
-		return a.o.HTTPClient(p)
+	if c == nil || a.o.Transport == nil {
+		return c
 	}
-	return nil
+	wrapped := *c
+	wrapped.Transport = a.o.Transport(c.Transport)
+	return &wrapped
 }
 
 func endpointJSON(ep replication.EndpointParams) map[string]any {
@@ -334,8 +345,13 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	// too (after recording its reason), so does losing the job.
 	runCtx, cancelRun := ctx, a.cancel
 	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun)
+	onProgress := pw.write
+	if a.o.OnStats != nil {
+		id := a.run.ID()
+		onProgress = func(s replication.Stats) { pw.write(s); a.o.OnStats(id, s) }
+	}
 	o := replication.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
-		OnProgress: pw.write}
+		OnProgress: onProgress, OnEvent: a.o.OnEvent}
 	o.HTTPClient = a.httpClient(p)
 	a.mu.Lock()
 	a.cancelRun = cancelRun

@@ -107,7 +107,15 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, error) {
 	return cfg, nil
 }
 
-// serve runs a node until ctx ends or the node's tree gives up.
+// ShutdownTimeout bounds a clean stop after SIGTERM (deploy/systemd's
+// TimeoutStopSec is above it): running jobs checkpoint and go back to the
+// queue within it.
+const ShutdownTimeout = 60 * time.Second
+
+// serve runs a node until ctx ends or the node's tree gives up. Under
+// systemd (Type=notify) it reports READY=1 once the node and its admin
+// endpoint run, pets the watchdog while the tree answers, and reports
+// STOPPING=1 when it stops.
 func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error {
 	if err := cfg.Complete(); err != nil {
 		return err
@@ -122,6 +130,14 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error 
 		return err
 	}
 	logger.Info().Str("admin", adminAddr).Str("node", node.Name()).Msg("couchrepd ready")
+	if err := sdNotify("READY=1\nSTATUS=node " + node.Name() + " running"); err != nil {
+		logger.Warn().Err(err).Msg("sd_notify READY")
+	}
+	wdCtx, stopWatchdog := context.WithCancel(ctx)
+	defer stopWatchdog()
+	if every := watchdogInterval(); every > 0 {
+		go watchdog(wdCtx, node, every, logger)
+	}
 
 	var runErr error
 	select {
@@ -135,7 +151,9 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error 
 			logger.Info().Msg("stop requested, stopping")
 		}
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	stopWatchdog()
+	_ = sdNotify("STOPPING=1")
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	if err := adminSrv.Shutdown(shutdownCtx); err != nil {
 		logger.Warn().Err(err).Msg("admin endpoint shutdown")

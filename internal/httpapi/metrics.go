@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/couchrep/couchrep/messages"
 )
 
 // Metrics are the node's Prometheus metrics, served by GET /metrics:
@@ -28,7 +30,15 @@ import (
 //   - couchrep_actor_restarts_total{supervisor,child}: supervisor restarts;
 //   - couchrep_http_requests_total{endpoint,method,code} and
 //     couchrep_http_request_duration_seconds{endpoint}: this API's traffic;
+//   - what CouchDB's couch_replicator stats count (stats_descriptions.cfg),
+//     listed in metrics_node.go: docs read, write failures, missing
+//     revisions, checkpoints, changes-feed failures, requests to endpoints
+//     and responses by outcome, bytes, worker deaths, failed starts,
+//     cluster stability, store health and transaction latency, fair-share
+//     usage per _replicator database;
 //   - the Go runtime and process collectors.
+//
+// Labels have bounded cardinality: no job ids, no URLs.
 type Metrics struct {
 	reg         *prometheus.Registry
 	handler     http.Handler
@@ -39,8 +49,11 @@ type Metrics struct {
 	docsWritten prometheus.Counter
 	rateLimited prometheus.Counter
 
+	node *nodeMetrics
+
 	mu          sync.Mutex
-	lastWritten map[string]int64 // job id → docs_written last seen
+	lastWritten map[string]JobCounters // job id → counters last seen
+	progressed  map[string]bool        // job id → made progress since it started
 }
 
 // NewMetrics registers couchrep's metrics in a new registry; store (may be
@@ -67,15 +80,32 @@ func NewMetrics(store Store) *Metrics {
 		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "couchrep_replication_rate_limited_total", Help: "HTTP 429 responses received by this node's replication jobs.",
 		}),
-		lastWritten: map[string]int64{},
+		lastWritten: map[string]JobCounters{},
+		progressed:  map[string]bool{},
 	}
 	m.reg.MustRegister(m.requests, m.duration, m.restarts, m.transitions, m.docsWritten, m.rateLimited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	for _, st := range []string{StatePending, StateRunning, StateCrashing, StateCompleted, StateFailed} {
+		m.transitions.WithLabelValues(st)
+	}
+	m.node = newNodeMetrics(m.reg)
 	if store != nil {
-		m.reg.MustRegister(&jobsCollector{store: store})
+		m.WatchStore(store)
 	}
 	m.handler = promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
 	return m
+}
+
+// WatchStore makes scrapes read the per-database job gauges from store;
+// call it once.
+func (m *Metrics) WatchStore(store Store) {
+	m.reg.MustRegister(&jobsCollector{store: store, m: m})
+}
+
+// CountersOf reads a job's counters from its stored stats (nil: zero).
+func CountersOf(st *messages.ReplicationStats) JobCounters {
+	return JobCounters{DocsRead: st.GetDocsRead(), DocsWritten: st.GetDocsWritten(), DocWriteFailures: st.GetDocWriteFailures(),
+		MissingRevisionsFound: st.GetMissingRevisionsFound(), RevisionsChecked: st.GetRevisionsChecked()}
 }
 
 // Registry is the registry GET /metrics serves; register more collectors
@@ -98,32 +128,70 @@ func (m *Metrics) ObserveRestart(supervisor, child string) {
 // ObserveRateLimited counts n responses with status 429.
 func (m *Metrics) ObserveRateLimited(n int) { m.rateLimited.Add(float64(n)) }
 
+// JobCounters are a job's cumulative counters (its _active_tasks stats).
+type JobCounters struct {
+	DocsRead, DocsWritten, DocWriteFailures, MissingRevisionsFound, RevisionsChecked int64
+}
+
 // ObserveJob records an event of a job run by this node: a state change
-// (unless progress) and the job's cumulative docs_written. The first event
+// (unless progress) and the job's cumulative counters. The first event
 // seen for a job (its start) sets the baseline, since a job's stats carry
 // over from its earlier runs; each later increase is added to the
-// docs-written counter. A finished job's bookkeeping is dropped.
-func (m *Metrics) ObserveJob(jobID, state string, progress bool, docsWritten int64) {
+// counters. A finished job's bookkeeping is dropped. A job that crashes or
+// fails before any progress since it started counts as a failed start.
+func (m *Metrics) ObserveJob(jobID, state string, progress bool, c JobCounters) {
 	if !progress && state != "" {
 		m.transitions.WithLabelValues(state).Inc()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	prev, seen := m.lastWritten[jobID]
-	switch {
-	case !seen:
-		m.lastWritten[jobID] = docsWritten
-	case docsWritten > prev:
-		m.docsWritten.Add(float64(docsWritten - prev))
-		m.lastWritten[jobID] = docsWritten
+	if !seen {
+		m.lastWritten[jobID] = c
+	} else {
+		n := m.node
+		for _, d := range []struct {
+			ctr       prometheus.Counter
+			now, then int64
+		}{
+			{m.docsWritten, c.DocsWritten, prev.DocsWritten},
+			{n.docsRead, c.DocsRead, prev.DocsRead},
+			{n.docWriteFailures, c.DocWriteFailures, prev.DocWriteFailures},
+			{n.missingFound, c.MissingRevisionsFound, prev.MissingRevisionsFound},
+			{n.revsChecked, c.RevisionsChecked, prev.RevisionsChecked},
+		} {
+			if d.now > d.then {
+				d.ctr.Add(float64(d.now - d.then))
+			}
+		}
+		m.lastWritten[jobID] = JobCounters{max(c.DocsRead, prev.DocsRead), max(c.DocsWritten, prev.DocsWritten),
+			max(c.DocWriteFailures, prev.DocWriteFailures), max(c.MissingRevisionsFound, prev.MissingRevisionsFound),
+			max(c.RevisionsChecked, prev.RevisionsChecked)}
+		if c.RevisionsChecked > prev.RevisionsChecked || c.DocsRead > prev.DocsRead {
+			m.progressed[jobID] = true
+		}
+	}
+	switch state {
+	case StateRunning:
+		if !progress {
+			m.progressed[jobID] = false
+		}
+	case StateCrashing, StateFailed:
+		if p, ok := m.progressed[jobID]; ok && !p {
+			m.node.failedStarts.Inc()
+		}
 	}
 	if state == StateCompleted || state == StateFailed || state == StateCrashing || state == StatePending {
 		delete(m.lastWritten, jobID)
+		delete(m.progressed, jobID)
 	}
 }
 
 // jobsCollector reads the store at scrape time.
-type jobsCollector struct{ store Store }
+type jobsCollector struct {
+	store Store
+	m     *Metrics
+}
 
 var (
 	jobsDesc = prometheus.NewDesc("couchrep_replication_jobs",
@@ -137,9 +205,7 @@ var (
 )
 
 func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- jobsDesc
-	ch <- storeDocsDesc
-	ch <- scrapeErrDesc
+	describe(ch, jobsDesc, storeDocsDesc, scrapeErrDesc, pendingDesc, shareWeightDesc, shareUsageDesc, shareEntitledDesc)
 }
 
 func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -150,10 +216,13 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return
 	}
+	c.collectShares(ch, jobs)
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
 	type key struct{ kind, db, state string }
 	counts := map[key]int{}
-	written := map[key]int64{}
+	// Transient jobs always have series, so that an empty store shows 0.
+	written := map[key]int64{{kind: "transient"}: 0}
+	pending := map[key]int64{{kind: "transient"}: 0}
 	for _, j := range jobs {
 		k := key{kind: "persistent", db: j.Database}
 		if j.Transient {
@@ -163,6 +232,11 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 			written[k] += j.Stats.DocsWritten
 		} else if _, ok := written[k]; !ok {
 			written[k] = 0
+		}
+		if j.State == StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
+			pending[k] += *j.Stats.ChangesPending
+		} else if _, ok := pending[k]; !ok {
+			pending[k] = 0
 		}
 		k.state = j.State
 		counts[k]++
@@ -182,5 +256,8 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range written {
 		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.db)
+	}
+	for k, n := range pending {
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.db)
 	}
 }

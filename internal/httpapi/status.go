@@ -27,6 +27,8 @@ type Cluster interface {
 	// Shares are the configured [replicator.shares]; other keys have
 	// share.DefaultShares.
 	Shares() map[string]int
+	// Self is this node's name.
+	Self() string
 }
 
 //go:embed statuspage

@@ -30,6 +30,7 @@ func (f fakeCluster) Tree(context.Context) (*messages.TreeResponse, error) {
 		Children: []*messages.TreeNode{{Name: "scheduler", State: messages.ChildState_CHILD_STATE_RUNNING, RestartCount: 3, Incarnation: 4}}}}, nil
 }
 func (f fakeCluster) Shares() map[string]int { return map[string]int{"high/_replicator": 400} }
+func (f fakeCluster) Self() string           { return "n1" }
 
 func newStatusEnv(t *testing.T, c httpapi.Cluster) *env {
 	t.Helper()

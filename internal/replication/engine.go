@@ -70,6 +70,9 @@ type Options struct {
 	// RetryBackoff is the first wait before retrying a request (doubling);
 	// zero is CouchDB's 250 ms.
 	RetryBackoff time.Duration
+	// OnEvent, if set, is told of checkpoints and changes-feed failures
+	// (metrics); it must return quickly.
+	OnEvent func(Event)
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -597,8 +600,13 @@ func (s *runState) finish(ctx context.Context, stopped bool) (Result, error) {
 }
 
 // checkpoint records through_seq on both endpoints (do_checkpoint/1).
-func (s *runState) checkpoint(ctx context.Context) error {
+func (s *runState) checkpoint(ctx context.Context) (err error) {
 	r := s.r
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			r.event(EventCheckpointFailed)
+		}
+	}()
 	through := s.through()
 	if !r.p.UseCheckpoints || seqOrZero(through).Equal(seqOrZero(s.committed)) {
 		return nil
@@ -644,6 +652,7 @@ func (s *runState) checkpoint(ctx context.Context) error {
 	}
 	s.committed, s.lastBody = through, body
 	r.log.Debug().Str("seq", through.String()).Msg("replication: checkpoint recorded")
+	r.event(EventCheckpointRecorded)
 	s.progress()
 	return nil
 }

@@ -158,6 +158,7 @@ func (cr *changesReader) request(ctx context.Context) error {
 // since, unless the error is final or the retries are used up.
 func (cr *changesReader) failed(ctx context.Context, err error) error {
 	r := cr.s.r
+	r.event(EventChangesReadFailed)
 	var herr *couch.HTTPError
 	if errors.As(err, &herr) && !herr.Retryable() {
 		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
