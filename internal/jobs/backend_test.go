@@ -3,15 +3,16 @@ package jobs
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/kv/storetest"
 )
 
-// openTestDB opens the store the unit tests run on: the real embedded
-// SQLite backend, or the in-memory one with JOBS_TEST_BACKEND=mem.
+// openTestDB opens the store the unit tests run on: a fresh one of the
+// backend storetest.Each runs the test under (SQLite, PostgreSQL), or the
+// in-memory one with JOBS_TEST_BACKEND=mem.
 func openTestDB(t *testing.T) kv.Database {
 	t.Helper()
 	if os.Getenv("JOBS_TEST_BACKEND") == "mem" {
@@ -19,7 +20,7 @@ func openTestDB(t *testing.T) kv.Database {
 		t.Cleanup(func() { _ = db.Close() })
 		return db
 	}
-	return openSQLite(t, filepath.Join(t.TempDir(), "jobs.db"), sqlite.Options{})
+	return storetest.Open(t)
 }
 
 func openSQLite(tb testing.TB, path string, opts sqlite.Options) *sqlite.DB {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/storetest"
 )
 
 func stamp(b byte) [kv.VersionstampLength]byte {
@@ -46,55 +47,57 @@ func TestCheckRuns(t *testing.T) {
 // log has both runs, in order, and that the stale worker's refused commit
 // was not logged.
 func TestRunLogRecordsHandOver(t *testing.T) {
-	tests := []struct {
-		name   string
-		runLog bool
-		want   int
-	}{
-		{"on", true, 2},
-		{"off", false, 0},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			b := setup(t, Options{NodeName: "n1", RunLog: tc.runLog})
-			other := New(b.db, Options{NodeName: "n2", Clock: b.clock.Now, RunLog: tc.runLog})
-			mustAdd(t, b, "job", AddOptions{})
-			first := mustAccept(t, b)
-			if err := first.Update(b.ctx, []byte("progress")); err != nil {
-				t.Fatal(err)
-			}
-			m := b.q.NewMonitor(MonitorOptions{})
-			t0 := time.Now()
-			if _, err := m.Check(b.ctx, t0); err != nil {
-				t.Fatal(err)
-			}
-			if n, err := m.Check(b.ctx, t0.Add(time.Minute)); err != nil || n != 1 {
-				t.Fatalf("monitor requeued %d (%v), want 1", n, err)
-			}
-			second, err := other.Accept(b.ctx, typA, AcceptOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := first.Update(b.ctx, nil); !errors.Is(err, ErrWorkerConflict) {
-				t.Fatalf("stale worker update: %v", err)
-			}
-			if err := second.Finish(b.ctx, nil); err != nil {
-				t.Fatal(err)
-			}
-			runs, err := b.q.Runs(b.ctx, typA)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := runs["job"]
-			if len(got) != tc.want {
-				t.Fatalf("runs %+v, want %d", got, tc.want)
-			}
-			if err := CheckRuns(got); err != nil {
-				t.Fatal(err)
-			}
-			if tc.want == 2 && (got[0].Node != "n1" || got[1].Node != "n2" || got[0].End == got[0].Start || got[1].End == got[1].Start) {
-				t.Fatalf("runs %+v: want n1 then n2, each with a commit after its accept", got)
-			}
-		})
-	}
+	storetest.Each(t, func(t *testing.T) {
+		tests := []struct {
+			name   string
+			runLog bool
+			want   int
+		}{
+			{"on", true, 2},
+			{"off", false, 0},
+		}
+		for _, tc := range tests {
+			t.Run(tc.name, func(t *testing.T) {
+				b := setup(t, Options{NodeName: "n1", RunLog: tc.runLog})
+				other := New(b.db, Options{NodeName: "n2", Clock: b.clock.Now, RunLog: tc.runLog})
+				mustAdd(t, b, "job", AddOptions{})
+				first := mustAccept(t, b)
+				if err := first.Update(b.ctx, []byte("progress")); err != nil {
+					t.Fatal(err)
+				}
+				m := b.q.NewMonitor(MonitorOptions{})
+				t0 := time.Now()
+				if _, err := m.Check(b.ctx, t0); err != nil {
+					t.Fatal(err)
+				}
+				if n, err := m.Check(b.ctx, t0.Add(time.Minute)); err != nil || n != 1 {
+					t.Fatalf("monitor requeued %d (%v), want 1", n, err)
+				}
+				second, err := other.Accept(b.ctx, typA, AcceptOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := first.Update(b.ctx, nil); !errors.Is(err, ErrWorkerConflict) {
+					t.Fatalf("stale worker update: %v", err)
+				}
+				if err := second.Finish(b.ctx, nil); err != nil {
+					t.Fatal(err)
+				}
+				runs, err := b.q.Runs(b.ctx, typA)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := runs["job"]
+				if len(got) != tc.want {
+					t.Fatalf("runs %+v, want %d", got, tc.want)
+				}
+				if err := CheckRuns(got); err != nil {
+					t.Fatal(err)
+				}
+				if tc.want == 2 && (got[0].Node != "n1" || got[1].Node != "n2" || got[0].End == got[0].Start || got[1].End == got[1].Start) {
+					t.Fatalf("runs %+v: want n1 then n2, each with a commit after its accept", got)
+				}
+			})
+		}
+	})
 }

@@ -3,12 +3,13 @@ package repjob_test
 import (
 	"context"
 	"errors"
-	"path/filepath"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/jobs"
-	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/storetest"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
@@ -17,20 +18,22 @@ import (
 
 const uuid = "0123456789abcdef0123456789abcdef"
 
+func TestMain(m *testing.M) {
+	code := m.Run()
+	storetest.Stop()
+	os.Exit(code)
+}
+
 type env struct {
 	store *repjob.Store
 	q     *jobs.Queue
 	clock *scheduler.FakeClock
-	db    *sqlite.DB
+	db    kv.Database
 }
 
 func newEnv(t testing.TB, mod func(*repjob.Options)) *env {
 	t.Helper()
-	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "store.db"), sqlite.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
+	db := storetest.Open(t)
 	clock := scheduler.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 	q := jobs.New(db, jobs.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
 	opts := repjob.Options{Clock: clock, ServerUUID: uuid, Policy: scheduler.DefaultPolicy()}
@@ -45,60 +48,62 @@ func body(src, tgt string, extra string) []byte {
 }
 
 func TestAddTransient(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, nil)
-	b := body("http://a:5984/src", "http://b:5984/tgt", "")
-	r1, err := e.store.AddTransient(ctx, b, "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r1.Existed || r1.RepID == "" || r1.Record.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
-		t.Fatalf("first add: %+v state %v", r1, r1.Record.State())
-	}
-	base, ext, _ := replication.ID(mustParse(t, b), uuid)
-	if r1.RepID != base+ext {
-		t.Fatalf("rep id %q, want %q", r1.RepID, base+ext)
-	}
-	cases := []struct {
-		name    string
-		body    []byte
-		user    string
-		existed bool
-		sameJob bool
-	}{
-		{"same body same user is a no-op", b, "alice", true, true},
-		{"whitespace does not matter", []byte(` {"source": "http://a:5984/src", "target":"http://b:5984/tgt"}`), "alice", true, true},
-		{"continuous maps to the same job id", body("http://a:5984/src", "http://b:5984/tgt", `,"continuous":true`), "alice", true, true},
-		{"credentials do not change the job id", body("http://u:p@a:5984/src", "http://b:5984/tgt", ""), "alice", true, true},
-		{"other user is another job", b, "bob", false, false},
-		{"other target is another job", body("http://a:5984/src", "http://b:5984/other", ""), "alice", false, false},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			r, err := e.store.AddTransient(ctx, c.body, c.user)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Existed != c.existed || (r.JobID == r1.JobID) != c.sameJob {
-				t.Fatalf("existed=%v same=%v, want %v %v", r.Existed, r.JobID == r1.JobID, c.existed, c.sameJob)
-			}
-		})
-	}
-	if _, err := e.store.AddTransient(ctx, []byte(`{"source":"http://a/x"}`), "alice"); !errors.Is(err, repjob.ErrInvalid) ||
-		!errors.Is(err, replication.ErrInvalidParams) {
-		t.Fatalf("invalid body: %v", err)
-	}
-	got, err := e.store.FindByRepID(ctx, r1.RepID)
-	if err != nil || got.JobId != r1.JobID {
-		t.Fatalf("FindByRepID: %v %v", got, err)
-	}
-	got, err = e.store.FindByRepID(ctx, base)
-	if err != nil || got.JobId != r1.JobID {
-		t.Fatalf("FindByRepID(base): %v %v", got, err)
-	}
-	if _, err := e.store.Get(ctx, "nope"); !errors.Is(err, repjob.ErrNotFound) {
-		t.Fatalf("Get unknown: %v", err)
-	}
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		b := body("http://a:5984/src", "http://b:5984/tgt", "")
+		r1, err := e.store.AddTransient(ctx, b, "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r1.Existed || r1.RepID == "" || r1.Record.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+			t.Fatalf("first add: %+v state %v", r1, r1.Record.State())
+		}
+		base, ext, _ := replication.ID(mustParse(t, b), uuid)
+		if r1.RepID != base+ext {
+			t.Fatalf("rep id %q, want %q", r1.RepID, base+ext)
+		}
+		cases := []struct {
+			name    string
+			body    []byte
+			user    string
+			existed bool
+			sameJob bool
+		}{
+			{"same body same user is a no-op", b, "alice", true, true},
+			{"whitespace does not matter", []byte(` {"source": "http://a:5984/src", "target":"http://b:5984/tgt"}`), "alice", true, true},
+			{"continuous maps to the same job id", body("http://a:5984/src", "http://b:5984/tgt", `,"continuous":true`), "alice", true, true},
+			{"credentials do not change the job id", body("http://u:p@a:5984/src", "http://b:5984/tgt", ""), "alice", true, true},
+			{"other user is another job", b, "bob", false, false},
+			{"other target is another job", body("http://a:5984/src", "http://b:5984/other", ""), "alice", false, false},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				r, err := e.store.AddTransient(ctx, c.body, c.user)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Existed != c.existed || (r.JobID == r1.JobID) != c.sameJob {
+					t.Fatalf("existed=%v same=%v, want %v %v", r.Existed, r.JobID == r1.JobID, c.existed, c.sameJob)
+				}
+			})
+		}
+		if _, err := e.store.AddTransient(ctx, []byte(`{"source":"http://a/x"}`), "alice"); !errors.Is(err, repjob.ErrInvalid) ||
+			!errors.Is(err, replication.ErrInvalidParams) {
+			t.Fatalf("invalid body: %v", err)
+		}
+		got, err := e.store.FindByRepID(ctx, r1.RepID)
+		if err != nil || got.JobId != r1.JobID {
+			t.Fatalf("FindByRepID: %v %v", got, err)
+		}
+		got, err = e.store.FindByRepID(ctx, base)
+		if err != nil || got.JobId != r1.JobID {
+			t.Fatalf("FindByRepID(base): %v %v", got, err)
+		}
+		if _, err := e.store.Get(ctx, "nope"); !errors.Is(err, repjob.ErrNotFound) {
+			t.Fatalf("Get unknown: %v", err)
+		}
+	})
 }
 
 func mustParse(t testing.TB, b []byte) replication.Params {
@@ -111,386 +116,402 @@ func mustParse(t testing.TB, b []byte) replication.Params {
 }
 
 func TestAddPersistentReplacesRunningJob(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, nil)
-	doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "d1",
-		Body: body("http://a/src", "http://b/tgt", "")}
-	r, err := e.store.AddPersistent(ctx, doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.JobID != "http://couch:5984|_replicator|d1" {
-		t.Fatalf("job id %q", r.JobID)
-	}
-	run, err := e.store.Accept(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	// The same document again is a no-op; a changed one takes the job away
-	// from its worker.
-	if again, err := e.store.AddPersistent(ctx, doc); err != nil || !again.Existed {
-		t.Fatalf("same doc: %+v %v", again, err)
-	}
-	doc.Body = body("http://a/src", "http://b/tgt", `,"continuous":true`)
-	if r2, err := e.store.AddPersistent(ctx, doc); err != nil || r2.Existed {
-		t.Fatalf("changed doc: %+v %v", r2, err)
-	}
-	if err := run.Progress(ctx, replication.Stats{DocsRead: 1}); !errors.Is(err, jobs.ErrWorkerConflict) || !repjob.IsLost(err) {
-		t.Fatalf("progress after replace: %v", err)
-	}
-	rec, err := e.store.Get(ctx, r.JobID)
-	if err != nil || !rec.Continuous || rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
-		t.Fatalf("after replace: %+v %v", rec, err)
-	}
-}
-
-func TestRunLifecycle(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, func(o *repjob.Options) { o.TransientMaxAge = time.Hour })
-	r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", ""), "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, err := e.store.Accept(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	rec, _ := e.store.Get(ctx, r.JobID)
-	if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING || rec.Node != "n1" {
-		t.Fatalf("started: %v %q", rec.State(), rec.Node)
-	}
-	if err := run.Progress(ctx, replication.Stats{DocsRead: 7, DocsWritten: 6}); err != nil {
-		t.Fatal(err)
-	}
-	rec, _ = e.store.Get(ctx, r.JobID)
-	if rec.Stats.GetDocsRead() != 7 || rec.Stats.GetDocsWritten() != 6 {
-		t.Fatalf("stats %+v", rec.Stats)
-	}
-	e.clock.Advance(time.Minute)
-	if err := run.Complete(ctx, replication.Result{Body: []byte(`{"ok":true}`), Stats: replication.Stats{DocsRead: 9}}); err != nil {
-		t.Fatal(err)
-	}
-	rec, err = e.store.WaitFinished(ctx, r.JobID)
-	if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_COMPLETED ||
-		string(rec.Result) != `{"ok":true}` || rec.Stats.GetDocsRead() != 9 {
-		t.Fatalf("completed: %+v %v", rec, err)
-	}
-	// A re-POST of a finished transient job runs it again.
-	again, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", ""), "alice")
-	if err != nil || again.Existed {
-		t.Fatalf("re-add finished: %+v %v", again, err)
-	}
-	run, _ = e.store.Accept(ctx, false)
-	_ = run.Start(ctx, "n1")
-	if err := run.Complete(ctx, replication.Result{}); err != nil {
-		t.Fatal(err)
-	}
-	// Kept for TransientMaxAge, then removed.
-	if n, err := e.store.CleanupTransient(ctx); err != nil || n != 0 {
-		t.Fatalf("early cleanup: %d %v", n, err)
-	}
-	e.clock.Advance(time.Hour + time.Second)
-	if n, err := e.store.CleanupTransient(ctx); err != nil || n != 1 {
-		t.Fatalf("cleanup: %d %v", n, err)
-	}
-	if _, err := e.store.Get(ctx, r.JobID); !errors.Is(err, repjob.ErrNotFound) {
-		t.Fatalf("after cleanup: %v", err)
-	}
-}
-
-func TestCrashBackoffDoublesCapsAndHeals(t *testing.T) {
-	ctx := context.Background()
-	p := scheduler.DefaultPolicy()
-	p.MinBackoff, p.MaxBackoff, p.HealthThreshold = 10*time.Second, 60*time.Second, 2*time.Minute
-	e := newEnv(t, func(o *repjob.Options) { o.Policy = p })
-	r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", `,"continuous":true`), "alice")
-	if err != nil {
-		t.Fatal(err)
-	}
-	steps := []struct {
-		ranFor      time.Duration
-		wantBackoff time.Duration
-		wantErrors  int32
-	}{
-		{time.Second, 10 * time.Second, 1},
-		{time.Second, 20 * time.Second, 2},
-		{time.Second, 40 * time.Second, 3},
-		{time.Second, 60 * time.Second, 4},
-		{time.Second, 60 * time.Second, 5},
-		{3 * time.Minute, 10 * time.Second, 0}, // healed by a long run: CouchDB counts 0, waits min_backoff
-		{time.Second, 10 * time.Second, 1},
-		{time.Second, 20 * time.Second, 2},
-	}
-	for i, st := range steps {
-		if i > 0 {
-			e.clock.Advance(steps[i-1].wantBackoff - time.Millisecond)
-			if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
-				t.Fatalf("step %d: accepted during backoff (%v)", i, err)
-			}
-			e.clock.Advance(time.Millisecond)
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "d1",
+			Body: body("http://a/src", "http://b/tgt", "")}
+		r, err := e.store.AddPersistent(ctx, doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.JobID != "http://couch:5984|_replicator|d1" {
+			t.Fatalf("job id %q", r.JobID)
 		}
 		run, err := e.store.Accept(ctx, false)
 		if err != nil {
-			t.Fatalf("step %d: accept after backoff: %v", i, err)
+			t.Fatal(err)
 		}
 		if err := run.Start(ctx, "n1"); err != nil {
 			t.Fatal(err)
 		}
-		e.clock.Advance(st.ranFor)
-		until, err := run.Crash(ctx, "boom")
+		// The same document again is a no-op; a changed one takes the job away
+		// from its worker.
+		if again, err := e.store.AddPersistent(ctx, doc); err != nil || !again.Existed {
+			t.Fatalf("same doc: %+v %v", again, err)
+		}
+		doc.Body = body("http://a/src", "http://b/tgt", `,"continuous":true`)
+		if r2, err := e.store.AddPersistent(ctx, doc); err != nil || r2.Existed {
+			t.Fatalf("changed doc: %+v %v", r2, err)
+		}
+		if err := run.Progress(ctx, replication.Stats{DocsRead: 1}); !errors.Is(err, jobs.ErrWorkerConflict) || !repjob.IsLost(err) {
+			t.Fatalf("progress after replace: %v", err)
+		}
+		rec, err := e.store.Get(ctx, r.JobID)
+		if err != nil || !rec.Continuous || rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+			t.Fatalf("after replace: %+v %v", rec, err)
+		}
+	})
+}
+
+func TestRunLifecycle(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, func(o *repjob.Options) { o.TransientMaxAge = time.Hour })
+		r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", ""), "alice")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := until.Sub(e.clock.Now()); got != st.wantBackoff {
-			t.Fatalf("step %d: backoff %v, want %v", i, got, st.wantBackoff)
+		run, err := e.store.Accept(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Start(ctx, "n1"); err != nil {
+			t.Fatal(err)
 		}
 		rec, _ := e.store.Get(ctx, r.JobID)
-		if rec.State() != messages.ReplicationState_REPLICATION_STATE_CRASHING || rec.ErrorCount != st.wantErrors ||
-			rec.LastError != "boom" {
-			t.Fatalf("step %d: %v errors=%d %q", i, rec.State(), rec.ErrorCount, rec.LastError)
+		if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING || rec.Node != "n1" {
+			t.Fatalf("started: %v %q", rec.State(), rec.Node)
 		}
-	}
+		if err := run.Progress(ctx, replication.Stats{DocsRead: 7, DocsWritten: 6}); err != nil {
+			t.Fatal(err)
+		}
+		rec, _ = e.store.Get(ctx, r.JobID)
+		if rec.Stats.GetDocsRead() != 7 || rec.Stats.GetDocsWritten() != 6 {
+			t.Fatalf("stats %+v", rec.Stats)
+		}
+		e.clock.Advance(time.Minute)
+		if err := run.Complete(ctx, replication.Result{Body: []byte(`{"ok":true}`), Stats: replication.Stats{DocsRead: 9}}); err != nil {
+			t.Fatal(err)
+		}
+		rec, err = e.store.WaitFinished(ctx, r.JobID)
+		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_COMPLETED ||
+			string(rec.Result) != `{"ok":true}` || rec.Stats.GetDocsRead() != 9 {
+			t.Fatalf("completed: %+v %v", rec, err)
+		}
+		// A re-POST of a finished transient job runs it again.
+		again, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", ""), "alice")
+		if err != nil || again.Existed {
+			t.Fatalf("re-add finished: %+v %v", again, err)
+		}
+		run, _ = e.store.Accept(ctx, false)
+		_ = run.Start(ctx, "n1")
+		if err := run.Complete(ctx, replication.Result{}); err != nil {
+			t.Fatal(err)
+		}
+		// Kept for TransientMaxAge, then removed.
+		if n, err := e.store.CleanupTransient(ctx); err != nil || n != 0 {
+			t.Fatalf("early cleanup: %d %v", n, err)
+		}
+		e.clock.Advance(time.Hour + time.Second)
+		if n, err := e.store.CleanupTransient(ctx); err != nil || n != 1 {
+			t.Fatalf("cleanup: %d %v", n, err)
+		}
+		if _, err := e.store.Get(ctx, r.JobID); !errors.Is(err, repjob.ErrNotFound) {
+			t.Fatalf("after cleanup: %v", err)
+		}
+	})
 }
 
-func TestRepIDCollisions(t *testing.T) {
-	ctx := context.Background()
-	cases := []struct {
-		name      string
-		ownerKind string
-		wantKind  messages.ReplicationKind
-	}{
-		{"duplicate of a transient job", "transient", messages.ReplicationKind_REPLICATION_KIND_TRANSIENT},
-		{"duplicate of a persistent job", "persistent", messages.ReplicationKind_REPLICATION_KIND_PERSISTENT},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, nil)
-			b := body("http://a/src", "http://b/tgt", "")
-			var owner repjob.AddResult
-			var err error
-			if c.ownerKind == "transient" {
-				owner, err = e.store.AddTransient(ctx, b, "alice")
-			} else {
-				owner, err = e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "_replicator", DocID: "x", Body: b})
+func TestCrashBackoffDoublesCapsAndHeals(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		p := scheduler.DefaultPolicy()
+		p.MinBackoff, p.MaxBackoff, p.HealthThreshold = 10*time.Second, 60*time.Second, 2*time.Minute
+		e := newEnv(t, func(o *repjob.Options) { o.Policy = p })
+		r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", `,"continuous":true`), "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps := []struct {
+			ranFor      time.Duration
+			wantBackoff time.Duration
+			wantErrors  int32
+		}{
+			{time.Second, 10 * time.Second, 1},
+			{time.Second, 20 * time.Second, 2},
+			{time.Second, 40 * time.Second, 3},
+			{time.Second, 60 * time.Second, 4},
+			{time.Second, 60 * time.Second, 5},
+			{3 * time.Minute, 10 * time.Second, 0}, // healed by a long run: CouchDB counts 0, waits min_backoff
+			{time.Second, 10 * time.Second, 1},
+			{time.Second, 20 * time.Second, 2},
+		}
+		for i, st := range steps {
+			if i > 0 {
+				e.clock.Advance(steps[i-1].wantBackoff - time.Millisecond)
+				if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
+					t.Fatalf("step %d: accepted during backoff (%v)", i, err)
+				}
+				e.clock.Advance(time.Millisecond)
 			}
+			run, err := e.store.Accept(ctx, false)
 			if err != nil {
-				t.Fatal(err)
-			}
-			dup, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "_replicator", DocID: "dup", Body: b})
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Take the duplicate from the queue (the owner stays pending).
-			var run *repjob.Run
-			for {
-				r, err := e.store.Accept(ctx, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r.ID() == dup.JobID {
-					run = r
-					break
-				}
-				if err := r.Start(ctx, "n1"); err != nil {
-					t.Fatal(err)
-				}
-				defer func() { _ = r.Stop(ctx) }()
+				t.Fatalf("step %d: accept after backoff: %v", i, err)
 			}
 			if err := run.Start(ctx, "n1"); err != nil {
 				t.Fatal(err)
 			}
-			base, ext, _ := replication.ID(mustParse(t, b), uuid)
-			_, err = run.ClaimRepID(ctx, base, ext, "")
-			var d *repjob.Duplicate
-			if !errors.As(err, &d) || !errors.Is(err, repjob.ErrDuplicate) || d.OwnerJobID != owner.JobID || d.OwnerKind != c.wantKind {
-				t.Fatalf("claim: %v", err)
-			}
-			// Once the owner is removed the duplicate takes the id over.
-			if err := e.store.Remove(ctx, owner.JobID); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := run.ClaimRepID(ctx, base, ext, ""); err != nil {
-				t.Fatalf("claim after owner removed: %v", err)
-			}
-			got, err := e.store.FindByRepID(ctx, base+ext)
-			if err != nil || got.JobId != dup.JobID {
-				t.Fatalf("FindByRepID: %v %v", got, err)
-			}
-		})
-	}
-}
-
-func TestFilterChangeMovesRepID(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, nil)
-	b := body("http://a/src", "http://b/tgt", `,"filter":"d/f"`)
-	r, err := e.store.AddTransient(ctx, b, "alice")
-	if err != nil || r.RepID != "" {
-		t.Fatalf("named filter: rep id %q err %v", r.RepID, err)
-	}
-	p := mustParse(t, b)
-	ids := map[string]string{}
-	for i, code := range []string{"function(d){return true}", "function(d){return true}", "function(d){return false}"} {
-		run, err := e.store.Accept(ctx, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := run.Start(ctx, "n1"); err != nil {
-			t.Fatal(err)
-		}
-		base, ext, err := replication.ID(p.WithFilterCode(code), uuid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		changed, err := run.ClaimRepID(ctx, base, ext, code)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := i == 2; changed != want {
-			t.Fatalf("run %d: changed=%v", i, changed)
-		}
-		ids[base+ext] = code
-		if err := run.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if len(ids) != 2 {
-		t.Fatalf("rep ids %v", ids)
-	}
-	for id, code := range ids {
-		got, err := e.store.FindByRepID(ctx, id)
-		if code == "function(d){return false}" {
-			if err != nil || got.JobId != r.JobID || got.FilterCode != code {
-				t.Fatalf("new id: %v %v", got, err)
-			}
-		} else if !errors.Is(err, repjob.ErrNotFound) {
-			t.Fatalf("old id still indexed: %v", err)
-		}
-	}
-}
-
-func TestChangesFeed(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, nil)
-	a, _ := e.store.AddTransient(ctx, body("http://a/1", "http://b/1", ""), "u")
-	b, _ := e.store.AddTransient(ctx, body("http://a/2", "http://b/2", ""), "u")
-	ch, seq, err := e.store.Changes(ctx, "", 0)
-	if err != nil || len(ch) != 2 || ch[0].JobID != a.JobID || ch[1].JobID != b.JobID {
-		t.Fatalf("initial changes %+v %v", ch, err)
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- e.store.WaitChanges(ctx, seq) }()
-	// A progress update is not a change; a removal of a is.
-	if err := e.store.Remove(ctx, a.JobID); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waited; err != nil {
-		t.Fatal(err)
-	}
-	ch, seq2, err := e.store.Changes(ctx, seq, 0)
-	if err != nil || len(ch) != 1 || ch[0].JobID != a.JobID || ch[0].Record != nil {
-		t.Fatalf("after remove %+v %v", ch, err)
-	}
-	// Each job appears once, at its newest change.
-	ch, _, _ = e.store.Changes(ctx, "", 0)
-	if len(ch) != 2 || ch[0].JobID != b.JobID || ch[1].JobID != a.JobID {
-		t.Fatalf("full feed %+v", ch)
-	}
-	if ch, _, _ := e.store.Changes(ctx, seq2, 0); len(ch) != 0 {
-		t.Fatalf("nothing new: %+v", ch)
-	}
-}
-
-func TestFairShareAccountsInStore(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, func(o *repjob.Options) { o.Shares = map[string]int{"big/_replicator": 200, "small/_replicator": 50} })
-	prio := map[string][]uint64{}
-	for i := range 4 {
-		for _, db := range []string{"big/_replicator", "small/_replicator"} {
-			r, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: db, DocID: string(rune('a' + i)),
-				Body: body("http://a/"+db[:3], "http://b/x"+string(rune('a'+i)), "")})
+			e.clock.Advance(st.ranFor)
+			until, err := run.Crash(ctx, "boom")
 			if err != nil {
 				t.Fatal(err)
 			}
-			prio[db] = append(prio[db], r.Record.Priority)
+			if got := until.Sub(e.clock.Now()); got != st.wantBackoff {
+				t.Fatalf("step %d: backoff %v, want %v", i, got, st.wantBackoff)
+			}
+			rec, _ := e.store.Get(ctx, r.JobID)
+			if rec.State() != messages.ReplicationState_REPLICATION_STATE_CRASHING || rec.ErrorCount != st.wantErrors ||
+				rec.LastError != "boom" {
+				t.Fatalf("step %d: %v errors=%d %q", i, rec.State(), rec.ErrorCount, rec.LastError)
+			}
 		}
-	}
-	// Deadlines of one key are a quantum·100/shares apart: 4× closer for
-	// 200 shares than for 50.
-	stepBig := prio["big/_replicator"][1] - prio["big/_replicator"][0]
-	stepSmall := prio["small/_replicator"][1] - prio["small/_replicator"][0]
-	if stepBig == 0 || stepSmall != 4*stepBig {
-		t.Fatalf("steps big %d small %d", stepBig, stepSmall)
-	}
-	// A second store on the same database (another node) continues the
-	// same accounts.
-	other := repjob.New(e.q, e.db, repjob.Options{Clock: e.clock, ServerUUID: uuid,
-		Shares: map[string]int{"big/_replicator": 200}})
-	r, err := other.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "big/_replicator", DocID: "z",
-		Body: body("http://a/z", "http://b/z", "")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := r.Record.Priority, prio["big/_replicator"][3]+stepBig; got != want {
-		t.Fatalf("other node's priority %d, want %d", got, want)
-	}
+	})
+}
+
+func TestRepIDCollisions(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		cases := []struct {
+			name      string
+			ownerKind string
+			wantKind  messages.ReplicationKind
+		}{
+			{"duplicate of a transient job", "transient", messages.ReplicationKind_REPLICATION_KIND_TRANSIENT},
+			{"duplicate of a persistent job", "persistent", messages.ReplicationKind_REPLICATION_KIND_PERSISTENT},
+		}
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				e := newEnv(t, nil)
+				b := body("http://a/src", "http://b/tgt", "")
+				var owner repjob.AddResult
+				var err error
+				if c.ownerKind == "transient" {
+					owner, err = e.store.AddTransient(ctx, b, "alice")
+				} else {
+					owner, err = e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "_replicator", DocID: "x", Body: b})
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				dup, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "_replicator", DocID: "dup", Body: b})
+				if err != nil {
+					t.Fatal(err)
+				}
+				// Take the duplicate from the queue (the owner stays pending).
+				var run *repjob.Run
+				for {
+					r, err := e.store.Accept(ctx, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.ID() == dup.JobID {
+						run = r
+						break
+					}
+					if err := r.Start(ctx, "n1"); err != nil {
+						t.Fatal(err)
+					}
+					defer func() { _ = r.Stop(ctx) }()
+				}
+				if err := run.Start(ctx, "n1"); err != nil {
+					t.Fatal(err)
+				}
+				base, ext, _ := replication.ID(mustParse(t, b), uuid)
+				_, err = run.ClaimRepID(ctx, base, ext, "")
+				var d *repjob.Duplicate
+				if !errors.As(err, &d) || !errors.Is(err, repjob.ErrDuplicate) || d.OwnerJobID != owner.JobID || d.OwnerKind != c.wantKind {
+					t.Fatalf("claim: %v", err)
+				}
+				// Once the owner is removed the duplicate takes the id over.
+				if err := e.store.Remove(ctx, owner.JobID); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := run.ClaimRepID(ctx, base, ext, ""); err != nil {
+					t.Fatalf("claim after owner removed: %v", err)
+				}
+				got, err := e.store.FindByRepID(ctx, base+ext)
+				if err != nil || got.JobId != dup.JobID {
+					t.Fatalf("FindByRepID: %v %v", got, err)
+				}
+			})
+		}
+	})
+}
+
+func TestFilterChangeMovesRepID(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		b := body("http://a/src", "http://b/tgt", `,"filter":"d/f"`)
+		r, err := e.store.AddTransient(ctx, b, "alice")
+		if err != nil || r.RepID != "" {
+			t.Fatalf("named filter: rep id %q err %v", r.RepID, err)
+		}
+		p := mustParse(t, b)
+		ids := map[string]string{}
+		for i, code := range []string{"function(d){return true}", "function(d){return true}", "function(d){return false}"} {
+			run, err := e.store.Accept(ctx, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := run.Start(ctx, "n1"); err != nil {
+				t.Fatal(err)
+			}
+			base, ext, err := replication.ID(p.WithFilterCode(code), uuid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			changed, err := run.ClaimRepID(ctx, base, ext, code)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := i == 2; changed != want {
+				t.Fatalf("run %d: changed=%v", i, changed)
+			}
+			ids[base+ext] = code
+			if err := run.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(ids) != 2 {
+			t.Fatalf("rep ids %v", ids)
+		}
+		for id, code := range ids {
+			got, err := e.store.FindByRepID(ctx, id)
+			if code == "function(d){return false}" {
+				if err != nil || got.JobId != r.JobID || got.FilterCode != code {
+					t.Fatalf("new id: %v %v", got, err)
+				}
+			} else if !errors.Is(err, repjob.ErrNotFound) {
+				t.Fatalf("old id still indexed: %v", err)
+			}
+		}
+	})
+}
+
+func TestChangesFeed(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		a, _ := e.store.AddTransient(ctx, body("http://a/1", "http://b/1", ""), "u")
+		b, _ := e.store.AddTransient(ctx, body("http://a/2", "http://b/2", ""), "u")
+		ch, seq, err := e.store.Changes(ctx, "", 0)
+		if err != nil || len(ch) != 2 || ch[0].JobID != a.JobID || ch[1].JobID != b.JobID {
+			t.Fatalf("initial changes %+v %v", ch, err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- e.store.WaitChanges(ctx, seq) }()
+		// A progress update is not a change; a removal of a is.
+		if err := e.store.Remove(ctx, a.JobID); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waited; err != nil {
+			t.Fatal(err)
+		}
+		ch, seq2, err := e.store.Changes(ctx, seq, 0)
+		if err != nil || len(ch) != 1 || ch[0].JobID != a.JobID || ch[0].Record != nil {
+			t.Fatalf("after remove %+v %v", ch, err)
+		}
+		// Each job appears once, at its newest change.
+		ch, _, _ = e.store.Changes(ctx, "", 0)
+		if len(ch) != 2 || ch[0].JobID != b.JobID || ch[1].JobID != a.JobID {
+			t.Fatalf("full feed %+v", ch)
+		}
+		if ch, _, _ := e.store.Changes(ctx, seq2, 0); len(ch) != 0 {
+			t.Fatalf("nothing new: %+v", ch)
+		}
+	})
+}
+
+func TestFairShareAccountsInStore(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, func(o *repjob.Options) { o.Shares = map[string]int{"big/_replicator": 200, "small/_replicator": 50} })
+		prio := map[string][]uint64{}
+		for i := range 4 {
+			for _, db := range []string{"big/_replicator", "small/_replicator"} {
+				r, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: db, DocID: string(rune('a' + i)),
+					Body: body("http://a/"+db[:3], "http://b/x"+string(rune('a'+i)), "")})
+				if err != nil {
+					t.Fatal(err)
+				}
+				prio[db] = append(prio[db], r.Record.Priority)
+			}
+		}
+		// Deadlines of one key are a quantum·100/shares apart: 4× closer for
+		// 200 shares than for 50.
+		stepBig := prio["big/_replicator"][1] - prio["big/_replicator"][0]
+		stepSmall := prio["small/_replicator"][1] - prio["small/_replicator"][0]
+		if stepBig == 0 || stepSmall != 4*stepBig {
+			t.Fatalf("steps big %d small %d", stepBig, stepSmall)
+		}
+		// A second store on the same database (another node) continues the
+		// same accounts.
+		other := repjob.New(e.q, e.db, repjob.Options{Clock: e.clock, ServerUUID: uuid,
+			Shares: map[string]int{"big/_replicator": 200}})
+		r, err := other.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: "big/_replicator", DocID: "z",
+			Body: body("http://a/z", "http://b/z", "")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := r.Record.Priority, prio["big/_replicator"][3]+stepBig; got != want {
+			t.Fatalf("other node's priority %d, want %d", got, want)
+		}
+	})
 }
 
 // TestAddInvalidRecordsAFailedJob: an invalid document replaces its running
 // job with a failed record that is never accepted and frees the replication
 // id; a valid edit makes it a pending job again.
 func TestAddInvalidRecordsAFailedJob(t *testing.T) {
-	ctx := context.Background()
-	e := newEnv(t, nil)
-	doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "d1",
-		Body: body("http://a/src", "http://b/tgt", "")}
-	added, err := e.store.AddPersistent(ctx, doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	run, err := e.store.Accept(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "d1",
+			Body: body("http://a/src", "http://b/tgt", "")}
+		added, err := e.store.AddPersistent(ctx, doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, err := e.store.Accept(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Start(ctx, "n1"); err != nil {
+			t.Fatal(err)
+		}
 
-	bad := doc
-	bad.Body = []byte(`{"source":"http://a/src","target":"http://b/tgt","doc_ids":"d1"}`)
-	res, err := e.store.AddInvalid(ctx, bad, "parameter `doc_ids` must be an array")
-	if err != nil || res.JobID != added.JobID {
-		t.Fatalf("AddInvalid = %+v, %v", res, err)
-	}
-	if err := run.Progress(ctx, replication.Stats{}); !repjob.IsLost(err) {
-		t.Fatalf("the replaced run's worker kept its job: %v", err)
-	}
-	rec, err := e.store.Get(ctx, added.JobID)
-	if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED ||
-		rec.GetLastError() != "parameter `doc_ids` must be an array" || rec.GetDocId() != "d1" {
-		t.Fatalf("invalid document's job: %+v %v", rec, err)
-	}
-	if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
-		t.Fatalf("a failed record was accepted: %v", err)
-	}
-	// Its replication id is free: another document may use it.
-	other := doc
-	other.DocID = "d2"
-	if _, err := e.store.AddPersistent(ctx, other); err != nil {
-		t.Fatalf("the invalid document still holds the replication id: %v", err)
-	}
+		bad := doc
+		bad.Body = []byte(`{"source":"http://a/src","target":"http://b/tgt","doc_ids":"d1"}`)
+		res, err := e.store.AddInvalid(ctx, bad, "parameter `doc_ids` must be an array")
+		if err != nil || res.JobID != added.JobID {
+			t.Fatalf("AddInvalid = %+v, %v", res, err)
+		}
+		if err := run.Progress(ctx, replication.Stats{}); !repjob.IsLost(err) {
+			t.Fatalf("the replaced run's worker kept its job: %v", err)
+		}
+		rec, err := e.store.Get(ctx, added.JobID)
+		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED ||
+			rec.GetLastError() != "parameter `doc_ids` must be an array" || rec.GetDocId() != "d1" {
+			t.Fatalf("invalid document's job: %+v %v", rec, err)
+		}
+		if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
+			t.Fatalf("a failed record was accepted: %v", err)
+		}
+		// Its replication id is free: another document may use it.
+		other := doc
+		other.DocID = "d2"
+		if _, err := e.store.AddPersistent(ctx, other); err != nil {
+			t.Fatalf("the invalid document still holds the replication id: %v", err)
+		}
 
-	// Fixing the document makes it a job again.
-	if r, err := e.store.AddPersistent(ctx, doc); err != nil || r.Existed {
-		t.Fatalf("valid edit: %+v %v", r, err)
-	}
-	if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
-		t.Fatalf("after the valid edit: %v", rec.State())
-	}
+		// Fixing the document makes it a job again.
+		if r, err := e.store.AddPersistent(ctx, doc); err != nil || r.Existed {
+			t.Fatalf("valid edit: %+v %v", r, err)
+		}
+		if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+			t.Fatalf("after the valid edit: %v", rec.State())
+		}
+	})
 }
