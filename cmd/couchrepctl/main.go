@@ -138,6 +138,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		usage(stderr, fs, "")
 		return exitUsage
 	}
+	if rest[0] == "completion" {
+		if len(rest) != 2 || rest[1] == "--help" || rest[1] == "-h" {
+			fmt.Fprintf(stderr, "Usage: couchrepctl completion bash|zsh|fish\n\n%s.\n", completionHelp)
+			return exitUsage
+		}
+		if err := writeCompletion(stdout, rest[1]); err != nil {
+			fmt.Fprintf(stderr, "couchrepctl completion: %v\n", err)
+			return exitUsage
+		}
+		return exitOK
+	}
 	if rest[0] == "help" {
 		usage(stdout, fs, strings.Join(rest[1:], " "))
 		return exitOK
@@ -257,6 +268,9 @@ func usage(w io.Writer, fs *flag.FlagSet, group string) {
 		if group == "" || strings.HasPrefix(c.name, group+" ") || c.name == group {
 			fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.help)
 		}
+	}
+	if group == "" {
+		fmt.Fprintf(tw, "  completion bash|zsh|fish\t%s\n", completionHelp)
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nFlags (also accepted after the command):\n")
