@@ -18,8 +18,9 @@ import (
 
 // runReplicate implements `couchrepd replicate [flags] SOURCE_URL TARGET_URL`:
 // one replication in the foreground. The result (CouchDB's POST /_replicate
-// body) goes to stdout, progress to stderr. Exit codes: 0 success, 1
-// failure, 2 usage error.
+// body) goes to stdout; on a terminal, stderr shows a progress line (docs
+// read/written, changes pending, docs/s, ETA) redrawn at most 4 times a
+// second, unless --quiet. Exit codes: 0 success, 1 failure, 2 usage error.
 func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, logger zerolog.Logger) int {
 	fs := flag.NewFlagSet("replicate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -47,6 +48,7 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		useCkpt      = fs.Bool("use-checkpoints", true, "record and use checkpoints")
 		useBulkGet   = fs.Bool("use-bulk-get", true, "fetch documents with _bulk_get")
 		winning      = fs.Bool("winning-revs-only", false, "replicate only winning revisions")
+		quiet        = fs.Bool("quiet", false, "no progress line (there is one only when stderr is a terminal)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -147,27 +149,14 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return 2
 	}
 
-	live := isTerminal(stderr)
-	start := time.Now()
-	report := func(s replication.Stats) {
-		elapsed := time.Since(start).Seconds()
-		rate := 0.0
-		if elapsed > 0 {
-			rate = float64(s.DocsWritten) / elapsed
-		}
-		line := fmt.Sprintf("docs_read=%d docs_written=%d doc_write_failures=%d through_seq=%s checkpointed_source_seq=%s (%.0f docs/s)",
-			s.DocsRead, s.DocsWritten, s.DocWriteFailures, s.ThroughSeq, s.CheckpointedSourceSeq, rate)
-		if live {
-			fmt.Fprintf(stderr, "\r\033[K%s", line)
-		} else {
-			fmt.Fprintln(stderr, line)
-		}
+	progress := newProgressLine(stderr, *quiet)
+	opts := replication.Options{ServerUUID: *uuid, Logger: logger}
+	if progress != nil {
+		opts.OnProgress, opts.ProgressInterval = progress.report, progressEvery
 	}
-	rep := replication.New(p, replication.Options{ServerUUID: *uuid, Logger: logger, OnProgress: report})
+	rep := replication.New(p, opts)
 	res, err := rep.Run(ctx)
-	if live {
-		fmt.Fprintln(stderr)
-	}
+	progress.finish()
 	if err != nil {
 		fmt.Fprintf(stderr, "couchrepd replicate: replication %s failed: %v\n", rep.ID(), err)
 		return 1
