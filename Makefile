@@ -71,7 +71,7 @@ $(PROTOC_GEN_CONNECT):
 	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(CONNECT_GO_VERSION)
 	@mkdir -p $(@D) && touch $@
 
-testdeps: $(NODE_MODULES) chromium curl postgresql ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
+testdeps: $(NODE_MODULES) chromium curl postgresql nginx tinyproxy microsocks ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
 
 # Debian packages, installed only when their binary is missing (other jobs may
 # hold the dpkg lock meanwhile: wait for it). apt-get update only if the
@@ -91,6 +91,19 @@ curl: ## Debian's curl: the README's examples run in the tests (integration/read
 .PHONY: postgresql
 postgresql: ## Debian's PostgreSQL server for the postgres job store's tests (internal/kv/postgres/pgtest)
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { $(call APT_INSTALL,postgresql); }
+
+# The real-endpoint tests (issue 11, integration/endpoints_test.go): nginx
+# terminates TLS in front of PouchDB Server, tinyproxy is the HTTP forward
+# proxy (CONNECT), microsocks the SOCKS5 server. Debian stable's versions (apt
+# cannot pin across security updates); the tests start their own processes on
+# loopback ports, never the packages' services.
+.PHONY: nginx tinyproxy microsocks
+nginx: ## Debian's nginx (TLS in front of PouchDB Server in the real-endpoint tests)
+	@PATH="$$PATH:/usr/sbin:/sbin" command -v nginx >/dev/null 2>&1 || { $(call APT_INSTALL,nginx); }
+tinyproxy: ## Debian's tinyproxy (HTTP forward proxy of the real-endpoint tests)
+	@command -v tinyproxy >/dev/null 2>&1 || { $(call APT_INSTALL,tinyproxy); }
+microsocks: ## Debian's microsocks (SOCKS5 server of the real-endpoint tests)
+	@command -v microsocks >/dev/null 2>&1 || { $(call APT_INSTALL,microsocks); }
 
 $(NODE_MODULES): integration/package.json integration/package-lock.json
 	cd integration && npm ci --no-audit --no-fund --loglevel=error

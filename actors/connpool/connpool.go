@@ -9,8 +9,10 @@
 // (couch_replicator_connection: acquire, release, close when the owner dies,
 // close idle ones every connection_close_interval) and, per job and
 // endpoint, at most http_connections of them in use (couch_replicator_httpc_pool).
-// Here the actor owns one *http.Transport (Go's transport already pools
-// connections per scheme, host, port and proxy; its IdleConnTimeout is
+// Here the actor owns the transports (one *http.Transport per pool key:
+// endpoint host and port, proxy host and port, and a digest of the TLS and
+// socket settings — CouchDB's key is host, port, proxy host, proxy port — each
+// built by couch.NewTransport; their IdleConnTimeout is
 // connection_close_interval) and the table of leases. A job asks once, with
 // Acquire, for a Lease: an *http.Client whose round tripper takes one of
 // http_connections slots of the request's endpoint before sending and gives
@@ -53,6 +55,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -81,9 +84,10 @@ type Config struct {
 	// CloseInterval closes connections idle for this long
 	// (connection_close_interval); zero is DefaultCloseInterval.
 	CloseInterval time.Duration
-	// NewTransport builds each incarnation's transport; nil clones
-	// http.DefaultTransport. Its IdleConnTimeout is set to CloseInterval.
-	NewTransport func() *http.Transport
+	// NewTransport builds the incarnation's transports, one per pool key
+	// (endpoint, proxy and connection settings); nil is couch.NewTransport.
+	// IdleTimeout is CloseInterval unless the options say otherwise.
+	NewTransport func(couch.TransportOptions) (*http.Transport, error)
 	// Logger receives the actor's logs.
 	Logger zerolog.Logger
 }
@@ -123,6 +127,10 @@ type Stats struct {
 	Waited uint64
 	// Endpoints is the usage of every live lease, by owner then endpoint.
 	Endpoints []OwnerUsage
+	// Transports are the pool keys of the transports built so far
+	// (couch.TransportOptions.PoolKey: endpoint, proxy, settings digest;
+	// no credentials), sorted.
+	Transports []string
 }
 
 // OwnerUsage is one live lease's usage of one endpoint.
@@ -173,7 +181,7 @@ type poolActor struct {
 	cfg  Config
 	log  zerolog.Logger
 	inc  *incarnation
-	tr   *http.Transport
+	trs  *transports
 	ctrs *counters
 
 	leases  map[*Lease]struct{}
@@ -198,8 +206,8 @@ func (a *poolActor) Receive(ctx actor.Context) {
 		m.reply <- a.stats()
 	case *actor.Stopping:
 		a.log.Debug().Int("leases", len(a.leases)).Msg("connpool: stopping; leases keep working unwatched")
-		if a.tr != nil {
-			a.tr.CloseIdleConnections()
+		if a.trs != nil {
+			a.trs.closeIdle()
 		}
 	case *actor.Stopped:
 		if a.inc != nil {
@@ -209,29 +217,8 @@ func (a *poolActor) Receive(ctx actor.Context) {
 }
 
 func (a *poolActor) start(ctx actor.Context) {
-	var tr *http.Transport
-	if a.cfg.NewTransport != nil {
-		tr = a.cfg.NewTransport()
-	} else {
-		tr = http.DefaultTransport.(*http.Transport).Clone()
-	}
-	tr.IdleConnTimeout = a.cfg.CloseInterval
-	// Slots, not the transport, bound concurrency; keep as many idle
-	// connections as leases may use so they are reused, not churned.
-	tr.MaxIdleConnsPerHost = 1 << 10
-	// Every continuous replication holds a connection open for its feed,
-	// idle most of the time: small per-connection buffers (net/http's
-	// default is 4 KiB each way) keep 1,000 idle jobs 6 MB lighter. Bulk
-	// transfers do not go through them: request bodies are written with
-	// the connection's ReadFrom, and reads of 1 KiB and more bypass the
-	// read buffer.
-	if tr.ReadBufferSize == 0 {
-		tr.ReadBufferSize = ConnBufferSize
-	}
-	if tr.WriteBufferSize == 0 {
-		tr.WriteBufferSize = ConnBufferSize
-	}
-	a.tr, a.ctrs = tr, &counters{}
+	a.trs = newTransports(a.cfg)
+	a.ctrs = &counters{}
 	a.leases, a.byOwner = map[*Lease]struct{}{}, map[string]map[*Lease]struct{}{}
 	a.inc = publish(ctx.ActorSystem(), ctx.Self())
 	a.log.Debug().Dur("close_interval", a.cfg.CloseInterval).Msg("connpool: started")
@@ -241,7 +228,7 @@ func pidKey(p *actor.PID) string { return p.Address + "/" + p.Id }
 
 func (a *poolActor) acquire(ctx actor.Context, m *acquireRequest) *Lease {
 	system, self := ctx.ActorSystem(), ctx.Self()
-	l := newLease(m.owner, m.max, a.tr, a.ctrs, func(l *Lease) {
+	l := newLease(m.owner, m.max, a.trs, a.ctrs, func(l *Lease) {
 		system.Root.Send(self, &releaseNotice{lease: l})
 	})
 	k := pidKey(m.owner)
@@ -304,6 +291,7 @@ func (a *poolActor) stats() Stats {
 		}
 	}
 	s.Owners = len(owners)
+	s.Transports = a.trs.keys()
 	sort.Slice(s.Endpoints, func(i, j int) bool {
 		if s.Endpoints[i].Owner != s.Endpoints[j].Owner {
 			return s.Endpoints[i].Owner < s.Endpoints[j].Owner

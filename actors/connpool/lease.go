@@ -6,11 +6,12 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/couchrep/couchrep/internal/couch"
 )
 
 // Lease is an owner's share of the node's connection pool: an *http.Client
@@ -26,7 +27,7 @@ import (
 type Lease struct {
 	owner *actor.PID
 	max   int
-	tr    http.RoundTripper
+	trs   *transports
 	pool  *counters // the incarnation's counters (nil-safe)
 
 	ctx    context.Context // done when the lease ends
@@ -50,17 +51,44 @@ type slots struct {
 	total    atomic.Uint64
 }
 
-func newLease(owner *actor.PID, max int, tr http.RoundTripper, c *counters, notify func(*Lease)) *Lease {
+func newLease(owner *actor.PID, max int, trs *transports, c *counters, notify func(*Lease)) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	l := &Lease{owner: owner, max: max, tr: tr, pool: c, ctx: ctx, cancel: cancel,
+	l := &Lease{owner: owner, max: max, trs: trs, pool: c, ctx: ctx, cancel: cancel,
 		notify: notify}
 	l.client = &http.Client{Transport: l}
 	return l
 }
 
-// Client returns the lease's HTTP client. It stays usable across restarts of
-// the connection_pool actor; it stops working when the lease ends.
+// Client returns the lease's HTTP client with default connection settings
+// (certificates verified against the system's roots, no proxy). It stays
+// usable across restarts of the connection_pool actor; it stops working
+// when the lease ends. Replication jobs use ClientFor.
 func (l *Lease) Client() *http.Client { return l.client }
+
+// ClientFor returns the lease's HTTP client for the endpoint u with the
+// connection settings o (TLS, proxy, timeouts, socket options): its
+// requests take the lease's slots of u's endpoint and go through the
+// pool's transport for (u, o), built on first use and shared with every
+// lease that asks for the same key. An error means o cannot make a
+// transport (an unreadable CA file, a client key that does not decrypt).
+func (l *Lease) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Client, error) {
+	tr, err := l.trs.get(u, o)
+	if err != nil {
+		return nil, err
+	}
+	return &http.Client{Transport: leaseTransport{l: l, tr: tr}}, nil
+}
+
+// leaseTransport sends a lease's requests over one pooled transport.
+type leaseTransport struct {
+	l  *Lease
+	tr http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t leaseTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.l.roundTrip(t.tr, req)
+}
 
 // Owner is the actor the lease belongs to.
 func (l *Lease) Owner() *actor.PID { return l.owner }
@@ -172,28 +200,21 @@ func (l *Lease) slotsFor(u *url.URL) *slots {
 
 // EndpointKey is the pool's key for u: "scheme://host:port" with the default
 // port made explicit and credentials dropped.
-func EndpointKey(u *url.URL) string {
-	host := u.Hostname()
-	port := u.Port()
-	scheme := strings.ToLower(u.Scheme)
-	if port == "" {
-		switch scheme {
-		case "https":
-			port = "443"
-		default:
-			port = "80"
-		}
-	}
-	if strings.Contains(host, ":") {
-		host = "[" + host + "]"
-	}
-	return scheme + "://" + strings.ToLower(host) + ":" + port
-}
+func EndpointKey(u *url.URL) string { return couch.HostKey(u) }
 
 // RoundTrip implements http.RoundTripper: it takes a slot for the request's
-// endpoint, sends the request on the pool's transport and gives the slot
-// back when the response body is closed (or at once on an error).
+// endpoint, sends the request on the pool's default transport and gives the
+// slot back when the response body is closed (or at once on an error).
 func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
+	tr, err := l.trs.get(nil, couch.TransportOptions{TLS: couch.TLSOptions{Verify: true, MaxDepth: -1}})
+	if err != nil {
+		closeReqBody(req)
+		return nil, err
+	}
+	return l.roundTrip(tr, req)
+}
+
+func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
 	if err := context.Cause(l.ctx); err != nil {
 		closeReqBody(req)
 		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), err)
@@ -223,7 +244,7 @@ func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx, cancel := context.WithCancelCause(req.Context())
 	h := &slotBody{lease: l, s: s, cancel: cancel}
 	h.stop = context.AfterFunc(l.ctx, h.abort)
-	resp, err := l.tr.RoundTrip(req.WithContext(ctx))
+	resp, err := tr.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		h.done()
 		if cause := context.Cause(l.ctx); cause != nil && req.Context().Err() == nil {

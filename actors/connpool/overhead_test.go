@@ -27,7 +27,7 @@ func BenchmarkLeaseOverhead(b *testing.B) {
 		rt   http.RoundTripper
 	}{
 		{"bare", cannedTransport{}},
-		{"lease", newLease(actor.NewPID("nonhost", "owner"), 20, cannedTransport{}, &counters{}, nil)},
+		{"lease", leaseTransport{l: newLease(actor.NewPID("nonhost", "owner"), 20, newTransports(Config{}), &counters{}, nil), tr: cannedTransport{}}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()

@@ -242,6 +242,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
 			Store: store, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 			Logger: a.deps.Logger, Scheduler: a.deps.PID("scheduler"), Released: release,
 			NodePool: true, Limiter: ratelimiter.For(system),
+			Endpoints: replication.EndpointConfigFrom(a.deps.Config.Replicator),
 		}
 		if m := a.deps.Metrics; m != nil {
 			jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine

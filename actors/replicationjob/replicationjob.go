@@ -65,6 +65,9 @@ type Options struct {
 	// per endpoint, held by this actor (the pool reclaims it if the actor
 	// dies) and released when the run ends. It overrides HTTPClient.
 	NodePool bool
+	// Endpoints are the node's [replicator] settings for endpoint
+	// connections and authentication (TLS, auth plugins, error budget).
+	Endpoints replication.EndpointConfig
 	// Released is called once when the actor has stopped (the acceptor's
 	// slot accounting).
 	Released func()
@@ -295,7 +298,17 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replication.Params) (re
 	if err != nil {
 		return p, fmt.Errorf("%w: source: %w", replication.ErrInvalidParams, err)
 	}
-	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest, HTTPClient: a.httpClient(p)}
+	client := a.httpClient(p)
+	if a.lease != nil {
+		to, err := replication.TransportOptions(p, p.Source, a.o.Endpoints)
+		if err != nil {
+			return p, fmt.Errorf("%w: source: %w", replication.ErrDBNotFound, err)
+		}
+		if client, err = a.lease.ClientFor(ep.URL, to); err != nil {
+			return p, fmt.Errorf("%w: source %s: %w", replication.ErrDBNotFound, ep, err)
+		}
+	}
+	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest, HTTPClient: client}
 	code, err := replication.FetchFilterCode(ctx, couch.NewDB(ep, opts), p.Filter)
 	if err != nil {
 		return p, err
@@ -353,6 +366,15 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	o := replication.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
 		OnProgress: onProgress, OnEvent: a.o.OnEvent}
 	o.HTTPClient = a.httpClient(p)
+	o.Endpoints = a.o.Endpoints
+	if a.lease != nil {
+		o.Clients = a.lease
+	}
+	if rec := a.run.Record(); rec.GetDbName() != "" {
+		o.Principal = "in database " + rec.GetDbName() + ", docid " + rec.GetDocId()
+	} else if rec.GetUser() != "" {
+		o.Principal = "by user " + rec.GetUser()
+	}
 	a.mu.Lock()
 	a.cancelRun = cancelRun
 	if a.stopReason != "" {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/replication"
 )
 
@@ -49,6 +50,10 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		useBulkGet   = fs.Bool("use-bulk-get", true, "fetch documents with _bulk_get")
 		winning      = fs.Bool("winning-revs-only", false, "replicate only winning revisions")
 		quiet        = fs.Bool("quiet", false, "no progress line (there is one only when stderr is a terminal)")
+		proxy        = fs.String("proxy", "", "proxy `URL` for both endpoints: http://, https:// or socks5://, optional user:password@")
+		sourceProxy  = fs.String("source-proxy", "", "proxy `URL` for the source only")
+		targetProxy  = fs.String("target-proxy", "", "proxy `URL` for the target only")
+		configPath   = fs.String("config", "", "ini `FILE` whose [replicator] TLS, session, socket and retry settings apply (COUCHREP_REPLICATOR_* variables too)")
 	)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -113,6 +118,9 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	put("use-checkpoints", "use_checkpoints", *useCkpt)
 	put("use-bulk-get", "use_bulk_get", *useBulkGet)
 	put("winning-revs-only", "winning_revs_only", *winning)
+	put("proxy", "proxy", *proxy)
+	put("source-proxy", "source_proxy", *sourceProxy)
+	put("target-proxy", "target_proxy", *targetProxy)
 	for _, j := range [][3]string{
 		{"create-target-params", "create_target_params", *ctParams},
 		{"selector", "selector", *selector},
@@ -149,8 +157,23 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return 2
 	}
 
+	cfg := config.Default()
+	if *configPath != "" {
+		if cfg, err = config.Load(*configPath); err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+			return 2
+		}
+	}
+	if err := cfg.ApplyEnv(os.Environ()); err != nil {
+		fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+		return 2
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
+		return 2
+	}
 	progress := newProgressLine(stderr, *quiet)
-	opts := replication.Options{ServerUUID: *uuid, Logger: logger}
+	opts := replication.Options{ServerUUID: *uuid, Logger: logger, Endpoints: replication.EndpointConfigFrom(cfg.Replicator)}
 	if progress != nil {
 		opts.OnProgress, opts.ProgressInterval = progress.report, progressEvery
 	}

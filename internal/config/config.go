@@ -227,6 +227,16 @@ type Replicator struct {
 	// SessionMinUpdateInterval is the least time between two cookie
 	// refreshes caused by 401/403 (session_min_update_interval, 5 s).
 	SessionMinUpdateInterval time.Duration
+	// SocketOptions are CouchDB's socket_options, an Erlang list such as
+	// "[{keepalive, true}, {nodelay, false}]": keepalive, nodelay, sndbuf
+	// and recbuf are applied to every endpoint connection, the rest is
+	// ignored. Empty keeps Go's defaults: keep-alive on and TCP_NODELAY on
+	// (CouchDB's default turns nodelay off; see README "Real endpoints").
+	SocketOptions string
+	// AuthPlugins are the auth plugins tried in order (auth_plugins,
+	// "couch_replicator_auth_session,couch_replicator_auth_noop"): cookie
+	// sessions from /_session, then Basic auth.
+	AuthPlugins []string
 	// ConnectTo overrides where endpoints connect, like curl --connect-to:
 	// entries "host:port:target_host:target_port", host may start with "*."
 	// (connect_to, comma-separated).
@@ -338,6 +348,7 @@ func Default() Config {
 			MissingDocRetry:          2000 * time.Millisecond,
 			SessionRefreshInterval:   550 * time.Second,
 			SessionMinUpdateInterval: 5 * time.Second,
+			AuthPlugins:              []string{"couch_replicator_auth_session", "couch_replicator_auth_noop"},
 			UsageCoeff:               0.5,
 			PriorityCoeff:            0.98,
 

@@ -54,6 +54,8 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.session_refresh_interval_sec":  "550",
 		"replicator.session_min_update_interval":   "5",
 		"replicator.connect_to":                    "",
+		"replicator.socket_options":                "",
+		"replicator.auth_plugins":                  "couch_replicator_auth_session,couch_replicator_auth_noop",
 		"replicator.usage_coeff":                   "0.5",
 		"replicator.priority_coeff":                "0.98",
 		"replicator.max_acceptors":                 "2",
@@ -142,6 +144,7 @@ func TestParseValues(t *testing.T) {
 		"usage_coeff = 1\n" +
 		"connect_to = *.example.com:443:127.0.0.1:8443\n" +
 		"socket_options = [{keepalive, true}, {nodelay, false}]\n" +
+		"ibrowse_options = [{prefer_ipv6, true}]\n" +
 		"max_churn =\n" + // empty: the default
 		"# hash comments too\n" +
 		"[replicator.shares]\n" +
@@ -174,6 +177,7 @@ func TestParseValues(t *testing.T) {
 		{"use_bulk_get", c.Replicator.UseBulkGet, false},
 		{"usage_coeff", c.Replicator.UsageCoeff, 1.0},
 		{"connect_to", c.Replicator.ConnectTo, []string{"*.example.com:443:127.0.0.1:8443"}},
+		{"socket_options", c.Replicator.SocketOptions, "[{keepalive, true}, {nodelay, false}]"},
 		{"max_churn", c.Replicator.MaxChurn, 20},
 		{"worker_processes", c.Replicator.WorkerProcesses, 2},
 		{"shares", c.Shares, map[string]int{"high/_replicator": 200, "_replicator": 1}},
@@ -190,8 +194,8 @@ func TestParseValues(t *testing.T) {
 			t.Errorf("%s = %#v, want %#v", tc.name, tc.got, tc.want)
 		}
 	}
-	if len(c.Ignored) == 1 && (c.Ignored[0].Key != "socket_options" || c.Ignored[0].Where != "t.ini:16") {
-		t.Errorf("Ignored = %+v, want socket_options at t.ini:16", c.Ignored[0])
+	if len(c.Ignored) == 1 && (c.Ignored[0].Key != "ibrowse_options" || c.Ignored[0].Where != "t.ini:17") {
+		t.Errorf("Ignored = %+v, want ibrowse_options at t.ini:17", c.Ignored[0])
 	}
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate() = %v", err)

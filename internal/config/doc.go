@@ -22,8 +22,8 @@
 //	[admins]              <user> = <password>: HTTP API admins, as in CouchDB
 //
 // Unknown sections and keys are errors, except a few CouchDB [replicator]
-// and [log] keys that mean nothing to a Go replicator (socket_options,
-// ibrowse_options, auth_plugins, cluster_quiet_period, writer, file, ...):
+// and [log] keys that mean nothing to a Go replicator (valid_socket_options,
+// ibrowse_options, cluster_quiet_period, writer, file, ...):
 // those are accepted and listed in Config.Ignored so that a section copied
 // from CouchDB's local.ini loads, and the daemon can warn about them.
 //

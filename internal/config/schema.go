@@ -100,6 +100,8 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "missing_doc_retry_msec", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.MissingDocRetry }, unit: time.Millisecond}},
 	{section: SectionReplicator, key: "session_refresh_interval_sec", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.SessionRefreshInterval }, unit: time.Second, min: time.Second}},
 	{section: SectionReplicator, key: "session_min_update_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.SessionMinUpdateInterval }, unit: time.Second}},
+	{section: SectionReplicator, key: "socket_options", v: stringValue{p: func(c *Config) *string { return &c.Replicator.SocketOptions }, optional: true, ok: validSocketOptions, what: "an Erlang list such as [{keepalive, true}, {nodelay, true}]"}},
+	{section: SectionReplicator, key: "auth_plugins", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.AuthPlugins }, allowed: []string{"couch_replicator_auth_session", "couch_replicator_auth_noop"}, nonEmpty: true, what: `a comma-separated list of the auth plugins "couch_replicator_auth_session" and "couch_replicator_auth_noop"`}},
 	{section: SectionReplicator, key: "connect_to", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ConnectTo }, item: validConnectTo, what: `a comma-separated list of "host:port:target_host:target_port"`}},
 	{section: SectionReplicator, key: "usage_coeff", v: floatValue{p: func(c *Config) *float64 { return &c.Replicator.UsageCoeff }, min: 0, max: 1}},
 	{section: SectionReplicator, key: "priority_coeff", v: floatValue{p: func(c *Config) *float64 { return &c.Replicator.PriorityCoeff }, min: 0, max: 1}},
@@ -115,11 +117,9 @@ var schema = []*setting{
 	// [replicator] keys CouchDB has that mean nothing to a Go replicator:
 	// accepted so that a CouchDB [replicator] section loads, then reported
 	// in Config.Ignored.
-	{section: SectionReplicator, key: "socket_options", v: ignoredValue{}, ignored: "Erlang socket options; couchrep uses Go's net/http defaults (keep-alive on)"},
 	{section: SectionReplicator, key: "valid_socket_options", v: ignoredValue{}, ignored: "Erlang socket options are not used"},
 	{section: SectionReplicator, key: "ibrowse_options", v: ignoredValue{}, ignored: "ibrowse is CouchDB's Erlang HTTP client"},
 	{section: SectionReplicator, key: "valid_ibrowse_options", v: ignoredValue{}, ignored: "ibrowse is CouchDB's Erlang HTTP client"},
-	{section: SectionReplicator, key: "auth_plugins", v: ignoredValue{}, ignored: "couchrep always tries cookie session auth, then basic auth (CouchDB's default plugins)"},
 	{section: SectionReplicator, key: "cluster_quiet_period", v: ignoredValue{}, ignored: "removed in CouchDB 3.4"},
 
 	// [couchdb]
@@ -256,4 +256,12 @@ func editDistance(a, b string) int {
 		prev, cur = cur, prev
 	}
 	return prev[len(b)]
+}
+
+// validSocketOptions accepts an Erlang list ("[...]"); what is inside is
+// read by couch.ParseSocketOptions, which drops what it does not know, as
+// CouchDB drops options outside valid_socket_options.
+func validSocketOptions(s string) bool {
+	t := strings.TrimSpace(s)
+	return strings.HasPrefix(t, "[") && strings.HasSuffix(t, "]")
 }

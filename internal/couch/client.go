@@ -52,6 +52,16 @@ type Options struct {
 	// not compress, and PouchDB Server's gzip costs a third of the
 	// throughput on a loopback connection.
 	Gzip bool
+	// Session, when set and the endpoint has credentials, authenticates
+	// with an AuthSession cookie from POST /_session instead of sending
+	// Basic auth with every request (CouchDB's default auth plugins). Nil
+	// sends Basic auth.
+	Session *SessionOptions
+	// ErrorBudget bounds the time one request spends failing and being
+	// retried: once this long has passed since its first failure it is not
+	// retried again, whatever Retries allows (CouchDB: half of
+	// health_threshold, 60 s). Zero means no bound.
+	ErrorBudget time.Duration
 }
 
 // LimitKey identifies what a Limiter limits: CouchDB keys its rate limiter
@@ -86,6 +96,7 @@ type DB struct {
 	client  *http.Client
 	log     zerolog.Logger
 	headers http.Header // shared: read only
+	sess    *session    // nil: Basic auth (or none)
 }
 
 // userAgent is sent unless Options.UserAgent says otherwise.
@@ -116,6 +127,9 @@ func NewDB(ep Endpoint, opts Options) *DB {
 		d.server = ep.ServerURL().String()
 	}
 	d.red = ep.Redacted()
+	if opts.Session != nil && ep.URL != nil && (ep.Username != "" || ep.Password != "") {
+		d.sess = newSession(d, *opts.Session)
+	}
 	if (opts.UserAgent == "" || opts.UserAgent == userAgent) && !opts.Gzip && len(ep.Headers) == 0 {
 		d.headers = defaultHeaders
 		return d
@@ -218,24 +232,38 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 	if r.noRetry {
 		retries = 0
 	}
+	var firstErr time.Time
+	authRetries := 0
 	for attempt := 0; ; {
 		if lim := d.opts.Limiter; lim != nil {
 			if err := lim.Wait(ctx, key); err != nil {
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
 		}
-		resp, err := d.send(ctx, r)
+		resp, epoch, err := d.send(ctx, r)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), context.Cause(ctx))
 			}
-			if attempt >= retries {
+			if ce, ok := AsCertificateError(err); ok {
+				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), ce)
+			}
+			var herr *HTTPError
+			if errors.As(err, &herr) || errors.Is(err, ErrSession) || errors.Is(err, ErrTransportConfig) {
+				return nil, err // from the session plugin: final
+			}
+			if attempt >= retries || d.overBudget(&firstErr) {
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
 			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).
 				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
 		} else {
 			code := resp.StatusCode
+			if d.sess != nil && d.sess.handle(code, resp.Header, epoch) && authRetries < maxAuthRetries {
+				drain(resp)
+				authRetries++
+				continue // the cookie was renewed (or is newer): send again at once
+			}
 			if code == http.StatusTooManyRequests && d.opts.Limiter != nil {
 				drain(resp)
 				d.opts.Limiter.Failure(key)
@@ -248,7 +276,7 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				return resp, nil
 			}
 			herr := readHTTPError(resp, r.method, r.redactedURL(d))
-			if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries {
+			if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries || d.overBudget(&firstErr) {
 				return nil, herr
 			}
 			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Int("status", code).
@@ -263,14 +291,33 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 	}
 }
 
-func (d *DB) send(ctx context.Context, r *request) (*http.Response, error) {
+// maxAuthRetries bounds how often one request is sent again because the
+// session cookie was renewed.
+const maxAuthRetries = 4
+
+// overBudget reports whether the error budget of a request that first
+// failed at *first is spent; it records the first failure.
+func (d *DB) overBudget(first *time.Time) bool {
+	if d.opts.ErrorBudget <= 0 {
+		return false
+	}
+	now := time.Now()
+	if first.IsZero() {
+		*first = now
+		return false
+	}
+	return now.Sub(*first) >= d.opts.ErrorBudget
+}
+
+// send sends one attempt of r; epoch is the session cookie's it carried.
+func (d *DB) send(ctx context.Context, r *request) (*http.Response, int, error) {
 	var body io.Reader
 	if r.body != nil {
 		body = r.body()
 	}
 	req, err := http.NewRequestWithContext(ctx, r.method, r.url(d), body)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if r.body != nil {
 		req.ContentLength = r.bodyLen
@@ -285,10 +332,20 @@ func (d *DB) send(ctx context.Context, r *request) (*http.Response, error) {
 	if r.contentType != "" {
 		req.Header.Set("Content-Type", r.contentType)
 	}
-	if d.ep.Username != "" || d.ep.Password != "" {
+	epoch := 0
+	switch {
+	case d.sess != nil:
+		if epoch, err = d.sess.authorize(ctx, d, req); err != nil {
+			if r.body != nil && req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, 0, err
+		}
+	case d.ep.Username != "" || d.ep.Password != "":
 		req.SetBasicAuth(d.ep.Username, d.ep.Password)
 	}
-	return d.client.Do(req)
+	resp, err := d.client.Do(req)
+	return resp, epoch, err
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -1,6 +1,8 @@
 package couch
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -101,4 +103,63 @@ func (e *HTTPError) Retryable() bool {
 
 func retryableStatus(code int) bool {
 	return code == http.StatusRequestTimeout || code >= 500
+}
+
+// ErrCertificate: an endpoint's (or an https proxy's) TLS certificate did
+// not verify: unknown authority, expired or not yet valid, issued for
+// another host, or a chain longer than ssl_certificate_max_depth. Such a
+// request is not retried: the job crashes and the scheduler's backoff
+// decides when to try again.
+var ErrCertificate = errors.New("couch: certificate verification failed")
+
+// CertificateError is a certificate that did not verify, with a short
+// reason ("unknown authority", "expired", "wrong host", "chain too long",
+// "invalid"). It matches ErrCertificate.
+type CertificateError struct {
+	Reason string
+	Err    error
+}
+
+// Error implements error.
+func (e *CertificateError) Error() string {
+	return "certificate verification failed (" + e.Reason + "): " + e.Err.Error()
+}
+
+// Unwrap returns the TLS or x509 error.
+func (e *CertificateError) Unwrap() error { return e.Err }
+
+// Is matches ErrCertificate.
+func (e *CertificateError) Is(target error) bool { return target == ErrCertificate }
+
+// AsCertificateError classifies a transport error; ok is false when err is
+// not about a certificate.
+func AsCertificateError(err error) (*CertificateError, bool) {
+	var ce *CertificateError
+	if errors.As(err, &ce) {
+		return ce, true
+	}
+	var ua x509.UnknownAuthorityError
+	if errors.As(err, &ua) {
+		return &CertificateError{Reason: "unknown authority", Err: err}, true
+	}
+	var he x509.HostnameError
+	if errors.As(err, &he) {
+		return &CertificateError{Reason: "wrong host", Err: err}, true
+	}
+	var ci x509.CertificateInvalidError
+	if errors.As(err, &ci) {
+		reason := "invalid"
+		switch ci.Reason {
+		case x509.Expired:
+			reason = "expired"
+		case x509.TooManyIntermediates:
+			reason = "chain too long"
+		}
+		return &CertificateError{Reason: reason, Err: err}, true
+	}
+	var cv *tls.CertificateVerificationError
+	if errors.As(err, &cv) {
+		return &CertificateError{Reason: "invalid", Err: err}, true
+	}
+	return nil, false
 }

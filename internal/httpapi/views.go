@@ -238,6 +238,10 @@ type jobJSON struct {
 	History   scheduler.History `json:"history"`
 	Node      *string           `json:"node"`
 	StartTime *string           `json:"start_time"`
+	// SourceProxy and TargetProxy are the proxies, password masked
+	// (CouchDB's job_proxy_url); null for none.
+	SourceProxy *string `json:"source_proxy"`
+	TargetProxy *string `json:"target_proxy"`
 }
 
 func strOrNil(s string) *string {
@@ -261,6 +265,7 @@ func jobView(j *Job) jobJSON {
 		Source: RedactURL(j.Source), Target: RedactURL(j.Target),
 		User: strOrNil(j.User), State: j.State, History: j.History,
 		Node: strOrNil(j.Node), StartTime: timeOrNil(j.CreatedAt),
+		SourceProxy: strOrNil(RedactURL(j.SourceProxy)), TargetProxy: strOrNil(RedactURL(j.TargetProxy)),
 	}
 	if !j.Transient {
 		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)

@@ -73,6 +73,16 @@ type Options struct {
 	// OnEvent, if set, is told of checkpoints and changes-feed failures
 	// (metrics); it must return quickly.
 	OnEvent func(Event)
+	// Clients, when set, gives each endpoint's HTTP client (the node's
+	// connection_pool lease); it takes precedence over HTTPClient.
+	Clients ClientSource
+	// Endpoints are the node's [replicator] settings for connections and
+	// authentication (TLS, socket options, auth plugins, error budget).
+	// HTTPClient, when used, ignores its TLS and socket settings.
+	Endpoints EndpointConfig
+	// Principal names the replication's owner in security warnings ("in
+	// database D, docid X" or "by user U"); empty: from user_ctx.
+	Principal string
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -99,7 +109,7 @@ type Replication struct {
 	now func() time.Time
 
 	src, tgt *couch.DB
-	ownTr    *http.Transport // built by openDBs; idle connections closed when Run ends
+	ownTrs   []*http.Transport // built by openDBs; idle connections closed when Run ends
 	base     string
 	ext      string
 
@@ -179,22 +189,24 @@ func (r *Replication) openDBs() error {
 	if err != nil {
 		return fmt.Errorf("target: %w", err)
 	}
-	client := r.o.HTTPClient
-	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = max(r.p.HTTPConnections, 2) * 2
-		tr.MaxConnsPerHost = max(r.p.HTTPConnections, 2) * 2
-		tr.ReadBufferSize, tr.WriteBufferSize = connBufferSize, connBufferSize
-		client = &http.Client{Transport: tr, Timeout: 0}
-		r.ownTr = tr
+	srcClient, err := r.endpointClient("source", srcEp, r.p.Source)
+	if err != nil {
+		return err
+	}
+	tgtClient, err := r.endpointClient("target", tgtEp, r.p.Target)
+	if err != nil {
+		return err
 	}
 	lim := r.o.Limiter
 	if lim == nil {
 		lim = NewRateLimiter(r.now)
 	}
-	opts := couch.Options{HTTPClient: client, Logger: r.log, Retries: r.p.RetriesPerRequest,
-		RetryBackoff: r.o.RetryBackoff, Limiter: lim}
-	r.src, r.tgt = couch.NewDB(srcEp, opts), couch.NewDB(tgtEp, opts)
+	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
+		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.Endpoints.sessionOptions(),
+		ErrorBudget: r.o.Endpoints.errorBudget()}
+	srcOpts, tgtOpts := opts, opts
+	srcOpts.HTTPClient, tgtOpts.HTTPClient = srcClient, tgtClient
+	r.src, r.tgt = couch.NewDB(srcEp, srcOpts), couch.NewDB(tgtEp, tgtOpts)
 	return nil
 }
 
@@ -267,8 +279,8 @@ func (s *runState) complete(ctx context.Context, err error, done func(Result, er
 
 // closeIdle closes the idle connections of the transport openDBs built.
 func (r *Replication) closeIdle() {
-	if r.ownTr != nil {
-		r.ownTr.CloseIdleConnections()
+	for _, tr := range r.ownTrs {
+		tr.CloseIdleConnections()
 	}
 }
 

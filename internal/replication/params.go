@@ -102,6 +102,9 @@ type Params struct {
 	WinningRevsOnly    bool
 	// UserCtx is the document's user_ctx, nil when absent.
 	UserCtx *UserCtx
+	// SocketOptions is the job's socket_options (an Erlang list such as
+	// "[{nodelay, true}]"), applied over the node's; empty for none.
+	SocketOptions string
 
 	// FilterCode is the named filter's function source from the source
 	// design document; it is part of the replication id (see WithFilterCode).
@@ -331,6 +334,11 @@ func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, err
 				return p, paramErr(o.name, "parameter `%s` must be a positive integer (milliseconds)", o.name)
 			}
 			*o.dst = time.Duration(v) * time.Millisecond
+		}
+	}
+	if raw, ok := fields["socket_options"]; ok && !isNull(raw) {
+		if err := json.Unmarshal(raw, &p.SocketOptions); err != nil {
+			return p, paramErr("socket_options", "parameter `socket_options` must be a string")
 		}
 	}
 	if raw, ok := fields["user_ctx"]; ok && !isNull(raw) {

@@ -105,6 +105,7 @@ type changesReader struct {
 	since    couch.Seq
 	pages    pager
 	failures int
+	firstErr time.Time // first failure of the current run of failures
 	wait     time.Duration
 	got      int  // rows of the current request
 	done     bool // the reader has nothing more to do
@@ -160,15 +161,21 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 	r := cr.s.r
 	r.event(EventChangesReadFailed)
 	var herr *couch.HTTPError
-	if errors.As(err, &herr) && !herr.Retryable() {
+	if errors.As(err, &herr) && !herr.Retryable() || errors.Is(err, couch.ErrCertificate) || errors.Is(err, couch.ErrSession) {
 		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
 	}
 	if cr.got > 0 {
 		cr.failures = 0
 	}
+	if cr.failures == 0 {
+		cr.firstErr = time.Now()
+	}
 	cr.failures++
 	if cr.failures > r.p.RetriesPerRequest {
 		return fmt.Errorf("%w: after %d attempts: %w", ErrChangesFailed, cr.failures, err)
+	}
+	if b := r.o.Endpoints.errorBudget(); b > 0 && time.Since(cr.firstErr) >= b {
+		return fmt.Errorf("%w: still failing after %s (the error budget, health_threshold/2): %w", ErrChangesFailed, b.Round(time.Millisecond), err)
 	}
 	r.log.Warn().Err(err).Int("attempt", cr.failures).Str("since", seqOrZero(cr.since).String()).
 		Msg("replication: changes feed failed, resuming")

@@ -46,6 +46,21 @@ type Server struct {
 	mu      sync.Mutex
 	stopped bool
 	client  *http.Client
+	// admin credentials the helpers send once AddAdmin made an account.
+	adminUser, adminPass string
+}
+
+// AddAdmin creates a server admin (PUT /_config/admins/<user>), so that
+// /_session issues cookies for it. Afterwards the helpers authenticate as
+// that admin: pouchdb-server crashes on an anonymous PUT /db once an admin
+// exists (integration/README.md).
+func (s *Server) AddAdmin(t testing.TB, user, pass string) {
+	t.Helper()
+	b, _ := json.Marshal(pass)
+	s.Do(t, http.MethodPut, s.URL+"_config/admins/"+url.PathEscape(user), b, http.StatusOK)
+	s.mu.Lock()
+	s.adminUser, s.adminPass = user, pass
+	s.mu.Unlock()
 }
 
 // startTimeout bounds the wait for a fresh server to answer GET /; Node
@@ -283,6 +298,11 @@ func (s *Server) do(method, u string, body any) ([]byte, int, error) {
 	if rd != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	s.mu.Lock()
+	if s.adminUser != "" {
+		req.SetBasicAuth(s.adminUser, s.adminPass)
+	}
+	s.mu.Unlock()
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return nil, 0, err
