@@ -1,0 +1,114 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// BenchmarkRealEndpoints replicates 10,000 documents of about 1 KB
+// (one-shot, CouchDB's default settings) from one in-memory PouchDB Server
+// to another, each behind its own nginx, three ways per round (order
+// rotated, $COUCHREP_BENCH_ROUNDS rounds, medians reported):
+//
+//   - http: plain HTTP through nginx;
+//   - https: HTTPS through the same nginx, certificates verified against
+//     the test CA (TLS 1.3, ECDSA P-256);
+//   - http-proxy: plain HTTP through nginx and tinyproxy (both endpoints).
+//
+// The https/http ratio is the cost of TLS (issue 11's goal: at most 15%).
+//
+//	go test -run '^$' -bench RealEndpoints -benchtime 1x -timeout 30m ./integration/
+func BenchmarkRealEndpoints(b *testing.B) {
+	pki := testserver.NewPKI(b)
+	s1, s2 := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
+	n1, n2 := testserver.StartNginx(b, pki, s1.URL), testserver.StartNginx(b, pki, s2.URL)
+	proxy := testserver.StartTinyproxy(b, "", "")
+	const n = 10000
+	seedBench(b, s1, s1.CreateDB(b, "bench"), benchSet{n: n})
+	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+	defer cancel()
+	verified := replication.EndpointConfig{TLS: couch.TLSOptions{Verify: true, CAFile: pki.CAFile, MaxDepth: 3}}
+	type mode struct {
+		name       string
+		src, tgt   string // server roots
+		proxy      string
+		endpoints  replication.EndpointConfig
+		rates, cpu []float64
+	}
+	modes := []*mode{
+		{name: "http", src: n1.HTTPURL, tgt: n2.HTTPURL},
+		{name: "https", src: n1.HTTPSURL, tgt: n2.HTTPSURL, endpoints: verified},
+		{name: "http-proxy", src: n1.HTTPURL, tgt: n2.HTTPURL, proxy: proxy.URL},
+	}
+	run := func(m *mode, tgtDB string) (time.Duration, time.Duration, error) {
+		doc := fmt.Sprintf(`{"source":%q,"target":%q`, m.src+"bench", m.tgt+tgtDB)
+		if m.proxy != "" {
+			doc += fmt.Sprintf(`,"proxy":%q`, m.proxy)
+		}
+		p, err := replication.ParseParams([]byte(doc + "}"))
+		if err != nil {
+			return 0, 0, err
+		}
+		cpu0, start := cpuTime(), time.Now()
+		res, err := replication.New(p, replication.Options{ServerUUID: "bench", Logger: zerolog.Nop(), Endpoints: m.endpoints}).Run(ctx)
+		wall, cpu := time.Since(start), cpuTime()-cpu0
+		if err == nil && res.Stats.DocsWritten != n {
+			err = fmt.Errorf("%s: docs_written %d, want %d", m.name, res.Stats.DocsWritten, n)
+		}
+		return wall, cpu, err
+	}
+	// Warm up nginx, the servers and TLS session machinery once, untimed.
+	for _, m := range modes {
+		db := fmt.Sprintf("warm-%s", m.name)
+		s2.CreateDB(b, db)
+		if _, _, err := run(m, db); err != nil {
+			b.Fatal(err)
+		}
+		s2.Do(b, http.MethodDelete, s2.DBURL(db), nil, http.StatusOK)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for round := 0; round < benchRounds(); round++ {
+			rot := append(slices.Clone(modes[round%len(modes):]), modes[:round%len(modes)]...)
+			var line []string
+			for _, m := range rot {
+				db := fmt.Sprintf("t-%s-%d-%d", m.name, i, round)
+				s2.CreateDB(b, db)
+				wall, cpu, err := run(m, db)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c, err := docCount(s2.DBURL(db)); err != nil || c != n {
+					b.Fatalf("%s: target doc_count %d (%v), want %d", m.name, c, err, n)
+				}
+				s2.Do(b, http.MethodDelete, s2.DBURL(db), nil, http.StatusOK)
+				m.rates = append(m.rates, n/wall.Seconds())
+				m.cpu = append(m.cpu, cpu.Seconds())
+				line = append(line, fmt.Sprintf("%s=%.0f docs/s (cpu %.2fs)", m.name, n/wall.Seconds(), cpu.Seconds()))
+			}
+			b.Logf("round %d (load %s): %s", round, loadAvg(), strings.Join(line, " "))
+		}
+	}
+	b.StopTimer()
+	http0 := median(modes[0].rates)
+	for _, m := range modes {
+		b.ReportMetric(median(m.rates), m.name+"-docs/s")
+		b.ReportMetric(median(m.cpu), m.name+"-cpu-s")
+	}
+	b.ReportMetric(median(modes[1].rates)/http0, "https/http")
+	b.ReportMetric(median(modes[2].rates)/http0, "proxy/http")
+	if strings.Count(proxy.Log(), "Request (file descriptor") == 0 {
+		b.Fatal("http-proxy: tinyproxy saw no request")
+	}
+}
