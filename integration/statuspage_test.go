@@ -23,7 +23,7 @@ import (
 )
 
 // chromiumPath finds Debian's chromium (make testdeps installs it).
-func chromiumPath(t *testing.T) string {
+func chromiumPath(t testing.TB) string {
 	t.Helper()
 	for _, name := range []string{"chromium", "chromium-browser"} {
 		if p, err := exec.LookPath(name); err == nil {
@@ -43,7 +43,7 @@ type browser struct {
 	dialogs  []string
 }
 
-func startBrowser(t *testing.T) *browser {
+func startBrowser(t testing.TB) *browser {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chromiumPath(t)),
@@ -98,7 +98,7 @@ func startBrowser(t *testing.T) *browser {
 	return b
 }
 
-func (b *browser) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
+func (b *browser) do(t testing.TB, steps ...chromedp.Action[chromedp.Void]) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
 	defer cancel()
@@ -108,7 +108,7 @@ func (b *browser) do(t *testing.T, steps ...chromedp.Action[chromedp.Void]) {
 }
 
 // eval evaluates a JavaScript expression in the page.
-func eval[T any](t *testing.T, b *browser, expr string) T {
+func eval[T any](t testing.TB, b *browser, expr string) T {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
 	defer cancel()

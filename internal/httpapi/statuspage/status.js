@@ -179,6 +179,7 @@
       const resp = await fetch("/_status/data", { credentials: "same-origin", cache: "no-store" });
       if (!resp.ok) throw new Error("the node answered " + resp.status);
       const d = await resp.json();
+      const t0 = performance.now();
       renderHeader(d);
       renderNodes(d.nodes);
       renderJobs(d.jobs);
@@ -188,6 +189,7 @@
       lastData = d;
       generation++;
       document.body.dataset.generation = String(generation);
+      document.body.dataset.renderMs = (performance.now() - t0).toFixed(1);
       if (generation === 1) document.body.dataset.firstRenderMs = performance.now().toFixed(1);
     } catch (e) {
       const probs = document.getElementById("problems");
