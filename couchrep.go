@@ -428,7 +428,8 @@ var uuidKey = tuple.Tuple{"couchrep", "server_uuid"}.Pack()
 // node sharing a store must use the same one, or a job moving between nodes
 // would not find its checkpoints: the first node records its UUID in the
 // store and later nodes whose UUID was generated (not configured) adopt it.
-// A configured UUID is always used as is.
+// A configured UUID is always used as is; an adopted one (couchrepd
+// --adopt-uuid) also replaces the one recorded.
 func sharedUUID(ctx context.Context, store kv.Database, c config.CouchDB) (string, error) {
 	uuid := c.UUID
 	err := store.Transact(ctx, func(tx kv.Tx) error {
@@ -437,6 +438,9 @@ func sharedUUID(ctx context.Context, store kv.Database, c config.CouchDB) (strin
 			return err
 		}
 		switch {
+		case c.Adopted && c.UUID != "" && string(got) != c.UUID:
+			tx.Set(uuidKey, []byte(c.UUID))
+			uuid = c.UUID
 		case got == nil && c.UUID != "":
 			tx.Set(uuidKey, []byte(c.UUID))
 			uuid = c.UUID

@@ -143,8 +143,12 @@ type JobStats struct {
 	SourceSeq             string `protobuf:"bytes,7,opt,name=source_seq,json=sourceSeq,proto3" json:"source_seq,omitempty"`
 	CheckpointedSourceSeq string `protobuf:"bytes,8,opt,name=checkpointed_source_seq,json=checkpointedSourceSeq,proto3" json:"checkpointed_source_seq,omitempty"`
 	ThroughSeq            string `protobuf:"bytes,9,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Where the job's current or last run started: "checkpoint",
+	// "couchdb_checkpoint", "since_seq" or "zero" (ReplicationStats.start_from).
+	StartFrom     string `protobuf:"bytes,10,opt,name=start_from,json=startFrom,proto3" json:"start_from,omitempty"`
+	StartSeq      string `protobuf:"bytes,11,opt,name=start_seq,json=startSeq,proto3" json:"start_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobStats) Reset() {
@@ -236,6 +240,20 @@ func (x *JobStats) GetCheckpointedSourceSeq() string {
 func (x *JobStats) GetThroughSeq() string {
 	if x != nil {
 		return x.ThroughSeq
+	}
+	return ""
+}
+
+func (x *JobStats) GetStartFrom() string {
+	if x != nil {
+		return x.StartFrom
+	}
+	return ""
+}
+
+func (x *JobStats) GetStartSeq() string {
+	if x != nil {
+		return x.StartSeq
 	}
 	return ""
 }
@@ -1849,7 +1867,7 @@ var File_couchrep_v1_admin_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17couchrep/v1/admin.proto\x12\vcouchrep.v1\x1a\x1bcouchrep/v1/scheduler.proto\x1a\x1ccouchrep/v1/supervisor.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfe\x02\n" +
+	"\x17couchrep/v1/admin.proto\x12\vcouchrep.v1\x1a\x1bcouchrep/v1/scheduler.proto\x1a\x1ccouchrep/v1/supervisor.proto\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xba\x03\n" +
 	"\bJobStats\x12\x1b\n" +
 	"\tdocs_read\x18\x01 \x01(\x04R\bdocsRead\x12!\n" +
 	"\fdocs_written\x18\x02 \x01(\x04R\vdocsWritten\x12,\n" +
@@ -1861,7 +1879,11 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"source_seq\x18\a \x01(\tR\tsourceSeq\x126\n" +
 	"\x17checkpointed_source_seq\x18\b \x01(\tR\x15checkpointedSourceSeq\x12\x1f\n" +
 	"\vthrough_seq\x18\t \x01(\tR\n" +
-	"throughSeq\"\xad\x04\n" +
+	"throughSeq\x12\x1d\n" +
+	"\n" +
+	"start_from\x18\n" +
+	" \x01(\tR\tstartFrom\x12\x1b\n" +
+	"\tstart_seq\x18\v \x01(\tR\bstartSeq\"\xad\x04\n" +
 	"\n" +
 	"JobSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +

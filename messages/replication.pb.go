@@ -161,7 +161,13 @@ type ReplicationStats struct {
 	// The source's update_seq when last read (JSON).
 	SourceSeq string `protobuf:"bytes,10,opt,name=source_seq,json=sourceSeq,proto3" json:"source_seq,omitempty"`
 	// The sequence up to which every change was processed (JSON).
-	ThroughSeq    string `protobuf:"bytes,11,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	ThroughSeq string `protobuf:"bytes,11,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
+	// Where the run started: "checkpoint" (couchrep's own), "couchdb_checkpoint"
+	// (one another replicator, CouchDB's, recorded under the same replication
+	// id), "since_seq" or "zero"; empty before the checkpoints were read.
+	StartFrom string `protobuf:"bytes,12,opt,name=start_from,json=startFrom,proto3" json:"start_from,omitempty"`
+	// The sequence it started from (JSON).
+	StartSeq      string `protobuf:"bytes,13,opt,name=start_seq,json=startSeq,proto3" json:"start_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -269,6 +275,20 @@ func (x *ReplicationStats) GetSourceSeq() string {
 func (x *ReplicationStats) GetThroughSeq() string {
 	if x != nil {
 		return x.ThroughSeq
+	}
+	return ""
+}
+
+func (x *ReplicationStats) GetStartFrom() string {
+	if x != nil {
+		return x.StartFrom
+	}
+	return ""
+}
+
+func (x *ReplicationStats) GetStartSeq() string {
+	if x != nil {
+		return x.StartSeq
 	}
 	return ""
 }
@@ -914,7 +934,7 @@ var File_couchrep_v1_replication_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcouchrep/v1/replication.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bcouchrep/v1/scheduler.proto\"\xef\x03\n" +
+	"\x1dcouchrep/v1/replication.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bcouchrep/v1/scheduler.proto\"\xab\x04\n" +
 	"\x10ReplicationStats\x12+\n" +
 	"\x11revisions_checked\x18\x01 \x01(\x03R\x10revisionsChecked\x126\n" +
 	"\x17missing_revisions_found\x18\x02 \x01(\x03R\x15missingRevisionsFound\x12\x1b\n" +
@@ -929,7 +949,10 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"source_seq\x18\n" +
 	" \x01(\tR\tsourceSeq\x12\x1f\n" +
 	"\vthrough_seq\x18\v \x01(\tR\n" +
-	"throughSeqB\x12\n" +
+	"throughSeq\x12\x1d\n" +
+	"\n" +
+	"start_from\x18\f \x01(\tR\tstartFrom\x12\x1b\n" +
+	"\tstart_seq\x18\r \x01(\tR\bstartSeqB\x12\n" +
 	"\x10_changes_pending\"\x86\a\n" +
 	"\x0eReplicationJob\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.couchrep.v1.ReplicationKindR\x04kind\x12\x15\n" +

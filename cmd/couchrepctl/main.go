@@ -548,13 +548,25 @@ func watchJobs(ctx context.Context, e *env, req *messages.ListJobsRequest, inter
 	return nil
 }
 
+// startedFrom says where a job's run started: its own checkpoint,
+// CouchDB's (couchdb_checkpoint), since_seq or zero, with the sequence.
+func startedFrom(st *messages.JobStats) string {
+	if st.GetStartFrom() == "" {
+		return "-"
+	}
+	if st.GetStartFrom() == "zero" {
+		return "zero"
+	}
+	return st.GetStartFrom() + "@" + st.GetStartSeq()
+}
+
 // printJobs prints the job table; with prev (docs written per job at the
 // last refresh, elapsed ago) it adds each job's write rate.
 func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uint64, elapsed time.Duration, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	header := "ID\tSTATE\tNODE\tDOCS_WRITTEN\tPENDING\tERRORS\tUPDATED\tSOURCE\tTARGET"
+	header := "ID\tSTATE\tNODE\tDOCS_WRITTEN\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
 	if prev != nil {
-		header = "ID\tSTATE\tNODE\tDOCS_WRITTEN\tDOCS/S\tPENDING\tERRORS\tUPDATED\tSOURCE\tTARGET"
+		header = "ID\tSTATE\tNODE\tDOCS_WRITTEN\tDOCS/S\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
 	}
 	fmt.Fprintln(tw, header)
 	for _, j := range resp.GetJobs() {
@@ -574,7 +586,7 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 			}
 			cols = append(cols, rate)
 		}
-		cols = append(cols, pending, fmt.Sprint(j.GetErrorCount()), age(now, j.GetLastUpdated(), j.GetLastUpdated() != nil),
+		cols = append(cols, pending, fmt.Sprint(j.GetErrorCount()), startedFrom(j.GetStats()), age(now, j.GetLastUpdated(), j.GetLastUpdated() != nil),
 			j.GetSource(), j.GetTarget())
 		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
@@ -644,6 +656,7 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 		row("changes_pending", "-")
 	}
 	row("checkpointed_source_seq", st.GetCheckpointedSourceSeq())
+	row("started_from", startedFrom(st))
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		logger, _ := clog.New(stderr, "warn", "auto")
 		return runReplicate(ctx, args[1:], stdout, stderr, logger)
 	}
-	cfg, err := loadConfig(args, stderr)
+	cfg, adoptFrom, err := loadConfig(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
@@ -57,6 +57,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 2
 	}
+	if adoptFrom != "" {
+		if err := adoptUUID(ctx, &cfg, adoptFrom, logger); err != nil {
+			fmt.Fprintf(stderr, "couchrepd: --adopt-uuid: %v\n", err)
+			return 1
+		}
+	}
 	if err := serve(ctx, cfg, logger); err != nil {
 		logger.Error().Err(err).Msg("couchrepd stopped with an error")
 		return 1
@@ -64,13 +70,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// loadConfig applies defaults < file < environment < flags.
-func loadConfig(args []string, stderr io.Writer) (config.Config, error) {
-	var configPath string
+// loadConfig applies defaults < file < environment < flags. It also
+// returns the --adopt-uuid URL.
+func loadConfig(args []string, stderr io.Writer) (config.Config, string, error) {
+	var configPath, adoptFrom string
 	newFlags := func(cfg *config.Config) *flag.FlagSet {
 		fs := flag.NewFlagSet("couchrepd", flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		fs.StringVar(&configPath, "config", "", "ini `file` with CouchDB-style sections ([replicator], [replicator.shares], [couchrep], ...)")
+		fs.StringVar(&adoptFrom, "adopt-uuid", "", "take the server uuid ([couchdb] uuid) from GET / of the CouchDB server at `URL`, keep it in the data directory and the job store, and so resume from that server's replication checkpoints")
 		cfg.RegisterFlags(fs)
 		fs.Usage = func() {
 			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
@@ -81,30 +89,30 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, error) {
 	// First pass: find --config (and --help) without applying anything.
 	scratch := config.Default()
 	if err := newFlags(&scratch).Parse(args); err != nil {
-		return config.Config{}, err
+		return config.Config{}, "", err
 	}
 	cfg := config.Default()
 	if configPath != "" {
 		loaded, err := config.Load(configPath)
 		if err != nil {
-			return config.Config{}, err
+			return config.Config{}, "", err
 		}
 		cfg = loaded
 	}
 	if err := cfg.ApplyEnv(os.Environ()); err != nil {
-		return config.Config{}, err
+		return config.Config{}, "", err
 	}
 	fs := newFlags(&cfg)
 	if err := fs.Parse(args); err != nil {
-		return config.Config{}, err
+		return config.Config{}, "", err
 	}
 	if fs.NArg() > 0 {
-		return config.Config{}, fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
+		return config.Config{}, "", fmt.Errorf("unexpected argument %q (see --help)", fs.Arg(0))
 	}
 	if err := cfg.Validate(); err != nil {
-		return config.Config{}, err
+		return config.Config{}, "", err
 	}
-	return cfg, nil
+	return cfg, adoptFrom, nil
 }
 
 // ShutdownTimeout bounds a clean stop after SIGTERM (deploy/systemd's

@@ -32,6 +32,7 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	var (
 		docFile      = fs.String("doc", "", "read the whole replication document (JSON) from `FILE` (- for stdin)")
 		uuid         = fs.String("uuid", "", "server UUID used in the replication id ([couchdb] uuid)")
+		adoptFrom    = fs.String("adopt-uuid", "", "use the uuid of the CouchDB server at `URL` (GET /) as --uuid: resume from that server's checkpoints")
 		continuous   = fs.Bool("continuous", false, "follow the source until interrupted")
 		createTarget = fs.Bool("create-target", false, "create the target database")
 		ctParams     = fs.String("create-target-params", "", "JSON object of parameters for creating the target (e.g. {\"q\":1})")
@@ -157,6 +158,18 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return 2
 	}
 
+	if *adoptFrom != "" {
+		if *uuid != "" {
+			fmt.Fprintln(stderr, "couchrepd replicate: --uuid and --adopt-uuid are mutually exclusive")
+			return 2
+		}
+		u, err := serverUUID(ctx, *adoptFrom)
+		if err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: --adopt-uuid: %v\n", err)
+			return 1
+		}
+		*uuid = u
+	}
 	cfg := config.Default()
 	if *configPath != "" {
 		if cfg, err = config.Load(*configPath); err != nil {

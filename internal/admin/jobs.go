@@ -70,5 +70,6 @@ func jobStats(st *messages.ReplicationStats) *messages.JobStats {
 	out.SourceSeq = st.GetSourceSeq()
 	out.CheckpointedSourceSeq = st.GetCheckpointedSourceSeq()
 	out.ThroughSeq = st.GetThroughSeq()
+	out.StartFrom, out.StartSeq = st.GetStartFrom(), st.GetStartSeq()
 	return out
 }

@@ -286,6 +286,11 @@ type CouchDB struct {
 	// Generated is set by Complete when it filled UUID from the data
 	// directory rather than from the configuration.
 	Generated bool
+	// Adopted is set when UUID was taken from a CouchDB server
+	// (couchrepd --adopt-uuid): the node then records it in the shared job
+	// store in place of the one recorded there, so that every node sharing
+	// the store computes the server's replication ids.
+	Adopted bool
 }
 
 // Log is the [log] section.

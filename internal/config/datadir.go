@@ -59,6 +59,37 @@ func EnsureUUID(dir string) (string, error) {
 	return ensureFile(dir, UUIDFile, 16)
 }
 
+// AdoptUUID records uuid as the server UUID of data directory dir (file
+// couchdb_uuid), replacing the one there: nodes started later on dir
+// without [couchdb] uuid use it (couchrepd --adopt-uuid).
+func AdoptUUID(dir, uuid string) error {
+	if !validUUID(uuid) {
+		return &Error{Section: SectionCouchDB, Key: "uuid", Expected: "a server UUID without spaces", Got: uuid}
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return fmt.Errorf("config: data directory: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, "."+UUIDFile+".*")
+	if err != nil {
+		return fmt.Errorf("config: writing %s: %w", UUIDFile, err)
+	}
+	defer os.Remove(tmp.Name())
+	_, werr := tmp.WriteString(uuid + "\n")
+	if werr == nil {
+		werr = tmp.Sync()
+	}
+	if cerr := tmp.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), filepath.Join(dir, UUIDFile))
+	}
+	if werr != nil {
+		return fmt.Errorf("config: writing %s: %w", filepath.Join(dir, UUIDFile), werr)
+	}
+	return nil
+}
+
 // EnsureNodeName returns the default node name for data directory dir:
 // couchrep-<8 hex>@<hostname>, where the hex digits are generated once and
 // kept in dir (file node_id). Two nodes on one host with their own data
@@ -120,13 +151,17 @@ func ensureFile(dir, name string, n int) (string, error) {
 	return id, nil
 }
 
-// readID reads a hex id of length n from path.
+// readID reads a hex id of length n from path. The server UUID file may
+// also hold an adopted UUID (AdoptUUID) of any form [couchdb] uuid accepts.
 func readID(path string, n int) (string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("config: %w", err)
 	}
 	id := strings.TrimSpace(string(b))
+	if filepath.Base(path) == UUIDFile && validUUID(id) {
+		return id, nil
+	}
 	if _, herr := hex.DecodeString(id); herr != nil || len(id) != n {
 		return "", fmt.Errorf("config: %s: expected %d hex digits, got %q: %w", path, n, id, ErrInvalid)
 	}

@@ -165,6 +165,8 @@ func StatsFromProto(st *messages.ReplicationStats) *Stats {
 		CheckpointedSourceSeq: st.GetCheckpointedSourceSeq(),
 		SourceSeq:             st.GetSourceSeq(),
 		ThroughSeq:            st.GetThroughSeq(),
+		StartFrom:             st.GetStartFrom(),
+		StartSeq:              st.GetStartSeq(),
 	}
 	if st.ChangesPending != nil {
 		v := st.GetChangesPending()

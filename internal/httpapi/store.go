@@ -85,6 +85,11 @@ type Stats struct {
 	CheckpointedSourceSeq string
 	SourceSeq             string
 	ThroughSeq            string
+	// StartFrom is where the run started ("checkpoint",
+	// "couchdb_checkpoint", "since_seq", "zero"; "" unknown), StartSeq
+	// that sequence.
+	StartFrom string
+	StartSeq  string
 }
 
 // Store is what the API needs from the replication job store.

@@ -317,6 +317,10 @@ func statsJSON(st *Stats) map[string]any {
 		"source_seq":              seqEncode(st.SourceSeq),
 		"through_seq":             seqEncode(st.ThroughSeq),
 	}
+	if st.StartFrom != "" {
+		m["start_from"] = st.StartFrom
+		m["start_seq"] = seqEncode(st.StartSeq)
+	}
 	return m
 }
 

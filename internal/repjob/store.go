@@ -385,5 +385,9 @@ func StatsProto(st replication.Stats) *messages.ReplicationStats {
 	if st.ThroughSeq != nil {
 		m.ThroughSeq = string(st.ThroughSeq)
 	}
+	m.StartFrom = st.StartFrom
+	if st.StartSeq != nil {
+		m.StartSeq = string(st.StartSeq)
+	}
 	return m
 }

@@ -27,7 +27,29 @@ type HistoryEntry struct {
 	DocWriteFailures int64     `json:"doc_write_failures"`
 	BulkGetDocs      int64     `json:"bulk_get_docs"`
 	BulkGetAttempts  int64     `json:"bulk_get_attempts"`
+	// Replicator is "couchrep" in the entries couchrep writes; CouchDB's
+	// have none (CouchDB keeps the entries it finds as they are, so the
+	// mark survives its own checkpoints). It tells where a run resumed
+	// from: StartCheckpoint or StartForeignCheckpoint.
+	Replicator string `json:"replicator,omitempty"`
 }
+
+// ReplicatorMark is HistoryEntry.Replicator in couchrep's checkpoints.
+const ReplicatorMark = "couchrep"
+
+// Where a run started (Stats.StartFrom; _scheduler/jobs info.start_from).
+const (
+	// StartCheckpoint: from a checkpoint couchrep recorded.
+	StartCheckpoint = "checkpoint"
+	// StartForeignCheckpoint: from a checkpoint another replicator
+	// recorded under the same replication id: CouchDB's, when [couchdb]
+	// uuid is the CouchDB server's.
+	StartForeignCheckpoint = "couchdb_checkpoint"
+	// StartSinceSeq: no usable checkpoint; from the since_seq parameter.
+	StartSinceSeq = "since_seq"
+	// StartZero: no usable checkpoint; from the beginning.
+	StartZero = "zero"
+)
 
 // Checkpoint is the body of _local/<base id> on both source and target.
 type Checkpoint struct {
@@ -66,23 +88,47 @@ func parseStoredCheckpoint(raw json.RawMessage) (storedCheckpoint, error) {
 // keep (couch_replicator_scheduler_job:compare_replication_logs/2). Missing
 // documents have no session id; two missing documents agree, at seq 0.
 func compareCheckpoints(src, tgt Checkpoint) (couch.Seq, []HistoryEntry) {
+	seq, h, _ := compareCheckpointsFrom(src, tgt)
+	return seq, h
+}
+
+// compareCheckpointsFrom is compareCheckpoints that also says whose
+// checkpoint the sequence comes from: StartCheckpoint,
+// StartForeignCheckpoint, or "" when there is none to resume from.
+func compareCheckpointsFrom(src, tgt Checkpoint) (couch.Seq, []HistoryEntry, string) {
 	if src.SessionID == tgt.SessionID {
-		return src.SourceLastSeq, src.History
+		if src.SourceLastSeq.IsZero() {
+			return src.SourceLastSeq, src.History, ""
+		}
+		by := StartForeignCheckpoint
+		if len(src.History) > 0 && src.History[0].SessionID == src.SessionID && src.History[0].Replicator == ReplicatorMark {
+			by = StartCheckpoint
+		}
+		return src.SourceLastSeq, src.History, by
 	}
 	return compareHistory(src.History, tgt.History)
 }
 
-func compareHistory(s, t []HistoryEntry) (couch.Seq, []HistoryEntry) {
+func compareHistory(s, t []HistoryEntry) (couch.Seq, []HistoryEntry, string) {
+	by := func(e HistoryEntry) string {
+		if e.RecordedSeq.IsZero() {
+			return ""
+		}
+		if e.Replicator == ReplicatorMark {
+			return StartCheckpoint
+		}
+		return StartForeignCheckpoint
+	}
 	for len(s) > 0 && len(t) > 0 {
 		if hasSession(s[0].SessionID, t) {
-			return s[0].RecordedSeq, s[1:]
+			return s[0].RecordedSeq, s[1:], by(s[0])
 		}
 		if hasSession(t[0].SessionID, s[1:]) {
-			return t[0].RecordedSeq, t[1:]
+			return t[0].RecordedSeq, t[1:], by(t[0])
 		}
 		s, t = s[1:], t[1:]
 	}
-	return nil, nil // no common ancestry: full replication
+	return nil, nil, "" // no common ancestry: full replication
 }
 
 func hasSession(id string, h []HistoryEntry) bool {
@@ -104,7 +150,7 @@ func newCheckpoint(session string, startSeq, seq couch.Seq, start, now time.Time
 		StartLastSeq: seqOrZero(startSeq), EndLastSeq: seq, RecordedSeq: seq,
 		MissingChecked: s.RevisionsChecked, MissingFound: s.MissingRevisionsFound,
 		DocsRead: s.DocsRead, DocsWritten: s.DocsWritten, DocWriteFailures: s.DocWriteFailures,
-		BulkGetDocs: s.BulkGetDocs, BulkGetAttempts: s.BulkGetAttempts,
+		BulkGetDocs: s.BulkGetDocs, BulkGetAttempts: s.BulkGetAttempts, Replicator: ReplicatorMark,
 	}
 	h := append([]HistoryEntry{e}, old...)
 	if len(h) > maxHistory {

@@ -17,31 +17,46 @@ func h(ids ...string) []HistoryEntry {
 	return out
 }
 
+// mine marks entries as couchrep's own.
+func mine(e []HistoryEntry) []HistoryEntry {
+	for i := range e {
+		e[i].Replicator = ReplicatorMark
+	}
+	return e
+}
+
 // Cases follow compare_replication_logs/2 and compare_rep_history/2 in
-// couch_replicator_scheduler_job.erl.
+// couch_replicator_scheduler_job.erl; from is whose checkpoint the run
+// resumes from (entries without couchrep's mark are another replicator's).
 func TestCompareCheckpoints(t *testing.T) {
 	tests := []struct {
 		name     string
 		src, tgt Checkpoint
 		seq      string
 		rest     int
+		from     string
 	}{
-		{"both missing", Checkpoint{}, Checkpoint{}, "", 0},
-		{"same session", Checkpoint{SessionID: "s", SourceLastSeq: couch.Seq("42"), History: h("s", "a")},
-			Checkpoint{SessionID: "s", History: h("s")}, "42", 2},
-		{"target missing", Checkpoint{SessionID: "s", SourceLastSeq: couch.Seq("42"), History: h("s")}, Checkpoint{}, "", 0},
-		{"source entry found in target", Checkpoint{SessionID: "x", History: h("b", "a")},
-			Checkpoint{SessionID: "y", History: h("c", "b")}, `"seq-b"`, 1},
+		{"both missing", Checkpoint{}, Checkpoint{}, "", 0, ""},
+		{"same session", Checkpoint{SessionID: "s", SourceLastSeq: couch.Seq("42"), History: mine(h("s", "a"))},
+			Checkpoint{SessionID: "s", History: mine(h("s"))}, "42", 2, StartCheckpoint},
+		{"same session, CouchDB's", Checkpoint{SessionID: "s", SourceLastSeq: couch.Seq("42"), History: h("s", "a")},
+			Checkpoint{SessionID: "s", History: h("s")}, "42", 2, StartForeignCheckpoint},
+		{"target missing", Checkpoint{SessionID: "s", SourceLastSeq: couch.Seq("42"), History: h("s")}, Checkpoint{}, "", 0, ""},
+		{"source entry found in target", Checkpoint{SessionID: "x", History: mine(h("b", "a"))},
+			Checkpoint{SessionID: "y", History: h("c", "b")}, `"seq-b"`, 1, StartCheckpoint},
 		{"target entry found in source rest", Checkpoint{SessionID: "x", History: h("d", "c", "a")},
-			Checkpoint{SessionID: "y", History: h("c", "z")}, `"seq-c"`, 1},
+			Checkpoint{SessionID: "y", History: h("c", "z")}, `"seq-c"`, 1, StartForeignCheckpoint},
 		{"no common ancestry", Checkpoint{SessionID: "x", History: h("a", "b")},
-			Checkpoint{SessionID: "y", History: h("c", "d")}, "", 0},
+			Checkpoint{SessionID: "y", History: h("c", "d")}, "", 0, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			seq, rest := compareCheckpoints(tc.src, tc.tgt)
-			if string(seq) != tc.seq || len(rest) != tc.rest {
-				t.Errorf("got seq %q, %d history entries; want %q, %d", seq, len(rest), tc.seq, tc.rest)
+			seq, rest, from := compareCheckpointsFrom(tc.src, tc.tgt)
+			if string(seq) != tc.seq || len(rest) != tc.rest || from != tc.from {
+				t.Errorf("got seq %q, %d history entries, from %q; want %q, %d, %q", seq, len(rest), from, tc.seq, tc.rest, tc.from)
+			}
+			if seq2, rest2 := compareCheckpoints(tc.src, tc.tgt); string(seq2) != string(seq) || len(rest2) != len(rest) {
+				t.Errorf("compareCheckpoints differs from compareCheckpointsFrom")
 			}
 		})
 	}
@@ -81,7 +96,7 @@ func TestCheckpointFormat(t *testing.T) {
 	want := `{"session_id":"sess","source_last_seq":7,"replication_id_version":4,"history":[` +
 		`{"session_id":"sess","start_time":"Sun, 11 Aug 2013 20:38:50 GMT","end_time":"Sun, 11 Aug 2013 20:39:50 GMT",` +
 		`"start_last_seq":0,"end_last_seq":7,"recorded_seq":7,"missing_checked":3,"missing_found":2,"docs_read":2,` +
-		`"docs_written":2,"doc_write_failures":0,"bulk_get_docs":0,"bulk_get_attempts":0},` +
+		`"docs_written":2,"doc_write_failures":0,"bulk_get_docs":0,"bulk_get_attempts":0,"replicator":"couchrep"},` +
 		`{"session_id":"old","recorded_seq":"seq-old","missing_checked":0,"missing_found":0,"docs_read":0,` +
 		`"docs_written":0,"doc_write_failures":0,"bulk_get_docs":0,"bulk_get_attempts":0}]}`
 	if string(b) != want {

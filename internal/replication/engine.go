@@ -340,11 +340,11 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 	if err != nil {
 		return nil, err
 	}
-	startSeq, history := compareCheckpoints(srcLog.Checkpoint, tgtLog.Checkpoint)
+	startSeq, history, startFrom := compareCheckpointsFrom(srcLog.Checkpoint, tgtLog.Checkpoint)
 	if startSeq.IsZero() {
-		startSeq = nil
+		startSeq, startFrom = nil, StartZero
 		if p.SinceSeq != nil {
-			startSeq = couch.SeqOf(p.SinceSeq)
+			startSeq, startFrom = couch.SeqOf(p.SinceSeq), StartSinceSeq
 		}
 	}
 	if len(history) > 0 {
@@ -354,10 +354,10 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 			BulkGetDocs: h.BulkGetDocs, BulkGetAttempts: h.BulkGetAttempts})
 	}
 	log.Info().Str("source", r.src.String()).Str("target", r.tgt.String()).
-		Str("start_seq", seqOrZero(startSeq).String()).Bool("continuous", p.Continuous).Msg("replication: starting")
+		Str("start_seq", seqOrZero(startSeq).String()).Str("start_from", startFrom).Bool("continuous", p.Continuous).Msg("replication: starting")
 
 	st := &runState{
-		r: r, session: newSessionID(), startTime: r.now(), startSeq: startSeq, committed: startSeq,
+		r: r, session: newSessionID(), startTime: r.now(), startSeq: startSeq, startFrom: startFrom, committed: startSeq,
 		history: history, srcRev: srcLog.Rev, tgtRev: tgtLog.Rev, srcLog: srcLog,
 		srcStart: srcInfo.InstanceStartTime, tgtStart: tgtInfo.InstanceStartTime,
 		sourceSeq: srcInfo.UpdateSeq, localID: localID, tracker: newSeqTracker(startSeq),
@@ -401,6 +401,7 @@ type runState struct {
 	session            string
 	startTime          time.Time
 	startSeq           couch.Seq
+	startFrom          string // StartCheckpoint, ...
 	committed          couch.Seq
 	history            []HistoryEntry
 	srcRev, tgtRev     string
@@ -427,6 +428,7 @@ func (s *runState) stats() Stats {
 	st := s.r.ctr.snapshot()
 	st.ThroughSeq = seqOrZero(s.through())
 	st.CheckpointedSourceSeq = seqOrZero(s.committed)
+	st.StartFrom, st.StartSeq = s.startFrom, seqOrZero(s.startSeq)
 	st.SourceSeq = seqOrZero(s.sourceSeq)
 	if src, ok := s.sourceSeq.Int(); ok {
 		if th, ok := st.ThroughSeq.Int(); ok {

@@ -21,6 +21,11 @@ type Stats struct {
 	CheckpointedSourceSeq couch.Seq `json:"-"`
 	SourceSeq             couch.Seq `json:"-"`
 	ThroughSeq            couch.Seq `json:"-"`
+	// StartFrom says where the run started: StartCheckpoint,
+	// StartForeignCheckpoint, StartSinceSeq or StartZero; StartSeq is
+	// that sequence. Empty before the checkpoints were read.
+	StartFrom string    `json:"-"`
+	StartSeq  couch.Seq `json:"-"`
 }
 
 // MarshalJSON encodes the seqs as CouchDB's seq_encode does: a JSON string
@@ -39,6 +44,10 @@ func (s Stats) MarshalJSON() ([]byte, error) {
 	m["checkpointed_source_seq"] = seqEncode(s.CheckpointedSourceSeq)
 	m["source_seq"] = seqEncode(s.SourceSeq)
 	m["through_seq"] = seqEncode(s.ThroughSeq)
+	if s.StartFrom != "" {
+		m["start_from"], _ = json.Marshal(s.StartFrom)
+		m["start_seq"] = seqEncode(s.StartSeq)
+	}
 	return json.Marshal(m)
 }
 

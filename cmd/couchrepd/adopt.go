@@ -1,0 +1,56 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// serverUUID asks the CouchDB server at rawURL (its root; a database URL
+// also works) for its uuid: GET / answers {"couchdb":"Welcome","uuid":...}
+// on CouchDB 2 and later (and PouchDB Server).
+func serverUUID(ctx context.Context, rawURL string) (string, error) {
+	ep, err := couch.ParseEndpoint(rawURL)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	db := couch.NewDB(ep, couch.Options{Retries: 2})
+	raw, err := db.GetDoc(ctx, "", nil)
+	if err != nil {
+		return "", fmt.Errorf("GET %s: %w", ep.Redacted(), err)
+	}
+	var root struct {
+		UUID string `json:"uuid"`
+	}
+	if err := json.Unmarshal(raw, &root); err != nil || root.UUID == "" {
+		return "", fmt.Errorf("GET %s: the answer has no \"uuid\" (is it a CouchDB server's root URL?)", ep.Redacted())
+	}
+	return root.UUID, nil
+}
+
+// adoptUUID makes cfg use the uuid of the server at rawURL, and records it
+// in the data directory (later starts without the flag keep it); the node
+// records it in the job store at start (config.CouchDB.Adopted).
+func adoptUUID(ctx context.Context, cfg *config.Config, rawURL string, logger zerolog.Logger) error {
+	uuid, err := serverUUID(ctx, rawURL)
+	if err != nil {
+		return err
+	}
+	if cfg.CouchDB.UUID != "" && cfg.CouchDB.UUID != uuid {
+		return fmt.Errorf("[couchdb] uuid is configured as %q but the server's is %q: remove one of them", cfg.CouchDB.UUID, uuid)
+	}
+	if err := config.AdoptUUID(cfg.Couchrep.DataDir, uuid); err != nil {
+		return err
+	}
+	cfg.CouchDB.UUID, cfg.CouchDB.Adopted = uuid, true
+	logger.Info().Str("uuid", uuid).Msg("adopted the server uuid: replication ids are the CouchDB server's, so jobs resume from its checkpoints")
+	return nil
+}
