@@ -66,15 +66,23 @@ func AdoptUUID(dir, uuid string) error {
 	if !validUUID(uuid) {
 		return &Error{Section: SectionCouchDB, Key: "uuid", Expected: "a server UUID without spaces", Got: uuid}
 	}
+	return placeFile(dir, UUIDFile, uuid, os.Rename)
+}
+
+// placeFile writes content and a newline to a synced temporary file in dir
+// (created if needed), then puts it at dir/name with place: os.Rename
+// replaces the file there, os.Link fails with fs.ErrExist if there is one.
+func placeFile(dir, name, content string, place func(tmp, path string) error) error {
+	path := filepath.Join(dir, name)
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		return fmt.Errorf("config: data directory: %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+UUIDFile+".*")
+	tmp, err := os.CreateTemp(dir, "."+name+".*")
 	if err != nil {
-		return fmt.Errorf("config: writing %s: %w", UUIDFile, err)
+		return fmt.Errorf("config: writing %s: %w", path, err)
 	}
 	defer os.Remove(tmp.Name())
-	_, werr := tmp.WriteString(uuid + "\n")
+	_, werr := tmp.WriteString(content + "\n")
 	if werr == nil {
 		werr = tmp.Sync()
 	}
@@ -82,10 +90,10 @@ func AdoptUUID(dir, uuid string) error {
 		werr = cerr
 	}
 	if werr == nil {
-		werr = os.Rename(tmp.Name(), filepath.Join(dir, UUIDFile))
+		werr = place(tmp.Name(), path)
 	}
 	if werr != nil {
-		return fmt.Errorf("config: writing %s: %w", filepath.Join(dir, UUIDFile), werr)
+		return fmt.Errorf("config: writing %s: %w", path, werr)
 	}
 	return nil
 }
@@ -119,34 +127,16 @@ func ensureFile(dir, name string, n int) (string, error) {
 	if id, err := readID(path, 2*n); err == nil || !errors.Is(err, fs.ErrNotExist) {
 		return id, err
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return "", fmt.Errorf("config: data directory: %w", err)
-	}
 	buf := make([]byte, n)
 	if _, err := rand.Read(buf); err != nil {
 		return "", fmt.Errorf("config: generating %s: %w", name, err)
 	}
 	id := hex.EncodeToString(buf)
-	tmp, err := os.CreateTemp(dir, "."+name+".*")
-	if err != nil {
-		return "", fmt.Errorf("config: writing %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, werr := tmp.WriteString(id + "\n")
-	if werr == nil {
-		werr = tmp.Sync()
-	}
-	if cerr := tmp.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr != nil {
-		return "", fmt.Errorf("config: writing %s: %w", path, werr)
-	}
-	if err := os.Link(tmp.Name(), path); err != nil {
+	if err := placeFile(dir, name, id, os.Link); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return readID(path, 2*n)
 		}
-		return "", fmt.Errorf("config: writing %s: %w", path, err)
+		return "", err
 	}
 	return id, nil
 }

@@ -107,3 +107,22 @@ func TestEnsureUUIDCorrupt(t *testing.T) {
 		t.Errorf("EnsureUUID(corrupt) = %v, want an error naming the file and the expectation", err)
 	}
 }
+
+func TestAdoptUUID(t *testing.T) {
+	dir := t.TempDir()
+	gen, err := EnsureUUID(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, uuid := range []string{"35f718cc-654e-4c7a-8354-02a780069677", "0123456789abcdef0123456789abcdef"} {
+		if err := AdoptUUID(dir, uuid); err != nil {
+			t.Fatalf("AdoptUUID(%q): %v", uuid, err)
+		}
+		if got, err := EnsureUUID(dir); err != nil || got != uuid || got == gen {
+			t.Fatalf("EnsureUUID after AdoptUUID(%q) = %q, %v", uuid, got, err)
+		}
+	}
+	if err := AdoptUUID(dir, "has space"); err == nil || !strings.Contains(err.Error(), "uuid") {
+		t.Fatalf("AdoptUUID with a space: %v, want an error naming uuid", err)
+	}
+}
