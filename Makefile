@@ -38,8 +38,9 @@ test-short: ## the fast unit tests only (go test -short)
 
 CHAOS_DURATION ?= 10m
 CHAOS_SEED     ?=
-chaos: testdeps build ## randomized soak: 3 nodes, SIGKILL/SIGTERM/actor kills for CHAOS_DURATION (seed printed; replay with CHAOS_SEED=n)
-	COUCHREP_CHAOS_DURATION=$(CHAOS_DURATION) COUCHREP_CHAOS_SEED=$(CHAOS_SEED) \
+CHAOS_STORE    ?= sqlite
+chaos: testdeps build ## randomized soak: 3 nodes, SIGKILL/SIGTERM/actor kills for CHAOS_DURATION (seed printed; replay with CHAOS_SEED=n; CHAOS_STORE=postgres runs it on PostgreSQL)
+	COUCHREP_CHAOS_DURATION=$(CHAOS_DURATION) COUCHREP_CHAOS_SEED=$(CHAOS_SEED) COUCHREP_CHAOS_STORE=$(CHAOS_STORE) \
 	  $(GO) test -count=1 -v -run '^TestChaosSoak$$' -timeout 60m ./integration/
 
 bench: testdeps build ## Go benchmarks (numbers go to BENCHMARKS.md)

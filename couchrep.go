@@ -41,6 +41,7 @@ import (
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -118,9 +119,11 @@ type Store struct {
 
 // OpenStore opens (creating if needed) the job store at location: the path
 // of the embedded SQLite file that node processes on one machine may share,
-// or "fdb:<cluster file>" ("fdb:" alone for FoundationDB's default cluster
-// file) for a FoundationDB cluster, in a build with -tags fdb. Durability of
-// the embedded store is "normal": commits survive a process crash.
+// a "postgres://user:password@host:5432/db?..." URL for a PostgreSQL
+// database that nodes on several machines share (the schema is created on
+// first use), or "fdb:<cluster file>" ("fdb:" alone for FoundationDB's
+// default cluster file) for a FoundationDB cluster, in a build with -tags
+// fdb. Durability is "normal": commits survive a process crash.
 func OpenStore(ctx context.Context, location string) (*Store, error) {
 	db, err := openStore(ctx, location, sqlite.DurabilityNormal, zerolog.Nop())
 	if err != nil {
@@ -151,6 +154,18 @@ func openStore(ctx context.Context, location string, d sqlite.Durability, log ze
 		db, err := openFDB(ctx, clusterFile, log)
 		if err != nil {
 			return nil, fmt.Errorf("couchrep: open FoundationDB job store %q: %w", clusterFile, err)
+		}
+		return db, nil
+	}
+	if postgres.IsDSN(location) {
+		pd := postgres.DurabilityNormal
+		if d == sqlite.DurabilityFull {
+			pd = postgres.DurabilityFull
+		}
+		db, err := postgres.Open(ctx, location, postgres.Options{Durability: pd, Logger: log})
+		if err != nil {
+			// The error names the server and database, never the password.
+			return nil, fmt.Errorf("couchrep: open PostgreSQL job store: %w", err)
 		}
 		return db, nil
 	}
@@ -920,7 +935,26 @@ func (n *Node) tree(ctx context.Context) (*messages.TreeResponse, error) {
 	if err != nil {
 		return nil, fmt.Errorf("couchrep: list tree: %w", err)
 	}
-	return &messages.TreeResponse{Node: n.Name(), Root: treeToProto(root)}, nil
+	return &messages.TreeResponse{Node: n.Name(), Root: treeToProto(root), Store: n.storeHealth(ctx)}, nil
+}
+
+// storeHealth is the job store's health for the admin tree: "ok" or
+// "unavailable: <reason>", from the store's own check (kv.Checker; a
+// PostgreSQL store pings its server) and a read.
+func (n *Node) storeHealth(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var err error
+	if c, ok := n.deps.Store.(kv.Checker); ok {
+		err = c.Check(ctx)
+	}
+	if err == nil {
+		err = n.deps.Store.ReadTransact(ctx, func(tx kv.ReadTx) error { _, err := tx.Get(uuidKey); return err })
+	}
+	if err != nil {
+		return "unavailable: " + err.Error()
+	}
+	return "ok"
 }
 
 func (n *Node) kill(ctx context.Context, req *messages.KillRequest) (*messages.KillResponse, error) {

@@ -535,8 +535,11 @@ func (x *TreeNode) GetChildren() []*TreeNode {
 type TreeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the node that answered.
-	Node          string    `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	Root          *TreeNode `protobuf:"bytes,2,opt,name=root,proto3" json:"root,omitempty"`
+	Node string    `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Root *TreeNode `protobuf:"bytes,2,opt,name=root,proto3" json:"root,omitempty"`
+	// Health of the node's job store: "ok", or "unavailable: <reason>" (the
+	// reason never shows a password).
+	Store         string `protobuf:"bytes,3,opt,name=store,proto3" json:"store,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -583,6 +586,13 @@ func (x *TreeResponse) GetRoot() *TreeNode {
 		return x.Root
 	}
 	return nil
+}
+
+func (x *TreeResponse) GetStore() string {
+	if x != nil {
+		return x.Store
+	}
+	return ""
 }
 
 // KillRequest asks a node to kill one of its actors, as a chaos test would.
@@ -736,10 +746,11 @@ const file_couchrep_v1_supervisor_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x121\n" +
 	"\bchildren\x18\n" +
-	" \x03(\v2\x15.couchrep.v1.TreeNodeR\bchildren\"M\n" +
+	" \x03(\v2\x15.couchrep.v1.TreeNodeR\bchildren\"c\n" +
 	"\fTreeResponse\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12)\n" +
-	"\x04root\x18\x02 \x01(\v2\x15.couchrep.v1.TreeNodeR\x04root\";\n" +
+	"\x04root\x18\x02 \x01(\v2\x15.couchrep.v1.TreeNodeR\x04root\x12\x14\n" +
+	"\x05store\x18\x03 \x01(\tR\x05store\";\n" +
 	"\vKillRequest\x12\x14\n" +
 	"\x05actor\x18\x01 \x01(\tR\x05actor\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"B\n" +

@@ -391,6 +391,9 @@ func runTree(ctx context.Context, e *env, args []string) error {
 		return printJSON(e.out, resp.Msg)
 	}
 	fmt.Fprintf(e.out, "node %s\n", resp.Msg.GetNode())
+	if st := resp.Msg.GetStore(); st != "" {
+		fmt.Fprintf(e.out, "store %s\n", st)
+	}
 	tw := tabwriter.NewWriter(e.out, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACTOR\tKIND\tSTATE\tRESTARTS\tINCARNATION\tUP\tPID")
 	printTree(tw, resp.Msg.GetRoot(), "", "", time.Now())

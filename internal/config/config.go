@@ -91,7 +91,8 @@ type Ignored struct {
 
 // Couchrep is the [couchrep] section.
 type Couchrep struct {
-	// Store is the embedded store file (store). Empty means
+	// Store is the job store (store): the embedded store file, a
+	// postgres:// URL, or fdb:<cluster file>. Empty means
 	// <DataDir>/couchrep.db; see StorePath.
 	Store string
 	// DataDir is the node's data directory (data_dir): the persisted server

@@ -12,7 +12,7 @@ type flagSpec struct {
 // flags are the settings RegisterFlags exposes.
 var flags = []flagSpec{
 	{"data", SectionCouchrep, "data_dir", "data `directory` (server UUID, node name, default store location) ([couchrep] data_dir)"},
-	{"store", SectionCouchrep, "store", "embedded store `file` (default <data>/couchrep.db) ([couchrep] store)"},
+	{"store", SectionCouchrep, "store", "job store: the embedded store `file` (default <data>/couchrep.db), or postgres://user:pass@host:5432/db for PostgreSQL ([couchrep] store)"},
 	{"http", SectionCouchrep, "http_bind", "HTTP API listen `address` host:port ([couchrep] http_bind)"},
 	{"admin", SectionCouchrep, "admin_bind", "admin endpoint listen `address` host:port ([couchrep] admin_bind)"},
 	{"node-name", SectionCouchrep, "node_name", "this node's `name` (default couchrep-<id>@<hostname>, kept in the data directory) ([couchrep] node_name)"},

@@ -53,7 +53,7 @@ const maxInt = math.MaxInt
 // schema is every key of the fixed sections, in documentation order.
 var schema = []*setting{
 	// [couchrep]
-	{section: SectionCouchrep, key: "store", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.Store }, ok: nonBlank, optional: true, what: "a file path"}},
+	{section: SectionCouchrep, key: "store", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.Store }, ok: nonBlank, optional: true, what: "a file path or a postgres:// URL"}},
 	{section: SectionCouchrep, key: "data_dir", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.DataDir }, ok: nonBlank, what: "a directory path"}},
 	{section: SectionCouchrep, key: "node_name", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.NodeName }, ok: validNodeName, optional: true, what: "a node name without spaces (at most 255 bytes)"}},
 	{section: SectionCouchrep, key: "node_types", v: listValue{p: func(c *Config) *[]string { return &c.Couchrep.NodeTypes }, allowed: []string{NodeTypeReplication, NodeTypeAPIFrontend}, nonEmpty: true, what: `a comma-separated list of "replication" and "api_frontend"`}},

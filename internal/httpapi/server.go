@@ -273,8 +273,21 @@ func paramError(err error) *apiError {
 	return errorf(http.StatusBadRequest, "bad_request", "%v", err)
 }
 
+// up is liveness: 200 {"status":"ok"} while the node's job store answers,
+// 503 {"status":"error","store":"unavailable"} while it does not (the
+// reason is in the node's log and couchrepctl tree, not on this open
+// endpoint).
 func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "seeds": map[string]any{}})
+	if _, check := s.metrics.node.clusterAndCheck(); check != nil {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		if err := check(ctx); err != nil {
+			s.log.Warn().Err(err).Msg("_up: job store unavailable")
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "error", "seeds": map[string]any{}, "store": "unavailable"})
+			return nil
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "seeds": map[string]any{}, "store": "ok"})
 	return nil
 }
 
