@@ -1,8 +1,12 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -318,4 +322,20 @@ func revOf(t *testing.T, s *testserver.Server, db, id string) string {
 	}
 	s.GetJSON(t, s.DBURL(db)+id, &d)
 	return d.Rev
+}
+
+// TestUnknownAuthPluginStopsTheNode: an auth_plugins entry couchrep does
+// not have stops couchrepd at start with an error naming it.
+func TestUnknownAuthPluginStopsTheNode(t *testing.T) {
+	skipShort(t)
+	cmd := exec.Command(filepath.Join(binDir, "couchrepd"), "--data", t.TempDir(), "--admin", "127.0.0.1:0", "--http", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "COUCHREP_REPLICATOR_AUTH_PLUGINS=couch_replicator_auth_session,my_ldap_plugin")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 {
+		t.Fatalf("couchrepd = %v, want exit status 2:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "auth_plugins") || !strings.Contains(string(out), "my_ldap_plugin") {
+		t.Fatalf("couchrepd's error does not name the plugin:\n%s", out)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"time"
 
@@ -20,7 +21,9 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/docproc"
+	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -70,7 +73,17 @@ func (a *docProcessor) start(ctx actor.Context) {
 		return
 	}
 	cfg := a.deps.Config
+	// The watched servers get the same TLS settings as replication
+	// endpoints ([replicator] verify_ssl_certificates, CA file, client
+	// certificate).
+	tr, err := couch.NewTransport(couch.TransportOptions{TLS: replication.EndpointConfigFrom(cfg.Replicator).TLS,
+		IdleTimeout: cfg.Replicator.ConnectionCloseInterval})
+	if err != nil {
+		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))
+		return
+	}
 	p, err := docproc.New(docproc.Options{
+		HTTPClient:         &http.Client{Transport: tr},
 		Servers:            cfg.Couchrep.Watch,
 		Node:               a.deps.NodeName(),
 		Store:              a.deps.Store,
@@ -89,7 +102,11 @@ func (a *docProcessor) start(ctx actor.Context) {
 			root.Send(self, &processorFailed{err: err})
 		}
 	})
-	a.log.Info().Strs("watch", cfg.Couchrep.Watch).Msg("doc processor started")
+	watch := make([]string, len(cfg.Couchrep.Watch))
+	for i, u := range cfg.Couchrep.Watch {
+		watch[i] = replication.RedactURL(u)
+	}
+	a.log.Info().Strs("watch", watch).Msg("doc processor started")
 }
 
 func (a *docProcessor) stop() {

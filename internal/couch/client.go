@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -25,11 +26,12 @@ const (
 	DefaultMaxRetryBackoff = 5 * time.Minute
 )
 
-// Options configure a DB. The zero value works: http.DefaultClient, no
+// Options configure a DB. The zero value works: a default client, no
 // logging, no retries, no rate limiter.
 type Options struct {
 	// HTTPClient sends the requests (the connection pool lives in its
-	// Transport). nil means http.DefaultClient.
+	// Transport). nil means a shared client whose transport NewTransport
+	// built with certificate verification on.
 	HTTPClient *http.Client
 	// Logger receives retry warnings. Credentials are never logged.
 	Logger zerolog.Logger
@@ -106,7 +108,7 @@ const userAgent = "couchrep/0.1"
 func NewDB(ep Endpoint, opts Options) *DB {
 	d := &DB{ep: ep, opts: opts, client: opts.HTTPClient, log: opts.Logger}
 	if d.client == nil {
-		d.client = http.DefaultClient
+		d.client = defaultClient()
 	}
 	if d.opts.RetryBackoff <= 0 {
 		d.opts.RetryBackoff = DefaultRetryBackoff
@@ -137,6 +139,17 @@ func NewDB(ep Endpoint, opts Options) *DB {
 	d.headers = requestHeaders(opts, ep)
 	return d
 }
+
+// defaultClient is the client of a DB without Options.HTTPClient: one
+// transport of NewTransport's, certificates verified against the system's
+// roots, built on first use.
+var defaultClient = sync.OnceValue(func() *http.Client {
+	tr, err := NewTransport(TransportOptions{TLS: TLSOptions{Verify: true, MaxDepth: -1}})
+	if err != nil { // cannot happen: no file is read
+		panic(err)
+	}
+	return &http.Client{Transport: tr}
+})
 
 // defaultHeaders are the headers of a DB with default Options and no
 // endpoint headers, shared by all of them (never modified: send copies

@@ -42,7 +42,7 @@ type Options struct {
 	Jobs JobStore
 	// Logger receives structured logs.
 	Logger zerolog.Logger
-	// HTTPClient sends the requests; nil means http.DefaultClient.
+	// HTTPClient sends the requests; nil means couch's default client.
 	HTTPClient *http.Client
 	// Retries is retries_per_request for the doc processor's requests.
 	Retries int
