@@ -82,6 +82,9 @@ func (a *docProcessor) start(ctx actor.Context) {
 		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))
 		return
 	}
+	// _db_updates longpolls may send their headers only when an event
+	// comes or the feed's timeout ends: no response-header deadline.
+	tr.ResponseHeaderTimeout = 0
 	p, err := docproc.New(docproc.Options{
 		HTTPClient:         &http.Client{Transport: tr},
 		Servers:            cfg.Couchrep.Watch,
