@@ -5,60 +5,130 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 )
 
-// continuousFeed makes f answer feed=continuous _changes requests on db
-// as CouchDB does: the rows since since= one per line, then further rows
-// as they arrive (notify is signalled after a put), until timeout= passes
-// without a row; then {"last_seq"}.
-func continuousFeed(f *fakeCouch, db string, notify <-chan struct{}) func(w http.ResponseWriter, r *http.Request) bool {
-	return func(w http.ResponseWriter, r *http.Request) bool {
-		if r.URL.Path != "/"+db+"/_changes" || r.URL.Query().Get("feed") != "continuous" {
-			return false
-		}
-		sent := 0
-		fmt.Sscanf(r.URL.Query().Get("since"), "%d", &sent)
-		timeout := time.Minute
-		if ms, err := strconv.Atoi(r.URL.Query().Get("timeout")); err == nil {
-			timeout = time.Duration(ms) * time.Millisecond
-		}
-		w.WriteHeader(http.StatusOK)
-		send := func() {
-			f.mu.Lock()
-			d := f.dbs[db]
-			for seq := sent + 1; seq <= d.seq; seq++ {
-				for id, doc := range d.docs {
-					if doc.seq == seq {
-						row, _ := json.Marshal(map[string]any{"seq": seqStr(seq), "id": id,
-							"changes": []any{map[string]string{"rev": doc.rev}}})
-						w.Write(append(row, '\n'))
-					}
+// feedServer makes f answer feed=continuous _changes requests on db as
+// CouchDB does: the rows since since= one per line, then further rows as
+// they arrive (notify is signalled after a put), a newline every
+// heartbeat= while idle (heartbeat overrides timeout, so such a feed never
+// ends), else {"last_seq"} once timeout= passes without a row. It counts
+// the requests and the heartbeats it sent, and breaks the feeds open at a
+// dropFeeds call.
+type feedServer struct {
+	f      *fakeCouch
+	db     string
+	notify chan struct{}
+
+	mu       sync.Mutex
+	requests []string // raw queries, in order
+	beats    int
+	beat     chan struct{} // signalled after each heartbeat
+	drop     chan struct{}
+}
+
+func newFeedServer(f *fakeCouch, db string) *feedServer {
+	fs := &feedServer{f: f, db: db, notify: make(chan struct{}, 1), beat: make(chan struct{}, 1), drop: make(chan struct{})}
+	f.hook = fs.serve
+	return fs
+}
+
+func (fs *feedServer) queries() []string {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return slices.Clone(fs.requests)
+}
+
+func (fs *feedServer) counts() (requests, beats int) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return len(fs.requests), fs.beats
+}
+
+// dropFeeds ends every open feed as a broken connection would.
+func (fs *feedServer) dropFeeds() {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	close(fs.drop)
+	fs.drop = make(chan struct{})
+}
+
+func (fs *feedServer) serve(w http.ResponseWriter, r *http.Request) bool {
+	f, db := fs.f, fs.db
+	if r.URL.Path != "/"+db+"/_changes" || r.URL.Query().Get("feed") != "continuous" {
+		return false
+	}
+	fs.mu.Lock()
+	fs.requests = append(fs.requests, r.URL.RawQuery)
+	drop := fs.drop
+	fs.mu.Unlock()
+	sent := 0
+	fmt.Sscanf(r.URL.Query().Get("since"), "%d", &sent)
+	timeout := time.Minute
+	if ms, err := strconv.Atoi(r.URL.Query().Get("timeout")); err == nil {
+		timeout = time.Duration(ms) * time.Millisecond
+	}
+	var beat <-chan time.Time
+	if ms, err := strconv.Atoi(r.URL.Query().Get("heartbeat")); err == nil && ms > 0 {
+		t := time.NewTicker(time.Duration(ms) * time.Millisecond)
+		defer t.Stop()
+		beat = t.C
+	}
+	w.WriteHeader(http.StatusOK)
+	send := func() {
+		f.mu.Lock()
+		d := f.dbs[db]
+		for seq := sent + 1; seq <= d.seq; seq++ {
+			for id, doc := range d.docs {
+				if doc.seq == seq {
+					row, _ := json.Marshal(map[string]any{"seq": seqStr(seq), "id": id,
+						"changes": []any{map[string]string{"rev": doc.rev}}})
+					w.Write(append(row, '\n'))
 				}
 			}
-			sent = d.seq
-			f.mu.Unlock()
-			w.(http.Flusher).Flush()
 		}
-		send()
-		end := time.NewTimer(timeout)
-		defer end.Stop()
-		for {
-			select {
-			case <-r.Context().Done():
-				return true
-			case <-notify:
-				send()
+		sent = d.seq
+		f.mu.Unlock()
+		w.(http.Flusher).Flush()
+	}
+	send()
+	end := time.NewTimer(timeout)
+	defer end.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return true
+		case <-drop:
+			panic(http.ErrAbortHandler) // the connection breaks mid-stream
+		case <-fs.notify:
+			send()
+			if beat == nil {
 				end.Reset(timeout)
-			case <-end.C:
-				fmt.Fprintf(w, `{"last_seq":%q,"pending":0}`+"\n", seqStr(sent))
-				return true
 			}
+		case <-beat:
+			w.Write([]byte("\n"))
+			w.(http.Flusher).Flush()
+			fs.mu.Lock()
+			fs.beats++
+			fs.mu.Unlock()
+			select {
+			case fs.beat <- struct{}{}:
+			default:
+			}
+		case <-end.C:
+			if beat != nil {
+				continue
+			}
+			fmt.Fprintf(w, `{"last_seq":%q,"pending":0}`+"\n", seqStr(sent))
+			return true
 		}
 	}
 }
@@ -73,8 +143,7 @@ func TestContinuousIdleFeed(t *testing.T) {
 	f.addDB("src")
 	f.addDB("tgt")
 	f.put("src", map[string]any{"_id": "a"})
-	notify := make(chan struct{}, 1)
-	f.hook = continuousFeed(f, "src", notify)
+	fs := newFeedServer(f, "src")
 
 	progress := make(chan Stats, 1)
 	o := Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond,
@@ -113,7 +182,7 @@ func TestContinuousIdleFeed(t *testing.T) {
 	}
 	written(1)
 	f.put("src", map[string]any{"_id": "b"})
-	notify <- struct{}{}
+	fs.notify <- struct{}{}
 	written(2)
 
 	cancel()
@@ -145,5 +214,102 @@ func TestContinuousIdleFeed(t *testing.T) {
 	}
 	if !strings.HasPrefix(o2.res.ID, base) {
 		t.Errorf("result id %q", o2.res.ID)
+	}
+}
+
+// TestContinuousFeedIsOneLongRequest: a continuous replication holds one
+// _changes request with heartbeat= (a third of connection_timeout) and no
+// timeout=, so an idle job sends no requests while the server heartbeats;
+// changes arrive on the same request; after the connection breaks it
+// re-opens the feed once, from the last seq it saw.
+func TestContinuousFeedIsOneLongRequest(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for heartbeats (seconds)")
+	}
+	f := newFakeCouch(t)
+	f.addDB("src")
+	f.addDB("tgt")
+	f.put("src", map[string]any{"_id": "a"})
+	fs := newFeedServer(f, "src")
+
+	progress := make(chan Stats, 1)
+	o := Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond,
+		ProgressInterval: 5 * time.Millisecond, OnProgress: func(s Stats) {
+			select {
+			case <-progress:
+			default:
+			}
+			progress <- s
+		}}
+	p := fakeParams(t, `,"continuous":true,"connection_timeout":3000`, f.URL+"/src", f.URL+"/tgt")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	New(p, o).Start(ctx, func(_ Result, err error) { done <- err })
+	written := func(n int64) {
+		t.Helper()
+		deadline := time.After(time.Minute)
+		for {
+			select {
+			case s := <-progress:
+				if s.DocsWritten >= n {
+					return
+				}
+			case err := <-done:
+				t.Fatalf("replication ended while waiting for %d docs: %v", n, err)
+			case <-deadline:
+				t.Fatalf("%d docs not written within a minute", n)
+			}
+		}
+	}
+	heartbeats := func(n int) {
+		t.Helper()
+		_, from := fs.counts()
+		deadline := time.After(time.Minute)
+		for {
+			if _, b := fs.counts(); b >= from+n {
+				return
+			}
+			select {
+			case <-fs.beat:
+			case err := <-done:
+				t.Fatalf("replication ended while idle: %v", err)
+			case <-deadline:
+				t.Fatalf("fewer than %d heartbeats within a minute", n)
+			}
+		}
+	}
+	written(1)
+	heartbeats(3)
+	if n, _ := fs.counts(); n != 1 {
+		t.Fatalf("%d _changes requests after three idle heartbeats, want 1: %q", n, fs.queries())
+	}
+	q, _ := url.ParseQuery(fs.queries()[0])
+	if q.Get("heartbeat") != "1000" || q.Has("timeout") {
+		t.Errorf("feed query %q: want heartbeat=1000 and no timeout", fs.queries()[0])
+	}
+	f.put("src", map[string]any{"_id": "b"})
+	fs.notify <- struct{}{}
+	written(2)
+	heartbeats(1)
+	if n, _ := fs.counts(); n != 1 {
+		t.Fatalf("%d _changes requests after a change on the open feed, want 1", n)
+	}
+
+	fs.dropFeeds()
+	heartbeats(2) // on the re-opened feed
+	if n, _ := fs.counts(); n != 2 {
+		t.Fatalf("%d _changes requests after one broken connection, want 2: %q", n, fs.queries())
+	}
+	q, _ = url.ParseQuery(fs.queries()[1])
+	if q.Get("since") != seqStr(2) {
+		t.Errorf("re-opened feed since=%q, want %q", q.Get("since"), seqStr(2))
+	}
+	f.put("src", map[string]any{"_id": "c"})
+	fs.notify <- struct{}{}
+	written(3)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stopped: %v", err)
 	}
 }

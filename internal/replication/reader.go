@@ -23,8 +23,13 @@ func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
 		o.Style = couch.StyleMainOnly
 	}
 	if r.p.Continuous {
+		// One long-lived feed: the server sends a newline every heartbeat
+		// while idle (which also overrides its timeout, so CouchDB never
+		// ends the feed), and the client ends it only when nothing at all
+		// arrived for 2×heartbeat+5 s (couch.ErrFeedStalled). No timeout=
+		// is sent: an idle job costs no requests, only heartbeat bytes.
 		o.Feed = couch.FeedContinuous
-		o.Timeout = max(time.Second, r.p.ConnectionTimeout/3)
+		o.Heartbeat = feedHeartbeat(r.p.ConnectionTimeout)
 	}
 	switch {
 	case r.p.DocIDs != nil:
@@ -42,6 +47,13 @@ func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
 			}
 		}
 	}
+}
+
+// feedHeartbeat is the heartbeat= of a continuous feed: a third of
+// connection_timeout (CouchDB's replicator sends that as timeout=), at
+// least a second.
+func feedHeartbeat(connectionTimeout time.Duration) time.Duration {
+	return max(time.Second, connectionTimeout/3)
 }
 
 // Paging of a one-shot feed: the first request asks for one batch of rows,
@@ -81,8 +93,10 @@ func (pg *pager) more(got int) bool {
 }
 
 // readChanges is the changes reader plus the changes manager, run by the
-// pipeline's goroutine: it reads the feed (re-requesting a continuous feed
-// from its last seq forever) and hands every row to the batcher, which
+// pipeline's goroutine: it reads the feed (a continuous feed is one
+// request held open for as long as it works, re-opened from its last seq
+// only after an error or when the server ends it) and hands every row to
+// the batcher, which
 // cuts batches of worker_batch_size rows in feed order. A feed's end is
 // marked in the seq tracker after its rows, so through_seq reaches
 // last_seq once every earlier batch is done. It returns nil when ctx is
@@ -107,17 +121,16 @@ type changesReader struct {
 	failures int
 	firstErr time.Time // first failure of the current run of failures
 	wait     time.Duration
-	got      int  // rows of the current request
-	done     bool // the reader has nothing more to do
+	got      int       // rows of the current request
+	began    time.Time // when the current request was sent
+	done     bool      // the reader has nothing more to do
 	onRow    func(couch.Change) error
 }
 
 //go:noinline
 func newChangesReader(s *runState, bt *batcher) *changesReader {
-	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p), wait: s.r.o.RetryBackoff}
-	if cr.wait <= 0 {
-		cr.wait = couch.DefaultRetryBackoff
-	}
+	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
+	cr.wait = cr.firstWait()
 	cr.onRow = func(c couch.Change) error {
 		cr.got++
 		return cr.bt.add(c)
@@ -129,7 +142,7 @@ func newChangesReader(s *runState, bt *batcher) *changesReader {
 // should stop (ctx done, one-shot feed read to its end) and returns an
 // error when the feed failed for good.
 func (cr *changesReader) request(ctx context.Context) error {
-	cr.got = 0
+	cr.got, cr.began = 0, time.Now()
 	cr.s.r.changesOptions(&cr.opts, cr.since)
 	cr.opts.Limit = cr.pages.limit
 	last, err := cr.s.r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
@@ -152,6 +165,35 @@ func (cr *changesReader) request(ctx context.Context) error {
 		return nil
 	}
 	cr.done = !cr.s.r.p.Continuous
+	if !cr.done && cr.got == 0 && time.Since(cr.began) < cr.opts.Heartbeat {
+		// The server ended a continuous feed at once without a row (a
+		// proxy that cuts long requests, a server that does not hold
+		// feeds): re-open it after a pause, not in a tight loop.
+		return cr.pause(ctx)
+	}
+	cr.wait = cr.firstWait()
+	return nil
+}
+
+// firstWait is the first pause before re-opening a feed (doubling).
+func (cr *changesReader) firstWait() time.Duration {
+	if w := cr.s.r.o.RetryBackoff; w > 0 {
+		return w
+	}
+	return couch.DefaultRetryBackoff
+}
+
+// pause waits cr.wait (doubling it, up to 5 minutes) or until ctx is done.
+func (cr *changesReader) pause(ctx context.Context) error {
+	t := time.NewTimer(cr.wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		cr.done = true
+		return nil
+	}
+	cr.wait = min(cr.wait*2, 5*time.Minute)
 	return nil
 }
 
@@ -164,8 +206,12 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 	if errors.As(err, &herr) && !herr.Retryable() || errors.Is(err, couch.ErrCertificate) || errors.Is(err, couch.ErrSession) {
 		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
 	}
-	if cr.got > 0 {
+	if cr.got > 0 || (cr.opts.Heartbeat > 0 && time.Since(cr.began) > 4*cr.opts.Heartbeat+10*time.Second) {
+		// The feed worked for a while before it broke (rows, or
+		// heartbeats kept it open for twice the client's stall window,
+		// 2×heartbeat+5 s): a fresh failure.
 		cr.failures = 0
+		cr.wait = cr.firstWait()
 	}
 	if cr.failures == 0 {
 		cr.firstErr = time.Now()
@@ -179,16 +225,7 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 	}
 	r.log.Warn().Err(err).Int("attempt", cr.failures).Str("since", seqOrZero(cr.since).String()).
 		Msg("replication: changes feed failed, resuming")
-	t := time.NewTimer(cr.wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-		cr.done = true
-		return nil
-	}
-	cr.wait = min(cr.wait*2, 5*time.Minute)
-	return nil
+	return cr.pause(ctx)
 }
 
 // batcher cuts the feed's rows into batches of worker_batch_size and
