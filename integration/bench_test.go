@@ -641,14 +641,24 @@ func BenchmarkReplicationMemory(b *testing.B) {
 // far by the pouchdb-server process listening on s's port, found by its
 // command line; nil when it cannot be found.
 func serverCPU(s *testserver.Server) func() time.Duration {
+	pid := serverPID(s)
+	if pid == 0 {
+		return nil
+	}
+	return func() time.Duration { return procCPU(pid) }
+}
+
+// serverPID is the pid of the pouchdb-server process listening on s's
+// port, found by its command line; 0 when it cannot be found.
+func serverPID(s *testserver.Server) int {
 	u, err := url.Parse(s.URL)
 	if err != nil {
-		return nil
+		return 0
 	}
 	want := []byte("--port\x00" + u.Port() + "\x00")
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		return nil
+		return 0
 	}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -656,28 +666,31 @@ func serverCPU(s *testserver.Server) func() time.Duration {
 			continue
 		}
 		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.Contains(cmd, want) {
-			continue
-		}
-		return func() time.Duration {
-			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-			if err != nil {
-				return 0
-			}
-			// Fields after the parenthesised command: state is field 3,
-			// utime and stime are fields 14 and 15, in clock ticks (100 Hz).
-			i := bytes.LastIndexByte(b, ')')
-			if i < 0 {
-				return 0
-			}
-			f := strings.Fields(string(b[i+1:]))
-			if len(f) < 13 {
-				return 0
-			}
-			ut, _ := strconv.ParseInt(f[11], 10, 64)
-			st, _ := strconv.ParseInt(f[12], 10, 64)
-			return time.Duration(ut+st) * 10 * time.Millisecond
+		if err == nil && bytes.Contains(cmd, want) {
+			return pid
 		}
 	}
-	return nil
+	return 0
+}
+
+// procCPU is the CPU time (user+system) process pid used so far, from
+// /proc/pid/stat; 0 when unreadable.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the parenthesised command: state is field 3,
+	// utime and stime are fields 14 and 15, in clock ticks (100 Hz).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * 10 * time.Millisecond
 }
