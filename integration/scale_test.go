@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -95,11 +96,7 @@ func (c *requestCounter) kindsSince(before map[string]int) string {
 func (c *requestCounter) kindsNow() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]int, len(c.kinds))
-	for k, n := range c.kinds {
-		out[k] = n
-	}
-	return out
+	return maps.Clone(c.kinds)
 }
 
 // beatCounter counts the heartbeats (writes of newlines only) of a feed.

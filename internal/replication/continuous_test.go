@@ -133,20 +133,21 @@ func (fs *feedServer) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 }
 
-// TestContinuousIdleFeed: a continuous replication started with Start
-// replicates what is there, waits on its feed, replicates a change that
-// arrives later (a partial batch flushed once the feed is quiet, a worker
-// started for it), and when its context is cancelled checkpoints and calls
-// done once, without an error.
-func TestContinuousIdleFeed(t *testing.T) {
+// continuousSource is a fake server with databases src (holding doc "a",
+// its continuous feed served by the returned feedServer) and tgt.
+func continuousSource(t *testing.T) (*fakeCouch, *feedServer) {
 	f := newFakeCouch(t)
 	f.addDB("src")
 	f.addDB("tgt")
 	f.put("src", map[string]any{"_id": "a"})
-	fs := newFeedServer(f, "src")
+	return f, newFeedServer(f, "src")
+}
 
+// progressOptions are a test run's options whose OnProgress keeps the
+// latest report in the returned channel.
+func progressOptions() (chan Stats, Options) {
 	progress := make(chan Stats, 1)
-	o := Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond,
+	return progress, Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond,
 		ProgressInterval: 5 * time.Millisecond, OnProgress: func(s Stats) {
 			select {
 			case <-progress:
@@ -154,6 +155,36 @@ func TestContinuousIdleFeed(t *testing.T) {
 			}
 			progress <- s
 		}}
+}
+
+// awaitWritten waits until a progress report counts n docs written; it
+// fails the test if the run ends (done) first or a minute passes.
+func awaitWritten[T any](t *testing.T, progress <-chan Stats, done <-chan T, n int64) {
+	t.Helper()
+	deadline := time.After(time.Minute)
+	for {
+		select {
+		case s := <-progress:
+			if s.DocsWritten >= n {
+				return
+			}
+		case o := <-done:
+			t.Fatalf("replication ended while waiting for %d docs: %+v", n, o)
+		case <-deadline:
+			t.Fatalf("%d docs not written within a minute", n)
+		}
+	}
+}
+
+// TestContinuousIdleFeed: a continuous replication started with Start
+// replicates what is there, waits on its feed, replicates a change that
+// arrives later (a partial batch flushed once the feed is quiet, a worker
+// started for it), and when its context is cancelled checkpoints and calls
+// done once, without an error.
+func TestContinuousIdleFeed(t *testing.T) {
+	f, fs := continuousSource(t)
+
+	progress, o := progressOptions()
 	p := fakeParams(t, `,"continuous":true`, f.URL+"/src", f.URL+"/tgt")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -164,22 +195,7 @@ func TestContinuousIdleFeed(t *testing.T) {
 	done := make(chan outcome, 2)
 	New(p, o).Start(ctx, func(res Result, err error) { done <- outcome{res, err} })
 
-	written := func(n int64) {
-		t.Helper()
-		deadline := time.After(time.Minute)
-		for {
-			select {
-			case s := <-progress:
-				if s.DocsWritten >= n {
-					return
-				}
-			case o := <-done:
-				t.Fatalf("replication ended while waiting for %d docs: %v", n, o.err)
-			case <-deadline:
-				t.Fatalf("%d docs not written within a minute", n)
-			}
-		}
-	}
+	written := func(n int64) { t.Helper(); awaitWritten(t, progress, done, n) }
 	written(1)
 	f.put("src", map[string]any{"_id": "b"})
 	fs.notify <- struct{}{}
@@ -226,42 +242,15 @@ func TestContinuousFeedIsOneLongRequest(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for heartbeats (seconds)")
 	}
-	f := newFakeCouch(t)
-	f.addDB("src")
-	f.addDB("tgt")
-	f.put("src", map[string]any{"_id": "a"})
-	fs := newFeedServer(f, "src")
+	f, fs := continuousSource(t)
 
-	progress := make(chan Stats, 1)
-	o := Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond,
-		ProgressInterval: 5 * time.Millisecond, OnProgress: func(s Stats) {
-			select {
-			case <-progress:
-			default:
-			}
-			progress <- s
-		}}
+	progress, o := progressOptions()
 	p := fakeParams(t, `,"continuous":true,"connection_timeout":3000`, f.URL+"/src", f.URL+"/tgt")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
 	New(p, o).Start(ctx, func(_ Result, err error) { done <- err })
-	written := func(n int64) {
-		t.Helper()
-		deadline := time.After(time.Minute)
-		for {
-			select {
-			case s := <-progress:
-				if s.DocsWritten >= n {
-					return
-				}
-			case err := <-done:
-				t.Fatalf("replication ended while waiting for %d docs: %v", n, err)
-			case <-deadline:
-				t.Fatalf("%d docs not written within a minute", n)
-			}
-		}
-	}
+	written := func(n int64) { t.Helper(); awaitWritten(t, progress, done, n) }
 	heartbeats := func(n int) {
 		t.Helper()
 		_, from := fs.counts()

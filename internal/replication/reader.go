@@ -96,8 +96,7 @@ func (pg *pager) more(got int) bool {
 // pipeline's goroutine: it reads the feed (a continuous feed is one
 // request held open for as long as it works, re-opened from its last seq
 // only after an error or when the server ends it) and hands every row to
-// the batcher, which
-// cuts batches of worker_batch_size rows in feed order. A feed's end is
+// the batcher, which cuts batches of worker_batch_size rows in feed order. A feed's end is
 // marked in the seq tracker after its rows, so through_seq reaches
 // last_seq once every earlier batch is done. It returns nil when ctx is
 // done or a one-shot feed has been read to its end.
