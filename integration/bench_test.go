@@ -320,13 +320,17 @@ func resetPeakRSS() bool {
 }
 
 // peakRSS is VmHWM from /proc/self/status, in bytes.
-func peakRSS() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
+func peakRSS() uint64 { return statusBytes("/proc/self/status", "VmHWM:") }
+
+// statusBytes reads the "key  N kB" line of a /proc/<pid>/status file, in
+// bytes (0 if unreadable).
+func statusBytes(path, key string) uint64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, key); ok {
 			kb, _ := strconv.ParseUint(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kb << 10
 		}

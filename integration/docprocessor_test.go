@@ -23,7 +23,7 @@ import (
 // plainReplicatorDB stops pouchdb-server's own replicator daemon from
 // driving _replicator (it is moved to another database) and recreates
 // _replicator as a plain database (keep) or leaves it absent.
-func plainReplicatorDB(t *testing.T, s *testserver.Server, keep bool) {
+func plainReplicatorDB(t testing.TB, s *testserver.Server, keep bool) {
 	t.Helper()
 	s.Do(t, "PUT", s.URL+"_config/replicator/db", []byte(`"pouchdb_own_replicator"`), 200)
 	s.Do(t, "DELETE", s.URL+"_replicator", nil, 200)

@@ -190,19 +190,7 @@ func measureMem() memNow {
 }
 
 // vmRSS is VmRSS from /proc/self/status, in bytes (0 if unreadable).
-func vmRSS() uint64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
-}
+func vmRSS() uint64 { return statusBytes("/proc/self/status", "VmRSS:") }
 
 func idleFeeds(b *testing.B, base string) int {
 	resp, err := http.Get(base + "_idle_feeds")

@@ -54,7 +54,7 @@ func skipShort(t *testing.T) {
 
 // nodeProc is a real couchrepd process.
 type nodeProc struct {
-	t       *testing.T
+	t       testing.TB
 	cmd     *exec.Cmd
 	dataDir string
 	admin   string
@@ -92,7 +92,7 @@ type nodeOptions struct {
 
 // startNode starts couchrepd and waits until its admin endpoint is up (the
 // node writes <data>/admin.addr once it listens).
-func startNode(t *testing.T, o nodeOptions) *nodeProc {
+func startNode(t testing.TB, o nodeOptions) *nodeProc {
 	t.Helper()
 	if o.dataDir == "" {
 		o.dataDir = t.TempDir()
@@ -175,7 +175,7 @@ func (n *nodeProc) ctl(args ...string) (string, string, int) {
 	return runCtl(n.t, append([]string{"--node", n.admin}, args...)...)
 }
 
-func runCtl(t *testing.T, args ...string) (string, string, int) {
+func runCtl(t testing.TB, args ...string) (string, string, int) {
 	t.Helper()
 	r := runCmd(t, filepath.Join(binDir, "couchrepctl"), args...)
 	return r.stdout, r.stderr, r.code
@@ -188,7 +188,7 @@ func (n *nodeProc) tree() *messages.TreeResponse {
 }
 
 // runCtlTree runs couchrepctl [flags] --json tree and decodes the reply.
-func runCtlTree(t *testing.T, flags ...string) *messages.TreeResponse {
+func runCtlTree(t testing.TB, flags ...string) *messages.TreeResponse {
 	t.Helper()
 	out, errOut, code := runCtl(t, append(flags, "--json", "tree")...)
 	if code != 0 {
@@ -224,7 +224,7 @@ type execResult struct {
 }
 
 // runCmd runs a command to completion (at most a minute).
-func runCmd(t *testing.T, name string, args ...string) execResult {
+func runCmd(t testing.TB, name string, args ...string) execResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -118,7 +118,7 @@ func (b *beatCounter) Unwrap() http.ResponseWriter { return b.ResponseWriter }
 
 // scaleNode starts couchrepd for n jobs: max_jobs above n, no startup
 // jitter, info logs.
-func scaleNode(t *testing.T, n int, env ...string) (*nodeProc, string) {
+func scaleNode(t testing.TB, n int, env ...string) (*nodeProc, string) {
 	t.Helper()
 	node := startNode(t, nodeOptions{extra: []string{"--log-level", "info"}, env: append([]string{
 		"COUCHREP_REPLICATOR_MAX_JOBS=" + strconv.Itoa(n+n/10+10),
