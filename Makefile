@@ -18,7 +18,7 @@ NODE_MODULES         := integration/node_modules/.couchrep-stamp
 DATA       ?= $(CURDIR)/.data
 GOTESTFLAGS ?=
 
-.PHONY: help run build test test-short bench chaos proto proto-check lint tools testdeps clean
+.PHONY: help run build test test-short bench chaos fuzz proto proto-check lint tools testdeps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,18 @@ CHAOS_STORE    ?= sqlite
 chaos: testdeps build ## randomized soak: 3 nodes, SIGKILL/SIGTERM/actor kills for CHAOS_DURATION (seed printed; replay with CHAOS_SEED=n; CHAOS_STORE=postgres runs it on PostgreSQL)
 	COUCHREP_CHAOS_DURATION=$(CHAOS_DURATION) COUCHREP_CHAOS_SEED=$(CHAOS_SEED) COUCHREP_CHAOS_STORE=$(CHAOS_STORE) \
 	  $(GO) test -count=1 -v -run '^TestChaosSoak$$' -timeout 60m ./integration/
+
+# Every fuzz target, as package:Name. Their seed corpora (f.Add and
+# testdata/fuzz/<Name>/) run as ordinary tests in `make test`.
+FUZZ_TIME    ?= 30s
+FUZZ_TARGETS := internal/couch:FuzzScanValue internal/couch:FuzzChangesFeed internal/couch:FuzzOpenRevs \
+                internal/couch:FuzzBulkGet internal/replication:FuzzParseReplicateRequest \
+                internal/replication:FuzzCheckpointReader internal/httpapi:FuzzRouter internal/config:FuzzParse
+fuzz: ## run every fuzz target for FUZZ_TIME (30s) each; a crasher is written to the package's testdata/fuzz: fix it and commit it as a regression seed
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg), $(FUZZ_TIME)"; \
+	  $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZ_TIME) ./$$pkg; \
+	done
 
 bench: testdeps build ## Go benchmarks (numbers go to BENCHMARKS.md)
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...

@@ -97,7 +97,8 @@ func TestHTTPAPIBadInputLeavesNodeUnharmed(t *testing.T) {
 		status                   int
 		code, reason             string
 	}{
-		{"malformed json", "POST", "/_replicate", `{"source":`, 400, "bad_request", "invalid UTF-8 JSON"},
+		{"malformed json", "POST", "/_replicate", `{"source":`, 400, "bad_request", "invalid JSON at byte 10: the body ends inside a value"},
+		{"100,000 levels deep", "POST", "/_replicate", `{"a":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`, 400, "bad_request", "JSON body nested too deeply: more than 64 levels"},
 		{"huge body", "POST", "/_replicate", `{` + ok + `,"pad":"` + strings.Repeat("x", 9<<20) + `"}`, 413, "too_large", "limit of 8388608 bytes"},
 		{"missing source", "POST", "/_replicate", `{"target":"http://127.0.0.1:1/b"}`, 400, "bad_request", "Missing `source` field"},
 		{"bad url", "POST", "/_replicate", `{"source":"ftp://h/a","target":"http://127.0.0.1:1/b"}`, 400, "invalid_replication", "`source`: endpoint has an invalid url"},

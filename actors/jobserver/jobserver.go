@@ -26,6 +26,7 @@ import (
 	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replication"
@@ -241,7 +242,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem) {
 		jo := replicationjob.Options{
 			Store: store, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 			Logger: a.deps.Logger, Scheduler: a.deps.PID("scheduler"), Released: release,
-			NodePool: true, Limiter: ratelimiter.For(system),
+			NodePool: true, Limiter: ratelimiter.For(system), Limits: limitsOf(a.deps.Config),
 			Endpoints: replication.EndpointConfigFrom(a.deps.Config.Replicator),
 		}
 		if m := a.deps.Metrics; m != nil {
@@ -281,5 +282,14 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	case <-t.C:
 		return true
+	}
+}
+
+// limitsOf is what a job's endpoints may send, from [replicator].
+func limitsOf(c config.Config) couch.Limits {
+	return couch.Limits{
+		MaxDocumentBytes: int64(c.Replicator.MaxDocumentBytes),
+		MaxLineBytes:     int64(c.Replicator.MaxChangesRowBytes),
+		MaxBodyBytes:     int64(c.Replicator.MaxResponseBytes),
 	}
 }

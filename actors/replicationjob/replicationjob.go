@@ -60,6 +60,9 @@ type Options struct {
 	HTTPClient func(p replication.Params) *http.Client
 	// Limiter, if set, is the node's shared rate limiter (rate_limiter).
 	Limiter couch.Limiter
+	// Limits bound what the job's endpoints may send ([replicator]
+	// max_document_bytes, max_changes_row_bytes, max_response_bytes).
+	Limits couch.Limits
 	// NodePool makes the job take its HTTP client from the node's
 	// connection_pool actor: a lease of http_connections concurrent requests
 	// per endpoint, held by this actor (the pool reclaims it if the actor
@@ -364,7 +367,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		onProgress = func(s replication.Stats) { pw.write(s); a.o.OnStats(id, s) }
 	}
 	o := replication.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
-		OnProgress: onProgress, OnEvent: a.o.OnEvent}
+		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
 	if a.lease != nil {

@@ -58,6 +58,8 @@ type Config struct {
 	Log Log
 	// Admin is the [admin] section: the admin endpoint.
 	Admin Admin
+	// SSL is the [ssl] section: TLS for the HTTP API.
+	SSL SSL
 	// Admins is the [admins] section, as in CouchDB: user name to password
 	// for HTTP API basic auth. Values are kept verbatim: a plain password or
 	// a CouchDB password hash ("-pbkdf2-...").
@@ -132,6 +134,10 @@ type Couchrep struct {
 	// (run_log, false), so that an audit can prove no job ever ran on two
 	// nodes at once. It costs a small write per job update.
 	RunLog bool
+	// AllowAdminParty lets the HTTP API listen beyond loopback without
+	// [admins] (allow_admin_party, false): as Apache CouchDB 3, couchrep
+	// otherwise refuses to start an open API that other machines can reach.
+	AllowAdminParty bool
 }
 
 // Replicator is the [replicator] section. Times are time.Duration; in the
@@ -219,6 +225,17 @@ type Replicator struct {
 	// as doc_write_failures (max_document_id_length, infinity). Zero means
 	// no limit.
 	MaxDocumentIDLength int
+	// MaxDocumentBytes bounds one document read from a source, inline
+	// attachments included (max_document_bytes, 32 MiB; couchrep's own): a
+	// larger one crashes the job with an error naming the limit.
+	MaxDocumentBytes int
+	// MaxChangesRowBytes bounds one row of a source's _changes feed
+	// (max_changes_row_bytes, 8 MiB; couchrep's own).
+	MaxChangesRowBytes int
+	// MaxResponseBytes bounds an endpoint's response that is read whole:
+	// database info, _revs_diff, _bulk_docs and open_revs answers
+	// (max_response_bytes, 64 MiB; couchrep's own).
+	MaxResponseBytes int
 	// MissingDocRetry is the wait before refetching a document after
 	// missing_doc/missing_stub (missing_doc_retry_msec, 2000 ms).
 	MissingDocRetry time.Duration
@@ -305,6 +322,16 @@ type Log struct {
 	Format string
 }
 
+// SSL is the [ssl] section, as in CouchDB: the HTTP API served over TLS.
+type SSL struct {
+	// Enable serves the HTTP API (http_bind) over TLS only (enable, false).
+	Enable bool
+	// CertFile is the server certificate chain, PEM (cert_file).
+	CertFile string
+	// KeyFile is CertFile's private key, PEM (key_file).
+	KeyFile string
+}
+
 // Admin is the [admin] section: couchrep's admin endpoint.
 type Admin struct {
 	// Token is the admin endpoint's shared secret (token). It is required
@@ -357,6 +384,10 @@ func Default() Config {
 			AuthPlugins:              []string{"couch_replicator_auth_session", "couch_replicator_auth_noop"},
 			UsageCoeff:               0.5,
 			PriorityCoeff:            0.98,
+
+			MaxDocumentBytes:   32 << 20,
+			MaxChangesRowBytes: 8 << 20,
+			MaxResponseBytes:   64 << 20,
 
 			MaxAcceptors:       2,
 			TransientJobMaxAge: 86400 * time.Second,

@@ -80,6 +80,13 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"couchrep.heartbeat_interval":              "5000",
 		"couchrep.cluster_quiet_period":            "15",
 		"couchrep.run_log":                         "false",
+		"couchrep.allow_admin_party":               "false",
+		"replicator.max_document_bytes":            "33554432",
+		"replicator.max_changes_row_bytes":         "8388608",
+		"replicator.max_response_bytes":            "67108864",
+		"ssl.enable":                               "false",
+		"ssl.cert_file":                            "",
+		"ssl.key_file":                             "",
 	}
 	d := Default()
 	for _, s := range schema {
@@ -219,7 +226,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown key far from any", "[couchrep]\nzzzzzzzzzz = 5\n", 2, "couchrep", "zzzzzzzzzz",
 			`t.ini:2: [couchrep] zzzzzzzzzz: expected a known [couchrep] key, got "zzzzzzzzzz"`},
 		{"unknown section", "[replicator]\nmax_jobs = 1\n[chttpd]\nport = 5984\n", 3, "", "",
-			`t.ini:3: expected a known section ([couchrep], [replicator], [replicator.shares], [couchdb], [log], [admin], [admins]), got "[chttpd]"`},
+			`t.ini:3: expected a known section ([couchrep], [replicator], [replicator.shares], [couchdb], [log], [admin], [ssl], [admins]), got "[chttpd]"`},
 		{"unknown auth plugin", "[replicator]\nauth_plugins = couch_replicator_auth_session,my_ldap_plugin\n", 2, "replicator", "auth_plugins",
 			`t.ini:2: [replicator] auth_plugins: expected a comma-separated list of the auth plugins "couch_replicator_auth_session" and "couch_replicator_auth_noop", got "couch_replicator_auth_session,my_ldap_plugin"`},
 		{"socket_options not a list", "[replicator]\nsocket_options = keepalive\n", 2, "replicator", "socket_options",
@@ -676,5 +683,42 @@ func BenchmarkParse(b *testing.B) {
 		if _, err := Parse("couchrep.ini", strings.NewReader(string(data))); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestAdminPartyBeyondLoopback: as Apache CouchDB 3, an HTTP API other
+// machines can reach needs [admins], unless allow_admin_party says
+// otherwise; loopback is fine without.
+func TestAdminPartyBeyondLoopback(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		bind    string
+		admins  map[string]string
+		allow   bool
+		types   []string
+		wantErr string
+	}{
+		{"loopback without admins", "127.0.0.1:5986", nil, false, nil, ""},
+		{"all interfaces without admins", "0.0.0.0:5986", nil, false, nil, "[couchrep] http_bind: expected a loopback address while [admins] is empty"},
+		{"all interfaces, message says what to set", ":5986", nil, false, nil, "set `[couchrep] allow_admin_party = true`"},
+		{"all interfaces with admins", "0.0.0.0:5986", map[string]string{"admin": "pw"}, false, nil, ""},
+		{"all interfaces, admin party allowed", "0.0.0.0:5986", nil, true, nil, ""},
+		{"replication-only node serves no API", "0.0.0.0:5986", nil, false, []string{NodeTypeReplication}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.Couchrep.HTTPBind, c.Couchrep.AllowAdminParty = tc.bind, tc.allow
+			if tc.admins != nil {
+				c.Admins = tc.admins
+			}
+			if tc.types != nil {
+				c.Couchrep.NodeTypes = tc.types
+			}
+			err := c.Validate()
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Fatalf("Validate() = %v, want %q", err, tc.wantErr)
+			}
+		})
 	}
 }

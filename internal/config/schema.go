@@ -22,11 +22,12 @@ const (
 	SectionLog        = "log"
 	SectionAdmin      = "admin"
 	SectionAdmins     = "admins"
+	SectionSSL        = "ssl"
 )
 
 // sections lists every known section in documentation order. Shares and
 // admins are maps: any key, checked by mapSetting.
-var sections = []string{SectionCouchrep, SectionReplicator, SectionShares, SectionCouchDB, SectionLog, SectionAdmin, SectionAdmins}
+var sections = []string{SectionCouchrep, SectionReplicator, SectionShares, SectionCouchDB, SectionLog, SectionAdmin, SectionSSL, SectionAdmins}
 
 // setting is one known key of a fixed section.
 type setting struct {
@@ -65,6 +66,7 @@ var schema = []*setting{
 	{section: SectionCouchrep, key: "heartbeat_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.HeartbeatInterval }, unit: time.Millisecond, min: 10 * time.Millisecond}},
 	{section: SectionCouchrep, key: "cluster_quiet_period", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.ClusterQuietPeriod }, unit: time.Second}},
 	{section: SectionCouchrep, key: "run_log", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.RunLog }}},
+	{section: SectionCouchrep, key: "allow_admin_party", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.AllowAdminParty }}},
 
 	// [replicator], CouchDB 3.x main.
 	{section: SectionReplicator, key: "max_jobs", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxJobs }, min: 0, max: maxInt}},
@@ -97,6 +99,9 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "request_timeout", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.RequestTimeout }, unit: time.Millisecond, infinity: true}},
 	{section: SectionReplicator, key: "connection_close_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.ConnectionCloseInterval }, unit: time.Millisecond, min: time.Millisecond}},
 	{section: SectionReplicator, key: "max_document_id_length", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxDocumentIDLength }, min: 1, max: maxInt, infinity: true}},
+	{section: SectionReplicator, key: "max_document_bytes", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxDocumentBytes }, min: 1024, max: maxInt}},
+	{section: SectionReplicator, key: "max_changes_row_bytes", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxChangesRowBytes }, min: 1024, max: maxInt}},
+	{section: SectionReplicator, key: "max_response_bytes", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxResponseBytes }, min: 1024, max: maxInt}},
 	{section: SectionReplicator, key: "missing_doc_retry_msec", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.MissingDocRetry }, unit: time.Millisecond}},
 	{section: SectionReplicator, key: "session_refresh_interval_sec", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.SessionRefreshInterval }, unit: time.Second, min: time.Second}},
 	{section: SectionReplicator, key: "session_min_update_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.SessionMinUpdateInterval }, unit: time.Second}},
@@ -131,6 +136,11 @@ var schema = []*setting{
 	{section: SectionLog, key: "writer", v: ignoredValue{}, ignored: "couchrep logs to stderr; redirect it, or use journald/systemd"},
 	{section: SectionLog, key: "file", v: ignoredValue{}, ignored: "couchrep logs to stderr; redirect it, or use journald/systemd"},
 	{section: SectionLog, key: "include_sasl", v: ignoredValue{}, ignored: "Erlang SASL reports do not exist in couchrep"},
+
+	// [ssl]
+	{section: SectionSSL, key: "enable", v: boolValue{p: func(c *Config) *bool { return &c.SSL.Enable }}},
+	{section: SectionSSL, key: "cert_file", v: stringValue{p: func(c *Config) *string { return &c.SSL.CertFile }, optional: true, what: "a file path"}},
+	{section: SectionSSL, key: "key_file", v: stringValue{p: func(c *Config) *string { return &c.SSL.KeyFile }, optional: true, what: "a file path"}},
 
 	// [admin]
 	{section: SectionAdmin, key: "token", v: stringValue{p: func(c *Config) *string { return &c.Admin.Token }, ok: nonBlank, optional: true, what: "a secret token"}},

@@ -52,6 +52,19 @@ func (c Config) Validate() error {
 		}
 		fail(SectionReplicator, key, "cert_file and key_file set together", got)
 	}
+	if c.SSL.Enable && (c.SSL.CertFile == "" || c.SSL.KeyFile == "") {
+		key, got := "cert_file", c.SSL.CertFile
+		if c.SSL.CertFile != "" {
+			key, got = "key_file", c.SSL.KeyFile
+		}
+		fail(SectionSSL, key, "a PEM file path (enable = true needs cert_file and key_file)", got)
+	}
+	if c.HasNodeType(NodeTypeAPIFrontend) && len(c.Admins) == 0 && !c.Couchrep.AllowAdminParty &&
+		c.Couchrep.HTTPBind != "" && !IsLoopback(c.Couchrep.HTTPBind) {
+		fail(SectionCouchrep, "http_bind", "a loopback address while [admins] is empty: the HTTP API would be open to every "+
+			"machine that reaches it (add `[admins] <name> = <password>`, or set `[couchrep] allow_admin_party = true` to serve it open anyway)",
+			c.Couchrep.HTTPBind)
+	}
 	if c.Couchrep.HTTPBind != "" && c.Couchrep.HTTPBind == c.Couchrep.AdminBind && !strings.HasSuffix(c.Couchrep.HTTPBind, ":0") {
 		fail(SectionCouchrep, "admin_bind", "an address other than http_bind", c.Couchrep.AdminBind)
 	}

@@ -168,7 +168,7 @@ func (f *feed) open(ctx context.Context) error {
 	if f.w.stall != nil {
 		body = &activityReader{r: resp.Body, w: f.w}
 	}
-	f.js = newJSONStream(body)
+	f.js = newLimitedJSONStream(body, d.lim.MaxLineBytes, "_changes row")
 	return nil
 }
 

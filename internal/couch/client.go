@@ -64,6 +64,9 @@ type Options struct {
 	// retried again, whatever Retries allows (CouchDB: half of
 	// health_threshold, 60 s). Zero means no bound.
 	ErrorBudget time.Duration
+	// Limits bound what is read from the server: a read deadline and the
+	// largest document, _changes row and whole response (see Limits).
+	Limits Limits
 }
 
 // LimitKey identifies what a Limiter limits: CouchDB keys its rate limiter
@@ -99,6 +102,7 @@ type DB struct {
 	log     zerolog.Logger
 	headers http.Header // shared: read only
 	sess    *session    // nil: Basic auth (or none)
+	lim     Limits      // with defaults filled in
 }
 
 // userAgent is sent unless Options.UserAgent says otherwise.
@@ -106,7 +110,7 @@ const userAgent = "couchrep/0.1"
 
 // NewDB returns a client for the database at ep.
 func NewDB(ep Endpoint, opts Options) *DB {
-	d := &DB{ep: ep, opts: opts, client: opts.HTTPClient, log: opts.Logger}
+	d := &DB{ep: ep, opts: opts, client: opts.HTTPClient, log: opts.Logger, lim: opts.Limits.withDefaults()}
 	if d.client == nil {
 		d.client = defaultClient()
 	}
@@ -253,20 +257,29 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
 		}
-		resp, epoch, err := d.send(ctx, r)
+		rctx, dl := arm(ctx, d.lim.ReadTimeout)
+		resp, epoch, err := d.send(rctx, r)
 		if err != nil {
 			if ctx.Err() != nil {
+				dl.release()
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), context.Cause(ctx))
 			}
-			if ce, ok := AsCertificateError(err); ok {
-				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), ce)
-			}
-			var herr *HTTPError
-			if errors.As(err, &herr) || errors.Is(err, ErrSession) || errors.Is(err, ErrTransportConfig) {
-				return nil, err // from the session plugin: final
+			stall := stalled(rctx)
+			dl.release()
+			if stall {
+				err = stallError(r.method, r.redactedURL(d), d.lim.ReadTimeout, "waiting for the response headers")
+			} else {
+				if ce, ok := AsCertificateError(err); ok {
+					return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), ce)
+				}
+				var herr *HTTPError
+				if errors.As(err, &herr) || errors.Is(err, ErrSession) || errors.Is(err, ErrTransportConfig) {
+					return nil, err // from the session plugin: final
+				}
+				err = fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
 			if attempt >= retries || d.overBudget(&firstErr) {
-				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+				return nil, err
 			}
 			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).
 				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
@@ -274,11 +287,13 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 			code := resp.StatusCode
 			if d.sess != nil && d.sess.handle(code, resp.Header, epoch) && authRetries < maxAuthRetries {
 				drain(resp)
+				dl.release()
 				authRetries++
 				continue // the cookie was renewed (or is newer): send again at once
 			}
 			if code == http.StatusTooManyRequests && d.opts.Limiter != nil {
 				drain(resp)
+				dl.release()
 				d.opts.Limiter.Failure(key)
 				continue // a 429 does not use up a retry; the limiter paces us
 			}
@@ -286,9 +301,13 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				d.opts.Limiter.Success(key)
 			}
 			if code/100 == 2 || (r.okStatus != nil && r.okStatus(code)) {
+				if dl != nil {
+					resp.Body = &guardedBody{rc: resp.Body, ctx: rctx, dl: dl, method: r.method, url: r.redactedURL(d)}
+				}
 				return resp, nil
 			}
 			herr := readHTTPError(resp, r.method, r.redactedURL(d))
+			dl.release()
 			if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries || d.overBudget(&firstErr) {
 				return nil, herr
 			}
@@ -406,17 +425,37 @@ func readHTTPError(resp *http.Response, method, u string) *HTTPError {
 	return e
 }
 
-// decodeBody decodes a whole JSON response into v and closes it.
+// decodeBody decodes a whole JSON response (at most Limits.MaxBodyBytes)
+// into v and closes it.
 func decodeBody(resp *http.Response, r *request, d *DB, v any) error {
+	return decodeLimited(resp, r, d, v, d.lim.MaxBodyBytes, "response body")
+}
+
+// decodeLimited decodes a whole JSON response of at most limit bytes
+// (what names it in the error) into v and closes it.
+func decodeLimited(resp *http.Response, r *request, d *DB, v any, limit int64, what string) error {
 	defer drain(resp)
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+	body, err := wholeBody(resp, limit, what)
+	if err != nil {
+		return badResponse(r, d, err)
+	}
+	if err := json.NewDecoder(body).Decode(v); err != nil {
 		return badResponse(r, d, err)
 	}
 	return nil
 }
 
+// badResponse is the error for an answer that could not be read: a
+// malformed one (ErrBadResponse), one beyond a size limit
+// (ErrResponseTooLarge) or a stalled one (ErrStalled, already naming the
+// request).
 func badResponse(r *request, d *DB, err error) error {
-	if errors.Is(err, io.EOF) {
+	switch {
+	case errors.Is(err, ErrStalled):
+		return err
+	case errors.Is(err, ErrResponseTooLarge):
+		return fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+	case errors.Is(err, io.EOF):
 		err = io.ErrUnexpectedEOF
 	}
 	return fmt.Errorf("%w: %s %s: %w", ErrBadResponse, r.method, r.redactedURL(d), err)

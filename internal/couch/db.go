@@ -180,7 +180,7 @@ func (d *DB) getRaw(ctx context.Context, r *request) (json.RawMessage, error) {
 		return nil, err
 	}
 	var out json.RawMessage
-	if err := decodeBody(resp, r, d, &out); err != nil {
+	if err := decodeLimited(resp, r, d, &out, d.lim.MaxDocumentBytes, "document"); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -108,7 +108,7 @@ func (d *DB) BulkGet(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) er
 		return err
 	}
 	defer drain(resp)
-	if err := readBulkGet(newJSONStream(resp.Body), fn); err != nil {
+	if err := readBulkGet(newLimitedJSONStream(resp.Body, d.lim.MaxDocumentBytes, "_bulk_get result (one document's revisions)"), fn); err != nil {
 		var ce callerError
 		if errors.As(err, &ce) {
 			return ce.err
@@ -221,6 +221,7 @@ func (p *presence) UnmarshalJSON(b []byte) error {
 func newDoc(body json.RawMessage) (Doc, error) {
 	var doc Doc
 	doc.Body = body
+	var revisions []byte
 	b := body
 	i := skipWS(b, 0)
 	if i >= len(b) || b[i] != '{' {
@@ -265,12 +266,42 @@ func newDoc(body json.RawMessage) (Doc, error) {
 			var p presence
 			_ = p.UnmarshalJSON(val)
 			doc.HasAttachments = bool(p)
+		case `"_revisions"`:
+			revisions = val
 		}
 	}
 	if doc.ID == "" || doc.Rev == "" {
 		return Doc{}, fmt.Errorf("document without _id or _rev: %.100s", body)
 	}
+	if revisions != nil {
+		if err := checkRevisions(doc.ID, doc.Rev, revisions); err != nil {
+			return Doc{}, err
+		}
+	}
 	return doc, nil
+}
+
+// checkRevisions checks that a document's _revisions is its _rev's path:
+// {"start": <generation of _rev>, "ids": [<hash of _rev>, ...ancestors]}
+// with no more ids than the generation. A server that sends another
+// history would make the target store a revision tree the source never had.
+func checkRevisions(id, rev string, raw []byte) error {
+	var r struct {
+		Start *int64   `json:"start"`
+		IDs   []string `json:"ids"`
+	}
+	if err := json.Unmarshal(raw, &r); err != nil || r.Start == nil || len(r.IDs) == 0 {
+		return fmt.Errorf("document %q: _revisions is not {\"start\": N, \"ids\": [...]}: %.100s", id, raw)
+	}
+	genStr, hash, ok := strings.Cut(rev, "-")
+	gen, err := strconv.ParseInt(genStr, 10, 64)
+	if !ok || err != nil || gen < 1 {
+		return fmt.Errorf("document %q: invalid _rev %q", id, rev)
+	}
+	if *r.Start != gen || r.IDs[0] != hash || int64(len(r.IDs)) > gen {
+		return fmt.Errorf("document %q: _revisions (start %d, %d ids, first %q) does not match _rev %q", id, *r.Start, len(r.IDs), r.IDs[0], rev)
+	}
+	return nil
 }
 
 func skipWS(b []byte, i int) int {
@@ -409,58 +440,75 @@ func (d *DB) openRevs(ctx context.Context, r *request, fn func(Doc) error) error
 		return err
 	}
 	defer drain(resp)
-	mt, params, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	body, err := wholeBody(resp, d.lim.MaxBodyBytes, "open_revs response")
+	if err == nil {
+		err = readOpenRevs(resp.Header.Get("Content-Type"), body, d.lim.MaxDocumentBytes, fn)
+	}
+	var ce callerError
+	if errors.As(err, &ce) {
+		return ce.err
+	}
+	if err != nil {
+		return badResponse(r, d, err)
+	}
+	return nil
+}
+
+// readOpenRevs reads an open_revs answer of the given content type: a
+// JSON array of {"ok": doc} / {"missing": rev}, or multipart/mixed with one
+// part per revision (a JSON document, or a multipart/related document with
+// its attachments). Documents are at most maxDoc bytes each. fn's errors
+// come back as callerError.
+func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc) error) error {
+	mt, params, err := mime.ParseMediaType(contentType)
 	if err != nil || !strings.HasPrefix(mt, "multipart/") {
 		// JSON: CouchDB with Accept: application/json, PouchDB Server always
 		// (as text/plain).
-		dec := json.NewDecoder(resp.Body)
+		dec := json.NewDecoder(body)
 		if err := expectDelim(dec, '['); err != nil {
-			return badResponse(r, d, err)
+			return err
 		}
 		for dec.More() {
 			var x struct {
 				OK json.RawMessage `json:"ok"`
 			}
 			if err := dec.Decode(&x); err != nil {
-				return badResponse(r, d, err)
+				return err
 			}
 			if x.OK == nil {
 				continue // {"missing": rev}
 			}
 			doc, err := newDoc(x.OK)
 			if err != nil {
-				return badResponse(r, d, err)
-			}
-			if err := fn(doc); err != nil {
 				return err
 			}
+			if err := fn(doc); err != nil {
+				return callerError{err}
+			}
 		}
-		if err := expectDelim(dec, ']'); err != nil {
-			return badResponse(r, d, err)
-		}
-		return nil
+		return expectDelim(dec, ']')
 	}
 	if params["boundary"] == "" {
-		return badResponse(r, d, errors.New("multipart answer without boundary"))
+		return errors.New("multipart answer without boundary")
 	}
-	mr := multipart.NewReader(resp.Body, params["boundary"])
+	mr := multipart.NewReader(body, params["boundary"])
 	for {
 		part, err := mr.NextPart()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
-			return badResponse(r, d, err)
+			return err
 		}
-		doc, ok, err := readRevPart(part)
+		doc, ok, err := readRevPart(part, maxDoc)
 		if err != nil {
-			return badResponse(r, d, err)
+			return err
 		}
 		if !ok {
 			continue
 		}
 		if err := fn(doc); err != nil {
-			return err
+			return callerError{err}
 		}
 	}
 }
@@ -468,14 +516,14 @@ func (d *DB) openRevs(ctx context.Context, r *request, fn func(Doc) error) error
 // readRevPart reads one part of an open_revs multipart/mixed answer: a
 // JSON document, a {"missing": rev} marker (ok false), or a
 // multipart/related document with its attachments.
-func readRevPart(part *multipart.Part) (Doc, bool, error) {
+func readRevPart(part *multipart.Part, maxDoc int64) (Doc, bool, error) {
 	defer part.Close()
 	mt, params, err := mime.ParseMediaType(part.Header.Get("Content-Type"))
 	if err != nil {
 		return Doc{}, false, fmt.Errorf("part content type: %w", err)
 	}
 	if mt != "multipart/related" {
-		b, err := io.ReadAll(part)
+		b, err := io.ReadAll(&limitedBody{r: part, left: maxDoc, limit: maxDoc, what: "document"})
 		if err != nil {
 			return Doc{}, false, err
 		}
@@ -497,7 +545,7 @@ func readRevPart(part *multipart.Part) (Doc, bool, error) {
 	if err != nil {
 		return Doc{}, false, fmt.Errorf("multipart/related document: %w", err)
 	}
-	b, err := io.ReadAll(first)
+	b, err := io.ReadAll(&limitedBody{r: first, left: maxDoc, limit: maxDoc, what: "document"})
 	if err != nil {
 		return Doc{}, false, err
 	}

@@ -26,6 +26,9 @@ type jsonStream struct {
 	off   int
 	err   error // the reader's error once it returned one (io.EOF at the end)
 	chunk int   // the next read buffer's size (0: jsonMinChunk)
+	// max bounds one value (0: no bound); what names it in the error.
+	max  int64
+	what string
 }
 
 const (
@@ -38,6 +41,13 @@ const (
 var errIncomplete = errors.New("incomplete JSON value")
 
 func newJSONStream(r io.Reader) *jsonStream { return &jsonStream{r: r} }
+
+// newLimitedJSONStream is a stream whose values (what: "_changes row",
+// "document") may be at most max bytes each: a longer one gives a
+// *TooLargeError as soon as that many bytes of it are buffered.
+func newLimitedJSONStream(r io.Reader, max int64, what string) *jsonStream {
+	return &jsonStream{r: r, max: max, what: what}
+}
 
 // fill makes more bytes available, keeping buf[keep:] (moved to the start
 // of a new buffer). It returns false when the stream has ended.
@@ -110,6 +120,9 @@ func (s *jsonStream) value() ([]byte, error) {
 	for {
 		end, err := scanValue(s.buf, s.off, 0)
 		if err == errIncomplete {
+			if s.max > 0 && int64(len(s.buf)-s.off) > s.max {
+				return nil, &TooLargeError{What: s.what, Limit: s.max}
+			}
 			if !s.fill(s.off) {
 				return nil, s.readErr()
 			}

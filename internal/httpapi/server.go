@@ -191,8 +191,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// The client left, or the node is stopping.
 				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "request cancelled: %v", context.Cause(r.Context()))
 			} else {
-				s.log.Error().Err(errors.New(RedactText(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed")
-				aerr = errorf(http.StatusInternalServerError, "unknown_error", "%s", RedactText(err.Error()))
+				// Handlers return their own errors as *apiError: anything
+				// else comes from the job store, which is unreachable or
+				// failing. The client may retry.
+				s.log.Error().Err(errors.New(RedactText(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed: job store error")
+				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: %s", RedactText(err.Error()))
 			}
 		}
 		writeError(sw, aerr)
@@ -256,10 +259,10 @@ func (s *Server) readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 		return nil, errorf(http.StatusBadRequest, "bad_request", "cannot read the request body: %v", err)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return nil, errorf(http.StatusBadRequest, "bad_request", "Request body must be a JSON object")
+		return nil, errorf(http.StatusBadRequest, "bad_request", "Request body must be a JSON object, got an empty body")
 	}
-	if !json.Valid(body) {
-		return nil, errorf(http.StatusBadRequest, "bad_request", "invalid UTF-8 JSON")
+	if aerr := checkJSONBody(body); aerr != nil {
+		return nil, aerr
 	}
 	return body, nil
 }

@@ -122,7 +122,18 @@ func TestBadInput(t *testing.T) {
 		status                          int
 		code, reason                    string
 	}{
-		{"malformed json", "POST", "/_replicate", "application/json", `{"source":`, 400, "bad_request", "invalid UTF-8 JSON"},
+		{"malformed json", "POST", "/_replicate", "application/json", `{"source":`, 400, "bad_request", "invalid JSON at byte 10: the body ends inside a value"},
+		{"syntax error", "POST", "/_replicate", "application/json", `{"source" 1}`, 400, "bad_request", "invalid JSON at byte 10: invalid character '1' after object key"},
+		{"invalid utf-8", "POST", "/_replicate", "application/json", "{\"source\":\"\xff\"}", 400, "bad_request", "invalid UTF-8 at byte 11 of the JSON body"},
+		{"too deep", "POST", "/_replicate", "application/json", strings.Repeat("[", 30000) + strings.Repeat("]", 30000), 400, "bad_request", "Request body must be a JSON object, got an array"},
+		{"too deep in an object", "POST", "/_replicate", "application/json", `{"a":` + strings.Repeat("[", 30000) + strings.Repeat("]", 30000) + `}`, 400, "bad_request", "JSON body nested too deeply: more than 64 levels"},
+		{"too deep object", "POST", "/_replicate", "application/json", `{"a":` + strings.Repeat(`{"b":`, 100) + `1` + strings.Repeat("}", 101), 400, "bad_request", "JSON body nested too deeply: more than 64 levels of arrays and objects (at $.a.b.b."},
+		{"duplicate key", "POST", "/_replicate", "application/json", `{` + ok + `,"source":"http://c.example/db"}`, 400, "bad_request", `duplicate key "source" in the JSON object at $`},
+		{"nested duplicate key", "POST", "/_replicate", "application/json", `{` + ok + `,"query_params":{"a":1,"a":2}}`, 400, "bad_request", `duplicate key "a" in the JSON object at $.query_params`},
+		{"trailing data", "POST", "/_replicate", "application/json", `{` + ok + `} {}`, 400, "bad_request", "data after the JSON object"},
+		{"string body", "POST", "/_replicate", "application/json", `"x"`, 400, "bad_request", "Request body must be a JSON object, got a string"},
+		{"integer too large", "POST", "/_replicate", "application/json", `{` + ok + `,"worker_processes":99999999999999999999999}`, 400, "bad_request", "parameter `worker_processes` is too large"},
+		{"timeout too large", "POST", "/_replicate", "application/json", `{` + ok + `,"connection_timeout":9999999999999999}`, 400, "bad_request", "parameter `connection_timeout` is too large"},
 		{"empty body", "POST", "/_replicate", "application/json", ``, 400, "bad_request", "Request body must be a JSON object"},
 		{"array body", "POST", "/_replicate", "application/json", `[]`, 400, "bad_request", "Request body must be a JSON object"},
 		{"form content type", "POST", "/_replicate", "application/x-www-form-urlencoded", `{` + ok + `}`, 415, "bad_content_type", "Content-Type must be application/json"},

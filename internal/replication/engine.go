@@ -83,6 +83,11 @@ type Options struct {
 	// Principal names the replication's owner in security warnings ("in
 	// database D, docid X" or "by user U"); empty: from user_ctx.
 	Principal string
+	// Limits bound what the endpoints may send (largest document, _changes
+	// row, whole response; zero fields are couch's defaults). Their
+	// ReadTimeout is ignored: every read's deadline is the job's
+	// connection_timeout.
+	Limits couch.Limits
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -201,9 +206,11 @@ func (r *Replication) openDBs() error {
 	if lim == nil {
 		lim = NewRateLimiter(r.now)
 	}
+	limits := r.o.Limits
+	limits.ReadTimeout = r.p.ConnectionTimeout
 	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
 		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.Endpoints.sessionOptions(),
-		ErrorBudget: r.o.Endpoints.errorBudget()}
+		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits}
 	srcOpts, tgtOpts := opts, opts
 	srcOpts.HTTPClient, tgtOpts.HTTPClient = srcClient, tgtClient
 	r.src, r.tgt = couch.NewDB(srcEp, srcOpts), couch.NewDB(tgtEp, tgtOpts)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"sort"
 	"strconv"
@@ -316,6 +317,9 @@ func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, err
 	} {
 		if raw, ok := fields[o.name]; ok {
 			v, err := toInteger(raw)
+			if errors.Is(err, strconv.ErrRange) && !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("-")) {
+				return p, paramErr(o.name, "parameter `%s` is too large: at most %d", o.name, math.MaxInt)
+			}
 			if err != nil || v < 1 && o.name != "retries_per_request" || v < 0 {
 				return p, paramErr(o.name, "parameter `%s` must be a positive integer", o.name)
 			}
@@ -330,6 +334,9 @@ func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, err
 	} {
 		if raw, ok := fields[o.name]; ok {
 			v, err := toInteger(raw)
+			if (errors.Is(err, strconv.ErrRange) || err == nil && int64(v) > maxMillis) && !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("-")) {
+				return p, paramErr(o.name, "parameter `%s` is too large: at most %d (milliseconds)", o.name, maxMillis)
+			}
 			if err != nil || v < 1 {
 				return p, paramErr(o.name, "parameter `%s` must be a positive integer (milliseconds)", o.name)
 			}
@@ -353,7 +360,32 @@ func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, err
 			return p, err
 		}
 	}
+	if err := checkIDTerms(p); err != nil {
+		return p, err
+	}
 	return p, nil
+}
+
+// checkIDTerms checks that the JSON values that go into the replication id
+// can be encoded as CouchDB encodes them (a number such as 1e400 cannot),
+// so that a valid document always has a replication id.
+func checkIDTerms(p Params) error {
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"query_params", p.QueryParams}, {"since_seq", p.SinceSeq}, {"selector", p.Selector}} {
+		if f.raw == nil {
+			continue
+		}
+		v, err := ejson(f.raw)
+		if err == nil && f.name == "selector" {
+			_, err = normalizeSelector(v)
+		}
+		if err != nil {
+			return paramErr(f.name, "parameter `%s` cannot be used: %s", f.name, strings.TrimPrefix(err.Error(), "replication: "))
+		}
+	}
+	return nil
 }
 
 // UserCtx is a replication document's user_ctx: the user whose rights the
@@ -589,6 +621,9 @@ func normalizeDocIDs(ids []string) []string {
 	}
 	return uniq
 }
+
+// maxMillis is the largest millisecond option a time.Duration holds.
+const maxMillis = int64(math.MaxInt64 / int64(time.Millisecond))
 
 func toInteger(raw json.RawMessage) (int, error) {
 	var n json.Number
