@@ -464,21 +464,38 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 	if err != nil || !strings.HasPrefix(mt, "multipart/") {
 		// JSON: CouchDB with Accept: application/json, PouchDB Server always
 		// (as text/plain).
-		dec := json.NewDecoder(body)
-		if err := expectDelim(dec, '['); err != nil {
+		js := newLimitedJSONStream(body, maxDoc, "open_revs document")
+		if err := js.delim('['); err != nil {
 			return err
 		}
-		for dec.More() {
-			var x struct {
-				OK json.RawMessage `json:"ok"`
-			}
-			if err := dec.Decode(&x); err != nil {
+		for first := true; ; first = false {
+			more, err := js.more(first)
+			if err != nil {
 				return err
 			}
-			if x.OK == nil {
+			if !more {
+				break
+			}
+			elem, err := js.value()
+			if err != nil {
+				return err
+			}
+			if elem[0] != '{' {
+				return fmt.Errorf("open_revs element is not an object: %.100s", elem)
+			}
+			var ok []byte
+			if err := objectMembers(elem, func(key, val []byte) error {
+				if string(key) == `"ok"` {
+					ok = val
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			if ok == nil {
 				continue // {"missing": rev}
 			}
-			doc, err := newDoc(x.OK)
+			doc, err := newDoc(ok)
 			if err != nil {
 				return err
 			}
@@ -486,7 +503,13 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 				return callerError{err}
 			}
 		}
-		return expectDelim(dec, ']')
+		if _, err := js.peek(); err != io.ErrUnexpectedEOF {
+			if err == nil {
+				err = errors.New("data after the open_revs array")
+			}
+			return err
+		}
+		return nil
 	}
 	if params["boundary"] == "" {
 		return errors.New("multipart answer without boundary")
@@ -548,6 +571,9 @@ func readRevPart(part *multipart.Part, maxDoc int64) (Doc, bool, error) {
 	b, err := io.ReadAll(&limitedBody{r: first, left: maxDoc, limit: maxDoc, what: "document"})
 	if err != nil {
 		return Doc{}, false, err
+	}
+	if !json.Valid(b) {
+		return Doc{}, false, fmt.Errorf("multipart/related document part is not valid JSON: %.100s", b)
 	}
 	doc, err := newDoc(b)
 	if err != nil {

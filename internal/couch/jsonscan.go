@@ -60,6 +60,11 @@ func (s *jsonStream) fill(keep int) bool {
 		s.chunk = jsonMinChunk
 	}
 	size := max(s.chunk, 2*len(rest))
+	if s.max > 0 {
+		// Never more than the limit needs: a value that does not fit is
+		// an error anyway (value checks before it fills).
+		size = max(min(size, int(min(s.max, 1<<40))+jsonChunk), len(rest)+jsonMinChunk)
+	}
 	nb := make([]byte, len(rest), size)
 	copy(nb, rest)
 	s.buf, s.off = nb, s.off-keep

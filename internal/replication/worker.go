@@ -168,6 +168,12 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 		if err != nil && ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
+		if errors.Is(err, couch.ErrStalled) {
+			// The same documents one by one would stall as well. (Too large
+			// ones are fetched again one by one: CouchDB sends open_revs
+			// attachments as separate MIME parts, outside the document.)
+			return fmt.Errorf("%w: %w", ErrWorkerFailed, err)
+		}
 		if err != nil {
 			w.r.log.Debug().Err(err).Msg("replication: _bulk_get failed, fetching documents one by one")
 		}
