@@ -149,24 +149,8 @@ func readBulkGet(js *jsonStream, fn func(Doc) error) error {
 			continue
 		}
 		seen = true
-		if err := js.delim('['); err != nil {
+		if err := js.elements(func(res []byte) error { return bulkGetResult(res, fn) }); err != nil {
 			return err
-		}
-		for first := true; ; first = false {
-			more, err := js.more(first)
-			if err != nil {
-				return err
-			}
-			if !more {
-				break
-			}
-			res, err := js.value()
-			if err != nil {
-				return err
-			}
-			if err := bulkGetResult(res, fn); err != nil {
-				return err
-			}
 		}
 	}
 	if !seen {
@@ -465,21 +449,7 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 		// JSON: CouchDB with Accept: application/json, PouchDB Server always
 		// (as text/plain).
 		js := newLimitedJSONStream(body, maxDoc, "open_revs document")
-		if err := js.delim('['); err != nil {
-			return err
-		}
-		for first := true; ; first = false {
-			more, err := js.more(first)
-			if err != nil {
-				return err
-			}
-			if !more {
-				break
-			}
-			elem, err := js.value()
-			if err != nil {
-				return err
-			}
+		err := js.elements(func(elem []byte) error {
 			if elem[0] != '{' {
 				return fmt.Errorf("open_revs element is not an object: %.100s", elem)
 			}
@@ -493,7 +463,7 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 				return err
 			}
 			if ok == nil {
-				continue // {"missing": rev}
+				return nil // {"missing": rev}
 			}
 			doc, err := newDoc(ok)
 			if err != nil {
@@ -502,6 +472,10 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 			if err := fn(doc); err != nil {
 				return callerError{err}
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		if _, err := js.peek(); err != io.ErrUnexpectedEOF {
 			if err == nil {

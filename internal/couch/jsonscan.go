@@ -163,6 +163,27 @@ func (s *jsonStream) more(first bool) (bool, error) {
 	return false, fmt.Errorf("expected ',' or ']', found %q", c)
 }
 
+// elements reads the JSON array that comes next, calling fn with each
+// element (checked, a slice of the stream's buffers).
+func (s *jsonStream) elements(fn func(elem []byte) error) error {
+	if err := s.delim('['); err != nil {
+		return err
+	}
+	for first := true; ; first = false {
+		more, err := s.more(first)
+		if err != nil || !more {
+			return err
+		}
+		v, err := s.value()
+		if err != nil {
+			return err
+		}
+		if err := fn(v); err != nil {
+			return err
+		}
+	}
+}
+
 // key reads an object's next key (consuming the ':' after it), or reports
 // the end of the object (consuming the '}'). first is true before the
 // first member.
