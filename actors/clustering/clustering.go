@@ -13,8 +13,10 @@
 // activity timeout (after which other nodes take this node's jobs anyway),
 // it exits with an error wrapping ErrStoreUnavailable. Its restarts fail the
 // same way at once, so the node's top supervisor gives up and the node stops
-// with the store error, rather than run on without a store. It never writes
-// anything but its own membership record.
+// with the store error, rather than run on without a store; except while
+// the store only cannot be reached (kv.ErrUnavailable: a PostgreSQL server
+// restarting), which it waits out. It never writes anything but its own
+// membership record.
 package clustering
 
 import (
@@ -246,7 +248,12 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 				return
 			}
 			a.log.Warn().Err(err).Dur("since_last_ok", now.Sub(lastOK)).Msg("clustering: heartbeat failed")
-			if now.Sub(lastOK) >= a.opts.FailAfter {
+			// A store server that is down or restarting (kv.ErrUnavailable)
+			// is waited for: every node lost it alike, and stopping them
+			// all would turn a database restart into a cluster outage.
+			// Other nodes take this node's jobs after the activity timeout
+			// anyway if they can reach the store and it cannot.
+			if now.Sub(lastOK) >= a.opts.FailAfter && !errors.Is(err, kv.ErrUnavailable) {
 				system.Root.Send(self, &storeFailed{err: fmt.Errorf("%w: no heartbeat for %s: %w", ErrStoreUnavailable, now.Sub(lastOK).Round(time.Millisecond), err)})
 				return
 			}

@@ -29,6 +29,11 @@ var (
 	ErrClosed = errors.New("kv: database closed")
 	// ErrTxDone is returned when a Tx is used after its function returned.
 	ErrTxDone = errors.New("kv: transaction already finished")
+	// ErrUnavailable wraps the errors of a store that cannot be reached
+	// for now (its server is down or restarting, the network is gone):
+	// the same call may work later. Backends whose store can come back
+	// (PostgreSQL) wrap such errors with it.
+	ErrUnavailable = errors.New("kv: store unavailable")
 	// ErrInvalidVersionstamp is returned by versionstamp operations whose
 	// offset does not leave room for the 10-byte stamp.
 	ErrInvalidVersionstamp = errors.New("kv: invalid versionstamp offset")

@@ -31,10 +31,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/url"
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -192,10 +195,30 @@ func (db *DB) errorf(what string, err error) error {
 		return nil
 	}
 	e := fmt.Errorf("postgres: %s (%s): %w", what, db.where, err)
+	if connLost(err) && !errors.Is(err, kv.ErrUnavailable) {
+		e = fmt.Errorf("postgres: %s (%s): %w: %w", what, db.where, kv.ErrUnavailable, err)
+	}
 	if db.secret != "" && strings.Contains(e.Error(), db.secret) {
 		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, "xxxxx"), err: e}
 	}
 	return e
+}
+
+// connLost reports whether err says the connection or the server went
+// away (or could not be reached): the store is unavailable for now.
+func connLost(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &ce) || errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
 }
 
 // retryable reports whether err is a conflict worth running the
@@ -238,6 +261,15 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 		}
 		if err != nil {
 			t.finish(err)
+			if connLost(err) && attempt+1 < db.opts.MaxAttempts && ctx.Err() == nil && !db.isClosed() {
+				// A read found the connection gone: nothing was written,
+				// the function may run again (on a new connection).
+				last = err
+				if err := kv.RetryBackoff(ctx, attempt+1); err != nil {
+					return err
+				}
+				continue
+			}
 			return err
 		}
 		err = t.commit()
@@ -245,7 +277,7 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			return nil
 		}
 		t.finish(err)
-		if !errors.Is(err, kv.ErrConflict) {
+		if !errors.Is(err, kv.ErrConflict) && !(errors.Is(err, errNotSent) && connLost(err)) {
 			return err
 		}
 		last = err
@@ -324,3 +356,7 @@ const (
 )
 
 var errNoRows = pgx.ErrNoRows
+
+// errNotSent marks a commit that failed before its statement reached the
+// server (pgconn.SafeToRetry): running the transaction again is safe.
+var errNotSent = errors.New("postgres: commit not sent")

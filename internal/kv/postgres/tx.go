@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/couchrep/couchrep/internal/kv"
@@ -70,29 +71,39 @@ func (t *tx) begin() error {
 	if t.done {
 		return kv.ErrTxDone
 	}
-	if t.conn == nil {
-		c, err := t.db.acquire(t.ctx)
-		if err != nil {
-			return err
+	var err error
+	for try := 0; try < 3; try++ {
+		if t.conn == nil {
+			c, err := t.db.acquire(t.ctx)
+			if err != nil {
+				return err
+			}
+			t.conn = c
 		}
-		t.conn = c
+		b := &pgx.Batch{}
+		b.Queue(beginSQL)
+		b.Queue(snapSQL)
+		br := t.conn.SendBatch(t.ctx, b)
+		_, err = br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(&t.snap)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			t.open = true
+			return nil
+		}
+		// A pooled connection the server closed (it restarted): the pool
+		// drops it; a new one may work. Nothing was read yet.
+		t.conn.Release()
+		t.conn = nil
+		if !connLost(err) || t.ctx.Err() != nil {
+			break
+		}
 	}
-	b := &pgx.Batch{}
-	b.Queue(beginSQL)
-	b.Queue(snapSQL)
-	br := t.conn.SendBatch(t.ctx, b)
-	_, err := br.Exec()
-	if err == nil {
-		err = br.QueryRow().Scan(&t.snap)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return t.db.errorf("begin snapshot", err)
-	}
-	t.open = true
-	return nil
+	return t.db.errorf("begin snapshot", err)
 }
 
 // end closes the snapshot and returns the connection to the pool.
@@ -348,6 +359,9 @@ func (t *tx) commit() error {
 	if err != nil {
 		if retryable(err) {
 			return fmt.Errorf("postgres: commit: %w (%v)", kv.ErrConflict, err)
+		}
+		if pgconn.SafeToRetry(err) {
+			return t.db.errorf("commit", fmt.Errorf("%w: %w", errNotSent, err))
 		}
 		return t.db.errorf("commit", err)
 	}
