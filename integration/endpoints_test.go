@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/testserver"
+	"github.com/couchrep/couchrep/messages"
 )
 
 // Secrets of the real-endpoint tests: none may appear in a log line, an API
@@ -297,11 +298,32 @@ func TestRealEndpoints(t *testing.T) {
 
 	t.Run("no credential in logs, API answers or couchrepctl output", func(t *testing.T) {
 		var all []string
+		shown := 0
 		for _, n := range []*nodeProc{e.verified, e.wrongCA, e.open} {
 			out, _, _ := n.ctl("jobs", "--json")
-			all = append(all, n.logs.String(), out)
+			all = append(all, out)
 			out, _, _ = n.ctl("jobs")
 			all = append(all, out)
+			var list messages.ListJobsResponse
+			ctlJSON(t, n, &list, "jobs")
+			for _, j := range list.GetJobs() {
+				out, _, _ = n.ctl("job", "show", j.GetId())
+				all = append(all, out)
+				out, _, _ = n.ctl("--json", "job", "show", j.GetId())
+				all = append(all, out)
+				shown++
+			}
+		}
+		for _, n := range []*nodeProc{e.verified, e.wrongCA, e.open} {
+			for _, path := range []string{"/_scheduler/jobs", "/_scheduler/docs", "/_active_tasks", "/metrics"} {
+				all = append(all, string(api(t, n.httpAddr(""), "GET", path, "").body))
+			}
+		}
+		if shown == 0 {
+			t.Error("couchrepctl listed no job to show")
+		}
+		for _, n := range []*nodeProc{e.verified, e.wrongCA, e.open} {
+			all = append(all, n.logs.String()) // last: after every command above
 		}
 		all = append(all, e.outputs...)
 		secret := regexp.MustCompile(regexp.QuoteMeta(epAdminPass) + "|" + regexp.QuoteMeta(epProxyPass) + "|" +
