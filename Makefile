@@ -111,8 +111,9 @@ postgresql: ## Debian's PostgreSQL server for the postgres job store's tests (in
 # cannot pin across security updates); the tests start their own processes on
 # loopback ports, never the packages' services.
 .PHONY: nginx tinyproxy microsocks
-nginx: ## Debian's nginx (TLS in front of PouchDB Server in the real-endpoint tests)
+nginx: ## Debian's nginx and its stream module (TLS in front of PouchDB Server and of tinyproxy in the real-endpoint tests)
 	@PATH="$$PATH:/usr/sbin:/sbin" command -v nginx >/dev/null 2>&1 || { $(call APT_INSTALL,nginx); }
+	@[ -f /usr/lib/nginx/modules/ngx_stream_module.so ] || { $(call APT_INSTALL,libnginx-mod-stream); }
 tinyproxy: ## Debian's tinyproxy (HTTP forward proxy of the real-endpoint tests)
 	@command -v tinyproxy >/dev/null 2>&1 || { $(call APT_INSTALL,tinyproxy); }
 microsocks: ## Debian's microsocks (SOCKS5 server of the real-endpoint tests)

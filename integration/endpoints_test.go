@@ -57,7 +57,7 @@ func startEndpointsEnv(t *testing.T) *endpointsEnv {
 	e.pouch.PutDocs(t, src, docs...)
 	rev := e.pouch.PutDocs(t, src, map[string]any{"_id": epWithAttach})[0]
 	e.pouch.PutAttachment(t, src, epWithAttach, rev, "a.bin", "application/octet-stream", []byte(strings.Repeat("attachment-bytes ", 100)))
-	for _, db := range []string{"https1", "https2", "untrusted", "mtls", "nocert", "plainproxy", "connect", "socks", "sess", "nosess", "budget"} {
+	for _, db := range []string{"https1", "https2", "untrusted", "mtls", "nocert", "plainproxy", "connect", "tlsproxy", "socks", "sess", "nosess", "budget"} {
 		e.pouch.CreateDB(t, db)
 	}
 	e.pouch.AddAdmin(t, epAdminUser, epAdminPass)
@@ -205,6 +205,16 @@ func TestRealEndpoints(t *testing.T) {
 		e.oneShot(t, e.verified, `{"source":`+src(e.nginx.HTTPSURL)+`,"target":`+tgt(e.nginx.HTTPSURL, "connect")+`,"source_proxy":`+proxyWithCreds(e.tinyproxy)+`,"target_proxy":`+proxyWithCreds(e.tinyproxy)+`}`, "connect")
 		if after := testserver.CountLines(e.tinyproxy.Log(), "CONNECT "+u.Host); after <= before {
 			t.Fatalf("tinyproxy's log has no new CONNECT %s:\n%s", u.Host, e.tinyproxy.Log())
+		}
+	})
+
+	t.Run("https proxy (TLS to the proxy, verified), https endpoints", func(t *testing.T) {
+		tlsProxy := testserver.StartTLSProxy(t, e.pki, e.tinyproxy)
+		u, _ := url.Parse(e.nginx.HTTPSURL)
+		before := testserver.CountLines(e.tinyproxy.Log(), "CONNECT "+u.Host)
+		e.oneShot(t, e.verified, `{"source":`+src(e.nginx.HTTPSURL)+`,"target":`+tgt(e.nginx.HTTPSURL, "tlsproxy")+`,"proxy":`+jsonStr(tlsProxy.URL)+`}`, "tlsproxy")
+		if after := testserver.CountLines(e.tinyproxy.Log(), "CONNECT "+u.Host); after <= before {
+			t.Fatalf("tinyproxy (behind the TLS front) logged no new CONNECT %s:\n%s", u.Host, e.tinyproxy.Log())
 		}
 	})
 

@@ -309,6 +309,60 @@ func HTTPSClient(t testing.TB, pki *PKI) *http.Client {
 	return &http.Client{Transport: tr, Timeout: time.Minute}
 }
 
+// StreamModule is the path of nginx's stream module (Debian's
+// libnginx-mod-stream, installed by `make testdeps`).
+const StreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
+
+// StartTLSProxy puts TLS in front of the HTTP proxy p: an nginx stream
+// server with pki's server certificate forwarding every connection to p.
+// The result is an https:// proxy (the client speaks TLS to the proxy and
+// HTTP, CONNECT included, inside it) with p's credentials and log.
+func StartTLSProxy(t testing.TB, pki *PKI, p *ForwardProxy) *ForwardProxy {
+	t.Helper()
+	bin := binary(t, "nginx")
+	if _, err := os.Stat(StreamModule); err != nil {
+		t.Fatalf("testserver: %s is missing: run `make testdeps` (it installs Debian's libnginx-mod-stream)", StreamModule)
+	}
+	return retryStart(t, "nginx (TLS proxy front)", func() (*ForwardProxy, error) {
+		dir := t.TempDir()
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		conf := fmt.Sprintf(`load_module %s;
+daemon off;
+master_process off;
+worker_processes 1;
+pid %[2]s/nginx.pid;
+error_log %[2]s/error.log info;
+events { worker_connections 256; }
+stream {
+	server {
+		listen 127.0.0.1:%[3]d ssl;
+		ssl_certificate %[4]s;
+		ssl_certificate_key %[5]s;
+		proxy_pass %[6]s;
+	}
+}
+`, StreamModule, dir, port, pki.ServerCert, pki.ServerKey, p.Addr)
+		confPath := filepath.Join(dir, "nginx.conf")
+		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+			return nil, err
+		}
+		addr := "127.0.0.1:" + strconv.Itoa(port)
+		front, err := startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"),
+			[]string{"-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log")}, dialable(addr))
+		if err != nil {
+			return nil, err
+		}
+		u, _ := url.Parse(p.URL)
+		u.Scheme, u.Host = "https", addr
+		// The log that proves traffic is the proxy's own.
+		return &ForwardProxy{Proc: &Proc{Name: "tinyproxy behind nginx", LogPath: p.LogPath, cmd: front.cmd, exited: front.exited},
+			URL: u.String(), Addr: addr}, nil
+	})
+}
+
 // ForwardProxy is a real proxy process (tinyproxy or microsocks).
 type ForwardProxy struct {
 	*Proc
