@@ -225,4 +225,3 @@ func apiNoFail(url string) apiReply {
 	_, _ = b.ReadFrom(resp.Body)
 	return apiReply{status: resp.StatusCode, body: b.Bytes()}
 }
-
