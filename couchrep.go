@@ -38,6 +38,7 @@ import (
 	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -243,6 +244,8 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Store:   store,
 		Jobs:    jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
 		Metrics: metrics,
+
+		Competition: docproc.NewCompetition(),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	metrics.WatchStore(httpapi.NewRepjobStore(n.deps.RepJobs, cfg.CouchDB.UUID))

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -42,6 +43,10 @@ type Deps struct {
 	// Metrics are the node's Prometheus metrics (served by the HTTP API);
 	// nil outside a node.
 	Metrics *httpapi.Metrics
+	// Competition is what the doc processor found about competing
+	// replicators on the watched servers (GET /_up, couchrepctl nodes);
+	// nil outside a node.
+	Competition *docproc.Competition
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

@@ -1587,9 +1587,12 @@ type NodesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Nodes []*NodeInfo            `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// True while membership changed within the quiet period.
-	Unstable      bool `protobuf:"varint,2,opt,name=unstable,proto3" json:"unstable,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Unstable bool `protobuf:"varint,2,opt,name=unstable,proto3" json:"unstable,omitempty"`
+	// What the answering node's check for competing replicators found on each
+	// watched server (empty when it watches none).
+	CompetingReplicators []*CompetingReplicatorCheck `protobuf:"bytes,3,rep,name=competing_replicators,json=competingReplicators,proto3" json:"competing_replicators,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *NodesResponse) Reset() {
@@ -1636,6 +1639,167 @@ func (x *NodesResponse) GetUnstable() bool {
 	return false
 }
 
+func (x *NodesResponse) GetCompetingReplicators() []*CompetingReplicatorCheck {
+	if x != nil {
+		return x.CompetingReplicators
+	}
+	return nil
+}
+
+// CompetingReplicatorCheck is the latest check of one watched server's own
+// replicator (GET /_scheduler/docs): does it run jobs for the same
+// _replicator documents?
+type CompetingReplicatorCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's URL without credentials.
+	Server string `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	// "not_checked", "none_found", "competing" or "unknown".
+	Status string `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// Why none was found (no scheduler) or why the check failed.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// "warn" or "refuse" ([couchrep] on_competing_replicator).
+	Action        string                 `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	Checked       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=checked,proto3" json:"checked,omitempty"`
+	Databases     []*CompetingDatabase   `protobuf:"bytes,6,rep,name=databases,proto3" json:"databases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompetingReplicatorCheck) Reset() {
+	*x = CompetingReplicatorCheck{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompetingReplicatorCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompetingReplicatorCheck) ProtoMessage() {}
+
+func (x *CompetingReplicatorCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompetingReplicatorCheck.ProtoReflect.Descriptor instead.
+func (*CompetingReplicatorCheck) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CompetingReplicatorCheck) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *CompetingReplicatorCheck) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *CompetingReplicatorCheck) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *CompetingReplicatorCheck) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *CompetingReplicatorCheck) GetChecked() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Checked
+	}
+	return nil
+}
+
+func (x *CompetingReplicatorCheck) GetDatabases() []*CompetingDatabase {
+	if x != nil {
+		return x.Databases
+	}
+	return nil
+}
+
+// CompetingDatabase is a _replicator database whose documents a watched
+// server's own replicator runs jobs for.
+type CompetingDatabase struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Db    string                 `protobuf:"bytes,1,opt,name=db,proto3" json:"db,omitempty"`
+	// Documents with a running or crashing job on the server.
+	Jobs          uint32                 `protobuf:"varint,2,opt,name=jobs,proto3" json:"jobs,omitempty"`
+	Since         *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=since,proto3" json:"since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CompetingDatabase) Reset() {
+	*x = CompetingDatabase{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CompetingDatabase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CompetingDatabase) ProtoMessage() {}
+
+func (x *CompetingDatabase) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CompetingDatabase.ProtoReflect.Descriptor instead.
+func (*CompetingDatabase) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CompetingDatabase) GetDb() string {
+	if x != nil {
+		return x.Db
+	}
+	return ""
+}
+
+func (x *CompetingDatabase) GetJobs() uint32 {
+	if x != nil {
+		return x.Jobs
+	}
+	return 0
+}
+
+func (x *CompetingDatabase) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
 // ReplicateRequest adds a transient replication job, as POST /_replicate
 // does, and returns at once (the job runs on whichever node accepts it).
 // It has no RPC of its own: send it with Send (no actor) or Node.Request.
@@ -1652,7 +1816,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1664,7 +1828,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1677,7 +1841,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicateRequest) GetBody() string {
@@ -1706,7 +1870,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1718,7 +1882,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1731,7 +1895,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicateResponse) GetId() string {
@@ -1762,7 +1926,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1938,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1951,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SendRequest) GetVersion() uint32 {
@@ -1821,7 +1985,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1997,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2010,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SendResponse) GetVersion() uint32 {
@@ -1976,10 +2140,22 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\x14\n" +
 	"\x05alive\x18\x06 \x01(\bR\x05alive\x12#\n" +
 	"\radmin_address\x18\a \x01(\tR\fadminAddress\x12!\n" +
-	"\fhttp_address\x18\b \x01(\tR\vhttpAddress\"X\n" +
+	"\fhttp_address\x18\b \x01(\tR\vhttpAddress\"\xb4\x01\n" +
 	"\rNodesResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.couchrep.v1.NodeInfoR\x05nodes\x12\x1a\n" +
-	"\bunstable\x18\x02 \x01(\bR\bunstable\":\n" +
+	"\bunstable\x18\x02 \x01(\bR\bunstable\x12Z\n" +
+	"\x15competing_replicators\x18\x03 \x03(\v2%.couchrep.v1.CompetingReplicatorCheckR\x14competingReplicators\"\xee\x01\n" +
+	"\x18CompetingReplicatorCheck\x12\x16\n" +
+	"\x06server\x18\x01 \x01(\tR\x06server\x12\x16\n" +
+	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06action\x18\x04 \x01(\tR\x06action\x124\n" +
+	"\achecked\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\achecked\x12<\n" +
+	"\tdatabases\x18\x06 \x03(\v2\x1e.couchrep.v1.CompetingDatabaseR\tdatabases\"i\n" +
+	"\x11CompetingDatabase\x12\x0e\n" +
+	"\x02db\x18\x01 \x01(\tR\x02db\x12\x12\n" +
+	"\x04jobs\x18\x02 \x01(\rR\x04jobs\x120\n" +
+	"\x05since\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\":\n" +
 	"\x10ReplicateRequest\x12\x12\n" +
 	"\x04body\x18\x01 \x01(\tR\x04body\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"J\n" +
@@ -2034,105 +2210,111 @@ func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_couchrep_v1_admin_proto_goTypes = []any{
-	(AdminProtocolVersion)(0),     // 0: couchrep.v1.AdminProtocolVersion
-	(JobStatus)(0),                // 1: couchrep.v1.JobStatus
-	(*JobStats)(nil),              // 2: couchrep.v1.JobStats
-	(*JobSummary)(nil),            // 3: couchrep.v1.JobSummary
-	(*ListJobsRequest)(nil),       // 4: couchrep.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),      // 5: couchrep.v1.ListJobsResponse
-	(*GetJobRequest)(nil),         // 6: couchrep.v1.GetJobRequest
-	(*GetJobResponse)(nil),        // 7: couchrep.v1.GetJobResponse
-	(*StopJobRequest)(nil),        // 8: couchrep.v1.StopJobRequest
-	(*StopJobResponse)(nil),       // 9: couchrep.v1.StopJobResponse
-	(*RestartJobRequest)(nil),     // 10: couchrep.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),    // 11: couchrep.v1.RestartJobResponse
-	(*CancelJobRequest)(nil),      // 12: couchrep.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),     // 13: couchrep.v1.CancelJobResponse
-	(*GetSharesRequest)(nil),      // 14: couchrep.v1.GetSharesRequest
-	(*GetSharesResponse)(nil),     // 15: couchrep.v1.GetSharesResponse
-	(*SetSharesRequest)(nil),      // 16: couchrep.v1.SetSharesRequest
-	(*SetSharesResponse)(nil),     // 17: couchrep.v1.SetSharesResponse
-	(*SetConfigRequest)(nil),      // 18: couchrep.v1.SetConfigRequest
-	(*SetConfigResponse)(nil),     // 19: couchrep.v1.SetConfigResponse
-	(*DrainRequest)(nil),          // 20: couchrep.v1.DrainRequest
-	(*DrainResponse)(nil),         // 21: couchrep.v1.DrainResponse
-	(*UndrainRequest)(nil),        // 22: couchrep.v1.UndrainRequest
-	(*UndrainResponse)(nil),       // 23: couchrep.v1.UndrainResponse
-	(*StopNodeRequest)(nil),       // 24: couchrep.v1.StopNodeRequest
-	(*StopNodeResponse)(nil),      // 25: couchrep.v1.StopNodeResponse
-	(*NodesRequest)(nil),          // 26: couchrep.v1.NodesRequest
-	(*NodeInfo)(nil),              // 27: couchrep.v1.NodeInfo
-	(*NodesResponse)(nil),         // 28: couchrep.v1.NodesResponse
-	(*ReplicateRequest)(nil),      // 29: couchrep.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),     // 30: couchrep.v1.ReplicateResponse
-	(*SendRequest)(nil),           // 31: couchrep.v1.SendRequest
-	(*SendResponse)(nil),          // 32: couchrep.v1.SendResponse
-	nil,                           // 33: couchrep.v1.GetSharesResponse.SharesEntry
-	nil,                           // 34: couchrep.v1.SetSharesRequest.SharesEntry
-	nil,                           // 35: couchrep.v1.SetSharesResponse.SharesEntry
-	(*timestamppb.Timestamp)(nil), // 36: google.protobuf.Timestamp
-	(*JobEvent)(nil),              // 37: couchrep.v1.JobEvent
-	(*anypb.Any)(nil),             // 38: google.protobuf.Any
-	(*TreeRequest)(nil),           // 39: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),           // 40: couchrep.v1.KillRequest
-	(*TreeResponse)(nil),          // 41: couchrep.v1.TreeResponse
-	(*KillResponse)(nil),          // 42: couchrep.v1.KillResponse
+	(AdminProtocolVersion)(0),        // 0: couchrep.v1.AdminProtocolVersion
+	(JobStatus)(0),                   // 1: couchrep.v1.JobStatus
+	(*JobStats)(nil),                 // 2: couchrep.v1.JobStats
+	(*JobSummary)(nil),               // 3: couchrep.v1.JobSummary
+	(*ListJobsRequest)(nil),          // 4: couchrep.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),         // 5: couchrep.v1.ListJobsResponse
+	(*GetJobRequest)(nil),            // 6: couchrep.v1.GetJobRequest
+	(*GetJobResponse)(nil),           // 7: couchrep.v1.GetJobResponse
+	(*StopJobRequest)(nil),           // 8: couchrep.v1.StopJobRequest
+	(*StopJobResponse)(nil),          // 9: couchrep.v1.StopJobResponse
+	(*RestartJobRequest)(nil),        // 10: couchrep.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),       // 11: couchrep.v1.RestartJobResponse
+	(*CancelJobRequest)(nil),         // 12: couchrep.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),        // 13: couchrep.v1.CancelJobResponse
+	(*GetSharesRequest)(nil),         // 14: couchrep.v1.GetSharesRequest
+	(*GetSharesResponse)(nil),        // 15: couchrep.v1.GetSharesResponse
+	(*SetSharesRequest)(nil),         // 16: couchrep.v1.SetSharesRequest
+	(*SetSharesResponse)(nil),        // 17: couchrep.v1.SetSharesResponse
+	(*SetConfigRequest)(nil),         // 18: couchrep.v1.SetConfigRequest
+	(*SetConfigResponse)(nil),        // 19: couchrep.v1.SetConfigResponse
+	(*DrainRequest)(nil),             // 20: couchrep.v1.DrainRequest
+	(*DrainResponse)(nil),            // 21: couchrep.v1.DrainResponse
+	(*UndrainRequest)(nil),           // 22: couchrep.v1.UndrainRequest
+	(*UndrainResponse)(nil),          // 23: couchrep.v1.UndrainResponse
+	(*StopNodeRequest)(nil),          // 24: couchrep.v1.StopNodeRequest
+	(*StopNodeResponse)(nil),         // 25: couchrep.v1.StopNodeResponse
+	(*NodesRequest)(nil),             // 26: couchrep.v1.NodesRequest
+	(*NodeInfo)(nil),                 // 27: couchrep.v1.NodeInfo
+	(*NodesResponse)(nil),            // 28: couchrep.v1.NodesResponse
+	(*CompetingReplicatorCheck)(nil), // 29: couchrep.v1.CompetingReplicatorCheck
+	(*CompetingDatabase)(nil),        // 30: couchrep.v1.CompetingDatabase
+	(*ReplicateRequest)(nil),         // 31: couchrep.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),        // 32: couchrep.v1.ReplicateResponse
+	(*SendRequest)(nil),              // 33: couchrep.v1.SendRequest
+	(*SendResponse)(nil),             // 34: couchrep.v1.SendResponse
+	nil,                              // 35: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                              // 36: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                              // 37: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
+	(*JobEvent)(nil),                 // 39: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),                // 40: google.protobuf.Any
+	(*TreeRequest)(nil),              // 41: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),              // 42: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),             // 43: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),             // 44: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
-	36, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
-	36, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	38, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	38, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
-	37, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	39, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
 	1,  // 5: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
 	3,  // 6: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
 	3,  // 7: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 8: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 9: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	33, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	34, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	35, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	36, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	35, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	36, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	37, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	38, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
 	27, // 14: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
-	38, // 15: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	38, // 16: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	39, // 17: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	40, // 18: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
-	4,  // 19: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
-	6,  // 20: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
-	8,  // 21: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
-	10, // 22: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
-	12, // 23: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
-	14, // 24: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
-	16, // 25: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
-	18, // 26: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
-	20, // 27: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
-	22, // 28: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
-	24, // 29: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
-	26, // 30: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
-	31, // 31: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	41, // 32: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	42, // 33: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	5,  // 34: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
-	7,  // 35: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
-	9,  // 36: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
-	11, // 37: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
-	13, // 38: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
-	15, // 39: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
-	17, // 40: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
-	19, // 41: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
-	21, // 42: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
-	23, // 43: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
-	25, // 44: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
-	28, // 45: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	32, // 46: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
-	32, // [32:47] is the sub-list for method output_type
-	17, // [17:32] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	29, // 15: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
+	38, // 16: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
+	30, // 17: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
+	38, // 18: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
+	40, // 19: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	40, // 20: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	41, // 21: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	42, // 22: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	4,  // 23: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
+	6,  // 24: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
+	8,  // 25: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
+	10, // 26: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
+	12, // 27: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
+	14, // 28: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
+	16, // 29: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
+	18, // 30: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
+	20, // 31: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
+	22, // 32: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
+	24, // 33: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
+	26, // 34: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
+	33, // 35: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	43, // 36: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	44, // 37: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	5,  // 38: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	7,  // 39: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	9,  // 40: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	11, // 41: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	13, // 42: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	15, // 43: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	17, // 44: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	19, // 45: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	21, // 46: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	23, // 47: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	25, // 48: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	28, // 49: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	34, // 50: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	36, // [36:51] is the sub-list for method output_type
+	21, // [21:36] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_admin_proto_init() }
@@ -2149,7 +2331,7 @@ func file_couchrep_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -319,6 +319,16 @@ func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error)
 	a.mu.Lock()
 	resp := &messages.NodesResponse{Unstable: a.unstable}
 	a.mu.Unlock()
+	for _, c := range a.deps.Competition.Snapshot() {
+		m := &messages.CompetingReplicatorCheck{Server: c.Server, Status: c.Status, Reason: c.Reason, Action: c.Action}
+		if !c.Checked.IsZero() {
+			m.Checked = timestamppb.New(c.Checked)
+		}
+		for _, d := range c.Databases {
+			m.Databases = append(m.Databases, &messages.CompetingDatabase{Db: d.DB, Jobs: uint32(d.Jobs), Since: timestamppb.New(d.Since)})
+		}
+		resp.CompetingReplicators = append(resp.CompetingReplicators, m)
+	}
 	for _, m := range members {
 		resp.Nodes = append(resp.Nodes, &messages.NodeInfo{
 			Name: m.GetName(), Types: m.GetTypes(), LastHeartbeat: m.GetHeartbeat(),

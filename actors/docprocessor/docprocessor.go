@@ -94,6 +94,8 @@ func (a *docProcessor) start(ctx actor.Context) {
 		Logger:             a.log,
 		PollInterval:       cfg.Replicator.Interval / 2,
 		CreateReplicatorDB: cfg.Replicator.CreateReplicatorDB,
+		Competition:        a.deps.Competition,
+		OnCompeting:        cfg.Couchrep.OnCompetingReplicator,
 	})
 	if err != nil {
 		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))

@@ -93,6 +93,10 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		return fmt.Errorf("http api: %w", err)
 	}
 	cl := cluster{deps: a.deps, store: store}
+	var competing func() any
+	if comp := a.deps.Competition; comp != nil && len(cfg.Couchrep.Watch) > 0 {
+		competing = func() any { return comp.Snapshot() }
+	}
 	server := api.New(api.Options{
 		Store:    api.NewRepjobStore(store, cfg.CouchDB.UUID),
 		Admins:   cfg.Admins,
@@ -101,6 +105,8 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		UUID:     cfg.CouchDB.UUID,
 		NodeName: cfg.Couchrep.NodeName,
 		Cluster:  cl,
+
+		Competing: competing,
 	})
 	var check func(context.Context) error
 	if c, ok := a.deps.Store.(kv.Checker); ok {

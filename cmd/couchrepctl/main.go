@@ -969,7 +969,36 @@ func runNodes(ctx context.Context, e *env, args []string) error {
 	if resp.Msg.GetUnstable() {
 		fmt.Fprintln(e.out, "membership changed recently: cluster unstable")
 	}
+	for _, c := range resp.Msg.GetCompetingReplicators() {
+		fmt.Fprintln(e.out, competingLine(c, now))
+	}
 	return nil
+}
+
+// competingLine is one watched server's competing-replicator check, as
+// couchrepctl nodes prints it.
+func competingLine(c *messages.CompetingReplicatorCheck, now time.Time) string {
+	switch c.GetStatus() {
+	case "competing":
+		var dbs []string
+		for _, d := range c.GetDatabases() {
+			dbs = append(dbs, fmt.Sprintf("%s (%d job(s), for %s)", d.GetDb(), d.GetJobs(), age(now, d.GetSince(), true)))
+		}
+		what := "warning only (on_competing_replicator = warn)"
+		if c.GetAction() == "refuse" {
+			what = "left alone until it stops (on_competing_replicator = refuse)"
+		}
+		return fmt.Sprintf("competing replicator on %s: its own replicator runs jobs for %s: %s", c.GetServer(), strings.Join(dbs, ", "), what)
+	case "none_found":
+		if c.GetReason() != "" {
+			return fmt.Sprintf("competing replicator on %s: none found (%s)", c.GetServer(), c.GetReason())
+		}
+		return fmt.Sprintf("competing replicator on %s: none found", c.GetServer())
+	case "unknown":
+		return fmt.Sprintf("competing replicator on %s: unknown: %s", c.GetServer(), c.GetReason())
+	default:
+		return fmt.Sprintf("competing replicator on %s: not checked yet", c.GetServer())
+	}
 }
 
 // --- send ---

@@ -29,6 +29,17 @@ const (
 	DurabilityFull = "full"
 )
 
+// What a node does about a watched server whose own replicator runs jobs
+// for the same _replicator documents ([couchrep] on_competing_replicator).
+const (
+	// CompetingWarn logs a warning (once per database) and shows it in
+	// GET /_up and couchrepctl nodes, and goes on processing.
+	CompetingWarn = "warn"
+	// CompetingRefuse also leaves those databases alone until the server's
+	// replicator runs no job for them.
+	CompetingRefuse = "refuse"
+)
+
 // Fair-share bounds for [replicator.shares], as in CouchDB
 // (couch_replicator_share: ?DEFAULT_SHARES, ?MIN_SHARES, ?MAX_SHARES).
 const (
@@ -117,6 +128,9 @@ type Couchrep struct {
 	// Durability is the store's commit durability (durability):
 	// DurabilityNormal or DurabilityFull.
 	Durability string
+	// OnCompetingReplicator is CompetingWarn or CompetingRefuse
+	// (on_competing_replicator, "warn").
+	OnCompetingReplicator string
 	// ActivityTimeout is how long a running job may go without its worker
 	// updating it before the activity monitor hands it to another node
 	// (activity_timeout, 30 s). Workers update at least twice per timeout;
@@ -349,6 +363,8 @@ func Default() Config {
 			HTTPBind:   "127.0.0.1:5986",
 			AdminBind:  "127.0.0.1:5987",
 			Durability: DurabilityNormal,
+
+			OnCompetingReplicator: CompetingWarn,
 
 			ActivityTimeout:    30 * time.Second,
 			HeartbeatInterval:  5000 * time.Millisecond,

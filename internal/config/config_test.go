@@ -76,6 +76,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"couchrep.admin_bind":                      "127.0.0.1:5987",
 		"couchrep.watch":                           "",
 		"couchrep.durability":                      "normal",
+		"couchrep.on_competing_replicator":         "warn",
 		"couchrep.activity_timeout":                "30",
 		"couchrep.heartbeat_interval":              "5000",
 		"couchrep.cluster_quiet_period":            "15",

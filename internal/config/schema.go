@@ -61,6 +61,7 @@ var schema = []*setting{
 	{section: SectionCouchrep, key: "http_bind", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.HTTPBind }, ok: validHostPort, what: `host:port such as "127.0.0.1:5986"`}},
 	{section: SectionCouchrep, key: "admin_bind", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.AdminBind }, ok: validHostPort, what: `host:port such as "127.0.0.1:5987"`}},
 	{section: SectionCouchrep, key: "watch", v: listValue{p: func(c *Config) *[]string { return &c.Couchrep.Watch }, item: validServerURL, what: `a comma-separated list of CouchDB server URLs such as "http://127.0.0.1:5984"`}},
+	{section: SectionCouchrep, key: "on_competing_replicator", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.OnCompetingReplicator }, ok: oneOf(CompetingWarn, CompetingRefuse), what: `"warn" or "refuse"`}},
 	{section: SectionCouchrep, key: "durability", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.Durability }, ok: oneOf(DurabilityNormal, DurabilityFull), what: `"normal" or "full"`}},
 	{section: SectionCouchrep, key: "activity_timeout", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.ActivityTimeout }, unit: time.Second, min: 100 * time.Millisecond}},
 	{section: SectionCouchrep, key: "heartbeat_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.HeartbeatInterval }, unit: time.Millisecond, min: 10 * time.Millisecond}},

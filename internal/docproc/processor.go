@@ -55,6 +55,16 @@ type Options struct {
 	CreateReplicatorDB bool
 	// Clock returns the time for leases and state times; nil means time.Now.
 	Clock func() time.Time
+	// Competition records what the check for competing replicators finds
+	// on the watched servers (GET /_up, couchrepctl nodes read it); nil
+	// means a new one.
+	Competition *Competition
+	// OnCompeting is [couchrep] on_competing_replicator: "warn" (or empty)
+	// or "refuse" (leave competing databases alone).
+	OnCompeting string
+	// CompetingInterval is how often each server is checked; zero means
+	// PollInterval.
+	CompetingInterval time.Duration
 }
 
 // Processor turns _replicator documents into jobs (see the package
@@ -64,6 +74,8 @@ type Processor struct {
 	log     zerolog.Logger
 	keys    keyspace
 	servers []server
+
+	comp *Competition
 
 	mu     sync.Mutex
 	leased map[dbKey]*dbProc // databases this processor follows now
@@ -91,17 +103,28 @@ func New(opts Options) (*Processor, error) {
 	if opts.Clock == nil {
 		opts.Clock = time.Now
 	}
+	if opts.CompetingInterval <= 0 {
+		opts.CompetingInterval = opts.PollInterval
+	}
+	if opts.Competition == nil {
+		opts.Competition = NewCompetition()
+	}
 	if opts.Store == nil || opts.Jobs == nil {
 		return nil, errors.New("docproc: Store and Jobs are required")
 	}
 	p := &Processor{opts: opts, log: opts.Logger.With().Str("component", "doc_processor").Logger(),
-		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}}
+		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}, comp: opts.Competition}
+	action := "warn"
+	if p.refuse() {
+		action = "refuse"
+	}
 	for _, s := range opts.Servers {
 		ep, err := couch.ParseEndpoint(s)
 		if err != nil {
 			return nil, fmt.Errorf("docproc: watched server %q: %w", s, err)
 		}
 		p.servers = append(p.servers, server{key: ep.Redacted(), ep: ep})
+		p.comp.register(ep.Redacted(), action)
 	}
 	return p, nil
 }
@@ -162,10 +185,14 @@ func (p *Processor) Run(ctx context.Context) error {
 
 	snaps := make(chan snapshot)
 	for i := range p.servers {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			p.discover(ctx, i, snaps)
+		}()
+		go func() {
+			defer wg.Done()
+			p.watchCompetition(ctx, i)
 		}()
 	}
 	type runner struct {
@@ -221,6 +248,9 @@ var (
 	errDBDeleted = errors.New("docproc: database deleted")
 	// errLeaseLost cancels a database's follower when its lease was taken.
 	errLeaseLost = errors.New("docproc: lease lost")
+	// errCompeting cancels a database's follower when the server's own
+	// replicator runs jobs for it and on_competing_replicator is refuse.
+	errCompeting = errors.New("docproc: the server's own replicator runs jobs for this database")
 )
 
 // runDB follows one _replicator database whenever this node holds its
@@ -230,6 +260,12 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 	st := &state{store: p.opts.Store, keys: p.keys, server: srv.key, db: db}
 	retry := p.opts.LeaseTTL / 3
 	for {
+		if err := p.waitAllowed(ctx, dbKey{srv.key, db}); err != nil {
+			if errors.Is(err, errDBDeleted) {
+				p.dbDeleted(srv, st, log)
+			}
+			return
+		}
 		ok, err := st.acquire(ctx, p.opts.Node, p.opts.Clock(), p.opts.LeaseTTL)
 		if err != nil && ctx.Err() == nil {
 			log.Warn().Err(err).Msg("taking lease failed")
@@ -240,13 +276,17 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 				p.dbDeleted(srv, st, log)
 				return
 			}
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, errCompeting) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				if err := st.release(rctx, p.opts.Node); err != nil {
 					log.Warn().Err(err).Msg("releasing lease failed")
 				}
 				cancel()
-				return
+				if ctx.Err() != nil {
+					return
+				}
+				log.Warn().Msg("stopped following: the server's own replicator runs jobs for this database (on_competing_replicator = refuse)")
+				continue
 			}
 			log.Info().Err(err).Msg("stopped following")
 		}
@@ -300,6 +340,12 @@ func (p *Processor) dbDeleted(srv server, st *state, log zerolog.Logger) {
 func (p *Processor) leasedRun(ctx context.Context, srv server, st *state, log zerolog.Logger) error {
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	competing := make(chan struct{})
+	go func() {
+		defer close(competing)
+		p.stopWhenCompeting(lctx, dbKey{srv.key, st.db}, cancel)
+	}()
+	defer func() { <-competing }()
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)

@@ -46,6 +46,10 @@ type Options struct {
 	// Cluster gives the status page the nodes, the supervision tree and the
 	// shares; nil leaves those sections empty.
 	Cluster Cluster
+	// Competing returns what the check for competing replicators found on
+	// each watched server (GET /_up "competing_replicators"); nil leaves it
+	// out.
+	Competing func() any
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -59,12 +63,13 @@ type Server struct {
 	uuid, nodeName string
 	cluster        Cluster
 	rates          rateTracker
+	competing      func() any
 }
 
 // New returns the API handler.
 func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
-		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster}
+		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
@@ -279,7 +284,8 @@ func paramError(err error) *apiError {
 // up is liveness: 200 {"status":"ok"} while the node's job store answers,
 // 503 {"status":"error","store":"unavailable"} while it does not (the
 // reason is in the node's log and couchrepctl tree, not on this open
-// endpoint).
+// endpoint). A node watching servers adds what the check for competing
+// replicators found on each.
 func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
 	if _, check := s.metrics.node.clusterAndCheck(); check != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
@@ -290,7 +296,11 @@ func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
 			return nil
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ok", "seeds": map[string]any{}, "store": "ok"})
+	body := map[string]any{"status": "ok", "seeds": map[string]any{}, "store": "ok"}
+	if s.competing != nil {
+		body["competing_replicators"] = s.competing()
+	}
+	writeJSON(w, http.StatusOK, body)
 	return nil
 }
 
