@@ -214,9 +214,11 @@ type schedulerDocs struct {
 // CheckNoneFound (with a reason when the server has no _scheduler), or
 // CheckUnknown with the reason.
 func (p *Processor) checkServer(ctx context.Context, srv server) (status, reason string, jobs map[string]int) {
-	root := couch.NewDB(srv.ep, p.couchOpts())
+	// GET <server>/_scheduler/docs, the "/" unescaped (a document id
+	// "_scheduler/docs" would be sent as _scheduler%2Fdocs, a database).
+	sched := couch.NewDB(srv.dbEndpoint("_scheduler"), p.couchOpts())
 	q := url.Values{"states": {"running,crashing"}, "limit": {"10000"}}
-	raw, err := root.GetDoc(ctx, "_scheduler/docs", q)
+	raw, err := sched.GetDoc(ctx, "docs", q)
 	var he *couch.HTTPError
 	switch {
 	case errors.As(err, &he) && (he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):

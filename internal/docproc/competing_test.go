@@ -54,7 +54,7 @@ func TestCheckServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var gotQuery url.Values
 			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.Path != "/_scheduler/docs" {
+				if r.URL.EscapedPath() != "/_scheduler/docs" {
 					http.NotFound(w, r)
 					return
 				}
@@ -149,7 +149,7 @@ func newSchedulerProxy(t *testing.T, target string) *schedulerProxy {
 	p.answer.Store(schedulerIdle)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/_scheduler/docs" {
+		if r.URL.EscapedPath() == "/_scheduler/docs" {
 			p.checks.Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			w.Write([]byte(p.answer.Load().(string)))
