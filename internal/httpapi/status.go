@@ -174,7 +174,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 	})
 	for _, j := range jobs {
 		out.Counts[j.State]++
-		out.Jobs = append(out.Jobs, statusJobOf(j, samples[j.JobID], now))
+		out.Jobs = append(out.Jobs, statusJobOf(j, samples[j.JobID]))
 	}
 	var weights map[string]int
 	if s.cluster != nil {
@@ -208,7 +208,10 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-func statusJobOf(j *Job, sm *jobSamples, now time.Time) statusJob {
+// statusJobOf is a job as the page shows it. Its docs/s is measured
+// between samples (a job's stats carry over from its earlier runs, so they
+// say nothing of its current speed): 0 until two samples were taken.
+func statusJobOf(j *Job, sm *jobSamples) statusJob {
 	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State, Kind: "persistent", Database: j.Database, DocID: j.DocID,
 		Source: RedactURL(j.Source), Target: RedactURL(j.Target), Continuous: j.Continuous, Node: j.Node,
 		ErrorCount: j.ErrorCount, LastError: RedactText(j.LastError), Spark: []float64{}}
@@ -222,12 +225,9 @@ func statusJobOf(j *Job, sm *jobSamples, now time.Time) statusJob {
 		v.DocsRead, v.DocsWritten, v.Failures, v.Pending = st.DocsRead, st.DocsWritten, st.DocWriteFailures, st.ChangesPending
 	}
 	if sm != nil {
-		v.Rate, v.Spark = sm.rate(), sm.spark()
-	}
-	if v.Rate == 0 && j.State == StateRunning && j.Stats != nil && !j.LastStarted.IsZero() {
-		// Before two samples: the average since the job started.
-		if d := now.Sub(j.LastStarted).Seconds(); d >= 1 {
-			v.Rate = float64(j.Stats.DocsWritten) / d
+		v.Spark = sm.spark()
+		if j.State == StateRunning {
+			v.Rate = sm.rate()
 		}
 	}
 	return v
@@ -315,12 +315,15 @@ func trimEnum(s, prefix string) string {
 	return string(b)
 }
 
-// Sparkline sampling: every job's docs_written is sampled at most every
-// sampleEvery, when the page (or any client) reads /_status/data, and the
-// last sparkPoints samples are kept: the sparkline spans the last minutes
-// the page was watched. Jobs that left the store are forgotten.
+// Sparkline sampling: a job's docs_written is sampled at the time the job
+// recorded it (its last update: jobs write their stats to the store at
+// every progress report), whenever the page (or any client) reads
+// /_status/data and the value changed, or idleEvery passed without a change
+// (so that an idle job draws zeros). The last sparkPoints samples are kept:
+// the sparkline spans the last minutes the page was watched. Jobs that left
+// the store are forgotten.
 const (
-	sampleEvery = 5 * time.Second
+	idleEvery   = 30 * time.Second
 	sparkPoints = 36
 )
 
@@ -353,13 +356,7 @@ func (t *rateTracker) observe(now time.Time, jobs []*Job) map[string]*jobSamples
 			sm = &jobSamples{}
 			t.jobs[j.JobID] = sm
 		}
-		if n := len(sm.at); n == 0 || now.Sub(sm.at[n-1]) >= sampleEvery {
-			sm.at = append(sm.at, now)
-			sm.written = append(sm.written, j.Stats.DocsWritten)
-			if len(sm.at) > sparkPoints+1 {
-				sm.at, sm.written = sm.at[1:], sm.written[1:]
-			}
-		}
+		sm.add(now, j.LastUpdated, j.Stats.DocsWritten)
 		out[j.JobID] = &jobSamples{at: append([]time.Time(nil), sm.at...), written: append([]int64(nil), sm.written...)}
 	}
 	for id := range t.jobs {
@@ -368,6 +365,27 @@ func (t *rateTracker) observe(now time.Time, jobs []*Job) map[string]*jobSamples
 		}
 	}
 	return out
+}
+
+// add records written as of updated (now when unknown), read at now.
+func (s *jobSamples) add(now, updated time.Time, written int64) {
+	if updated.IsZero() || updated.After(now) {
+		updated = now
+	}
+	n := len(s.at)
+	switch {
+	case n == 0:
+	case written != s.written[n-1] && updated.After(s.at[n-1]):
+	case written == s.written[n-1] && now.Sub(s.at[n-1]) >= idleEvery:
+		updated = now // idle: a point at 0 docs/s
+	default:
+		return
+	}
+	s.at = append(s.at, updated)
+	s.written = append(s.written, written)
+	if len(s.at) > sparkPoints+1 {
+		s.at, s.written = s.at[1:], s.written[1:]
+	}
 }
 
 // spark is docs/s between consecutive samples (a job whose counters went
