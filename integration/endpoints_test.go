@@ -49,14 +49,19 @@ func startEndpointsEnv(t *testing.T) *endpointsEnv {
 	e.nginx = testserver.StartNginx(t, e.pki, e.pouch.URL)
 	e.tinyproxy = testserver.StartTinyproxy(t, epProxyUser, epProxyPass)
 	e.socks = testserver.StartMicrosocks(t, epSocksUser, epSocksPass)
-	src := e.pouch.CreateDB(t, "src")
-	var docs []map[string]any
-	for i := range epDocs - 1 {
-		docs = append(docs, map[string]any{"_id": fmt.Sprintf("doc-%03d", i), "i": i, "pad": strings.Repeat("x", 200)})
+	// src is every replication's source but the session tests', which read
+	// srcauth: no other job's request (a cancelled job's last checkpoint)
+	// can then land among the requests they count.
+	for _, name := range []string{"src", "srcauth"} {
+		src := e.pouch.CreateDB(t, name)
+		var docs []map[string]any
+		for i := range epDocs - 1 {
+			docs = append(docs, map[string]any{"_id": fmt.Sprintf("doc-%03d", i), "i": i, "pad": strings.Repeat("x", 200)})
+		}
+		e.pouch.PutDocs(t, src, docs...)
+		rev := e.pouch.PutDocs(t, src, map[string]any{"_id": epWithAttach})[0]
+		e.pouch.PutAttachment(t, src, epWithAttach, rev, "a.bin", "application/octet-stream", []byte(strings.Repeat("attachment-bytes ", 100)))
 	}
-	e.pouch.PutDocs(t, src, docs...)
-	rev := e.pouch.PutDocs(t, src, map[string]any{"_id": epWithAttach})[0]
-	e.pouch.PutAttachment(t, src, epWithAttach, rev, "a.bin", "application/octet-stream", []byte(strings.Repeat("attachment-bytes ", 100)))
 	for _, db := range []string{"https1", "https2", "untrusted", "mtls", "nocert", "plainproxy", "connect", "tlsproxy", "socks", "sess", "nosess", "budget"} {
 		e.pouch.CreateDB(t, db)
 	}
@@ -245,8 +250,8 @@ func TestRealEndpoints(t *testing.T) {
 	}
 	t.Run("cookie session: one POST /_session per endpoint, then the cookie", func(t *testing.T) {
 		mark := strings.Count(e.nginx.Access(), "\n")
-		e.oneShot(t, e.open, `{"source":`+auth(e.nginx.HTTPURL, "src")+`,"target":`+auth(e.nginx.HTTPURL, "sess")+`}`, "sess")
-		lines := strings.Split(e.nginx.Access(), "\n")[mark:]
+		e.oneShot(t, e.open, `{"source":`+auth(e.nginx.HTTPURL, "srcauth")+`,"target":`+auth(e.nginx.HTTPURL, "sess")+`}`, "sess")
+		lines := sessionLines(e.nginx.Access(), mark, "sess")
 		var posts, cookie, other int
 		for _, l := range lines {
 			switch {
@@ -267,8 +272,8 @@ func TestRealEndpoints(t *testing.T) {
 
 	t.Run("no /_session (404): basic auth", func(t *testing.T) {
 		mark := strings.Count(e.nginx.Access(), "\n")
-		e.oneShot(t, e.open, `{"source":`+auth(e.nginx.NoSessionURL, "src")+`,"target":`+auth(e.nginx.NoSessionURL, "nosess")+`}`, "nosess")
-		lines := strings.Split(e.nginx.Access(), "\n")[mark:]
+		e.oneShot(t, e.open, `{"source":`+auth(e.nginx.NoSessionURL, "srcauth")+`,"target":`+auth(e.nginx.NoSessionURL, "nosess")+`}`, "nosess")
+		lines := sessionLines(e.nginx.Access(), mark, "nosess")
 		var posts, basic int
 		for _, l := range lines {
 			switch {
@@ -370,4 +375,16 @@ func TestUnknownAuthPluginStopsTheNode(t *testing.T) {
 	if !strings.Contains(string(out), "auth_plugins") || !strings.Contains(string(out), "my_ldap_plugin") {
 		t.Fatalf("couchrepd's error does not name the plugin:\n%s", out)
 	}
+}
+
+// sessionLines are the access log lines after the first mark lines that
+// belong to a session test's replication: /_session, /srcauth and /<tgt>.
+func sessionLines(log string, mark int, tgt string) []string {
+	var out []string
+	for _, l := range strings.Split(log, "\n")[mark:] {
+		if strings.Contains(l, " /_session ") || strings.Contains(l, " /srcauth") || strings.Contains(l, " /"+tgt) {
+			out = append(out, l)
+		}
+	}
+	return out
 }
