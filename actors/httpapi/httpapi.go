@@ -15,6 +15,7 @@ package httpapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -92,6 +93,17 @@ func (a *httpAPI) start(ctx actor.Context) error {
 	if err != nil {
 		return fmt.Errorf("http api: %w", err)
 	}
+	scheme := "http"
+	if cfg.SSL.Enable {
+		// [ssl] as in CouchDB: the API is served over TLS only.
+		cert, err := tls.LoadX509KeyPair(cfg.SSL.CertFile, cfg.SSL.KeyFile)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("http api: [ssl] cert_file %s, key_file %s: %w", cfg.SSL.CertFile, cfg.SSL.KeyFile, err)
+		}
+		ln = tls.NewListener(ln, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+		scheme = "https"
+	}
 	cl := cluster{deps: a.deps, store: store}
 	var competing func() any
 	if comp := a.deps.Competition; comp != nil && len(cfg.Couchrep.Watch) > 0 {
@@ -134,7 +146,7 @@ func (a *httpAPI) start(ctx actor.Context) error {
 			a.log.Warn().Err(err).Msg("write " + AddrFile)
 		}
 	}
-	ev := a.log.Info().Str("addr", addr).Str("url", "http://"+addr+"/")
+	ev := a.log.Info().Str("addr", addr).Str("url", scheme+"://"+addr+"/")
 	if len(cfg.Admins) == 0 {
 		ev = ev.Bool("admin_party", true)
 	}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/httpapi"
 	clog "github.com/couchrep/couchrep/internal/log"
 )
 
@@ -56,6 +57,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 2
+	}
+	// As CouchDB: plain [admins] passwords are hashed on start, in the
+	// config file too, so that it holds no password after the first start.
+	admins, files, err := cfg.HashAdmins(httpapi.HashPassword)
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
+		return 1
+	}
+	if len(admins) > 0 {
+		logger.Info().Strs("admins", admins).Strs("rewritten", files).Msg("plain [admins] passwords replaced by their pbkdf2 hash")
 	}
 	if adoptFrom != "" {
 		if err := adoptUUID(ctx, &cfg, adoptFrom, logger); err != nil {

@@ -723,3 +723,46 @@ func TestAdminPartyBeyondLoopback(t *testing.T) {
 		})
 	}
 }
+
+// TestHashAdmins: plain [admins] passwords are replaced by their hash in
+// memory and in the file that set them, which keeps every other byte;
+// hashes and passwords from the environment stay out of the file.
+func TestHashAdmins(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "local.ini")
+	orig := "; my config\n[replicator]\nmax_jobs = 10 ; keep\n\n[admins]\n; the admins\nalice = wonderland ; set by ops\nbob=-pbkdf2-abc,salt,10\n  carol =  two words  \r\n"
+	if err := os.WriteFile(path, []byte(orig), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.ApplyEnv([]string{EnvAdmins + "=dave=fromenv"}); err != nil {
+		t.Fatal(err)
+	}
+	hash := func(p string) (string, error) { return "-pbkdf2-" + strings.ReplaceAll(p, " ", "_") + ",s,1", nil }
+	names, files, err := c.HashAdmins(hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(names, ",") != "alice,carol,dave" || len(files) != 1 || files[0] != path {
+		t.Fatalf("hashed %v in %v", names, files)
+	}
+	want := strings.Replace(strings.Replace(orig, "alice = wonderland ; set by ops", "alice = -pbkdf2-wonderland,s,1 ; set by ops", 1),
+		"  carol =  two words  \r", "  carol =  -pbkdf2-two_words,s,1\r", 1)
+	got, _ := os.ReadFile(path)
+	if string(got) != want {
+		t.Fatalf("file after hashing:\n%q\nwant\n%q", got, want)
+	}
+	if c.Admins["dave"] != "-pbkdf2-fromenv,s,1" || c.Admins["bob"] != "-pbkdf2-abc,salt,10" {
+		t.Fatalf("admins in memory: %v", c.Admins)
+	}
+	again, err := Load(path)
+	if err != nil || again.Admins["alice"] != "-pbkdf2-wonderland,s,1" || again.Admins["carol"] != "-pbkdf2-two_words,s,1" {
+		t.Fatalf("reloaded: %v, %v", again.Admins, err)
+	}
+	if names, files, _ := again.HashAdmins(hash); len(names) != 0 || len(files) != 0 {
+		t.Fatalf("second start hashed %v in %v again", names, files)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // authenticate checks basic auth against the admins and returns the user.
@@ -18,12 +19,19 @@ func (s *Server) authenticate(r *http.Request) (string, *apiError) {
 	if len(s.admins) == 0 {
 		return "", nil
 	}
+	client := clientOf(r)
+	if wait, blocked := s.guard.blocked(client); blocked {
+		e := errorf(http.StatusTooManyRequests, "too_many_requests", "too many failed logins from %s: retry in %s", client, wait.Round(time.Second))
+		e.retryAfter = wait
+		return "", e
+	}
 	user, pass, ok := r.BasicAuth()
 	if !ok {
 		return "", errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
 	}
 	stored, known := s.admins[user]
-	if !known || !PasswordMatches(stored, pass) {
+	if !known || !s.guard.check(user, stored, pass) {
+		s.guard.failed(client)
 		return "", errorf(http.StatusUnauthorized, "unauthorized", "Name or password is incorrect.")
 	}
 	return user, nil

@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -38,6 +39,12 @@ type Options struct {
 	// MaxBodyBytes limits request bodies (413 beyond it); zero means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// AuthFailureBurst is how many failed logins a client address may
+	// make in a row before it must wait (429); zero means
+	// DefaultAuthFailureBurst. AuthFailureInterval is how often one more
+	// attempt is allowed after that; zero means DefaultAuthFailureInterval.
+	AuthFailureBurst    int
+	AuthFailureInterval time.Duration
 	// UUID is the server uuid GET / shows.
 	UUID string
 	// NodeName is the name of the node serving the API (the status page
@@ -64,12 +71,14 @@ type Server struct {
 	cluster        Cluster
 	rates          rateTracker
 	competing      func() any
+	guard          *authGuard
 }
 
 // New returns the API handler.
 func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
-		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing}
+		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing,
+		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval)}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
@@ -86,6 +95,7 @@ func (s *Server) Metrics() *Metrics { return s.metrics }
 type apiError struct {
 	status       int
 	code, reason string
+	retryAfter   time.Duration // sent as Retry-After when set
 }
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d %s: %s", e.status, e.code, e.reason) }
@@ -183,6 +193,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if user, aerr = s.authenticate(r); aerr != nil {
 			if aerr.status == http.StatusUnauthorized {
 				sw.Header().Set("WWW-Authenticate", `Basic realm="couchrep"`)
+			}
+			if aerr.retryAfter > 0 {
+				sw.Header().Set("Retry-After", strconv.Itoa(int(aerr.retryAfter.Round(time.Second)/time.Second)+1))
 			}
 			writeError(sw, aerr)
 			return
