@@ -21,10 +21,15 @@
 // RedactText before they are written to a response or a log.
 //
 // Authentication is CouchDB's basic auth against the [admins] section
-// (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes). With no
-// admins configured the API is open ("admin party"), and the node logs a
-// warning. GET /_up, GET / and the status page's script and style sheet are
-// always open; the page and its data need the same auth as the API.
+// (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes;
+// HashPassword makes the hash couchrepd writes on start). Failed logins are
+// rate-limited per client address (429 beyond AuthFailureBurst). With no
+// admins configured the API is open ("admin party"; the node refuses that
+// beyond loopback unless allowed). GET /_up, GET / and the status page's
+// script and style sheet are always open; the page and its data need the
+// same auth as the API. Request bodies are checked before decoding (UTF-8,
+// syntax, depth, duplicate keys, an object) with reasons that say exactly
+// what is wrong.
 //
 // The status page (status.go, statuspage/) is plain HTML, CSS and JavaScript
 // embedded in the binary: no build step, no CDN. Its script polls
