@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 )
 
 // jsonStream reads a JSON document from a stream one value at a time
@@ -223,12 +224,21 @@ func unquote(raw []byte) (string, error) {
 	if len(raw) < 2 || raw[0] != '"' {
 		return "", fmt.Errorf("not a string: %.100s", raw)
 	}
+	ascii := true
 	for _, c := range raw[1 : len(raw)-1] {
 		if c == '\\' {
 			var s string
 			err := json.Unmarshal(raw, &s)
 			return s, err
 		}
+		ascii = ascii && c < utf8.RuneSelf
+	}
+	if !ascii && !utf8.Valid(raw[1:len(raw)-1]) {
+		// As encoding/json: invalid UTF-8 becomes U+FFFD, so a string
+		// reads the same here as anywhere else (and as it is written).
+		var s string
+		err := json.Unmarshal(raw, &s)
+		return s, err
 	}
 	return string(raw[1 : len(raw)-1]), nil
 }
