@@ -3,6 +3,7 @@ package docproc
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -64,7 +65,9 @@ func TestCheckServer(t *testing.T) {
 				w.Write([]byte(tc.body))
 			}))
 			defer ts.Close()
-			p, err := New(Options{Servers: []string{ts.URL}, Store: nopStore(t), Jobs: newFakeJobs(), Logger: zerolog.Nop()})
+			// Credentials in the watched URL never show in what the check reports.
+			withCreds := strings.Replace(ts.URL, "http://", "http://admin:s3cret@", 1)
+			p, err := New(Options{Servers: []string{withCreds}, Store: nopStore(t), Jobs: newFakeJobs(), Logger: zerolog.Nop()})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,6 +82,10 @@ func TestCheckServer(t *testing.T) {
 			}
 			if gotQuery.Get("states") != "running,crashing" {
 				t.Fatalf("query %v", gotQuery)
+			}
+			p.comp.record(p.servers[0].key, status, reason, jobs, time.Now())
+			if b, _ := json.Marshal(p.comp.Snapshot()); strings.Contains(string(b), "s3cret") || strings.Contains(reason, "s3cret") {
+				t.Fatalf("credentials in the check: %s %s", b, reason)
 			}
 		})
 	}
