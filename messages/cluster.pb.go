@@ -91,7 +91,10 @@ type NodeRecord struct {
 	// Set by a clean stop: the node left on purpose.
 	Left bool `protobuf:"varint,9,opt,name=left,proto3" json:"left,omitempty"`
 	// Process id, for operators and test harnesses.
-	Pid           int64 `protobuf:"varint,10,opt,name=pid,proto3" json:"pid,omitempty"`
+	Pid int64 `protobuf:"varint,10,opt,name=pid,proto3" json:"pid,omitempty"`
+	// The node was drained (couchrepctl drain) and not undrained since: it
+	// accepts no jobs, also after a restart. Heartbeats keep it as stored.
+	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -196,6 +199,13 @@ func (x *NodeRecord) GetPid() int64 {
 	return 0
 }
 
+func (x *NodeRecord) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
 // ClusterEvent is published on a node's event stream when the membership it
 // sees changes (unstable) and when it stayed unchanged for the quiet period
 // (stable).
@@ -274,7 +284,7 @@ var File_couchrep_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xef\x02\n" +
+	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x03\n" +
 	"\n" +
 	"NodeRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -288,7 +298,8 @@ const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	"\fhttp_address\x18\b \x01(\tR\vhttpAddress\x12\x12\n" +
 	"\x04left\x18\t \x01(\bR\x04left\x12\x10\n" +
 	"\x03pid\x18\n" +
-	" \x01(\x03R\x03pid\"\xe2\x01\n" +
+	" \x01(\x03R\x03pid\x12\x1a\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\"\xe2\x01\n" +
 	"\fClusterEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.couchrep.v1.ClusterEvent.KindR\x04kind\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +

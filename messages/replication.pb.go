@@ -143,6 +143,62 @@ func (ReplicationState) EnumDescriptor() ([]byte, []int) {
 	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{1}
 }
 
+// Action says what was asked.
+type JobControl_Action int32
+
+const (
+	JobControl_ACTION_UNSPECIFIED JobControl_Action = 0
+	// Stop cleanly: final checkpoint, back to the queue.
+	JobControl_ACTION_STOP JobControl_Action = 1
+	// Stop cleanly and run again now.
+	JobControl_ACTION_RESTART JobControl_Action = 2
+	// The job was canceled or removed in the same transaction: stop now.
+	JobControl_ACTION_CANCEL JobControl_Action = 3
+)
+
+// Enum value maps for JobControl_Action.
+var (
+	JobControl_Action_name = map[int32]string{
+		0: "ACTION_UNSPECIFIED",
+		1: "ACTION_STOP",
+		2: "ACTION_RESTART",
+		3: "ACTION_CANCEL",
+	}
+	JobControl_Action_value = map[string]int32{
+		"ACTION_UNSPECIFIED": 0,
+		"ACTION_STOP":        1,
+		"ACTION_RESTART":     2,
+		"ACTION_CANCEL":      3,
+	}
+)
+
+func (x JobControl_Action) Enum() *JobControl_Action {
+	p := new(JobControl_Action)
+	*p = x
+	return p
+}
+
+func (x JobControl_Action) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (JobControl_Action) Descriptor() protoreflect.EnumDescriptor {
+	return file_couchrep_v1_replication_proto_enumTypes[2].Descriptor()
+}
+
+func (JobControl_Action) Type() protoreflect.EnumType {
+	return &file_couchrep_v1_replication_proto_enumTypes[2]
+}
+
+func (x JobControl_Action) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use JobControl_Action.Descriptor instead.
+func (JobControl_Action) EnumDescriptor() ([]byte, []int) {
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4, 0}
+}
+
 // ReplicationStats are a job's counters under _active_tasks' names. The
 // sequences are CouchDB's seq_encode'd JSON strings.
 type ReplicationStats struct {
@@ -760,6 +816,106 @@ func (x *StopReplicationJobRequest) GetReason() string {
 	return ""
 }
 
+// JobControl is an operator's request to stop, restart or cancel a running
+// job, written to the store by whichever node was asked and carried out by
+// the job server of the node running the job, which clears it once the
+// job's actor has exited (internal/repjob, control.go).
+type JobControl struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	JobId  string                 `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	Action JobControl_Action      `protobuf:"varint,2,opt,name=action,proto3,enum=couchrep.v1.JobControl_Action" json:"action,omitempty"`
+	// The node running the job when the request was written, and which of
+	// its runs (the queue's accept count): the request ends with that run.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Run  uint64 `protobuf:"varint,4,opt,name=run,proto3" json:"run,omitempty"`
+	// The node that was asked.
+	RequestedBy string                 `protobuf:"bytes,5,opt,name=requested_by,json=requestedBy,proto3" json:"requested_by,omitempty"`
+	RequestedAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=requested_at,json=requestedAt,proto3" json:"requested_at,omitempty"`
+	// Random: tells one request from a later one for the same job.
+	Id            string `protobuf:"bytes,7,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobControl) Reset() {
+	*x = JobControl{}
+	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobControl) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobControl) ProtoMessage() {}
+
+func (x *JobControl) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobControl.ProtoReflect.Descriptor instead.
+func (*JobControl) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *JobControl) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *JobControl) GetAction() JobControl_Action {
+	if x != nil {
+		return x.Action
+	}
+	return JobControl_ACTION_UNSPECIFIED
+}
+
+func (x *JobControl) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *JobControl) GetRun() uint64 {
+	if x != nil {
+		return x.Run
+	}
+	return 0
+}
+
+func (x *JobControl) GetRequestedBy() string {
+	if x != nil {
+		return x.RequestedBy
+	}
+	return ""
+}
+
+func (x *JobControl) GetRequestedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RequestedAt
+	}
+	return nil
+}
+
+func (x *JobControl) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
 // StopReplicationJobResponse acknowledges a StopReplicationJobRequest.
 type StopReplicationJobResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -770,7 +926,7 @@ type StopReplicationJobResponse struct {
 
 func (x *StopReplicationJobResponse) Reset() {
 	*x = StopReplicationJobResponse{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +938,7 @@ func (x *StopReplicationJobResponse) String() string {
 func (*StopReplicationJobResponse) ProtoMessage() {}
 
 func (x *StopReplicationJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +951,7 @@ func (x *StopReplicationJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopReplicationJobResponse.ProtoReflect.Descriptor instead.
 func (*StopReplicationJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StopReplicationJobResponse) GetJobId() string {
@@ -815,7 +971,7 @@ type SchedulerStatusRequest struct {
 
 func (x *SchedulerStatusRequest) Reset() {
 	*x = SchedulerStatusRequest{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +983,7 @@ func (x *SchedulerStatusRequest) String() string {
 func (*SchedulerStatusRequest) ProtoMessage() {}
 
 func (x *SchedulerStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +996,7 @@ func (x *SchedulerStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStatusRequest.ProtoReflect.Descriptor instead.
 func (*SchedulerStatusRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{5}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{6}
 }
 
 // SchedulerStatusResponse is the scheduler actor's view of this node.
@@ -860,7 +1016,7 @@ type SchedulerStatusResponse struct {
 
 func (x *SchedulerStatusResponse) Reset() {
 	*x = SchedulerStatusResponse{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1028,7 @@ func (x *SchedulerStatusResponse) String() string {
 func (*SchedulerStatusResponse) ProtoMessage() {}
 
 func (x *SchedulerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1041,7 @@ func (x *SchedulerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStatusResponse.ProtoReflect.Descriptor instead.
 func (*SchedulerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{6}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SchedulerStatusResponse) GetNode() string {
@@ -1008,7 +1164,21 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"started_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"J\n" +
 	"\x19StopReplicationJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"3\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xcd\x02\n" +
+	"\n" +
+	"JobControl\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x126\n" +
+	"\x06action\x18\x02 \x01(\x0e2\x1e.couchrep.v1.JobControl.ActionR\x06action\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x10\n" +
+	"\x03run\x18\x04 \x01(\x04R\x03run\x12!\n" +
+	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\x12=\n" +
+	"\frequested_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12\x0e\n" +
+	"\x02id\x18\a \x01(\tR\x02id\"X\n" +
+	"\x06Action\x12\x16\n" +
+	"\x12ACTION_UNSPECIFIED\x10\x00\x12\x0f\n" +
+	"\vACTION_STOP\x10\x01\x12\x12\n" +
+	"\x0eACTION_RESTART\x10\x02\x12\x11\n" +
+	"\rACTION_CANCEL\x10\x03\"3\n" +
 	"\x1aStopReplicationJobResponse\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x18\n" +
 	"\x16SchedulerStatusRequest\"\xaf\x01\n" +
@@ -1043,40 +1213,44 @@ func file_couchrep_v1_replication_proto_rawDescGZIP() []byte {
 	return file_couchrep_v1_replication_proto_rawDescData
 }
 
-var file_couchrep_v1_replication_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_couchrep_v1_replication_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_couchrep_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_couchrep_v1_replication_proto_goTypes = []any{
 	(ReplicationKind)(0),               // 0: couchrep.v1.ReplicationKind
 	(ReplicationState)(0),              // 1: couchrep.v1.ReplicationState
-	(*ReplicationStats)(nil),           // 2: couchrep.v1.ReplicationStats
-	(*ReplicationJob)(nil),             // 3: couchrep.v1.ReplicationJob
-	(*ReplicationJobEvent)(nil),        // 4: couchrep.v1.ReplicationJobEvent
-	(*StopReplicationJobRequest)(nil),  // 5: couchrep.v1.StopReplicationJobRequest
-	(*StopReplicationJobResponse)(nil), // 6: couchrep.v1.StopReplicationJobResponse
-	(*SchedulerStatusRequest)(nil),     // 7: couchrep.v1.SchedulerStatusRequest
-	(*SchedulerStatusResponse)(nil),    // 8: couchrep.v1.SchedulerStatusResponse
-	(*JobHistory)(nil),                 // 9: couchrep.v1.JobHistory
-	(*timestamppb.Timestamp)(nil),      // 10: google.protobuf.Timestamp
+	(JobControl_Action)(0),             // 2: couchrep.v1.JobControl.Action
+	(*ReplicationStats)(nil),           // 3: couchrep.v1.ReplicationStats
+	(*ReplicationJob)(nil),             // 4: couchrep.v1.ReplicationJob
+	(*ReplicationJobEvent)(nil),        // 5: couchrep.v1.ReplicationJobEvent
+	(*StopReplicationJobRequest)(nil),  // 6: couchrep.v1.StopReplicationJobRequest
+	(*JobControl)(nil),                 // 7: couchrep.v1.JobControl
+	(*StopReplicationJobResponse)(nil), // 8: couchrep.v1.StopReplicationJobResponse
+	(*SchedulerStatusRequest)(nil),     // 9: couchrep.v1.SchedulerStatusRequest
+	(*SchedulerStatusResponse)(nil),    // 10: couchrep.v1.SchedulerStatusResponse
+	(*JobHistory)(nil),                 // 11: couchrep.v1.JobHistory
+	(*timestamppb.Timestamp)(nil),      // 12: google.protobuf.Timestamp
 }
 var file_couchrep_v1_replication_proto_depIdxs = []int32{
 	0,  // 0: couchrep.v1.ReplicationJob.kind:type_name -> couchrep.v1.ReplicationKind
 	1,  // 1: couchrep.v1.ReplicationJob.state:type_name -> couchrep.v1.ReplicationState
-	9,  // 2: couchrep.v1.ReplicationJob.history:type_name -> couchrep.v1.JobHistory
-	2,  // 3: couchrep.v1.ReplicationJob.stats:type_name -> couchrep.v1.ReplicationStats
-	10, // 4: couchrep.v1.ReplicationJob.created_at:type_name -> google.protobuf.Timestamp
-	10, // 5: couchrep.v1.ReplicationJob.last_updated:type_name -> google.protobuf.Timestamp
-	10, // 6: couchrep.v1.ReplicationJob.last_started:type_name -> google.protobuf.Timestamp
-	10, // 7: couchrep.v1.ReplicationJob.finished_at:type_name -> google.protobuf.Timestamp
+	11, // 2: couchrep.v1.ReplicationJob.history:type_name -> couchrep.v1.JobHistory
+	3,  // 3: couchrep.v1.ReplicationJob.stats:type_name -> couchrep.v1.ReplicationStats
+	12, // 4: couchrep.v1.ReplicationJob.created_at:type_name -> google.protobuf.Timestamp
+	12, // 5: couchrep.v1.ReplicationJob.last_updated:type_name -> google.protobuf.Timestamp
+	12, // 6: couchrep.v1.ReplicationJob.last_started:type_name -> google.protobuf.Timestamp
+	12, // 7: couchrep.v1.ReplicationJob.finished_at:type_name -> google.protobuf.Timestamp
 	0,  // 8: couchrep.v1.ReplicationJobEvent.kind:type_name -> couchrep.v1.ReplicationKind
 	1,  // 9: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
-	2,  // 10: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
-	10, // 11: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
-	10, // 12: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
-	13, // [13:13] is the sub-list for method output_type
-	13, // [13:13] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	3,  // 10: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
+	12, // 11: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
+	12, // 12: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 13: couchrep.v1.JobControl.action:type_name -> couchrep.v1.JobControl.Action
+	12, // 14: couchrep.v1.JobControl.requested_at:type_name -> google.protobuf.Timestamp
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_replication_proto_init() }
@@ -1091,8 +1265,8 @@ func file_couchrep_v1_replication_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_replication_proto_rawDesc), len(file_couchrep_v1_replication_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   7,
+			NumEnums:      3,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -8,6 +8,9 @@
 // share one machine's clock. Membership is informational (couchrepctl
 // nodes, cluster events); correctness of job ownership never depends on it:
 // that is the job queue's worker locks and activity timeouts.
+//
+// A node's record also holds whether it is drained (SetDraining), so that
+// a drained node that restarts stays drained.
 package cluster
 
 import (
@@ -67,20 +70,80 @@ type Member struct {
 }
 
 // Heartbeat writes rec (stamped with the current time) as its node's
-// record.
+// record. The stored drain flag is kept: it is the job server's to change
+// (SetDraining), whatever rec says.
 func (r *Registry) Heartbeat(ctx context.Context, rec *messages.NodeRecord) error {
 	rec = proto.Clone(rec).(*messages.NodeRecord)
 	rec.Heartbeat = timestamppb.New(r.clock())
+	if err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		key := r.nodes.Pack(tuple.Tuple{rec.GetName()})
+		old, err := r.get(tx, key, rec.GetName())
+		if err != nil {
+			return err
+		}
+		rec.Draining = old.GetDraining()
+		return r.put(tx, key, rec)
+	}); err != nil {
+		return fmt.Errorf("cluster: heartbeat of %q: %w", rec.GetName(), err)
+	}
+	return nil
+}
+
+// SetDraining records whether node name is drained: a drained node accepts
+// no jobs, also after a restart, until it is undrained. A node without a
+// record yet gets one holding only its name and the flag.
+func (r *Registry) SetDraining(ctx context.Context, name string, draining bool) error {
+	err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		key := r.nodes.Pack(tuple.Tuple{name})
+		rec, err := r.get(tx, key, name)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			rec = &messages.NodeRecord{Name: name}
+		}
+		rec.Draining = draining
+		return r.put(tx, key, rec)
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: set draining of %q: %w", name, err)
+	}
+	return nil
+}
+
+// Draining reports whether node name's record says it is drained.
+func (r *Registry) Draining(ctx context.Context, name string) (bool, error) {
+	var draining bool
+	err := r.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		rec, err := r.get(tx, r.nodes.Pack(tuple.Tuple{name}), name)
+		draining = rec.GetDraining()
+		return err
+	})
+	if err != nil {
+		return false, fmt.Errorf("cluster: read draining of %q: %w", name, err)
+	}
+	return draining, nil
+}
+
+// get reads the record at key (nil if there is none).
+func (r *Registry) get(tx kv.ReadTx, key []byte, name string) (*messages.NodeRecord, error) {
+	v, err := tx.Get(key)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	rec := &messages.NodeRecord{}
+	if err := proto.Unmarshal(v, rec); err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrCorrupt, name, err)
+	}
+	return rec, nil
+}
+
+func (r *Registry) put(tx kv.Tx, key []byte, rec *messages.NodeRecord) error {
 	b, err := proto.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("cluster: encode node %q: %w", rec.GetName(), err)
 	}
-	if err := r.db.Transact(ctx, func(tx kv.Tx) error {
-		tx.Set(r.nodes.Pack(tuple.Tuple{rec.GetName()}), b)
-		return nil
-	}); err != nil {
-		return fmt.Errorf("cluster: heartbeat of %q: %w", rec.GetName(), err)
-	}
+	tx.Set(key, b)
 	return nil
 }
 
@@ -89,25 +152,13 @@ func (r *Registry) Heartbeat(ctx context.Context, rec *messages.NodeRecord) erro
 func (r *Registry) Leave(ctx context.Context, name, incarnation string) error {
 	err := r.db.Transact(ctx, func(tx kv.Tx) error {
 		key := r.nodes.Pack(tuple.Tuple{name})
-		v, err := tx.Get(key)
-		if err != nil || v == nil {
+		rec, err := r.get(tx, key, name)
+		if err != nil || rec == nil || rec.GetIncarnation() != incarnation {
 			return err
-		}
-		rec := &messages.NodeRecord{}
-		if err := proto.Unmarshal(v, rec); err != nil {
-			return fmt.Errorf("%w: %q: %w", ErrCorrupt, name, err)
-		}
-		if rec.GetIncarnation() != incarnation {
-			return nil
 		}
 		rec.Left = true
 		rec.Heartbeat = timestamppb.New(r.clock())
-		b, err := proto.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		tx.Set(key, b)
-		return nil
+		return r.put(tx, key, rec)
 	})
 	if err != nil {
 		return fmt.Errorf("cluster: leave %q: %w", name, err)

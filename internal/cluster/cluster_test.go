@@ -123,3 +123,51 @@ func TestRegistry(t *testing.T) {
 		t.Fatalf("after forget: %v", ms)
 	}
 }
+
+// TestDraining: the drain flag survives heartbeats (which carry none), a
+// leave and a new incarnation under the same name, until it is cleared.
+func TestDraining(t *testing.T) {
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "c.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	r := New(db, Options{})
+	ctx := t.Context()
+	rec := func(inc string) *messages.NodeRecord {
+		return &messages.NodeRecord{Name: "a", Incarnation: inc, HeartbeatIntervalMs: 1000}
+	}
+	draining := func() bool {
+		t.Helper()
+		d, err := r.Draining(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms, err := r.Members(ctx)
+		if err != nil || len(ms) != 1 || ms[0].GetDraining() != d {
+			t.Fatalf("members %v (%v) disagree with Draining %v", ms, err, d)
+		}
+		return d
+	}
+	steps := []struct {
+		name string
+		do   func() error
+		want bool
+	}{
+		{"first heartbeat", func() error { return r.Heartbeat(ctx, rec("1")) }, false},
+		{"drain", func() error { return r.SetDraining(ctx, "a", true) }, true},
+		{"heartbeat", func() error { return r.Heartbeat(ctx, rec("1")) }, true},
+		{"leave", func() error { return r.Leave(ctx, "a", "1") }, true},
+		{"restarted", func() error { return r.Heartbeat(ctx, rec("2")) }, true},
+		{"undrain", func() error { return r.SetDraining(ctx, "a", false) }, false},
+		{"heartbeat after undrain", func() error { return r.Heartbeat(ctx, rec("2")) }, false},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := draining(); got != st.want {
+			t.Fatalf("after %s: draining %v, want %v", st.name, got, st.want)
+		}
+	}
+}

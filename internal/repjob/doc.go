@@ -46,6 +46,17 @@
 // holding the newest change of each job), which is how the doc processor
 // writes terminal states back to documents.
 //
+// # Job control
+//
+// A stop, restart or cancel of a running job may be asked of any node: the
+// node asked writes a JobControl request addressed to the node running the
+// job (RequestControl, or Cancel together with the cancellation), that
+// node's job server follows its requests (Controls, a kv watch), stops the
+// job's actor and clears the request (ClearControl), and the asker waits
+// for that (WaitControl). A request ends with the run it was written for:
+// one whose job no longer runs there is stale and is cleared by whoever
+// finds it (CleanupControls among them).
+//
 // # Key layout
 //
 // Under the subspace (Options.Prefix, "repjob"):
@@ -57,4 +68,6 @@
 //	(LAST_CHANGE, id)              = versionstamp of that entry
 //	(CHANGES_WATCH)                = counter bumped with every change
 //	(EXPIRE, finished_ns, id)      = ""    finished transient jobs
+//	(CONTROL, node, id)            = JobControl   stop/restart/cancel for node
+//	(CONTROL_WATCH, node)          = counter bumped with every new request
 package repjob

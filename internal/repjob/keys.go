@@ -22,11 +22,13 @@ const (
 	tagLastChange   = 5
 	tagChangesWatch = 6
 	tagExpire       = 7
+	tagControl      = 8
+	tagControlWatch = 9
 )
 
 type keys struct {
-	repIDs, shares, changes, lastChange, expire tuple.Subspace
-	frontier, changesWatch                      []byte
+	repIDs, shares, changes, lastChange, expire, control, controlWatch tuple.Subspace
+	frontier, changesWatch                                             []byte
 }
 
 func newKeys(prefix []byte) keys {
@@ -37,6 +39,8 @@ func newKeys(prefix []byte) keys {
 		changes:      root.Sub(tagChanges),
 		lastChange:   root.Sub(tagLastChange),
 		expire:       root.Sub(tagExpire),
+		control:      root.Sub(tagControl),
+		controlWatch: root.Sub(tagControlWatch),
 		frontier:     root.Pack(tuple.Tuple{tagFrontier}),
 		changesWatch: root.Pack(tuple.Tuple{tagChangesWatch}),
 	}
@@ -46,6 +50,10 @@ func (k keys) repIDKey(repID string) []byte { return k.repIDs.Pack(tuple.Tuple{r
 func (k keys) shareKey(key string) []byte   { return k.shares.Pack(tuple.Tuple{key}) }
 func (k keys) lastChangeKey(id string) []byte {
 	return k.lastChange.Pack(tuple.Tuple{id})
+}
+func (k keys) controlKey(node, id string) []byte { return k.control.Pack(tuple.Tuple{node, id}) }
+func (k keys) controlWatchKey(node string) []byte {
+	return k.controlWatch.Pack(tuple.Tuple{node})
 }
 func (k keys) expireKey(at time.Time, id string) []byte {
 	return k.expire.Pack(tuple.Tuple{at.UnixNano(), id})

@@ -283,33 +283,38 @@ func (s *Store) Remove(ctx context.Context, jobID string) error {
 		if err != nil {
 			return err
 		}
-		rec, err := recordFromInfo(info)
-		if err != nil {
-			return err
-		}
-		now := s.now()
-		l := s.ledger(tx)
-		switch info.State {
-		case jobs.StatePending:
-			err = l.charge(rec.ShareKey, -l.p.Quantum, now)
-		case jobs.StateRunning:
-			err = l.chargeRun(rec.ShareKey, rec.GetLastStarted().AsTime(), now)
-		}
-		if err != nil {
-			return err
-		}
-		if err := s.releaseRepID(tx, rec.RepId, jobID); err != nil {
-			return err
-		}
-		if rec.FinishedAt != nil {
-			tx.Clear(s.k.expireKey(rec.FinishedAt.AsTime(), jobID))
-		}
-		if err := s.q.RemoveTx(tx, JobType, jobID); err != nil {
-			return err
-		}
-		return s.noteChange(tx, jobID)
+		return s.removeTx(tx, info)
 	})
 	return wrapNotFound("remove", jobID, err)
+}
+
+// removeTx is Remove of the job info in the caller's transaction.
+func (s *Store) removeTx(tx kv.Tx, info *jobs.JobInfo) error {
+	rec, err := recordFromInfo(info)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	l := s.ledger(tx)
+	switch info.State {
+	case jobs.StatePending:
+		err = l.charge(rec.ShareKey, -l.p.Quantum, now)
+	case jobs.StateRunning:
+		err = l.chargeRun(rec.ShareKey, rec.GetLastStarted().AsTime(), now)
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.releaseRepID(tx, rec.RepId, info.ID); err != nil {
+		return err
+	}
+	if rec.FinishedAt != nil {
+		tx.Clear(s.k.expireKey(rec.FinishedAt.AsTime(), info.ID))
+	}
+	if err := s.q.RemoveTx(tx, JobType, info.ID); err != nil {
+		return err
+	}
+	return s.noteChange(tx, info.ID)
 }
 
 func wrapNotFound(op, id string, err error) error {
