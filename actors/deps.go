@@ -51,10 +51,3 @@ type Deps struct {
 
 // NodeName is the node's name, as recorded in the jobs it runs.
 func (d Deps) NodeName() string { return d.Config.Couchrep.NodeName }
-
-// PID returns the PID of the node actor at path, relative to the root
-// supervisor ("connection_pool", "job_server/jobs_sup"). Names are stable
-// across restarts, so the PID stays valid for the actor's next incarnation.
-func (d Deps) PID(path string) *actor.PID {
-	return actor.NewPID(d.System.Address(), RootName+"/"+path)
-}

@@ -5,7 +5,8 @@
 // membership it sees changes ("cluster unstable") and again once it stayed
 // unchanged for [couchrep] cluster_quiet_period ("cluster stable"). It
 // answers *messages.NodesRequest (couchrepctl nodes) with every registered
-// node and the jobs each runs.
+// node, the jobs each runs and whether it is drained (the job server keeps
+// that flag in the node's record).
 //
 // It is also the node's store health check: its first heartbeat is written
 // while it starts, so a node whose store cannot be written fails to start
@@ -332,7 +333,7 @@ func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error)
 	for _, m := range members {
 		resp.Nodes = append(resp.Nodes, &messages.NodeInfo{
 			Name: m.GetName(), Types: m.GetTypes(), LastHeartbeat: m.GetHeartbeat(),
-			RunningJobs: running[m.GetName()], Alive: m.Alive,
+			RunningJobs: running[m.GetName()], Alive: m.Alive, Draining: m.GetDraining(),
 			AdminAddress: m.GetAdminAddress(), HttpAddress: m.GetHttpAddress(),
 		})
 	}

@@ -314,18 +314,6 @@ type Pool struct {
 // At returns a handle on the connection_pool actor pid of system.
 func At(system *actor.ActorSystem, pid *actor.PID) Pool { return Pool{system: system, pid: pid} }
 
-// Node returns a handle on the node's connection_pool (the child Name of the
-// root supervisor actors.RootName).
-func Node(system *actor.ActorSystem) Pool {
-	return At(system, actor.NewPID(system.Address(), actors.RootName+"/"+Name))
-}
-
-// Acquire returns a lease for owner from the node's connection pool; see
-// Pool.Acquire.
-func Acquire(ctx context.Context, system *actor.ActorSystem, owner *actor.PID, max int) (*Lease, error) {
-	return Node(system).Acquire(ctx, owner, max)
-}
-
 // Acquire returns a lease for owner that sends at most max concurrent
 // requests to each endpoint (the job's http_connections). The lease ends
 // when owner releases it or terminates. If the actor is between

@@ -484,7 +484,7 @@ func TestAcquireHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	// No pool runs in this system: Acquire waits for one until ctx ends.
-	_, err := connpool.Node(system).Acquire(ctx, actor.NewPID("nonhost", "owner"), 1)
+	_, err := connpool.At(system, actor.NewPID(system.Address(), "couchrep_sup/connection_pool")).Acquire(ctx, actor.NewPID("nonhost", "owner"), 1)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Acquire without a pool: %v", err)
 	}

@@ -10,6 +10,7 @@ package eventbus
 import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -108,4 +109,30 @@ func (b *bus) Receive(ctx actor.Context) {
 			}
 		}
 	}
+}
+
+// Log logs a supervisor event at the level it deserves: starts at debug,
+// abnormal exits at warn, give-ups, escalations, failed starts and shutdown
+// timeouts at error.
+func Log(log zerolog.Logger, e *supervisor.Event) {
+	lvl := zerolog.InfoLevel
+	switch e.Kind {
+	case supervisor.ChildStarted:
+		lvl = zerolog.DebugLevel
+	case supervisor.GaveUp, supervisor.Escalated, supervisor.ShutdownTimeout, supervisor.StartFailed:
+		lvl = zerolog.ErrorLevel
+	case supervisor.ChildExited:
+		if e.Reason != "normal" && e.Reason != "shutdown" {
+			lvl = zerolog.WarnLevel
+		}
+	}
+	ev := log.WithLevel(lvl).Str("event", e.Kind.String()).Str("supervisor", e.Supervisor).
+		Str("child", e.Child).Int("restart_count", e.RestartCount)
+	if e.Reason != "" {
+		ev = ev.Str("reason", e.Reason)
+	}
+	if e.PID != nil {
+		ev = ev.Str("pid", e.PID.Id)
+	}
+	ev.Msg("supervisor")
 }

@@ -5,17 +5,18 @@
 // The actor owns the node's table of intervals (a replication.RateLimiter,
 // which holds CouchDB's arithmetic), publishes it for the node's jobs and
 // drops entries not updated for 25 s every 50 s, as CouchDB's cleanup does.
-// Jobs reach the table through For, a couch.Limiter whose Wait, Success and
+// Jobs reach the table through At (the job server hands its job actors the
+// rate_limiter's PID), a couch.Limiter whose Wait, Success and
 // Failure read and update it directly: the hot path (every request of every
 // replication) never goes through the actor's mailbox. Snapshot and Reset
 // ask the actor.
 //
 // A job passes the node's limiter to its engine:
 //
-//	replication.New(p, replication.Options{Limiter: ratelimiter.For(system), ...})
+//	replication.New(p, replication.Options{Limiter: ratelimiter.At(system, pid), ...})
 //
 // When the actor restarts its table is lost, like CouchDB's ETS tables, and
-// the new incarnation starts empty. A couch.Limiter from For looks the
+// the new incarnation starts empty. A couch.Limiter from At looks the
 // current table up on each call, so it keeps working across restarts; while
 // no incarnation runs it does not limit and its updates are dropped.
 package ratelimiter
@@ -157,12 +158,6 @@ var _ couch.Limiter = (*Limiter)(nil)
 // At returns a handle on the rate_limiter actor pid of system.
 func At(system *actor.ActorSystem, pid *actor.PID) *Limiter {
 	return &Limiter{system: system, pid: pid, slot: slotOf(system, pid)}
-}
-
-// For returns the node's rate limiter (the child Name of the root supervisor
-// actors.RootName) as a couch.Limiter, for replication.Options.Limiter.
-func For(system *actor.ActorSystem) *Limiter {
-	return At(system, actor.NewPID(system.Address(), actors.RootName+"/"+Name))
 }
 
 // Wait implements couch.Limiter: it sleeps key's interval, or fails with

@@ -219,7 +219,7 @@ func TestNotRunning(t *testing.T) {
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}))
-	l := For(system)
+	l := At(system, actor.NewPID(system.Address(), "couchrep_sup/"+Name))
 	l.Failure(key) // dropped
 	if err := l.Wait(context.Background(), key); err != nil || l.Interval(key) != 0 {
 		t.Errorf("limiter without an actor: Wait %v, interval %v", err, l.Interval(key))

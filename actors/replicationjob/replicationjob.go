@@ -9,10 +9,11 @@
 // nothing more, when the store says the job was taken away
 // (jobs.ErrWorkerConflict) or removed (jobs.ErrCanceled).
 //
-// It registers with the scheduler actor (a ReplicationJobEvent request; the
-// scheduler watches it and may send StopReplicationJobRequest) and publishes
-// a ReplicationJobEvent on the actor system's event stream at every state
-// change.
+// The job server starts it, keeps it in its registry and stops it (a
+// StopReplicationJobRequest: rotation, operator, drain); the actor knows no
+// other actor by name: the connection pool and rate limiter it uses come in
+// its Options. It publishes a ReplicationJobEvent on the actor system's
+// event stream at every state change.
 package replicationjob
 
 import (
@@ -50,8 +51,6 @@ type Options struct {
 	ServerUUID string
 	// Logger receives the job's logs.
 	Logger zerolog.Logger
-	// Scheduler is the scheduler actor to register with; nil skips it.
-	Scheduler *actor.PID
 	// StartupDelay is waited before the job does any work
 	// (startup_jitter); zero starts at once.
 	StartupDelay time.Duration
@@ -63,16 +62,16 @@ type Options struct {
 	// Limits bound what the job's endpoints may send ([replicator]
 	// max_document_bytes, max_changes_row_bytes, max_response_bytes).
 	Limits couch.Limits
-	// NodePool makes the job take its HTTP client from the node's
-	// connection_pool actor: a lease of http_connections concurrent requests
-	// per endpoint, held by this actor (the pool reclaims it if the actor
-	// dies) and released when the run ends. It overrides HTTPClient.
-	NodePool bool
+	// Pool, if set, is the node's connection_pool actor: the job takes its
+	// HTTP client from a lease of http_connections concurrent requests per
+	// endpoint, held by this actor (the pool reclaims it if the actor dies)
+	// and released when the run ends. It overrides HTTPClient.
+	Pool *actor.PID
 	// Endpoints are the node's [replicator] settings for endpoint
 	// connections and authentication (TLS, auth plugins, error budget).
 	Endpoints replication.EndpointConfig
-	// Released is called once when the actor has stopped (the acceptor's
-	// slot accounting).
+	// Released is called once when the actor has stopped (the job
+	// server's registry).
 	Released func()
 	// Transport, if set, wraps the transport of the job's HTTP client (the
 	// node's request metrics).
@@ -109,7 +108,7 @@ func Props(run *repjob.Run, o Options) *actor.Props {
 type outcome struct{ err error }
 
 type jobActor struct {
-	// client is the lease's client when Options.NodePool is set; only the
+	// client is the lease's client when Options.Pool is set; only the
 	// job goroutine uses it.
 	client  *http.Client
 	run     *repjob.Run
@@ -132,16 +131,9 @@ type jobActor struct {
 func (a *jobActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		rec := a.run.Record()
 		a.done = make(chan struct{})
 		c, cancel := context.WithCancel(context.Background())
 		a.cancel = cancel
-		if a.o.Scheduler != nil {
-			ctx.Request(a.o.Scheduler, &messages.ReplicationJobEvent{
-				JobId: a.run.ID(), RepId: rec.RepId, Kind: rec.Kind, State: messages.ReplicationState_REPLICATION_STATE_RUNNING,
-				Node: a.o.Node, Continuous: rec.Continuous, StartedAt: timestamppb.Now(),
-			})
-		}
 		self, system := ctx.Self(), ctx.ActorSystem()
 		go func() {
 			if err := a.work(c, system, self); err != errHandedOff {
@@ -224,8 +216,8 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	if err != nil {
 		return a.fail(system, err.Error())
 	}
-	if a.o.NodePool {
-		lease, err := connpool.Acquire(ctx, system, self, p.HTTPConnections)
+	if a.o.Pool != nil {
+		lease, err := connpool.At(system, a.o.Pool).Acquire(ctx, self, p.HTTPConnections)
 		if err != nil {
 			if ctx.Err() != nil {
 				return a.finalWrite(func(c context.Context) error { return run.Stop(c) })

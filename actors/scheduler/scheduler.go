@@ -1,21 +1,25 @@
 // Package scheduler is the scheduler actor: fair-share priorities, backoff
 // and the periodic rotation decisions (max_jobs, max_churn, interval) for
-// this node's jobs.
+// this node's jobs. It decides what should run; the job server, started
+// after it, carries the decisions out.
 //
-// Replication job actors register with it when they start (a
-// ReplicationJobEvent request); it watches them and forgets them when they
-// stop. Every interval it counts the due pending jobs in the queue (bounded
-// by max_jobs + max_churn, so the work does not grow with the queue),
-// removes expired finished transient jobs, and asks scheduler.Rotate which of
-// this node's longest-running continuous jobs to stop; those get a
-// StopReplicationJobRequest, checkpoint, and go back to the queue with a
-// fresh fair-share deadline, and the acceptor fills the freed slots. One-shot
-// jobs are never rotated out. It also changes shares and max_jobs/max_churn
-// at run time (SetSharesRequest, SetConfigRequest).
+// The job server tells it which jobs run here (JobStarted, JobExited: the
+// scheduler never talks to a job actor). Every interval it counts the due
+// pending jobs in the queue (bounded by max_jobs + max_churn, so the work
+// does not grow with the queue), removes expired finished transient jobs and
+// stale job control requests, and asks scheduler.Rotate which of this node's
+// longest-running continuous jobs to stop. It publishes the decision
+// (TickDone) on the node's event stream; the job server stops those jobs,
+// which checkpoint and go back to the queue with a fresh fair-share
+// deadline, and its acceptor fills the freed slots. One-shot jobs are never
+// rotated out. It also changes shares and max_jobs/max_churn at run time
+// (SetSharesRequest, SetConfigRequest; a policy change is published as
+// PolicyChanged).
 package scheduler
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"time"
 
@@ -56,15 +60,31 @@ type Options struct {
 // interval).
 type Tick struct{}
 
-// TickDone is published on the event stream after each reschedule.
+// TickDone is the scheduler's decision, published on the node's event
+// stream after each reschedule: the job server stops the jobs in Stopped.
 type TickDone struct {
 	// Pending is the (bounded) count of due pending jobs seen.
 	Pending int
 	// Running is how many jobs ran here when the decision was taken.
 	Running int
-	// Stopped are the jobs asked to stop.
+	// Stopped are the jobs to stop (rotation).
 	Stopped []string
 }
+
+// PolicyChanged is published on the node's event stream when max_jobs or
+// max_churn changed: the job server's acceptor re-reads max_jobs.
+type PolicyChanged struct{}
+
+// JobStarted tells the scheduler that a job actor started on this node; the
+// job server sends it.
+type JobStarted struct {
+	ID         string
+	Continuous bool
+}
+
+// JobExited tells the scheduler that a job's actor on this node exited; the
+// job server sends it.
+type JobExited struct{ ID string }
 
 type pendingCount struct {
 	n   int
@@ -72,10 +92,13 @@ type pendingCount struct {
 }
 
 type entry struct {
-	pid        *actor.PID
 	continuous bool
 	started    time.Time
-	stopping   bool
+	// stopping: the decision to stop it was published at stopAt; if the
+	// job still runs two intervals later (the job server missed the
+	// decision while restarting), it is a candidate again.
+	stopping bool
+	stopAt   time.Time
 }
 
 // Props returns the scheduler actor's props.
@@ -85,7 +108,7 @@ func Props(store *repjob.Store, log zerolog.Logger, o Options) *actor.Props {
 			o.Clock = sched.SystemClock{}
 		}
 		return &schedActor{store: store, o: o, log: log.With().Str("actor", Name).Logger(),
-			running: map[string]*entry{}, byPID: map[string]string{}}
+			running: map[string]*entry{}}
 	}, actors.Handles(&messages.GetSharesRequest{}, &messages.SetSharesRequest{}, &messages.SetConfigRequest{},
 		&messages.SchedulerStatusRequest{}))
 }
@@ -95,7 +118,6 @@ type schedActor struct {
 	o       Options
 	log     zerolog.Logger
 	running map[string]*entry
-	byPID   map[string]string
 	cancel  context.CancelFunc
 	busy    bool
 	ticks   int64
@@ -114,25 +136,10 @@ func (a *schedActor) Receive(ctx actor.Context) {
 		if a.cancel != nil {
 			a.cancel()
 		}
-	case *messages.ReplicationJobEvent:
-		if ctx.Sender() == nil || m.GetState() != messages.ReplicationState_REPLICATION_STATE_RUNNING {
-			return
-		}
-		started := a.o.Clock.Now()
-		if old, ok := a.running[m.GetJobId()]; ok {
-			delete(a.byPID, old.pid.String())
-		}
-		a.running[m.GetJobId()] = &entry{pid: ctx.Sender(), continuous: m.GetContinuous(), started: started}
-		a.byPID[ctx.Sender().String()] = m.GetJobId()
-		ctx.Watch(ctx.Sender())
-	case *actor.Terminated:
-		key := m.GetWho().String()
-		if id, ok := a.byPID[key]; ok {
-			delete(a.byPID, key)
-			if e := a.running[id]; e != nil && e.pid.String() == key {
-				delete(a.running, id)
-			}
-		}
+	case *JobStarted:
+		a.running[m.ID] = &entry{continuous: m.Continuous, started: a.o.Clock.Now()}
+	case *JobExited:
+		delete(a.running, m.ID)
 	case Tick, *Tick:
 		a.tick(ctx)
 	case pendingCount:
@@ -159,19 +166,32 @@ func (a *schedActor) Receive(ctx actor.Context) {
 		a.log.Info().Interface("shares", kept).Msg("scheduler: shares changed")
 		ctx.Respond(&messages.SetSharesResponse{Shares: toU32(kept), DefaultShares: share.DefaultShares})
 	case *messages.SetConfigRequest:
-		p := a.store.Policy()
-		if m.MaxJobs != nil {
-			p.MaxJobs = int(m.GetMaxJobs())
-		}
-		if m.MaxChurn != nil {
-			p.MaxChurn = int(m.GetMaxChurn())
-		}
-		if err := a.store.SetPolicy(p); err != nil {
-			a.log.Warn().Err(err).Msg("scheduler: config change refused")
-		}
-		p = a.store.Policy()
-		ctx.Respond(&messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)})
+		ctx.Respond(a.setConfig(ctx.ActorSystem(), m))
 	}
+}
+
+// setConfig changes max_jobs/max_churn and publishes PolicyChanged; it
+// answers the policy in force, or an error wrapping actors.ErrInvalidRequest.
+func (a *schedActor) setConfig(system *actor.ActorSystem, m *messages.SetConfigRequest) any {
+	if (m.MaxJobs != nil && m.GetMaxJobs() == 0) || (m.MaxChurn != nil && m.GetMaxChurn() == 0) {
+		return fmt.Errorf("%w: max_jobs and max_churn must be at least 1", actors.ErrInvalidRequest)
+	}
+	p := a.store.Policy()
+	if m.MaxJobs != nil {
+		p.MaxJobs = int(m.GetMaxJobs())
+	}
+	if m.MaxChurn != nil {
+		p.MaxChurn = int(m.GetMaxChurn())
+	}
+	if err := a.store.SetPolicy(p); err != nil {
+		got := a.store.Policy()
+		return fmt.Errorf("%w: the scheduler refused the change (in force: max_jobs %d, max_churn %d): %w",
+			actors.ErrInvalidRequest, got.MaxJobs, got.MaxChurn, err)
+	}
+	p = a.store.Policy()
+	a.log.Info().Int("max_jobs", p.MaxJobs).Int("max_churn", p.MaxChurn).Msg("scheduler: config changed")
+	system.EventStream.Publish(&PolicyChanged{})
+	return &messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)}
 }
 
 func toU32(m map[string]int) map[string]uint32 {
@@ -214,6 +234,11 @@ func (a *schedActor) tick(ctx actor.Context) {
 		} else if n > 0 {
 			a.log.Info().Int("removed", n).Msg("scheduler: removed expired transient jobs")
 		}
+		if n, err := store.CleanupControls(c); err != nil {
+			a.log.Warn().Err(err).Msg("scheduler: control request cleanup failed")
+		} else if n > 0 {
+			a.log.Info().Int("removed", n).Msg("scheduler: removed stale job control requests")
+		}
 		n, err := store.PendingCount(c, limit)
 		system.Root.Send(self, pendingCount{n: n, err: err})
 	}()
@@ -226,18 +251,22 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 		a.log.Warn().Err(pc.err).Msg("scheduler: pending count failed")
 		return
 	}
+	now := a.o.Clock.Now()
+	p := a.store.Policy()
 	running := make([]sched.RunningJob, 0, len(a.running))
 	for id, e := range a.running {
+		if e.stopping && now.Sub(e.stopAt) > 2*p.Interval {
+			e.stopping = false
+		}
 		if e.stopping {
 			continue
 		}
 		running = append(running, sched.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
 	}
-	d := sched.Rotate(running, pc.n, a.store.Policy(), a.o.Clock.Now())
+	d := sched.Rotate(running, pc.n, p, now)
 	for _, id := range d.Stop {
 		e := a.running[id]
-		e.stopping = true
-		ctx.Send(e.pid, &messages.StopReplicationJobRequest{JobId: id, Reason: "rotation"})
+		e.stopping, e.stopAt = true, now
 	}
 	a.rotated += int64(len(d.Stop))
 	if len(d.Stop) > 0 {

@@ -31,7 +31,7 @@ type node struct {
 	store  *repjob.Store
 	clock  *sched.FakeClock
 	system *actor.ActorSystem
-	slots  *jobserver.Slots
+	jobs   *jobserver.Registry
 	events chan any
 	sched  *actor.PID
 }
@@ -65,7 +65,7 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 	cfg.Couchrep.NodeName = "n1"
 	cfg.CouchDB.UUID = "u"
 	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store}
-	n := &node{store: store, clock: clock, system: system, slots: jobserver.NewSlots(), events: make(chan any, 10000)}
+	n := &node{store: store, clock: clock, system: system, jobs: jobserver.NewRegistry(), events: make(chan any, 10000)}
 	sub := system.EventStream.Subscribe(func(e any) {
 		switch e.(type) {
 		case *scheduler.TickDone, *messages.ReplicationJobEvent:
@@ -73,11 +73,11 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 		}
 	})
 	t.Cleanup(func() { system.EventStream.Unsubscribe(sub) })
-	js := jobserver.Spec(deps)
-	js.Supervisor.Children[1].Props = jobserver.AcceptorProps(deps, n.slots, jobserver.AcceptorOptions{
+	n.sched = actor.NewPID(system.Address(), actors.RootName+"/"+scheduler.Name)
+	js := jobserver.Spec(deps, jobserver.Wiring{Scheduler: n.sched}, n.jobs, jobserver.Options{
 		NoJitter: true,
 		// The fake engine makes no HTTP requests: no connection_pool needed.
-		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash); o.NodePool = false },
+		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash) },
 	})
 	sup, err := supervisor.Start(context.Background(), system, actors.RootName, supervisor.Spec{
 		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
@@ -94,7 +94,6 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 		defer cancel()
 		_ = sup.Stop(ctx)
 	})
-	n.sched = deps.PID(scheduler.Name)
 	return n
 }
 
@@ -104,11 +103,11 @@ func (n *node) waitRunning(t *testing.T, want, maxJobs int) []string {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
-		if r := n.slots.Running(); r > maxJobs {
+		if r := n.jobs.Running(); r > maxJobs {
 			t.Fatalf("%d jobs running, max_jobs %d", r, maxJobs)
 		}
 		st := n.status(t)
-		if len(st.Running) == want && n.slots.Running() == want {
+		if len(st.Running) == want && n.jobs.Running() == want {
 			return st.Running
 		}
 		select {

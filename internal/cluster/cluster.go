@@ -286,3 +286,58 @@ func (s *Stability) Stable() bool { return s.stable }
 
 // Members returns the members last observed, sorted.
 func (s *Stability) Members() []string { return slices.Clone(s.members) }
+
+// uuidKey is where the store records the server UUID of the nodes sharing it.
+var uuidKey = tuple.Tuple{"couchrep", "server_uuid"}.Pack()
+
+// SharedUUID returns the server UUID a node uses in replication ids. Every
+// node sharing a store must use the same one, or a job moving between nodes
+// would not find its checkpoints: the first node records its UUID in the
+// store and later nodes whose UUID was generated (not configured) adopt it.
+// A configured UUID is always used as is; an adopted one (couchrepd
+// --adopt-uuid) also replaces the one recorded.
+func SharedUUID(ctx context.Context, db kv.Database, uuid string, generated, adopted bool) (string, error) {
+	out := uuid
+	err := db.Transact(ctx, func(tx kv.Tx) error {
+		got, err := tx.Get(uuidKey)
+		if err != nil {
+			return err
+		}
+		switch {
+		case adopted && uuid != "" && string(got) != uuid:
+			tx.Set(uuidKey, []byte(uuid))
+			out = uuid
+		case got == nil && uuid != "":
+			tx.Set(uuidKey, []byte(uuid))
+			out = uuid
+		case got != nil && generated:
+			out = string(got)
+		default:
+			out = uuid
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("couchrep: server uuid in the job store: %w", err)
+	}
+	return out, nil
+}
+
+// StoreHealth is the job store's health for the admin tree: "ok" or
+// "unavailable: <reason>", from the store's own check (kv.Checker; a
+// PostgreSQL store pings its server) and a read.
+func StoreHealth(ctx context.Context, db kv.Database) string {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var err error
+	if c, ok := db.(kv.Checker); ok {
+		err = c.Check(ctx)
+	}
+	if err == nil {
+		err = db.ReadTransact(ctx, func(tx kv.ReadTx) error { _, err := tx.Get(uuidKey); return err })
+	}
+	if err != nil {
+		return "unavailable: " + err.Error()
+	}
+	return "ok"
+}

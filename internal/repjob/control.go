@@ -226,8 +226,10 @@ func (s *Store) WaitControl(ctx context.Context, c *messages.JobControl) error {
 	}
 }
 
-// Stale reports whether request c outlived its run: the job is gone, or no
-// longer runs on c's node in c's run.
+// Stale reports whether request c outlived its run: the job no longer
+// runs on c's node in c's run. A cancel request (its job is already gone or
+// canceled in the store) is stale only after the activity timeout: by then
+// its worker noticed the cancellation at a write of its own.
 func (s *Store) Stale(ctx context.Context, c *messages.JobControl) (bool, error) {
 	var stale bool
 	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
@@ -239,6 +241,9 @@ func (s *Store) Stale(ctx context.Context, c *messages.JobControl) (bool, error)
 }
 
 func (s *Store) staleTx(tx kv.ReadTx, c *messages.JobControl) (bool, error) {
+	if c.GetAction() == messages.JobControl_ACTION_CANCEL {
+		return s.now().Sub(c.GetRequestedAt().AsTime()) > s.timeout, nil
+	}
 	info, err := s.q.GetTx(tx, JobType, c.GetJobId())
 	if errors.Is(err, jobs.ErrNotFound) {
 		return true, nil

@@ -119,7 +119,11 @@ func TestControl(t *testing.T) {
 	if _, err := e.store.Get(ctx, id); !errors.Is(err, repjob.ErrNotFound) {
 		t.Fatalf("canceled transient job: %v", err)
 	}
+	if n, err := e.store.CleanupControls(ctx); err != nil || n != 0 {
+		t.Fatalf("cleanup of a fresh cancel request: %d %v, want 0 (its node stops the job)", n, err)
+	}
+	e.clock.Advance(e.store.ActivityTimeout() + time.Second)
 	if n, err := e.store.CleanupControls(ctx); err != nil || n != 1 {
-		t.Fatalf("cleanup of the removed job's request: %d %v, want 1", n, err)
+		t.Fatalf("cleanup of the cancel request after the activity timeout: %d %v, want 1", n, err)
 	}
 }

@@ -1,0 +1,346 @@
+package jobserver
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/ratelimiter"
+	"github.com/couchrep/couchrep/actors/replicationjob"
+	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/cluster"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/httpapi"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// requestTimeout bounds an admin request's work in the acceptor (a drain
+// waits for every job's final checkpoint).
+const requestTimeout = 2 * time.Minute
+
+// controlRequest is a job control request addressed to this node.
+type controlRequest struct{ c *messages.JobControl }
+
+// controlDone: the request was carried out (or found stale) and cleared.
+type controlDone struct{ id string }
+
+type acceptor struct {
+	deps actors.Deps
+	w    Wiring
+	reg  *Registry
+	o    Options
+	srv  *server
+	log  zerolog.Logger
+
+	accept  actors.Task // the accept loop
+	control actors.Task // follows the control requests addressed to this node
+	sub     *eventstream.Subscription
+	// base is the context of admin requests in flight; Stopping cancels it.
+	base   context.Context
+	cancel context.CancelFunc
+	// handling are the control requests being carried out, by id.
+	handling map[string]bool
+}
+
+func newAcceptor(deps actors.Deps, w Wiring, reg *Registry, o Options) *acceptor {
+	log := deps.Logger.With().Str("actor", Acceptor).Logger()
+	var clu *cluster.Registry
+	if deps.Store != nil {
+		clu = cluster.New(deps.Store, cluster.Options{})
+	}
+	return &acceptor{deps: deps, w: w, reg: reg, o: o, log: log, handling: map[string]bool{},
+		srv: &server{store: deps.RepJobs, cluster: clu, reg: reg, node: deps.NodeName(), log: log}}
+}
+
+// replicates reports whether this node runs jobs.
+func (a *acceptor) replicates() bool {
+	return a.deps.Config.HasNodeType(config.NodeTypeReplication) && a.deps.RepJobs != nil
+}
+
+func (a *acceptor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.started(ctx)
+	case *actor.Stopping:
+		// The loops return soon after their contexts end; the job actors
+		// run on under jobs_sup.
+		a.accept.Cancel()
+		a.control.Cancel()
+		if a.sub != nil {
+			ctx.ActorSystem().EventStream.Unsubscribe(a.sub)
+		}
+		if a.cancel != nil {
+			a.cancel()
+		}
+	case *scheduler.TickDone:
+		for _, id := range m.Stopped {
+			if e := a.reg.lookup(id); e != nil {
+				a.reg.stop(ctx.ActorSystem(), e, "rotation")
+			}
+		}
+	case *scheduler.PolicyChanged:
+		a.reg.wakeUp()
+	case *controlRequest:
+		a.carryOut(ctx, m.c)
+	case *controlDone:
+		delete(a.handling, m.id)
+	case *messages.DrainRequest:
+		// Stop taking slots, and leave the queue now: a waiting Accept
+		// would otherwise take the very jobs the drain hands back. Once the
+		// loop returned, every job it accepted is in the registry.
+		a.reg.setPaused(true)
+		a.accept.Stop(0)
+		a.serve(ctx, func(c context.Context, system *actor.ActorSystem) (proto.Message, error) {
+			return a.srv.drain(c, system)
+		})
+	case *messages.UndrainRequest:
+		a.reg.setPaused(false)
+		if !a.accept.Running() && a.replicates() {
+			a.startLoop(ctx.ActorSystem(), ctx.Parent(), false)
+		}
+		a.serve(ctx, func(c context.Context, _ *actor.ActorSystem) (proto.Message, error) {
+			return a.srv.undrain(c)
+		})
+	case *messages.ListJobsRequest, *messages.GetJobRequest, *messages.StopJobRequest, *messages.RestartJobRequest,
+		*messages.CancelJobRequest, *messages.ReplicateRequest:
+		a.serve(ctx, func(c context.Context, _ *actor.ActorSystem) (proto.Message, error) {
+			return a.srv.handle(c, m.(proto.Message))
+		})
+	}
+}
+
+func (a *acceptor) started(ctx actor.Context) {
+	system, self := ctx.ActorSystem(), ctx.Self()
+	a.base, a.cancel = context.WithCancel(context.Background())
+	a.reg.attach(system, a.w.Scheduler)
+	a.sub = system.EventStream.Subscribe(func(evt any) {
+		switch evt.(type) {
+		case *scheduler.TickDone, *scheduler.PolicyChanged:
+			system.Root.Send(self, evt)
+		}
+	})
+	if !a.replicates() {
+		a.log.Info().Msg("acceptor: not a replication node, accepting no jobs")
+		return
+	}
+	a.startLoop(system, ctx.Parent(), true)
+	a.control.Go(func(c context.Context) { a.followControls(c, system, self) })
+}
+
+// serve answers an admin request from a goroutine (store I/O never runs in
+// Receive): the reply, or an error.
+func (a *acceptor) serve(ctx actor.Context, fn func(context.Context, *actor.ActorSystem) (proto.Message, error)) {
+	sender, system, base := ctx.Sender(), ctx.ActorSystem(), a.base
+	go func() {
+		c, cancel := context.WithTimeout(base, requestTimeout)
+		defer cancel()
+		reply, err := fn(c, system)
+		if sender == nil {
+			return
+		}
+		if err != nil {
+			system.Root.Send(sender, err)
+			return
+		}
+		system.Root.Send(sender, reply)
+	}()
+}
+
+// startLoop starts the accept loop; jobServer is the acceptor's parent,
+// whose child jobs_sup runs the job actors.
+func (a *acceptor) startLoop(system *actor.ActorSystem, jobServer *actor.PID, first bool) {
+	jobsSup := actor.NewPID(jobServer.Address, jobServer.Id+"/"+JobsSup)
+	a.accept.Go(func(c context.Context) { a.loop(c, system, jobsSup, first) })
+}
+
+// loop accepts jobs while there are free slots, until ctx ends. When the
+// acceptor starts (first), it reads whether the node was left drained.
+func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, first bool) {
+	store := a.deps.RepJobs
+	if first && a.srv.cluster != nil {
+		if drained, err := a.srv.cluster.Draining(ctx, a.deps.NodeName()); err != nil {
+			a.log.Warn().Err(err).Msg("acceptor: could not read whether this node is drained; accepting jobs")
+		} else if drained {
+			a.reg.setPaused(true)
+			a.log.Info().Msg("acceptor: this node is drained (couchrepctl undrain to accept jobs again)")
+		}
+	}
+	maxJobs := func() int { return store.Policy().MaxJobs }
+	retry := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		release, err := a.reg.acquire(ctx, maxJobs)
+		if err != nil {
+			return
+		}
+		run, err := store.Accept(ctx, true)
+		if err != nil {
+			release()
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn().Err(err).Dur("retry_in", retry).Msg("acceptor: accept failed")
+			if !sleep(ctx, retry) {
+				return
+			}
+			retry = min(retry*2, 10*time.Second)
+			continue
+		}
+		retry = 100 * time.Millisecond
+		if err := a.startJob(ctx, system, jobsSup, run, release); err != nil {
+			a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
+			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			if serr := run.Stop(c); serr != nil && !repjob.IsLost(serr) {
+				a.log.Warn().Err(serr).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
+			}
+			cancel()
+			if errors.Is(err, supervisor.ErrAlreadyStarted) && !sleep(ctx, retry) {
+				return
+			}
+		}
+	}
+}
+
+// startJob starts the actor of an accepted job under jobs_sup and registers
+// it; the actor leaves the registry and gives its slot back when it stops.
+func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, run *repjob.Run, release func()) error {
+	name := replicationjob.Name(run.ID())
+	e, remove := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
+		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name))
+	exited := func() { remove(); release() }
+	jo := replicationjob.Options{
+		Store: a.deps.RepJobs, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
+		Logger: a.deps.Logger, Released: exited, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
+		Endpoints: replication.EndpointConfigFrom(a.deps.Config.Replicator),
+	}
+	if m := a.deps.Metrics; m != nil {
+		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
+		jo.OnStats = func(id string, s replication.Stats) {
+			m.ObserveJob(id, "", true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
+				DocWriteFailures: s.DocWriteFailures, MissingRevisionsFound: s.MissingRevisionsFound, RevisionsChecked: s.RevisionsChecked})
+		}
+	}
+	if a.w.Limiter != nil {
+		jo.Limiter = ratelimiter.At(system, a.w.Limiter)
+	}
+	if !a.o.NoJitter {
+		jo.StartupDelay = a.deps.RepJobs.Policy().StartupDelay(nil)
+	}
+	if a.o.JobOptions != nil {
+		a.o.JobOptions(&jo)
+	}
+	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, replicationjob.Props(run, jo)); err != nil {
+		exited()
+		return err
+	}
+	a.reg.spawned(system, e)
+	return nil
+}
+
+// followControls hands the control requests addressed to this node to the
+// actor, now and whenever a new one arrives, until ctx ends.
+func (a *acceptor) followControls(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
+	retry := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		cs, w, err := a.deps.RepJobs.Controls(ctx, a.deps.NodeName())
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn().Err(err).Dur("retry_in", retry).Msg("acceptor: reading control requests failed")
+			if !sleep(ctx, retry) {
+				return
+			}
+			retry = min(retry*2, 10*time.Second)
+			continue
+		}
+		retry = 100 * time.Millisecond
+		for _, c := range cs {
+			system.Root.Send(self, &controlRequest{c: c})
+		}
+		_ = w.Wait(ctx)
+		w.Cancel()
+	}
+}
+
+// controlRetry is how soon a request for a job that the store says runs
+// here, but whose actor is not (yet) registered, is looked at again.
+const controlRetry = 200 * time.Millisecond
+
+// carryOut stops the job actor a control request names and clears the
+// request once the actor has exited. A request for a job that does not run
+// here is cleared if its run ended, else looked at again shortly: the
+// acceptor may be registering the job's actor right now.
+func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
+	if a.handling[c.GetId()] {
+		return
+	}
+	a.handling[c.GetId()] = true
+	system, self, base, store := ctx.ActorSystem(), ctx.Self(), a.base, a.deps.RepJobs
+	clear := func() {
+		cc, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := store.ClearControl(cc, c); err != nil {
+			a.log.Warn().Err(err).Str("job_id", c.GetJobId()).Msg("acceptor: clear control request")
+		}
+		system.Root.Send(self, &controlDone{id: c.GetId()})
+	}
+	e := a.reg.lookup(c.GetJobId())
+	if e == nil || e.run != c.GetRun() {
+		go func() {
+			cc, cancel := context.WithTimeout(base, 10*time.Second)
+			stale, err := store.Stale(cc, c)
+			cancel()
+			if err == nil && stale {
+				clear()
+				return
+			}
+			if sleep(base, controlRetry) {
+				system.Root.Send(self, &controlDone{id: c.GetId()})
+				system.Root.Send(self, &controlRequest{c: c})
+			}
+		}()
+		return
+	}
+	reason := map[messages.JobControl_Action]string{messages.JobControl_ACTION_STOP: "operator",
+		messages.JobControl_ACTION_RESTART: "restart", messages.JobControl_ACTION_CANCEL: "canceled"}[c.GetAction()]
+	a.log.Info().Str("job_id", c.GetJobId()).Str("reason", reason).Str("requested_by", c.GetRequestedBy()).
+		Msg("acceptor: stopping a job on request")
+	done := a.reg.stop(system, e, reason)
+	go func() {
+		select {
+		case <-done:
+			clear()
+		case <-base.Done():
+		}
+	}()
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// limitsOf is what a job's endpoints may send, from [replicator].
+func limitsOf(c config.Config) couch.Limits {
+	return couch.Limits{
+		MaxDocumentBytes: int64(c.Replicator.MaxDocumentBytes),
+		MaxLineBytes:     int64(c.Replicator.MaxChangesRowBytes),
+		MaxBodyBytes:     int64(c.Replicator.MaxResponseBytes),
+	}
+}

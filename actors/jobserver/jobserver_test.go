@@ -1,0 +1,339 @@
+package jobserver_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/jobserver"
+	"github.com/couchrep/couchrep/actors/replicationjob"
+	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/cluster"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replication"
+	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// engine is the fake replication: it runs until its context ends.
+func engine(ctx context.Context, _ replication.Params, _ replication.Options) (replication.Result, error) {
+	<-ctx.Done()
+	return replication.Result{}, nil
+}
+
+// shared is one store that several test nodes share.
+type shared struct {
+	db      *sqlite.DB
+	cluster *cluster.Registry
+	store   *repjob.Store // the test's own view
+}
+
+func newShared(t *testing.T) *shared {
+	t.Helper()
+	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	q := jobs.New(db, jobs.Options{NodeName: "test"})
+	return &shared{db: db, cluster: cluster.New(db, cluster.Options{}),
+		store: repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: sched.DefaultPolicy()})}
+}
+
+// node is a job server (and a recorder standing in for the scheduler) of
+// one node on the shared store.
+type node struct {
+	name     string
+	system   *actor.ActorSystem
+	reg      *jobserver.Registry
+	sup      *supervisor.Supervisor
+	acceptor *actor.PID
+	sched    chan any // what the job server told the scheduler
+}
+
+// recorder stands in for the scheduler: it forwards what it is told.
+type recorder chan any
+
+func (r recorder) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *scheduler.JobStarted, *scheduler.JobExited:
+		r <- m
+	}
+}
+
+// startNode starts the job server of node name; replicates says whether it
+// runs jobs (else it only answers requests).
+func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs int) *node {
+	t.Helper()
+	if err := s.cluster.Heartbeat(context.Background(), &messages.NodeRecord{Name: name, HeartbeatIntervalMs: time.Hour.Milliseconds()}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.Couchrep.NodeName = name
+	cfg.Couchrep.NodeTypes = []string{config.NodeTypeAPIFrontend}
+	if replicates {
+		cfg.Couchrep.NodeTypes = append(cfg.Couchrep.NodeTypes, config.NodeTypeReplication)
+	}
+	cfg.CouchDB.UUID = "u"
+	p := sched.DefaultPolicy()
+	p.MaxJobs = maxJobs
+	q := jobs.New(s.db, jobs.Options{NodeName: name})
+	store := repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: p})
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	n := &node{name: name, system: system, reg: jobserver.NewRegistry(), sched: make(chan any, 1000)}
+	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: s.db, Jobs: q, RepJobs: store}
+	rec := recorder(n.sched)
+	n.start(t, deps, rec)
+	return n
+}
+
+func (n *node) start(t *testing.T, deps actors.Deps, rec recorder) {
+	t.Helper()
+	schedPID := actor.NewPID(n.system.Address(), actors.RootName+"/"+scheduler.Name)
+	sup, err := supervisor.Start(context.Background(), n.system, actors.RootName, supervisor.Spec{
+		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
+		Children: []supervisor.ChildSpec{
+			{Name: scheduler.Name, Props: actor.PropsFromProducer(func() actor.Actor { return rec })},
+			jobserver.Spec(deps, jobserver.Wiring{Scheduler: schedPID}, n.reg, jobserver.Options{
+				NoJitter: true, JobOptions: func(o *replicationjob.Options) { o.Engine = engine },
+			}),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.sup = sup
+	n.acceptor = actor.NewPID(n.system.Address(), actors.RootName+"/"+jobserver.Name+"/"+jobserver.Acceptor)
+	t.Cleanup(func() { n.stop(t) })
+}
+
+func (n *node) stop(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.sup.Stop(ctx); err != nil {
+		t.Errorf("stop %s: %v", n.name, err)
+	}
+}
+
+// ask sends an admin request to the node's job server.
+func ask[T proto.Message](t *testing.T, n *node, msg proto.Message) (T, error) {
+	t.Helper()
+	var zero T
+	res, err := n.system.Root.RequestFuture(n.acceptor, &actors.Ask{Msg: msg}, 60*time.Second).Result()
+	if err != nil {
+		return zero, err
+	}
+	if e, ok := res.(error); ok {
+		return zero, e
+	}
+	r, ok := res.(T)
+	if !ok {
+		t.Fatalf("%T answered %T", msg, res)
+	}
+	return r, nil
+}
+
+func mustAsk[T proto.Message](t *testing.T, n *node, msg proto.Message) T {
+	t.Helper()
+	r, err := ask[T](t, n, msg)
+	if err != nil {
+		t.Fatalf("%T: %v", msg, err)
+	}
+	return r
+}
+
+// waitFor polls cond (the store is another transaction away) until it holds.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (s *shared) add(t *testing.T, n *node, i int) string {
+	t.Helper()
+	r := mustAsk[*messages.ReplicateResponse](t, n, &messages.ReplicateRequest{
+		Body: fmt.Sprintf(`{"source":"http://a/s%d","target":"http://b/t","continuous":true}`, i)})
+	return r.GetId()
+}
+
+func (s *shared) runningOn(t *testing.T, node string) []string {
+	t.Helper()
+	var ids []string
+	err := s.store.Each(context.Background(), repjob.Filter{}, func(r *repjob.Record) error {
+		if r.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING && r.WorkerNode == node {
+			ids = append(ids, r.GetJobId())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// TestRegistry: the job server runs at most max_jobs job actors, its
+// registry lists exactly the jobs the store says run here, and the
+// scheduler hears of every start and exit, in order.
+func TestRegistry(t *testing.T) {
+	s := newShared(t)
+	n := s.startNode(t, "n1", true, 2)
+	for i := range 3 {
+		s.add(t, n, i)
+	}
+	waitFor(t, "2 jobs running on n1", func() bool { return len(s.runningOn(t, "n1")) == 2 })
+	if got, want := n.reg.Jobs(), s.runningOn(t, "n1"); !slices.Equal(got, want) || n.reg.Running() != 2 {
+		t.Fatalf("registry %v (%d slots), store %v", got, n.reg.Running(), want)
+	}
+	// Stopping one (on this node) frees a slot, taken again at once; the
+	// scheduler hears of each start before that job's exit.
+	stopped := n.reg.Jobs()[0]
+	mustAsk[*messages.StopJobResponse](t, n, &messages.StopJobRequest{Id: stopped})
+	started, exited := map[string]int{}, map[string]int{}
+	starts := 0
+	deadline := time.After(30 * time.Second)
+	for starts < 3 || exited[stopped] < 1 {
+		select {
+		case msg := <-n.sched:
+			switch m := msg.(type) {
+			case *scheduler.JobStarted:
+				if !m.Continuous {
+					t.Errorf("job %s reported one-shot", m.ID)
+				}
+				started[m.ID]++
+				starts++
+			case *scheduler.JobExited:
+				if exited[m.ID] >= started[m.ID] {
+					t.Errorf("job %s exited before it started", m.ID)
+				}
+				exited[m.ID]++
+			}
+		case <-deadline:
+			t.Fatalf("scheduler told: started %v exited %v", started, exited)
+		}
+	}
+	waitFor(t, "2 jobs running again", func() bool { return len(s.runningOn(t, "n1")) == 2 && n.reg.Running() == 2 })
+	// The scheduler's decision arrives on the event stream.
+	victim := n.reg.Jobs()[0]
+	n.system.EventStream.Publish(&scheduler.TickDone{Stopped: []string{victim}})
+	waitFor(t, "the rotated job handed back", func() bool {
+		r, err := s.store.Get(context.Background(), victim)
+		return err == nil && slices.ContainsFunc(r.History(), func(e sched.Event) bool { return e.Type == sched.EventStopped })
+	})
+}
+
+// TestRemoteControl: a stop, restart or cancel asked of a node that runs
+// nothing is written to the store and carried out by the job server of the
+// node that runs the job.
+func TestRemoteControl(t *testing.T) {
+	s := newShared(t)
+	worker := s.startNode(t, "worker", true, 10)
+	front := s.startNode(t, "front", false, 10)
+	ctx := context.Background()
+	id := s.add(t, front, 0)
+	waitFor(t, "the job running on worker", func() bool { return slices.Contains(s.runningOn(t, "worker"), id) })
+	first, err := s.store.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	stop := mustAsk[*messages.StopJobResponse](t, front, &messages.StopJobRequest{Id: id})
+	if stop.GetJob().GetId() != id || !slices.ContainsFunc(stop.GetJob().GetHistory(), func(e *messages.JobEvent) bool {
+		return e.GetType() == messages.JobEventType_JOB_EVENT_TYPE_STOPPED
+	}) {
+		t.Fatalf("remote stop answered %v", stop)
+	}
+	waitFor(t, "the job running again", func() bool {
+		r, err := s.store.Get(ctx, id)
+		return err == nil && r.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING &&
+			r.GetLastStarted().AsTime().After(first.GetLastStarted().AsTime())
+	})
+	restart := mustAsk[*messages.RestartJobResponse](t, front, &messages.RestartJobRequest{Id: id})
+	if restart.GetJob().GetId() != id {
+		t.Fatalf("remote restart answered %v", restart)
+	}
+	waitFor(t, "the job running after the restart", func() bool { return slices.Contains(s.runningOn(t, "worker"), id) })
+	mustAsk[*messages.CancelJobResponse](t, front, &messages.CancelJobRequest{Id: id})
+	if _, err := s.store.Get(ctx, id); !errors.Is(err, repjob.ErrNotFound) {
+		t.Fatalf("canceled transient job: %v", err)
+	}
+	waitFor(t, "no job actor on worker", func() bool { return len(worker.reg.Jobs()) == 0 })
+	if n, err := s.store.CleanupControls(ctx); err != nil || n != 0 {
+		t.Fatalf("control requests left behind: %d %v", n, err)
+	}
+	// A job that does not run cannot be stopped; one on a node that is not
+	// alive is refused at once.
+	if _, err := ask[*messages.StopJobResponse](t, front, &messages.StopJobRequest{Id: "nope"}); !errors.Is(err, actors.ErrJobNotFound) {
+		t.Fatalf("stop of an unknown job: %v", err)
+	}
+	id = s.add(t, front, 1)
+	waitFor(t, "the second job running", func() bool { return slices.Contains(s.runningOn(t, "worker"), id) })
+	if err := s.cluster.Leave(ctx, "worker", ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ask[*messages.StopJobResponse](t, front, &messages.StopJobRequest{Id: id}); !errors.Is(err, actors.ErrJobElsewhere) {
+		t.Fatalf("stop of a job on a node that left: %v", err)
+	}
+}
+
+// TestDrainPersists: a drain hands every job back and is recorded in the
+// node's record; a restarted job server stays drained until undrained.
+func TestDrainPersists(t *testing.T) {
+	s := newShared(t)
+	n := s.startNode(t, "n1", true, 10)
+	ctx := context.Background()
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, s.add(t, n, i))
+	}
+	slices.Sort(ids)
+	waitFor(t, "3 jobs running", func() bool { return len(s.runningOn(t, "n1")) == 3 })
+	d := mustAsk[*messages.DrainResponse](t, n, &messages.DrainRequest{})
+	if d.GetReleased() != 3 || !slices.Equal(d.GetJobIds(), ids) || !n.reg.Draining() || n.reg.Running() != 0 {
+		t.Fatalf("drain: %v, registry draining %v running %d", d, n.reg.Draining(), n.reg.Running())
+	}
+	if got := s.runningOn(t, "n1"); len(got) != 0 {
+		t.Fatalf("still running after the drain: %v", got)
+	}
+	if drained, err := s.cluster.Draining(ctx, "n1"); err != nil || !drained {
+		t.Fatalf("record after drain: %v %v", drained, err)
+	}
+	// A new job server (a restarted node: a fresh registry) stays drained.
+	n.stop(t)
+	again := &node{name: "n1", system: n.system, reg: jobserver.NewRegistry(), sched: make(chan any, 1000)}
+	cfg := config.Default()
+	cfg.Couchrep.NodeName = "n1"
+	cfg.CouchDB.UUID = "u"
+	q := jobs.New(s.db, jobs.Options{NodeName: "n1"})
+	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: n.system, Store: s.db, Jobs: q,
+		RepJobs: repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: sched.DefaultPolicy()})}
+	again.start(t, deps, recorder(again.sched))
+	waitFor(t, "the restarted job server drained", again.reg.Draining)
+	if got := s.runningOn(t, "n1"); len(got) != 0 || again.reg.Running() != 0 {
+		t.Fatalf("a drained node took jobs: %v", got)
+	}
+	mustAsk[*messages.UndrainResponse](t, again, &messages.UndrainRequest{})
+	waitFor(t, "the jobs running again", func() bool { return len(s.runningOn(t, "n1")) == 3 })
+	if drained, err := s.cluster.Draining(ctx, "n1"); err != nil || drained || again.reg.Draining() {
+		t.Fatalf("record after undrain: %v %v", drained, err)
+	}
+}
