@@ -305,7 +305,7 @@ func TestAdminCode(t *testing.T) {
 }
 
 // TestSharedStore: two nodes in one process on one store see the same jobs,
-// and a running job can only be stopped by the node that runs it.
+// and either can cancel it.
 func TestSharedStore(t *testing.T) {
 	ctx := context.Background()
 	store, err := couchrep.OpenStore(ctx, t.TempDir()+"/shared.db")
