@@ -17,10 +17,13 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres"
+	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 )
 
-// Benchmarks on the embedded backend. See BENCHMARKS.md "## Job queue".
+// Benchmarks on the embedded backend (and BenchmarkCycle on PostgreSQL
+// too). See BENCHMARKS.md "## Job queue".
 
 const (
 	benchType    = "bench"
@@ -36,8 +39,8 @@ var durabilities = []struct {
 // benchStore is a store file kept for the whole benchmark run, so that the
 // 100,000-job queue is built once per durability.
 type benchStore struct {
-	path string
-	db   *sqlite.DB
+	path string // the file, or the postgres:// URL
+	db   kv.Database
 	q    *Queue
 	next atomic.Int64 // next job number to add
 }
@@ -64,7 +67,16 @@ func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *
 	}
 	path := filepath.Join(benchDir, name+".db")
 	// Kept open for the whole run: benchmarks do not close shared stores.
-	db, err := sqlite.Open(context.Background(), path, sqlite.Options{Durability: d})
+	var db kv.Database
+	var err error
+	if strings.HasPrefix(name, "postgres") {
+		// A server with its data flushed to disk as in production
+		// (pgtest turns fsync off for tests).
+		path = pgtest.Shared(b, "fsync = on", "full_page_writes = on").NewDatabase(b)
+		db, err = postgres.Open(context.Background(), path, postgres.Options{MaxConns: 32})
+	} else {
+		db, err = sqlite.Open(context.Background(), path, sqlite.Options{Durability: d})
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -180,57 +192,78 @@ func percentile(d []time.Duration, p float64) time.Duration {
 }
 
 // BenchmarkCycle measures full Accept+Update+Finish cycles with 100,000
-// jobs queued, and Accept latency. procs=2 runs a second process doing the
-// same on the same file at the same time (its cycles are counted too).
+// jobs queued, and Accept latency. procs=2 (procs=3 on PostgreSQL) runs
+// more processes doing the same on the same store at the same time (their
+// cycles are counted too).
 func BenchmarkCycle(b *testing.B) {
+	type variant struct {
+		name, store string
+		d           sqlite.Durability
+		procs       int
+	}
+	var variants []variant
 	for _, dur := range durabilities {
 		for _, procs := range []int{1, 2} {
-			for _, workers := range []int{1, 8} {
-				name := fmt.Sprintf("durability=%s/procs=%d/workers=%d", dur.name, procs, workers)
-				b.Run(name, func(b *testing.B) {
-					s := getBenchStore(b, "cycle-"+dur.name, dur.d, benchQueued)
-					// Keep at least 100,000 queued during the run.
-					s.addBulk(b, b.N*procs)
-					ctx := context.Background()
-					var child *benchChild
-					if procs == 2 {
-						child = startBenchChild(b, "cycler", s.path, workers, dur.d)
-					}
-					lats := make([][]time.Duration, workers)
-					var done atomic.Int64
-					b.ResetTimer()
-					start := time.Now()
-					cpu0 := processCPU()
-					var wg sync.WaitGroup
-					for w := range workers {
-						wg.Go(func() {
-							for done.Add(1) <= int64(b.N) {
-								lat, err := cycle(ctx, s.q)
-								if err != nil {
-									b.Error(err)
-									return
-								}
-								lats[w] = append(lats[w], lat)
+			variants = append(variants, variant{"durability=" + dur.name, "cycle-" + dur.name, dur.d, procs})
+		}
+	}
+	for _, procs := range []int{1, 3} {
+		variants = append(variants, variant{"store=postgres/durability=normal", "postgres-cycle", sqlite.DurabilityNormal, procs})
+	}
+	for _, v := range variants {
+		procs := v.procs
+		for _, workers := range []int{1, 8} {
+			name := fmt.Sprintf("%s/procs=%d/workers=%d", v.name, procs, workers)
+			b.Run(name, func(b *testing.B) {
+				s := getBenchStore(b, v.store, v.d, benchQueued)
+				// Keep at least 100,000 queued during the run.
+				s.addBulk(b, b.N*procs)
+				ctx := context.Background()
+				var children []*benchChild
+				for range procs - 1 {
+					children = append(children, startBenchChild(b, "cycler", s.path, workers, v.d))
+				}
+				lats := make([][]time.Duration, workers)
+				var done atomic.Int64
+				var rt0 int64
+				if pg, ok := s.db.(interface{ RoundTrips() int64 }); ok {
+					rt0 = pg.RoundTrips()
+				}
+				b.ResetTimer()
+				start := time.Now()
+				cpu0 := processCPU()
+				var wg sync.WaitGroup
+				for w := range workers {
+					wg.Go(func() {
+						for done.Add(1) <= int64(b.N) {
+							lat, err := cycle(ctx, s.q)
+							if err != nil {
+								b.Error(err)
+								return
 							}
-						})
-					}
-					wg.Wait()
-					elapsed := time.Since(start)
-					cpu := processCPU() - cpu0
-					b.StopTimer()
-					total := float64(b.N)
-					if child != nil {
-						total += float64(child.stop(b))
-					}
-					all := slices.Concat(lats...)
-					b.ReportMetric(total/elapsed.Seconds(), "cycles/s")
-					b.ReportMetric(float64(percentile(all, 0.50).Microseconds()), "accept-p50-µs")
-					b.ReportMetric(float64(percentile(all, 0.99).Microseconds()), "accept-p99-µs")
-					// CPU per cycle of this process (the machine is shared, so
-					// wall-clock rates move with other load; this moves less).
-					b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
-				})
-			}
+							lats[w] = append(lats[w], lat)
+						}
+					})
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				cpu := processCPU() - cpu0
+				b.StopTimer()
+				total := float64(b.N)
+				for _, child := range children {
+					total += float64(child.stop(b))
+				}
+				all := slices.Concat(lats...)
+				b.ReportMetric(total/elapsed.Seconds(), "cycles/s")
+				b.ReportMetric(float64(percentile(all, 0.50).Microseconds()), "accept-p50-µs")
+				b.ReportMetric(float64(percentile(all, 0.99).Microseconds()), "accept-p99-µs")
+				// CPU per cycle of this process (the machine is shared, so
+				// wall-clock rates move with other load; this moves less).
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
+				if pg, ok := s.db.(interface{ RoundTrips() int64 }); ok {
+					b.ReportMetric(float64(pg.RoundTrips()-rt0)/float64(b.N), "round-trips/cycle")
+				}
+			})
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
 )
@@ -78,7 +79,13 @@ func envInt(name string, def int) int {
 }
 
 func runHelper(ctx context.Context, mode string) error {
-	db, err := sqlite.Open(ctx, os.Getenv(envDB), sqlite.Options{Durability: sqlite.Durability(envInt(envDurability, 0))})
+	var db kv.Database
+	var err error
+	if loc := os.Getenv(envDB); postgres.IsDSN(loc) {
+		db, err = postgres.Open(ctx, loc, postgres.Options{})
+	} else {
+		db, err = sqlite.Open(ctx, loc, sqlite.Options{Durability: sqlite.Durability(envInt(envDurability, 0))})
+	}
 	if err != nil {
 		return err
 	}

@@ -10,14 +10,16 @@
 //   - A transaction's reads run in a REPEATABLE READ, READ ONLY
 //     transaction: one consistent snapshot, whose commit version (snap) is
 //     read with it. Writes are buffered in the client (reads see them).
-//   - The commit is one statement, couchrep_kv_commit, in its own
-//     transaction: it takes the next commit version from a one-row table
-//     (its row lock orders commits across all nodes), fails with SQLSTATE
-//     40001 when a commit after snap wrote a key in the read set (the rows'
-//     ver and a log of recent clears say so), applies the writes, and
-//     sends a NOTIFY with the keys written. The outcome is FDB's: strictly
-//     serializable, in commit order, with conflicts only on what was read
-//     without Snapshot, and atomic Add free of conflicts.
+//   - The commit is one round trip: BEGIN, couchrep_kv_lock (the next
+//     commit version, from a one-row table whose row lock orders commits
+//     across all nodes), one couchrep_kv_apply per transaction of the
+//     batch (the transactions of this DB committing at the same time go
+//     together; each fails, writing nothing, when a commit after its
+//     snapshot wrote a key in its read set, as the rows' ver and a log of
+//     recent clears say), COMMIT. The writes' keys are sent on NOTIFY. The
+//     outcome is FDB's: strictly serializable, in commit order, with
+//     conflicts only on what was read without Snapshot, and atomic Add
+//     free of conflicts.
 //   - Transact retries 40001 (conflicts) and 40P01 (deadlocks) with a
 //     bounded backoff; ReadTransact runs its function once.
 //   - Watches: one LISTEN connection per Database; a notification makes
@@ -37,10 +39,10 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
@@ -88,6 +90,14 @@ type DB struct {
 	where  string // the DSN without its password, for errors
 
 	watches *watchHub
+	rt      atomic.Int64 // round trips of transactions (RoundTrips)
+
+	// Group commit (commit.go).
+	cmu     sync.Mutex
+	queue   []*commitReq
+	leading bool
+	parked  chan parkedConn // connections whose snapshot awaits its ROLLBACK
+	pmu     sync.Mutex      // parking vs Close
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -162,6 +172,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		secret: cfg.ConnConfig.Password,
 		where:  fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database),
 		closed: make(chan struct{}),
+		parked: make(chan parkedConn, cfg.MaxConns),
 	}
 	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -172,9 +183,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		return nil, db.errorf("schema", err)
 	}
 	db.watches = newWatchHub(db, cfg.ConnConfig.Copy())
-	db.bg.Add(2)
+	db.bg.Add(3)
 	go db.watches.listen()
 	go db.watches.dispatch()
+	go db.sweep()
 	return db, nil
 }
 
@@ -320,27 +332,21 @@ func (db *DB) Check(ctx context.Context) error {
 	return nil
 }
 
+// RoundTrips returns how many round trips to the server the transactions
+// of this DB made so far (begin, reads, commits, ends; not watches or
+// health checks): what a transaction costs is mostly these.
+func (db *DB) RoundTrips() int64 { return db.rt.Load() }
+
 // Close implements kv.Database. Pending watches fail with kv.ErrClosed.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
 		close(db.closed)
 		db.watches.close()
 		db.bg.Wait()
+		db.unpark()
 		db.pool.Close()
 	})
 	return nil
-}
-
-// acquire takes a pooled connection.
-func (db *DB) acquire(ctx context.Context) (*pgxpool.Conn, error) {
-	c, err := db.pool.Acquire(ctx)
-	if err != nil {
-		if db.isClosed() {
-			return nil, kv.ErrClosed
-		}
-		return nil, db.errorf("acquire connection", err)
-	}
-	return c, nil
 }
 
 // beginSQL starts a transaction's snapshot; snapSQL reads its commit
@@ -348,14 +354,13 @@ func (db *DB) acquire(ctx context.Context) (*pgxpool.Conn, error) {
 const (
 	beginSQL = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 	snapSQL  = "SELECT cur FROM couchrep_kv_meta WHERE id = 1"
-	getSQL   = "SELECT v FROM couchrep_kv WHERE k = $1"
+	getSQL   = "SELECT k, v FROM couchrep_kv WHERE k = $1"
 	fwdSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
 	revSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k DESC LIMIT $3"
-	// commitSQL calls the commit function (schema.go).
-	commitSQL = "SELECT o_version, o_xv FROM couchrep_kv_commit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)"
+	// applySQL validates and applies one transaction of a commit batch
+	// (schema.go, commit.go).
+	applySQL = "SELECT o_ok, o_xv FROM couchrep_kv_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
 )
-
-var errNoRows = pgx.ErrNoRows
 
 // errNotSent marks a commit that failed before its statement reached the
 // server (pgconn.SafeToRetry): running the transaction again is safe.

@@ -63,10 +63,6 @@ func (it *iterator) start() {
 		it.complete = true
 		return
 	}
-	if err := it.t.begin(); err != nil {
-		it.err = err
-		return
-	}
 	it.local = it.t.buf.Keys(it.all.begin, it.all.end, it.reverse)
 	if it.read != nil {
 		it.t.reads = append(it.t.reads, it.read)
@@ -98,27 +94,12 @@ func (it *iterator) next() (row, bool) {
 	if it.reverse {
 		q = revSQL
 	}
-	rows, err := it.t.conn.Query(it.t.ctx, q, it.rest.begin, it.rest.end, n)
+	page, err := it.t.query(q, it.rest.begin, it.rest.end, n)
 	if err != nil {
 		it.err = it.t.db.errorf(fmt.Sprintf("range [%x, %x)", it.all.begin, it.all.end), err)
 		return row{}, false
 	}
-	it.page, it.pos = it.page[:0], 0
-	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.k, &r.v); err != nil {
-			rows.Close()
-			it.err = it.t.db.errorf("range scan", err)
-			return row{}, false
-		}
-		r.v = kvbuf.NonNil(r.v)
-		it.page = append(it.page, r)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		it.err = it.t.db.errorf(fmt.Sprintf("range [%x, %x)", it.all.begin, it.all.end), err)
-		return row{}, false
-	}
+	it.page, it.pos = page, 0
 	if len(it.page) < n {
 		it.stored = true
 	}

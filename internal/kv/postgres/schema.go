@@ -133,6 +133,87 @@ BEGIN
 	END IF;
 END $$;
 `,
+	// 2: group commit. couchrep_kv_lock takes the next commit version for a
+	// batch of transactions sent together by one node; couchrep_kv_apply
+	// validates and applies one of them (a conflict returns false and
+	// writes nothing), its versionstamp ordered by its place in the batch.
+	2: `
+DROP FUNCTION couchrep_kv_commit;
+
+CREATE FUNCTION couchrep_kv_lock(OUT o_version bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+	gcv bigint;
+BEGIN
+	UPDATE couchrep_kv_meta SET cur = cur + 1,
+		gc = CASE WHEN (cur + 1) % 1024 = 0 THEN greatest(gc, cur + 1 - 100000) ELSE gc END
+	WHERE id = 1 RETURNING cur, gc INTO o_version, gcv;
+	IF o_version % 1024 = 0 THEN
+		DELETE FROM couchrep_kv_clears WHERE ver <= gcv;
+	END IF;
+END $$;
+
+CREATE FUNCTION couchrep_kv_apply(
+	ord int, snap bigint, rk bytea[], rb bytea[], re bytea[],
+	cb bytea[], ce bytea[], ck bytea[], sk bytea[], sv bytea[], ak bytea[], ad bytea[],
+	vk bytea[], vo int[], vv bytea[], xk bytea[], xo int[], xv bytea[], note text,
+	OUT o_ok boolean, OUT o_xv bytea[])
+LANGUAGE plpgsql AS $$
+DECLARE
+	v_version bigint;
+	gcv bigint;
+	stamp bytea;
+BEGIN
+	-- The batch's version: couchrep_kv_lock ran first in this transaction.
+	SELECT cur, gc INTO v_version, gcv FROM couchrep_kv_meta WHERE id = 1;
+	o_ok := false;
+	IF cardinality(rk) > 0 OR cardinality(rb) > 0 THEN
+		IF snap < gcv THEN
+			RETURN;
+		END IF;
+		IF EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY (rk) AND ver > snap)
+			OR EXISTS (SELECT 1 FROM unnest(rb, re) AS r(b, e)
+				WHERE EXISTS (SELECT 1 FROM couchrep_kv kv WHERE kv.k >= r.b AND kv.k < r.e AND kv.ver > snap))
+			OR EXISTS (SELECT 1 FROM couchrep_kv_clears c WHERE c.ver > snap
+				AND (EXISTS (SELECT 1 FROM unnest(rk) AS x(k) WHERE x.k >= c.b AND x.k < c.e)
+					OR EXISTS (SELECT 1 FROM unnest(rb, re) AS r(b, e) WHERE r.b < c.e AND c.b < r.e)))
+		THEN
+			RETURN;
+		END IF;
+	END IF;
+	o_ok := true;
+	stamp := int8send(v_version) || int2send(ord::smallint);
+	IF cardinality(cb) > 0 THEN
+		DELETE FROM couchrep_kv kv USING unnest(cb, ce) AS r(b, e) WHERE kv.k >= r.b AND kv.k < r.e;
+		INSERT INTO couchrep_kv_clears SELECT v_version, r.b, r.e FROM unnest(cb, ce) AS r(b, e);
+	END IF;
+	IF cardinality(ck) > 0 THEN
+		DELETE FROM couchrep_kv WHERE k = ANY (ck);
+		INSERT INTO couchrep_kv_clears SELECT v_version, x.k, x.k || '\x00'::bytea FROM unnest(ck) AS x(k);
+	END IF;
+	IF cardinality(sk) > 0 THEN
+		INSERT INTO couchrep_kv (k, v, ver) SELECT x.k, x.v, v_version FROM unnest(sk, sv) AS x(k, v)
+		ON CONFLICT (k) DO UPDATE SET v = excluded.v, ver = excluded.ver;
+	END IF;
+	IF cardinality(ak) > 0 THEN
+		INSERT INTO couchrep_kv (k, v, ver) SELECT x.k, x.d, v_version FROM unnest(ak, ad) AS x(k, d)
+		ON CONFLICT (k) DO UPDATE SET v = couchrep_kv_add(couchrep_kv.v, excluded.v), ver = excluded.ver;
+	END IF;
+	IF cardinality(vk) > 0 THEN
+		INSERT INTO couchrep_kv (k, v, ver)
+		SELECT overlay(x.k PLACING stamp FROM x.o + 1), x.v, v_version FROM unnest(vk, vo, vv) AS x(k, o, v)
+		ON CONFLICT (k) DO UPDATE SET v = excluded.v, ver = excluded.ver;
+	END IF;
+	IF cardinality(xk) > 0 THEN
+		o_xv := ARRAY(SELECT overlay(x.v PLACING stamp FROM x.o + 1) FROM unnest(xk, xo, xv) WITH ORDINALITY AS x(k, o, v, n) ORDER BY x.n);
+		INSERT INTO couchrep_kv (k, v, ver) SELECT x.k, x.v, v_version FROM unnest(xk, o_xv) AS x(k, v)
+		ON CONFLICT (k) DO UPDATE SET v = excluded.v, ver = excluded.ver;
+	END IF;
+	IF note IS NOT NULL THEN
+		PERFORM pg_notify('couchrep_kv', note);
+	END IF;
+END $$;
+`,
 }
 
 // SchemaVersion is the schema version this build writes and reads.

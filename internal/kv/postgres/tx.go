@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"slices"
@@ -12,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/couchrep/couchrep/internal/kv"
@@ -30,9 +28,10 @@ type tx struct {
 	err      error // first internal error; fails the commit
 	done     bool
 
-	conn *pgxpool.Conn // held from the first read to the end
-	open bool          // the snapshot transaction is open on conn
-	snap int64         // the snapshot's commit version
+	conn  *pgxpool.Conn // held from the first read to the end
+	open  bool          // the snapshot transaction is open on conn
+	dirty bool          // conn may still be in an earlier snapshot: send ROLLBACK first
+	snap  int64         // the snapshot's commit version
 
 	buf kvbuf.Buffer // the buffered writes
 
@@ -62,48 +61,97 @@ func (t *tx) fail(err error) {
 	}
 }
 
-// begin opens the snapshot on first use: a REPEATABLE READ, READ ONLY
-// transaction and its commit version, in one round trip.
+// begin opens the snapshot on first use (see query).
 func (t *tx) begin() error {
 	if t.open {
 		return nil
 	}
+	_, err := t.query("")
+	return t.db.errorf("begin snapshot", err)
+}
+
+// query runs one read on the transaction's snapshot and returns its rows
+// (k, v). The first read of a transaction also opens the snapshot, a
+// REPEATABLE READ, READ ONLY transaction, and reads its commit version, in
+// the same round trip. sql "" only opens the snapshot.
+func (t *tx) query(sql string, args ...any) ([]row, error) {
 	if t.done {
-		return kv.ErrTxDone
+		return nil, kv.ErrTxDone
+	}
+	if t.open {
+		t.db.rt.Add(1)
+		rows, err := t.conn.Query(t.ctx, sql, args...)
+		if err != nil {
+			return nil, err
+		}
+		return collectRows(rows)
 	}
 	var err error
 	for try := 0; try < 3; try++ {
 		if t.conn == nil {
-			c, err := t.db.acquire(t.ctx)
+			c, dirty, err := t.db.acquire(t.ctx)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			t.conn = c
+			t.conn, t.dirty = c, dirty
 		}
+		t.db.rt.Add(1)
 		b := &pgx.Batch{}
+		if t.dirty {
+			b.Queue("ROLLBACK")
+		}
 		b.Queue(beginSQL)
 		b.Queue(snapSQL)
+		if sql != "" {
+			b.Queue(sql, args...)
+		}
 		br := t.conn.SendBatch(t.ctx, b)
-		_, err = br.Exec()
+		var out []row
+		if t.dirty {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			_, err = br.Exec()
+		}
 		if err == nil {
 			err = br.QueryRow().Scan(&t.snap)
+		}
+		if err == nil && sql != "" {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				out, err = collectRows(rows)
+			}
 		}
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 		if err == nil {
-			t.open = true
-			return nil
+			t.open, t.dirty = true, false
+			return out, nil
 		}
 		// A pooled connection the server closed (it restarted): the pool
 		// drops it; a new one may work. Nothing was read yet.
 		t.conn.Release()
-		t.conn = nil
+		t.conn, t.dirty = nil, false
 		if !connLost(err) || t.ctx.Err() != nil {
 			break
 		}
 	}
-	return t.db.errorf("begin snapshot", err)
+	return nil, err
+}
+
+func collectRows(rows pgx.Rows) ([]row, error) {
+	defer rows.Close()
+	var out []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.k, &r.v); err != nil {
+			return nil, err
+		}
+		r.v = kvbuf.NonNil(r.v)
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 // end closes the snapshot and returns the connection to the pool.
@@ -111,15 +159,15 @@ func (t *tx) end() {
 	if t.conn == nil {
 		return
 	}
-	if t.open {
-		if _, err := t.conn.Exec(context.WithoutCancel(t.ctx), "ROLLBACK"); err != nil {
-			// The pool drops a connection left inside a transaction.
-			t.db.log.Debug().Err(t.db.errorf("end snapshot", err)).Msg("postgres: rollback")
-		}
-		t.open = false
+	if t.open || t.dirty {
+		// The snapshot (read only) ends with the ROLLBACK that the next
+		// user of the connection sends ahead of its own statements: no
+		// round trip of its own.
+		t.db.park(t.conn)
+	} else {
+		t.conn.Release()
 	}
-	t.conn.Release()
-	t.conn = nil
+	t.conn, t.open, t.dirty = nil, false, false
 }
 
 // Get implements kv.ReadTx.
@@ -148,18 +196,13 @@ func (t *tx) get(key []byte, snapshot bool) ([]byte, error) {
 // stored reads key from the snapshot, adding it to the read set unless
 // snapshot.
 func (t *tx) stored(key []byte, snapshot bool) ([]byte, error) {
-	if err := t.begin(); err != nil {
-		return nil, err
+	rows, err := t.query(getSQL, key)
+	if err != nil {
+		return nil, t.db.errorf(fmt.Sprintf("get %x", key), err)
 	}
 	var v []byte
-	err := t.conn.QueryRow(t.ctx, getSQL, key).Scan(&v)
-	switch {
-	case errors.Is(err, errNoRows):
-		v = nil
-	case err != nil:
-		return nil, t.db.errorf(fmt.Sprintf("get %x", key), err)
-	default:
-		v = kvbuf.NonNil(v)
+	if len(rows) > 0 {
+		v = rows[0].v
 	}
 	if !snapshot && !t.readOnly {
 		t.readKeys = append(t.readKeys, slices.Clone(key))
@@ -330,43 +373,13 @@ func (t *tx) commit() error {
 		return nil
 	}
 	a := t.commitArgs()
-	if t.conn == nil {
-		c, err := t.db.acquire(t.ctx)
-		if err != nil {
-			return err
-		}
-		t.conn = c
-	}
-	b := &pgx.Batch{}
-	if t.open {
-		b.Queue("ROLLBACK") // the snapshot wrote nothing
-	}
-	b.Queue(commitSQL, a.args()...)
-	br := t.conn.SendBatch(t.ctx, b)
-	var err error
-	if t.open {
-		_, err = br.Exec()
-		t.open = false
-	}
-	var version int64
-	var xv [][]byte
-	if err == nil {
-		err = br.QueryRow().Scan(&version, &xv)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	version, order, xv, err := t.db.commit(t, a)
 	if err != nil {
-		if retryable(err) {
-			return fmt.Errorf("postgres: commit: %w (%v)", kv.ErrConflict, err)
-		}
-		if pgconn.SafeToRetry(err) {
-			return t.db.errorf("commit", fmt.Errorf("%w: %w", errNotSent, err))
-		}
-		return t.db.errorf("commit", err)
+		return err
 	}
 	var stamp [kv.VersionstampLength]byte
 	binary.BigEndian.PutUint64(stamp[:8], uint64(version))
+	binary.BigEndian.PutUint16(stamp[8:], uint16(order))
 	t.finish(nil)
 	for _, f := range t.stamps {
 		f.Resolve(stamp, nil)
