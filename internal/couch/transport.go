@@ -204,7 +204,9 @@ func noDelayKeeper(d *net.Dialer, noDelay *bool) func(ctx context.Context, netwo
 // of CAFile (else of the system's roots) through at most MaxDepth
 // intermediates, and the certificate must be valid for the host name.
 func NewTLSConfig(o TLSOptions) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	// A session cache lets new pooled connections resume a session
+	// instead of a full handshake.
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ClientSessionCache: tls.NewLRUClientSessionCache(64)}
 	if o.CertFile != "" || o.KeyFile != "" {
 		cert, err := loadClientCert(o.CertFile, o.KeyFile, o.KeyPassword)
 		if err != nil {

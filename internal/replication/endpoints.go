@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 )
@@ -129,7 +131,10 @@ func (r *Replication) endpointClient(which string, ep couch.Endpoint, epp Endpoi
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", ErrDBNotFound, which, err)
 	}
-	r.securityWarnings(which, ep, to)
+	if r.o.Endpoints.VerifyLog || r.o.Endpoints.ProtocolsLog {
+		// As CouchDB's spawned checker: the job does not wait for it.
+		go r.securityWarnings(r.log, r.principal(), which, ep, to)
+	}
 	if r.o.Clients != nil {
 		c, err := r.o.Clients.ClientFor(ep.URL, to)
 		if err != nil {
@@ -152,25 +157,25 @@ func (r *Replication) endpointClient(which string, ep couch.Endpoint, epp Endpoi
 // are not verified but verify_ssl_certificates_log is on, an https
 // endpoint whose certificate would not verify against
 // ssl_trusted_certificates_file (couch_replicator_utils:check_ssl_certificates).
-func (r *Replication) securityWarnings(which string, ep couch.Endpoint, to couch.TransportOptions) {
+func (r *Replication) securityWarnings(log zerolog.Logger, principal, which string, ep couch.Endpoint, to couch.TransportOptions) {
 	c := r.o.Endpoints
 	https := strings.EqualFold(ep.URL.Scheme, "https")
 	if c.ProtocolsLog && !https {
-		r.log.Warn().Str("endpoint", which).Str("url", ep.Redacted()).
-			Msgf("**security warning** replication %s has insecure %s at %s", r.principal(), which, ep.Redacted())
+		log.Warn().Str("endpoint", which).Str("url", ep.Redacted()).
+			Msgf("**security warning** replication %s has insecure %s at %s", principal, which, ep.Redacted())
 	}
 	if !https || c.TLS.Verify || !c.VerifyLog {
 		return
 	}
 	if c.TLS.CAFile == "" {
-		r.log.Warn().Msg("security warnings enabled but no ssl_trusted_certificates_file configured")
+		log.Warn().Msg("security warnings enabled but no ssl_trusted_certificates_file configured")
 		return
 	}
 	probe := to
 	probe.TLS.Verify = true
 	tr, err := couch.NewTransport(probe)
 	if err != nil {
-		r.log.Warn().Err(err).Str("url", ep.Redacted()).Msgf("failed to check certificate of %s", ep.Redacted())
+		log.Warn().Err(err).Str("url", ep.Redacted()).Msgf("failed to check certificate of %s", ep.Redacted())
 		return
 	}
 	defer tr.CloseIdleConnections()
@@ -185,11 +190,11 @@ func (r *Replication) securityWarnings(which string, ep couch.Endpoint, to couch
 		return
 	}
 	if ce, ok := couch.AsCertificateError(err); ok {
-		r.log.Warn().Str("endpoint", which).Str("url", ep.Redacted()).Str("reason", ce.Reason).
-			Msgf("**security warning** replication %s has bad cert in %s for reason %s at %s", r.principal(), which, ce.Reason, ep.Redacted())
+		log.Warn().Str("endpoint", which).Str("url", ep.Redacted()).Str("reason", ce.Reason).
+			Msgf("**security warning** replication %s has bad cert in %s for reason %s at %s", principal, which, ce.Reason, ep.Redacted())
 		return
 	}
-	r.log.Warn().Err(err).Str("url", ep.Redacted()).Msgf("failed to check certificate of %s", ep.Redacted())
+	log.Warn().Err(err).Str("url", ep.Redacted()).Msgf("failed to check certificate of %s", ep.Redacted())
 }
 
 // principal names who the replication belongs to in security warnings.

@@ -94,7 +94,7 @@ func TestSecurityWarnings(t *testing.T) {
 			r := New(p, Options{Logger: zerolog.New(&buf), Endpoints: tc.cfg})
 			ep, _ := endpointOf(p.Source)
 			to, _ := TransportOptions(p, p.Source, tc.cfg)
-			r.securityWarnings("source", ep, to)
+			r.securityWarnings(r.log, r.principal(), "source", ep, to)
 			out := buf.String()
 			for _, w := range tc.wants {
 				if !strings.Contains(out, w) {
