@@ -57,7 +57,7 @@ func TestReplicatePouchDB(t *testing.T) {
 	}
 	s := testserver.StartPouchDB(t)
 	src := s.CreateDB(t, "src")
-	s.PutRevs(t, src, testserver.Doc("a", []string{"1-a"}, nil), testserver.Doc("b", []string{"2-b", "1-b"}, nil))
+	s.PutRevs(t, src, testserver.Doc("a", []string{"1-a"}, nil), testserver.Doc("b", []string{"2-b2", "1-b1"}, nil))
 	tgt := s.DBURL("tgt")
 	for i, want := range []string{`"docs_written":2`, `"no_changes":true`} {
 		var out, errb bytes.Buffer
