@@ -13,13 +13,18 @@
 // # Sections
 //
 //	[couchrep]            couchrep's own: store, data_dir, node_name, node_types,
-//	                      http_bind, admin_bind, watch, durability
-//	[replicator]          CouchDB's keys, names and defaults (max_jobs = 500, ...)
+//	                      http_bind, admin_bind, watch, durability,
+//	                      allow_admin_party (an open API beyond loopback)
+//	[replicator]          CouchDB's keys, names and defaults (max_jobs = 500, ...),
+//	                      plus couchrep's limits on what endpoints send:
+//	                      max_document_bytes, max_changes_row_bytes, max_response_bytes
 //	[replicator.shares]   <_replicator db> = <shares 1..1000>, default 100
 //	[couchdb]             uuid: the server UUID used in replication IDs
 //	[log]                 level (CouchDB's names), format (auto, json, console)
 //	[admin]               token: the admin endpoint's secret
+//	[ssl]                 enable, cert_file, key_file: the HTTP API over TLS, as CouchDB
 //	[admins]              <user> = <password>: HTTP API admins, as in CouchDB
+//	                      (plain passwords are hashed on start: HashAdmins)
 //
 // Unknown sections and keys are errors, except a few CouchDB [replicator]
 // and [log] keys that mean nothing to a Go replicator (valid_socket_options,
