@@ -104,6 +104,9 @@ func TestPostgresRestart(t *testing.T) {
 			if !strings.HasPrefix(tr.GetStore(), "unavailable") {
 				return fmt.Errorf("tree store %q", tr.GetStore())
 			}
+			if strings.Contains(tr.GetStore(), pgtest.Password) {
+				t.Fatalf("couchrepctl tree shows the password: %q", tr.GetStore())
+			}
 			return nil
 		})
 	}
@@ -184,6 +187,15 @@ func TestPostgresRestart(t *testing.T) {
 		}
 	}
 	for _, n := range c.nodes {
+		addr := n.proc.httpAddr("")
+		for _, path := range []string{"/_scheduler/jobs", "/_scheduler/docs", "/_active_tasks", "/_up", "/metrics"} {
+			if r := apiNoFail("http://" + addr + path); strings.Contains(string(r.body), pgtest.Password) {
+				res.violate("node %s: %s shows the password", n.name, path)
+			}
+		}
+		if out, _, _ := n.proc.ctl("tree"); strings.Contains(out, pgtest.Password) {
+			res.violate("node %s: couchrepctl tree shows the password", n.name)
+		}
 		if !n.up() || n.starts != 1 {
 			res.violate("node %s: up %v after %d starts", n.name, n.up(), n.starts)
 		}
