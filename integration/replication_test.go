@@ -222,12 +222,15 @@ func doRaw(method, u string, body []byte) ([]byte, int, error) {
 
 // countingProxy forwards to target, counting documents fetched through
 // _bulk_get/open_revs and, when tooMany is set, answering every other
-// request with 429.
+// request with 429. Once holdAfter (if set) documents have been fetched,
+// further fetches are held until their client gives up.
 type countingProxy struct {
 	*httptest.Server
-	fetched  sync.Map // doc id -> *atomic.Int64
-	requests atomic.Int64
-	tooMany  atomic.Bool
+	fetched   sync.Map // doc id -> *atomic.Int64
+	served    atomic.Int64
+	holdAfter atomic.Int64
+	requests  atomic.Int64
+	tooMany   atomic.Bool
 }
 
 func newProxy(t testing.TB, target string) *countingProxy {
@@ -242,6 +245,12 @@ func newProxy(t testing.TB, target string) *countingProxy {
 			_, _ = w.Write([]byte(`{"error":"too_many_requests","reason":"slow down"}`))
 			return
 		}
+		fetch := strings.HasSuffix(r.URL.Path, "/_bulk_get") && r.Method == http.MethodPost ||
+			r.URL.Query().Get("open_revs") != ""
+		if hold := p.holdAfter.Load(); fetch && hold > 0 && p.served.Load() >= hold {
+			<-r.Context().Done()
+			return
+		}
 		if strings.HasSuffix(r.URL.Path, "/_bulk_get") && r.Method == http.MethodPost {
 			var body bytes.Buffer
 			_, _ = body.ReadFrom(r.Body)
@@ -253,11 +262,13 @@ func newProxy(t testing.TB, target string) *countingProxy {
 				c, _ := p.fetched.LoadOrStore(d.ID, new(atomic.Int64))
 				c.(*atomic.Int64).Add(1)
 			}
+			p.served.Add(int64(len(q.Docs)))
 			r.Body = io.NopCloser(bytes.NewReader(body.Bytes()))
 		} else if r.URL.Query().Get("open_revs") != "" {
 			id := strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 2)[1]
 			c, _ := p.fetched.LoadOrStore(id, new(atomic.Int64))
 			c.(*atomic.Int64).Add(1)
+			p.served.Add(1)
 		}
 		rp.ServeHTTP(w, r)
 	}))
@@ -283,14 +294,17 @@ func TestReplicationResumeFromCheckpoint(t *testing.T) {
 	proxy := newProxy(t, s.URL)
 	psrc := proxy.URL + "/src/"
 
-	// First run: stop it once some checkpoint has been recorded.
+	// First run: the proxy serves 500 documents and then holds every
+	// fetch, so the run cannot finish however fast the machine is; it is
+	// stopped once a checkpoint has been recorded.
+	proxy.holdAfter.Store(500)
 	p := params(t, map[string]any{"source": psrc, "target": tgt, "worker_batch_size": 100,
 		"worker_processes": 1, "checkpoint_interval": 50})
 	ctx, cancel := context.WithCancel(context.Background())
 	var once sync.Once
 	res, err := replication.New(p, replication.Options{ServerUUID: "u", Logger: zerolog.Nop(),
 		OnProgress: func(st replication.Stats) {
-			if v, ok := st.CheckpointedSourceSeq.Int(); ok && v >= 500 {
+			if v, ok := st.CheckpointedSourceSeq.Int(); ok && v > 0 {
 				once.Do(cancel)
 			}
 		}}).Run(ctx)
@@ -306,10 +320,11 @@ func TestReplicationResumeFromCheckpoint(t *testing.T) {
 	}
 	var lastSeq int
 	_ = json.Unmarshal(first.SourceLastSeq, &lastSeq)
-	if lastSeq >= n {
-		t.Skipf("the first run finished before it could be stopped (seq %d)", lastSeq)
+	if lastSeq <= 0 || lastSeq > 500 {
+		t.Fatalf("first run checkpointed seq %d, want 1..500 (the proxy served 500 documents)", lastSeq)
 	}
 	// Second run resumes: documents up to the checkpoint are not fetched again.
+	proxy.holdAfter.Store(0)
 	run(t, p)
 	verify(t, s, s, src, tgt, nil)
 	twice := 0
