@@ -176,7 +176,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		}
 	}
 	maxJobs := func() int { return store.Policy().MaxJobs }
-	retry := 100 * time.Millisecond
+	var retry backoff
 	for ctx.Err() == nil {
 		release, err := a.reg.acquire(ctx, maxJobs)
 		if err != nil {
@@ -188,14 +188,12 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 			if ctx.Err() != nil {
 				return
 			}
-			a.log.Warn().Err(err).Dur("retry_in", retry).Msg("acceptor: accept failed")
-			if !sleep(ctx, retry) {
+			if !retry.wait(ctx, a.log, err, "acceptor: accept failed") {
 				return
 			}
-			retry = min(retry*2, 10*time.Second)
 			continue
 		}
-		retry = 100 * time.Millisecond
+		retry.reset()
 		if err := a.startJob(ctx, system, jobsSup, run, release); err != nil {
 			a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
 			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -203,7 +201,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 				a.log.Warn().Err(serr).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
 			}
 			cancel()
-			if errors.Is(err, supervisor.ErrAlreadyStarted) && !sleep(ctx, retry) {
+			if errors.Is(err, supervisor.ErrAlreadyStarted) && !sleep(ctx, minRetry) {
 				return
 			}
 		}
@@ -249,21 +247,19 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 // followControls hands the control requests addressed to this node to the
 // actor, now and whenever a new one arrives, until ctx ends.
 func (a *acceptor) followControls(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
-	retry := 100 * time.Millisecond
+	var retry backoff
 	for ctx.Err() == nil {
 		cs, w, err := a.deps.RepJobs.Controls(ctx, a.deps.NodeName())
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			a.log.Warn().Err(err).Dur("retry_in", retry).Msg("acceptor: reading control requests failed")
-			if !sleep(ctx, retry) {
+			if !retry.wait(ctx, a.log, err, "acceptor: reading control requests failed") {
 				return
 			}
-			retry = min(retry*2, 10*time.Second)
 			continue
 		}
-		retry = 100 * time.Millisecond
+		retry.reset()
 		for _, c := range cs {
 			system.Root.Send(self, &controlRequest{c: c})
 		}
@@ -324,6 +320,31 @@ func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
 		}
 	}()
 }
+
+// minRetry and maxRetry bound the delay before a failed store call is
+// tried again.
+const (
+	minRetry = 100 * time.Millisecond
+	maxRetry = 10 * time.Second
+)
+
+// backoff doubles the delay between retries of a failing store call, from
+// minRetry up to maxRetry; reset starts over after a success.
+type backoff struct{ d time.Duration }
+
+// wait logs err and sleeps the current delay; false if ctx ended.
+func (b *backoff) wait(ctx context.Context, log zerolog.Logger, err error, msg string) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	b.d = max(b.d, minRetry)
+	log.Warn().Err(err).Dur("retry_in", b.d).Msg(msg)
+	ok := sleep(ctx, b.d)
+	b.d = min(2*b.d, maxRetry)
+	return ok
+}
+
+func (b *backoff) reset() { b.d = 0 }
 
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/kv/storetest"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -15,115 +16,117 @@ import (
 // when its run ends; Cancel asks the running job's node to stop it in the
 // same transaction.
 func TestControl(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	e := newEnv(t, nil)
-	add := func(src string) string {
-		t.Helper()
-		r, err := e.store.AddTransient(ctx, body(src, "http://b/t", `,"continuous":true`), "alice")
+	storetest.Each(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e := newEnv(t, nil)
+		add := func(src string) string {
+			t.Helper()
+			r, err := e.store.AddTransient(ctx, body(src, "http://b/t", `,"continuous":true`), "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r.JobID
+		}
+		id := add("http://a/one")
+		if _, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2"); !errors.Is(err, repjob.ErrNotRunning) {
+			t.Fatalf("control of a pending job: %v, want ErrNotRunning", err)
+		}
+		if _, err := e.store.RequestControl(ctx, "nope", messages.JobControl_ACTION_STOP, "n2"); !errors.Is(err, repjob.ErrNotFound) {
+			t.Fatalf("control of an unknown job: %v, want ErrNotFound", err)
+		}
+		_, w, err := e.store.Controls(ctx, "n1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		return r.JobID
-	}
-	id := add("http://a/one")
-	if _, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2"); !errors.Is(err, repjob.ErrNotRunning) {
-		t.Fatalf("control of a pending job: %v, want ErrNotRunning", err)
-	}
-	if _, err := e.store.RequestControl(ctx, "nope", messages.JobControl_ACTION_STOP, "n2"); !errors.Is(err, repjob.ErrNotFound) {
-		t.Fatalf("control of an unknown job: %v, want ErrNotFound", err)
-	}
-	_, w, err := e.store.Controls(ctx, "n1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Cancel()
-	run, err := e.store.Accept(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Start(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	c, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.GetNode() != "n1" || c.GetRun() != run.Generation() || c.GetRequestedBy() != "n2" || c.GetId() == "" {
-		t.Fatalf("request %v", c)
-	}
-	if err := w.Wait(ctx); err != nil {
-		t.Fatalf("n1's watch: %v", err)
-	}
-	again, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_RESTART, "n3")
-	if err != nil || again.GetId() != c.GetId() {
-		t.Fatalf("second request %v (%v), want the pending one %v", again, err, c)
-	}
-	for node, want := range map[string]int{"n1": 1, "n2": 0} {
-		got, w, err := e.store.Controls(ctx, node)
+		defer w.Cancel()
+		run, err := e.store.Accept(ctx, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		w.Cancel()
-		if len(got) != want {
-			t.Fatalf("controls of %s: %v, want %d", node, got, want)
+		if err := run.Start(ctx, "n1"); err != nil {
+			t.Fatal(err)
 		}
-	}
-	waited := make(chan error, 1)
-	go func() { waited <- e.store.WaitControl(ctx, c) }()
-	if err := e.store.ClearControl(ctx, c); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-waited; err != nil {
-		t.Fatalf("wait after clear: %v", err)
-	}
+		c, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.GetNode() != "n1" || c.GetRun() != run.Generation() || c.GetRequestedBy() != "n2" || c.GetId() == "" {
+			t.Fatalf("request %v", c)
+		}
+		if err := w.Wait(ctx); err != nil {
+			t.Fatalf("n1's watch: %v", err)
+		}
+		again, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_RESTART, "n3")
+		if err != nil || again.GetId() != c.GetId() {
+			t.Fatalf("second request %v (%v), want the pending one %v", again, err, c)
+		}
+		for node, want := range map[string]int{"n1": 1, "n2": 0} {
+			got, w, err := e.store.Controls(ctx, node)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Cancel()
+			if len(got) != want {
+				t.Fatalf("controls of %s: %v, want %d", node, got, want)
+			}
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- e.store.WaitControl(ctx, c) }()
+		if err := e.store.ClearControl(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waited; err != nil {
+			t.Fatalf("wait after clear: %v", err)
+		}
 
-	// A request whose run ends without its node clearing it is stale.
-	c, err = e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := run.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if stale, err := e.store.Stale(ctx, c); err != nil || !stale {
-		t.Fatalf("stale %v %v after the run stopped", stale, err)
-	}
-	if err := e.store.WaitControl(ctx, c); err != nil {
-		t.Fatalf("wait for a stale request: %v", err)
-	}
-	if n, err := e.store.CleanupControls(ctx); err != nil || n != 0 {
-		t.Fatalf("cleanup after the waiter cleared: %d %v", n, err)
-	}
+		// A request whose run ends without its node clearing it is stale.
+		c, err = e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if stale, err := e.store.Stale(ctx, c); err != nil || !stale {
+			t.Fatalf("stale %v %v after the run stopped", stale, err)
+		}
+		if err := e.store.WaitControl(ctx, c); err != nil {
+			t.Fatalf("wait for a stale request: %v", err)
+		}
+		if n, err := e.store.CleanupControls(ctx); err != nil || n != 0 {
+			t.Fatalf("cleanup after the waiter cleared: %d %v", n, err)
+		}
 
-	// Cancel: a pending job needs no request; a running one gets a cancel
-	// request (replacing a pending stop) and is removed at once.
-	other := add("http://a/two")
-	if c, err := e.store.Cancel(ctx, other, "n2"); err != nil || c != nil {
-		t.Fatalf("cancel of a pending job: %v %v", c, err)
-	}
-	run, err = e.store.Accept(ctx, false)
-	if err != nil || run.ID() != id {
-		t.Fatalf("accept: %v %v", run, err)
-	}
-	if err := run.Start(ctx, "n1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2"); err != nil {
-		t.Fatal(err)
-	}
-	c, err = e.store.Cancel(ctx, id, "n2")
-	if err != nil || c.GetAction() != messages.JobControl_ACTION_CANCEL || c.GetNode() != "n1" {
-		t.Fatalf("cancel of a running job: %v %v", c, err)
-	}
-	if _, err := e.store.Get(ctx, id); !errors.Is(err, repjob.ErrNotFound) {
-		t.Fatalf("canceled transient job: %v", err)
-	}
-	if n, err := e.store.CleanupControls(ctx); err != nil || n != 0 {
-		t.Fatalf("cleanup of a fresh cancel request: %d %v, want 0 (its node stops the job)", n, err)
-	}
-	e.clock.Advance(e.store.ActivityTimeout() + time.Second)
-	if n, err := e.store.CleanupControls(ctx); err != nil || n != 1 {
-		t.Fatalf("cleanup of the cancel request after the activity timeout: %d %v, want 1", n, err)
-	}
+		// Cancel: a pending job needs no request; a running one gets a cancel
+		// request (replacing a pending stop) and is removed at once.
+		other := add("http://a/two")
+		if c, err := e.store.Cancel(ctx, other, "n2"); err != nil || c != nil {
+			t.Fatalf("cancel of a pending job: %v %v", c, err)
+		}
+		run, err = e.store.Accept(ctx, false)
+		if err != nil || run.ID() != id {
+			t.Fatalf("accept: %v %v", run, err)
+		}
+		if err := run.Start(ctx, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.store.RequestControl(ctx, id, messages.JobControl_ACTION_STOP, "n2"); err != nil {
+			t.Fatal(err)
+		}
+		c, err = e.store.Cancel(ctx, id, "n2")
+		if err != nil || c.GetAction() != messages.JobControl_ACTION_CANCEL || c.GetNode() != "n1" {
+			t.Fatalf("cancel of a running job: %v %v", c, err)
+		}
+		if _, err := e.store.Get(ctx, id); !errors.Is(err, repjob.ErrNotFound) {
+			t.Fatalf("canceled transient job: %v", err)
+		}
+		if n, err := e.store.CleanupControls(ctx); err != nil || n != 0 {
+			t.Fatalf("cleanup of a fresh cancel request: %d %v, want 0 (its node stops the job)", n, err)
+		}
+		e.clock.Advance(e.store.ActivityTimeout() + time.Second)
+		if n, err := e.store.CleanupControls(ctx); err != nil || n != 1 {
+			t.Fatalf("cleanup of the cancel request after the activity timeout: %d %v, want 1", n, err)
+		}
+	})
 }
