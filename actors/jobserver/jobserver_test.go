@@ -306,7 +306,7 @@ func TestDrainPersists(t *testing.T) {
 		ids = append(ids, s.add(t, n, i))
 	}
 	slices.Sort(ids)
-	waitFor(t, "3 jobs running", func() bool { return len(s.runningOn(t, "n1")) == 3 })
+	waitFor(t, "3 job actors running", func() bool { return len(s.runningOn(t, "n1")) == 3 && len(n.reg.Jobs()) == 3 })
 	d := mustAsk[*messages.DrainResponse](t, n, &messages.DrainRequest{})
 	if d.GetReleased() != 3 || !slices.Equal(d.GetJobIds(), ids) || !n.reg.Draining() || n.reg.Running() != 0 {
 		t.Fatalf("drain: %v, registry draining %v running %d", d, n.reg.Draining(), n.reg.Running())
