@@ -311,6 +311,13 @@ func TestRealEndpoints(t *testing.T) {
 		api(t, e.open.httpAddr(""), "POST", "/_replicate", `{"replication_id":"`+id+`","cancel":true}`)
 	})
 
+	t.Run("requests through the per-endpoint transports are counted in /metrics", func(t *testing.T) {
+		met := string(api(t, e.verified.httpAddr(""), "GET", "/metrics", "").body)
+		if !regexp.MustCompile(`couchrep_replication_requests_total\{method="POST"\} [1-9]`).MatchString(met) {
+			t.Fatalf("/metrics counts no replication request:\n%s", met)
+		}
+	})
+
 	t.Run("no credential in logs, API answers or couchrepctl output", func(t *testing.T) {
 		var all []string
 		shown := 0

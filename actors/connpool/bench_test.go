@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/couchrep/couchrep/actors/connpool"
+	"github.com/couchrep/couchrep/internal/couch"
 )
 
 // BenchmarkRequest compares a GET through a lease (slot taken and given
@@ -34,8 +35,11 @@ func BenchmarkRequest(b *testing.B) {
 		})
 	}
 	b.Run("bare_transport", func(b *testing.B) {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConnsPerHost = 1 << 10
+		// The transport a lease's requests go through, without the lease.
+		tr, err := couch.NewTransport(couch.TransportOptions{BufferSize: connpool.ConnBufferSize})
+		if err != nil {
+			b.Fatal(err)
+		}
 		defer tr.CloseIdleConnections()
 		run(b, &http.Client{Transport: tr})
 	})

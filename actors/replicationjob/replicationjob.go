@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -299,7 +300,7 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replication.Params) (re
 		if err != nil {
 			return p, fmt.Errorf("%w: source: %w", replication.ErrDBNotFound, err)
 		}
-		if client, err = a.lease.ClientFor(ep.URL, to); err != nil {
+		if client, err = (leaseClients{a}).ClientFor(ep.URL, to); err != nil {
 			return p, fmt.Errorf("%w: source %s: %w", replication.ErrDBNotFound, ep, err)
 		}
 	}
@@ -324,6 +325,21 @@ func (a *jobActor) httpClient(p replication.Params) *http.Client {
 	wrapped := *c
 	wrapped.Transport = a.o.Transport(c.Transport)
 	return &wrapped
+}
+
+// leaseClients gives the engine each endpoint's client from the job's
+// lease (a transport per endpoint, proxy and TLS settings), its transport
+// wrapped by Options.Transport (the node's request metrics).
+type leaseClients struct{ a *jobActor }
+
+// ClientFor implements replication.ClientSource.
+func (s leaseClients) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Client, error) {
+	c, err := s.a.lease.ClientFor(u, o)
+	if err != nil || s.a.o.Transport == nil {
+		return c, err
+	}
+	c.Transport = s.a.o.Transport(c.Transport)
+	return c, nil
 }
 
 func endpointJSON(ep replication.EndpointParams) map[string]any {
@@ -363,7 +379,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
 	if a.lease != nil {
-		o.Clients = a.lease
+		o.Clients = leaseClients{a}
 	}
 	if rec := a.run.Record(); rec.GetDbName() != "" {
 		o.Principal = "in database " + rec.GetDbName() + ", docid " + rec.GetDocId()
