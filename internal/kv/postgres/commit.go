@@ -28,6 +28,13 @@ import (
 // They share the commit version; their versionstamps are ordered by their
 // place in the batch (FDB's batch order).
 
+// maxLeaders is how many batches of one DB may be in flight at once. With
+// 4, the next batch would already wait for the commit lock in the server
+// while the previous one commits; measured with 8 workers it made batches
+// smaller (6.3 round trips per cycle instead of 5.1) and was not faster
+// (290-325 against 219-388 cycles/s, load 12-16), so one.
+const maxLeaders = 1
+
 // maxBatch bounds a batch (the 2-byte order of a versionstamp allows
 // 65,536).
 const maxBatch = 256
@@ -54,9 +61,12 @@ type commitReq struct {
 func (db *DB) commit(t *tx, a *commitArgs) (int64, int, [][]byte, error) {
 	req := &commitReq{args: a, done: make(chan struct{})}
 	db.cmu.Lock()
-	db.queue = append(db.queue, req)
-	lead := !db.leading
-	db.leading = true
+	lead := db.leaders < maxLeaders
+	if lead {
+		db.leaders++
+	} else {
+		db.queue = append(db.queue, req)
+	}
 	db.cmu.Unlock()
 	if !lead {
 		t.end() // the snapshot is not needed any more
@@ -64,10 +74,10 @@ func (db *DB) commit(t *tx, a *commitArgs) (int64, int, [][]byte, error) {
 		if !req.lead {
 			return req.result()
 		}
-		// Woken to lead the next batch, which has req first.
+		// Taken off the queue to lead the next batch.
 		req.lead, req.done = false, make(chan struct{})
 	}
-	db.lead(t)
+	db.lead(t, req)
 	<-req.done
 	return req.result()
 }
@@ -82,12 +92,14 @@ func (req *commitReq) result() (int64, int, [][]byte, error) {
 	return req.version, req.order, req.xv, nil
 }
 
-// lead sends one batch of the queue, delivers the results and hands
-// leadership to the first request still queued.
-func (db *DB) lead(t *tx) {
+// lead sends mine and what is queued (up to maxBatch) as one batch,
+// delivers the results and hands its leadership to the first request
+// still queued, taking it off the queue: every request is in exactly one
+// of the queue, a batch or a hand-over.
+func (db *DB) lead(t *tx, mine *commitReq) {
 	db.cmu.Lock()
-	n := min(len(db.queue), maxBatch)
-	batch := db.queue[:n:n]
+	n := min(len(db.queue), maxBatch-1)
+	batch := append([]*commitReq{mine}, db.queue[:n]...)
 	db.queue = db.queue[n:]
 	db.cmu.Unlock()
 
@@ -99,15 +111,14 @@ func (db *DB) lead(t *tx) {
 	var next *commitReq
 	if len(db.queue) > 0 {
 		next = db.queue[0]
+		db.queue = db.queue[1:]
 		next.lead = true
 	} else {
-		db.leading = false
+		db.leaders--
 	}
 	db.cmu.Unlock()
 	for _, r := range batch {
-		if r != next {
-			close(r.done)
-		}
+		close(r.done)
 	}
 	if next != nil {
 		close(next.done)

@@ -95,7 +95,7 @@ type DB struct {
 	// Group commit (commit.go).
 	cmu     sync.Mutex
 	queue   []*commitReq
-	leading bool
+	leaders int             // batches in flight (at most maxLeaders)
 	parked  chan parkedConn // connections whose snapshot awaits its ROLLBACK
 	pmu     sync.Mutex      // parking vs Close
 
