@@ -191,6 +191,11 @@ func TestHTTPAPIContinuousPendingAndCancel(t *testing.T) {
 	if r.status != 404 || r.obj(t)["error"] != "not_found" {
 		t.Fatalf("second cancel: %d %s", r.status, r.body)
 	}
+	// The node's job server stopped the job's actor at once (a cancel
+	// request through the store), not at the actor's next write.
+	waitUntil(t, "the canceled job's actor stopped on request", time.Minute, func() bool {
+		return len(n.logLines("stopping a job on request", `"requested_by":"http_api"`)) > 0 && countJobActors(n) == 0
+	})
 	if r := api(t, addr, "GET", "/_scheduler/jobs", ""); r.obj(t)["total_rows"] != 0.0 {
 		t.Fatalf("jobs after cancel: %s", r.body)
 	}

@@ -83,9 +83,12 @@ func (a *RepjobStore) List(ctx context.Context) ([]*Job, error) {
 	return out, nil
 }
 
-// Remove implements Store.
+// Remove implements Store (transient jobs: POST /_replicate cancel). A
+// running job is removed together with a cancel request to the node running
+// it, whose job server stops it at once (repjob.Store.Cancel).
 func (a *RepjobStore) Remove(ctx context.Context, jobID string) error {
-	return notFound(a.store.Remove(ctx, jobID))
+	_, err := a.store.Cancel(ctx, jobID, "http_api")
+	return notFound(err)
 }
 
 // Wait implements Store on the store's per-job watch (no polling).
