@@ -273,9 +273,9 @@ func (a *acceptor) followControls(ctx context.Context, system *actor.ActorSystem
 const controlRetry = 200 * time.Millisecond
 
 // carryOut stops the job actor a control request names and clears the
-// request once the actor has exited. A request for a job that does not run
-// here is cleared if its run ended, else looked at again shortly: the
-// acceptor may be registering the job's actor right now.
+// request once the actor has exited. A stop or restart for a job that does
+// not run here is cleared if its run ended, else looked at again shortly:
+// the acceptor may be registering the job's actor right now.
 func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
 	if a.handling[c.GetId()] {
 		return
@@ -291,6 +291,12 @@ func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
 		system.Root.Send(self, &controlDone{id: c.GetId()})
 	}
 	e := a.reg.lookup(c.GetJobId())
+	if (e == nil || e.run != c.GetRun()) && c.GetAction() == messages.JobControl_ACTION_CANCEL {
+		// The job is already canceled or removed in the store: an actor
+		// about to start for it fails its first write and exits.
+		go clear()
+		return
+	}
 	if e == nil || e.run != c.GetRun() {
 		go func() {
 			cc, cancel := context.WithTimeout(base, 10*time.Second)
