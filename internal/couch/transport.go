@@ -75,6 +75,12 @@ type TransportOptions struct {
 	// BufferSize is each connection's read and write buffer; zero is
 	// net/http's default.
 	BufferSize int
+	// ConnectTo are [replicator] connect_to overrides,
+	// "host:port:target_host:target_port" (host may be "*.suffix"): a
+	// connection to host:port is made to target_host:target_port instead,
+	// the request (Host header, TLS server name, certificate check) still
+	// naming host. Behind a proxy they apply to the proxy's address.
+	ConnectTo []string
 }
 
 // Transport defaults, as CouchDB's.
@@ -157,7 +163,7 @@ func NewTransport(o TransportOptions) (*http.Transport, error) {
 		}
 	}
 	tr := &http.Transport{
-		DialContext:           noDelayKeeper(d, o.Socket.NoDelay),
+		DialContext:           connectTo(noDelayKeeper(d, o.Socket.NoDelay), o.ConnectTo),
 		TLSClientConfig:       tc,
 		TLSHandshakeTimeout:   timeout,
 		ResponseHeaderTimeout: timeout,
@@ -195,6 +201,48 @@ func noDelayKeeper(d *net.Dialer, noDelay *bool) func(ctx context.Context, netwo
 			}
 		}
 		return c, err
+	}
+}
+
+// connectTo wraps dial with connect_to overrides (couch_replicator_connect:
+// the first matching entry wins; "*" matches any prefix; host names
+// compare case-insensitively; entries that do not parse are ignored).
+func connectTo(dial func(ctx context.Context, network, addr string) (net.Conn, error), entries []string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	type rule struct{ host, port, target string }
+	var rules []rule
+	for _, e := range entries {
+		e = strings.TrimSpace(e)
+		parts := strings.Split(e, ":")
+		if len(parts) < 4 || parts[0] == "" || strings.HasPrefix(parts[0], "[") {
+			continue
+		}
+		tgtHost := strings.Join(parts[2:len(parts)-1], ":")
+		tgtHost = strings.TrimSuffix(strings.TrimPrefix(tgtHost, "["), "]")
+		if _, err := strconv.Atoi(parts[1]); err != nil || tgtHost == "" {
+			continue
+		}
+		if _, err := strconv.Atoi(parts[len(parts)-1]); err != nil {
+			continue
+		}
+		rules = append(rules, rule{strings.ToLower(parts[0]), parts[1], net.JoinHostPort(tgtHost, parts[len(parts)-1])})
+	}
+	if len(rules) == 0 {
+		return dial
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, port, err := net.SplitHostPort(addr)
+		if err == nil {
+			host = strings.ToLower(host)
+			for _, r := range rules {
+				if r.port != port {
+					continue
+				}
+				if suffix, wild := strings.CutPrefix(r.host, "*"); wild && strings.HasSuffix(host, suffix) || r.host == host {
+					return dial(ctx, network, r.target)
+				}
+			}
+		}
+		return dial(ctx, network, addr)
 	}
 }
 
@@ -354,7 +402,7 @@ func (o TransportOptions) settingsDigest() string {
 	if o.Proxy != nil {
 		fmt.Fprintf(h, "%s\x00", o.Proxy.User.String())
 	}
-	fmt.Fprintf(h, "%d\x00%d\x00%d\x00", o.ConnectTimeout, o.IdleTimeout, o.BufferSize)
+	fmt.Fprintf(h, "%d\x00%d\x00%d\x00%q\x00", o.ConnectTimeout, o.IdleTimeout, o.BufferSize, o.ConnectTo)
 	s := o.Socket
 	fmt.Fprintf(h, "%v\x00%v\x00%d\x00%d", boolPtr(s.KeepAlive), boolPtr(s.NoDelay), s.SndBuf, s.RecBuf)
 	return hex.EncodeToString(h.Sum(nil)[:8])

@@ -216,3 +216,41 @@ func TestErrorBudget(t *testing.T) {
 		t.Fatalf("%d requests, want retries before the budget ran out", n)
 	}
 }
+
+// TestConnectTo: connect_to sends a connection for host:port elsewhere while
+// the request, the TLS server name and the certificate check keep naming
+// the original host (couch_replicator_connect).
+func TestConnectTo(t *testing.T) {
+	pki := testserver.NewPKI(t)
+	tlsSrv := tlsServer(t, pki.ServerCert, pki.ServerKey, "") // certificate for 127.0.0.1 and localhost
+	plain := newFake(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		if r.Host != "db.example:5984" {
+			writeJSON(w, 400, `{"error":"bad_request","reason":"Host `+r.Host+`"}`)
+			return
+		}
+		writeJSON(w, 200, `{"db_name":"db","update_seq":0,"instance_start_time":"0"}`)
+	})
+	tlsAddr := strings.TrimPrefix(tlsSrv.URL, "https://")
+	plainAddr := strings.TrimPrefix(plain.URL, "http://")
+	for _, tc := range []struct {
+		name, url string
+		rules     []string
+		tls       TLSOptions
+	}{
+		{"exact host, TLS verified for the original name", "https://localhost:6984/db",
+			[]string{"bad-entry", "localhost:6984:" + tlsAddr}, TLSOptions{Verify: true, CAFile: pki.CAFile}},
+		{"wildcard", "http://db.example:5984/db", []string{"other.example:5984:127.0.0.1:1", "*.EXAMPLE:5984:" + plainAddr}, TLSOptions{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr, err := NewTransport(TransportOptions{TLS: tc.tls, ConnectTo: tc.rules})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tr.CloseIdleConnections()
+			ep, _ := ParseEndpoint(tc.url)
+			if _, err := NewDB(ep, Options{HTTPClient: &http.Client{Transport: tr}}).Info(context.Background()); err != nil {
+				t.Fatalf("Info through connect_to: %v", err)
+			}
+		})
+	}
+}

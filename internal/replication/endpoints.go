@@ -49,6 +49,8 @@ type EndpointConfig struct {
 	// IdleTimeout closes idle connections (connection_close_interval) of
 	// the transports the engine builds itself.
 	IdleTimeout time.Duration
+	// ConnectTo are connect_to's overrides ("host:port:target:port").
+	ConnectTo []string
 }
 
 // EndpointConfigFrom reads the [replicator] keys of c.
@@ -67,6 +69,7 @@ func EndpointConfigFrom(c config.Replicator) EndpointConfig {
 		SessionMinUpdate: c.SessionMinUpdateInterval,
 		ErrorBudget:      c.HealthThreshold / 2,
 		IdleTimeout:      c.ConnectionCloseInterval,
+		ConnectTo:        c.ConnectTo,
 	}
 }
 
@@ -91,6 +94,7 @@ func TransportOptions(p Params, ep EndpointParams, c EndpointConfig) (couch.Tran
 		ConnectTimeout: p.ConnectionTimeout,
 		Socket:         c.Socket.Merge(couch.ParseSocketOptions(p.SocketOptions)),
 		IdleTimeout:    c.IdleTimeout,
+		ConnectTo:      c.ConnectTo,
 	}, nil
 }
 
