@@ -121,6 +121,9 @@ type Node struct {
 	stopOnce sync.Once
 	stopped  chan struct{}
 	stopErr  error
+	// stopLease ends the node's lease on its jobs (repjob.Store.KeepLease)
+	// and waits for it to close.
+	stopLease func()
 }
 
 // Start starts a node and returns once its whole supervision tree is running.
@@ -174,6 +177,18 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Competition: docproc.NewCompetition(),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
+	n.stopLease = func() {}
+	if w := config.FDWarning(cfg); w != "" {
+		n.log.Warn().Int("fds_needed", cfg.FileDescriptors()).Msg(w)
+	}
+	if cfg.HasNodeType(config.NodeTypeReplication) {
+		// One lease proves every job of this node alive: an idle job
+		// writes nothing to the store.
+		lctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); n.deps.RepJobs.KeepLease(lctx) }()
+		n.stopLease = func() { cancel(); <-done }
+	}
 	metrics.WatchStore(httpapi.NewRepjobStore(n.deps.RepJobs, cfg.CouchDB.UUID))
 	// Actors may send admin requests (the status page shows the tree and
 	// the nodes) once the tree is up: n.sup is set then.
@@ -198,6 +213,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	sup, err := supervisor.Start(ctx, n.system, RootName, n.spec())
 	if err != nil {
 		n.system.EventStream.Unsubscribe(n.events)
+		n.stopLease()
 		n.release()
 		return nil, fmt.Errorf("couchrep: start supervision tree: %w", err)
 	}
@@ -348,6 +364,7 @@ func (n *Node) Stop(ctx context.Context) error {
 		defer close(n.stopped)
 		n.stopErr = n.sup.Stop(ctx)
 		n.system.EventStream.Unsubscribe(n.events)
+		n.stopLease() // after the jobs stopped: an empty lease is removed
 		n.release()
 		n.log.Info().Err(n.stopErr).Msg("node stopped")
 	})

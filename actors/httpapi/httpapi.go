@@ -109,7 +109,12 @@ func (a *httpAPI) start(ctx actor.Context) error {
 	if comp := a.deps.Competition; comp != nil && len(cfg.Couchrep.Watch) > 0 {
 		competing = func() any { return comp.Snapshot() }
 	}
+	var warnings []string
+	if w := config.FDWarning(cfg); w != "" {
+		warnings = append(warnings, w)
+	}
 	server := api.New(api.Options{
+		Warnings: warnings,
 		Store:    api.NewRepjobStore(store, cfg.CouchDB.UUID),
 		Admins:   cfg.Admins,
 		Logger:   a.log,

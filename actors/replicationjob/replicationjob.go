@@ -31,6 +31,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
@@ -418,14 +419,20 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	return errHandedOff
 }
 
-// progressWriter records a running job's progress in the store: every
-// report of the engine, and the last one again when the engine has
-// reported nothing for a while (at least twice per activity timeout, also
-// while the engine is still starting). Writes are serialised; a write that
-// finds the job taken away stops the engine.
 // progressWriteTimeout bounds one progress write.
 const progressWriteTimeout = 30 * time.Second
 
+// progressWriter records a running job's progress in the store. A run held
+// under the node's lease (repjob.Store.KeepLease, the usual case) writes
+// only when the engine reports stats that changed: the lease proves it
+// alive, so an idle job writes nothing; the lease also tells it when a
+// user canceled or removed the job (kick: a write then finds the job gone
+// and stops the engine) and when the lease was lost (the job was taken
+// away). A run without a lease writes every report of the engine and the
+// last one again when the engine has reported nothing for a while (at
+// least twice per activity timeout, also while the engine is still
+// starting). Writes are serialised; a write that finds the job taken away
+// stops the engine.
 type progressWriter struct {
 	ctx       context.Context
 	run       *repjob.Run
@@ -433,18 +440,24 @@ type progressWriter struct {
 	every     time.Duration
 	cancelRun context.CancelFunc
 
-	mu      sync.Mutex
-	last    replication.Stats
-	stopped bool
-	lost    bool
-	beat    *time.Timer
+	mu        sync.Mutex
+	last      replication.Stats
+	written   *messages.ReplicationStats // last written (leased runs)
+	stopped   bool
+	lost      bool
+	beat      *time.Timer // runs without a lease
+	stopWatch func()
 }
 
 func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration, cancelRun context.CancelFunc) *progressWriter {
 	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun}
 	w.mu.Lock()
-	w.beat = time.AfterFunc(every, w.heartbeat)
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	stop, leased := run.Watch(w.kick, w.leaseLost)
+	w.stopWatch = stop
+	if !leased {
+		w.beat = time.AfterFunc(every, w.heartbeat)
+	}
 	return w
 }
 
@@ -453,6 +466,13 @@ func (w *progressWriter) write(s replication.Stats) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.last = s
+	if w.beat == nil {
+		st := repjob.StatsProto(s)
+		if w.written != nil && proto.Equal(st, w.written) {
+			return // nothing moved; the lease proves the job alive
+		}
+		w.written = st
+	}
 	w.writeLocked()
 }
 
@@ -462,11 +482,32 @@ func (w *progressWriter) heartbeat() {
 	w.writeLocked()
 }
 
+// kick: a user canceled or removed the job; the write finds out.
+func (w *progressWriter) kick() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeLocked()
+}
+
+// leaseLost: the node's lease expired, its jobs were re-enqueued.
+func (w *progressWriter) leaseLost() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.lost {
+		return
+	}
+	w.log.Info().Msg("replication job: the node's lease was lost, stopping")
+	w.lost = true
+	w.cancelRun()
+}
+
 func (w *progressWriter) writeLocked() {
 	if w.stopped || w.lost {
 		return
 	}
-	w.beat.Reset(w.every)
+	if w.beat != nil {
+		w.beat.Reset(w.every)
+	}
 	// The job's context is cancelled by a stop request before the engine
 	// has reported its last stats: write them anyway, bounded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), progressWriteTimeout)
@@ -479,6 +520,7 @@ func (w *progressWriter) writeLocked() {
 		w.lost = true
 		w.cancelRun()
 	default:
+		w.written = nil // try again at the next report
 		w.log.Warn().Err(err).Msg("replication job: progress update failed")
 	}
 }
@@ -487,10 +529,14 @@ func (w *progressWriter) writeLocked() {
 // job was lost.
 func (w *progressWriter) stop() (lost bool) {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	w.stopped = true
-	w.beat.Stop()
-	return w.lost
+	if w.beat != nil {
+		w.beat.Stop()
+	}
+	lost = w.lost
+	w.mu.Unlock()
+	w.stopWatch() // outside mu: a callback may be waiting for it
+	return lost
 }
 
 // ended records how the engine's run ended: completed, stopped (back to

@@ -57,6 +57,9 @@ type Options struct {
 	// each watched server (GET /_up "competing_replicators"); nil leaves it
 	// out.
 	Competing func() any
+	// Warnings are shown by GET /_up ("warnings"), e.g. an open file limit
+	// below what the node may need (config.FDWarning).
+	Warnings []string
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -72,12 +75,13 @@ type Server struct {
 	rates          rateTracker
 	competing      func() any
 	guard          *authGuard
+	warnings       []string
 }
 
 // New returns the API handler.
 func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
-		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing,
+		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing, warnings: o.Warnings,
 		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval)}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
@@ -312,6 +316,9 @@ func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
 	body := map[string]any{"status": "ok", "seeds": map[string]any{}, "store": "ok"}
 	if s.competing != nil {
 		body["competing_replicators"] = s.competing()
+	}
+	if len(s.warnings) > 0 {
+		body["warnings"] = s.warnings
 	}
 	writeJSON(w, http.StatusOK, body)
 	return nil

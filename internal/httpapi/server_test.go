@@ -504,3 +504,28 @@ func TestRedactText(t *testing.T) {
 		}
 	}
 }
+
+// TestUpWarnings: GET /_up lists the node's warnings (such as an open file
+// limit below its budget) and stays "ok"; without warnings it has none.
+func TestUpWarnings(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		warnings []string
+	}{
+		{"none", nil},
+		{"file limit", []string{"open file limit (ulimit -n) 1024 is below the 1256 this node may need"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnvWith(t, httpapi.Options{Warnings: tc.warnings})
+			r := e.get("/_up")
+			m := r.json(t)
+			if r.status != 200 || m["status"] != "ok" {
+				t.Fatalf("/_up: %d %s", r.status, r.body)
+			}
+			got, _ := m["warnings"].([]any)
+			if len(got) != len(tc.warnings) || (len(got) > 0 && got[0] != tc.warnings[0]) {
+				t.Fatalf("/_up warnings %v, want %v", m["warnings"], tc.warnings)
+			}
+		})
+	}
+}

@@ -60,7 +60,9 @@ func (q *Queue) AddTx(tx kv.Tx, typ, id string, opts AddOptions) error {
 	}
 	rec := &messages.JobRecord{Id: id, Type: typ, CreatedAt: timeTS(now)}
 	if old != nil {
-		q.retire(tx, old)
+		if err := q.retire(tx, old); err != nil {
+			return err
+		}
 		rec.Version = old.GetVersion()
 		rec.CreatedAt = old.GetCreatedAt()
 		rec.AcceptCount = old.GetAcceptCount()
@@ -82,13 +84,17 @@ func (q *Queue) AddTx(tx kv.Tx, typ, id string, opts AddOptions) error {
 
 // retire removes old's index entries (pending or activity) before it is
 // rewritten or deleted.
-func (q *Queue) retire(tx kv.Tx, old *messages.JobRecord) {
+func (q *Queue) retire(tx kv.Tx, old *messages.JobRecord) error {
 	switch old.GetState() {
 	case messages.JobState_JOB_STATE_PENDING:
 		q.dequeue(tx, old)
 	case messages.JobState_JOB_STATE_RUNNING:
 		q.clearActivity(tx, old)
+		// The job leaves its lease (if any), whose holder learns it at its
+		// next renewal.
+		return q.removeFromLease(tx, old.GetType(), old.GetId())
 	}
+	return nil
 }
 
 // Get returns the job (typ, id).
@@ -143,7 +149,9 @@ func (q *Queue) RemoveTx(tx kv.Tx, typ, id string) error {
 	case rec == nil:
 		return fmt.Errorf("%w: %q/%q", ErrNotFound, typ, id)
 	default:
-		q.retire(tx, rec)
+		if err := q.retire(tx, rec); err != nil {
+			return err
+		}
 	}
 	tx.Clear(q.keys.dataKey(typ, id))
 	return nil
@@ -242,6 +250,9 @@ func (q *Queue) CancelTx(tx kv.Tx, typ, id string) error {
 		}
 		rec.CancelRequested = true
 		rec.UpdatedAt = timeTS(now)
+		if err := q.kick(tx, typ, id); err != nil {
+			return err
+		}
 		return q.storeKeepStamp(tx, rec)
 	default:
 		return nil

@@ -23,6 +23,7 @@
 //	(TYPES, type)                         = JobTypeConfig (activity timeout)
 //	(ACTIVITY, type, versionstamp, id)    = ""   one per running job
 //	(CORRUPT, type, id)                   = ""   records that failed to decode
+//	(LEASES ... LEASE_KICK, ...)                 a worker process's lease on its jobs (see Lease)
 //
 // Accept promotes due DELAYED entries to READY, snapshot-reads the first
 // Options.AcceptSpread READY keys (lowest priority first), picks one at
@@ -31,5 +32,9 @@
 // head. The activity monitor (Monitor) samples each type's newest ACTIVITY
 // stamp and re-enqueues only the ACTIVITY entries older than a sample at
 // least one timeout old: its cost is proportional to the stale jobs, not to
-// all running jobs, and it is safe to run on every node at once.
+// all running jobs, and it is safe to run on every node at once. A worker
+// process that holds many jobs takes them under one Lease: renewing it
+// proves every one of them alive, so an idle job writes nothing; the
+// monitor drops the own activity entry of a job whose lease is live, and
+// re-enqueues all the jobs of a lease not renewed for a whole timeout.
 package jobs

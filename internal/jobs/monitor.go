@@ -148,6 +148,7 @@ func (m *Monitor) checkType(ctx context.Context, typ string, timeout time.Durati
 	)
 	err := m.q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
 		have = false
+		// The newest job activity or lease renewal.
 		begin, end := m.q.keys.activityRange(typ)
 		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: 1, Reverse: true})
 		for it.Next() {
@@ -156,6 +157,20 @@ func (m *Monitor) checkType(ctx context.Context, typ string, timeout time.Durati
 				return err
 			}
 			cur, have = stamp, true
+		}
+		if err := it.Err(); err != nil {
+			return err
+		}
+		begin, end = m.q.keys.leaseActivityRange(typ)
+		it = tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: 1, Reverse: true})
+		for it.Next() {
+			stamp, _, err := m.q.keys.parseLeaseActivity(it.KeyValue().Key)
+			if err != nil {
+				return err
+			}
+			if !have || bytes.Compare(stamp[:], cur[:]) > 0 {
+				cur, have = stamp, true
+			}
 		}
 		return it.Err()
 	})
@@ -172,7 +187,12 @@ func (m *Monitor) checkType(ctx context.Context, typ string, timeout time.Durati
 	if threshold == nil {
 		return 0, nil
 	}
-	return m.requeueStale(ctx, typ, threshold.stamp)
+	n, err := m.expireLeases(ctx, typ, threshold.stamp)
+	if err != nil {
+		return n, err
+	}
+	k, err := m.requeueStale(ctx, typ, threshold.stamp)
+	return n + k, err
 }
 
 // requeueStale re-enqueues the running jobs of typ whose activity stamp is
@@ -200,7 +220,7 @@ func (m *Monitor) requeueStale(ctx context.Context, typ string, through [kv.Vers
 			now := q.clock()
 			for _, e := range entries {
 				last = e.Key
-				ok, err := m.requeueEntry(tx, typ, e.Key, now)
+				ok, err := m.requeueEntry(tx, typ, e.Key, through, now)
 				if err != nil {
 					return err
 				}
@@ -221,7 +241,7 @@ func (m *Monitor) requeueStale(ctx context.Context, typ string, through [kv.Vers
 	}
 }
 
-func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, now time.Time) (bool, error) {
+func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, through [kv.VersionstampLength]byte, now time.Time) (bool, error) {
 	q := m.q
 	stamp, id, err := q.keys.parseActivity(key)
 	if err != nil {
@@ -243,6 +263,21 @@ func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, now time.Time) 
 		!bytes.Equal(rec.GetActivityStamp(), stamp[:]) {
 		return false, nil // a leftover entry; the job moved on
 	}
+	if covered, err := q.leaseCovers(tx, rec, through); err != nil || covered {
+		// A live lease proves the worker alive: the job needs no activity
+		// entry of its own until its next update.
+		return false, err
+	}
+	if err := q.releaseLease(tx, typ, id); err != nil {
+		return false, err
+	}
+	return true, q.requeueRecord(tx, rec, now)
+}
+
+// requeueRecord takes running job rec from its silent worker: back to the
+// queue, or finished if a user canceled it. Its activity entry is cleared.
+func (q *Queue) requeueRecord(tx kv.Tx, rec *messages.JobRecord, now time.Time) error {
+	typ, id := rec.GetType(), rec.GetId()
 	ev := q.log.Warn().Str("type", typ).Str("job", id).Str("worker_node", rec.GetWorkerNode()).
 		Time("last_update", tsTime(rec.GetUpdatedAt()))
 	rec.WorkerLock = nil
@@ -259,5 +294,5 @@ func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, now time.Time) 
 		q.enqueue(tx, rec, now)
 		ev.Msg("activity timeout: job re-enqueued")
 	}
-	return true, q.storeRecord(tx, rec)
+	return q.storeRecord(tx, rec)
 }

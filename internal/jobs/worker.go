@@ -28,16 +28,21 @@ type AcceptOptions struct {
 	// on the type's pending counter, or by the next scheduled time) or ctx
 	// ends. Without it Accept returns ErrNotFound at once.
 	Wait bool
+	// Lease, if set, holds the accepted job: the lease's renewals prove
+	// the worker alive instead of the job's own Updates (see Lease). Accept
+	// fails with ErrLeaseLost if the lease expired.
+	Lease *Lease
 }
 
 // Job is a job accepted by a worker: it carries the worker lock, and its
 // methods are the worker API. A Job is not safe for concurrent use.
 type Job struct {
-	q    *Queue
-	typ  string
-	id   string
-	lock []byte
-	info *JobInfo
+	q     *Queue
+	typ   string
+	id    string
+	lock  []byte
+	info  *JobInfo
+	lease *Lease // the lease holding the job, if any
 }
 
 // Type returns the job type.
@@ -190,7 +195,7 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]str
 			if claims != nil {
 				q.claim(key, claims)
 			}
-			job, err := q.take(tx, typ, key, now)
+			job, err := q.take(tx, typ, key, now, opts.Lease)
 			if err != nil || job != nil {
 				return job, err
 			}
@@ -259,7 +264,7 @@ func (q *Queue) release(claims []string) {
 // stale entry, which happens only while the record does not match the
 // entry, and then take does not accept it either. So the record read
 // conflicts whenever the entry could have gone.
-func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time) (*Job, error) {
+func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time, lease *Lease) (*Job, error) {
 	prio, id, err := q.keys.parseReady(key)
 	if err != nil {
 		q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable pending entry")
@@ -297,7 +302,12 @@ func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time) (*Job, err
 	if err := q.markRun(tx, typ, id, lock, true); err != nil {
 		return nil, err
 	}
-	return &Job{q: q, typ: typ, id: id, lock: lock, info: infoFromRecord(rec)}, nil
+	if lease != nil {
+		if err := q.holdUnder(tx, lease, rec); err != nil {
+			return nil, err
+		}
+	}
+	return &Job{q: q, typ: typ, id: id, lock: lock, info: infoFromRecord(rec), lease: lease}, nil
 }
 
 // promoteEvery is how often Accept moves due DELAYED entries to READY
@@ -385,6 +395,9 @@ func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Tim
 	}
 	j.q.clearActivity(tx, rec)
 	if rec.GetCancelRequested() {
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
+		}
 		rec.State = messages.JobState_JOB_STATE_FINISHED
 		rec.Canceled = true
 		rec.WorkerLock = nil
@@ -438,6 +451,9 @@ func (j *Job) FinishTx(tx kv.Tx, data []byte) error {
 		if data != nil {
 			rec.Data = data
 		}
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
+		}
 		rec.WorkerLock = nil
 		if rec.GetResubmitRequested() {
 			rec.ResubmitRequested = false
@@ -464,6 +480,9 @@ func (j *Job) ResubmitTx(tx kv.Tx, data []byte, opts ResubmitOptions) error {
 	return j.workerCall(tx, func(rec *messages.JobRecord, now time.Time) error {
 		if data != nil {
 			rec.Data = data
+		}
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
 		}
 		rec.WorkerLock = nil
 		rec.ResubmitRequested = false

@@ -38,7 +38,7 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
 	}
-	j, err := s.q.Accept(ctx, JobType, jobs.AcceptOptions{Wait: wait})
+	j, err := s.q.Accept(ctx, JobType, jobs.AcceptOptions{Wait: wait, Lease: s.lease.Load()})
 	if err != nil {
 		return nil, fmt.Errorf("repjob: accept: %w", err)
 	}
@@ -170,8 +170,8 @@ func (r *Run) ClaimRepID(ctx context.Context, base, ext, filterCode string) (cha
 }
 
 // Progress records the job's stats; it also proves the worker alive to the
-// activity monitor. Call it at every checkpoint and at least twice per
-// activity timeout.
+// activity monitor. Call it at every checkpoint, and at least twice per
+// activity timeout unless the run is held under a lease (Watch).
 func (r *Run) Progress(ctx context.Context, st replication.Stats) error {
 	return r.write(ctx, "update", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
 		m.Stats = StatsProto(st)

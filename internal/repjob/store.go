@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -107,6 +108,8 @@ type Store struct {
 	maxAge   time.Duration
 	timeout  time.Duration
 	typeDone bool
+
+	lease atomic.Pointer[jobs.Lease] // see KeepLease
 }
 
 // New returns the store of replication jobs in queue (whose database is db).
