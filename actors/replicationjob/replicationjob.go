@@ -274,6 +274,11 @@ var errHandedOff = errors.New("replicationjob: handed off to the engine")
 // releases the connection pool's lease and tells the actor (err is a store
 // write that failed).
 func (a *jobActor) exit(system *actor.ActorSystem, self *actor.PID, err error) {
+	if err != nil {
+		// The run could not be ended in the store: the node's lease must
+		// not keep it running (jobs.Job.Abandon).
+		a.run.Abandon()
+	}
 	if a.lease != nil {
 		a.lease.Release()
 	}

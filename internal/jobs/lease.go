@@ -113,15 +113,16 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu    sync.Mutex
-	kicks map[string]func()
+	mu        sync.Mutex
+	kicks     map[string]func()
+	abandoned map[string][]byte // job id -> lock: runs the worker gave up on (Job.Abandon)
 }
 
 // OpenLease starts a lease for jobs of typ.
 func (q *Queue) OpenLease(ctx context.Context, typ string) (*Lease, error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	l := &Lease{q: q, typ: typ, id: hex.EncodeToString(b[:]), kicks: map[string]func(){}}
+	l := &Lease{q: q, typ: typ, id: hex.EncodeToString(b[:]), kicks: map[string]func(){}, abandoned: map[string][]byte{}}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	err := q.db.Transact(ctx, func(tx kv.Tx) error {
 		if err := q.checkType(tx, typ); err != nil {
@@ -171,6 +172,12 @@ func leaseValue(v []byte) (stamp [kv.VersionstampLength]byte, dead, ok bool) {
 // It returns ErrLeaseLost (and Lost is closed) if the lease expired.
 func (l *Lease) Renew(ctx context.Context) error {
 	var kicked []string
+	l.mu.Lock()
+	abandoned := make(map[string][]byte, len(l.abandoned))
+	for id, lock := range l.abandoned {
+		abandoned[id] = lock
+	}
+	l.mu.Unlock()
 	err := l.q.db.Transact(ctx, func(tx kv.Tx) error {
 		kicked = kicked[:0]
 		v, err := tx.Get(l.q.keys.leaseKey(l.typ, l.id))
@@ -180,6 +187,29 @@ func (l *Lease) Renew(ctx context.Context) error {
 		stamp, dead, ok := leaseValue(v)
 		if !ok || dead {
 			return ErrLeaseLost
+		}
+		// The lease is renewed only together with the release of the runs
+		// its holder gave up on: those go back to the queue now.
+		now := l.q.clock()
+		for id, lock := range abandoned {
+			if lease, err := l.q.leaseOf(tx, l.typ, id, lock); err != nil {
+				return err
+			} else if lease != l.id {
+				continue
+			}
+			if err := l.q.releaseLease(tx, l.typ, id); err != nil {
+				return err
+			}
+			rec, err := l.q.loadRecord(tx, l.typ, id)
+			if err != nil && !errors.Is(err, ErrCorrupt) {
+				return err
+			}
+			if rec != nil && rec.GetState() == messages.JobState_JOB_STATE_RUNNING && bytes.Equal(rec.GetWorkerLock(), lock) {
+				l.q.clearActivity(tx, rec)
+				if err := l.q.requeueRecord(tx, rec, now); err != nil {
+					return err
+				}
+			}
 		}
 		tx.Clear(l.q.keys.leaseActivityKey(l.typ, stamp, l.id))
 		if err := l.stamp(tx); err != nil {
@@ -218,6 +248,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 		return fmt.Errorf("jobs: renew lease: %w", err)
 	}
 	l.mu.Lock()
+	for id := range abandoned {
+		delete(l.abandoned, id)
+	}
 	var fns []func()
 	for _, id := range kicked {
 		if fn := l.kicks[id]; fn != nil {
@@ -280,6 +313,19 @@ func (j *Job) Watch(onKick, onLost func()) (stop func(), leased bool) {
 		delete(l.kicks, j.id)
 		l.mu.Unlock()
 	}, true
+}
+
+// Abandon tells the job's lease that the worker gave up on the run without
+// ending it in the store (its final write failed): the lease's next renewal
+// puts the job back in the queue, in the same transaction, so that a live
+// lease never keeps a run nobody works on. A job without a lease is left to
+// the activity monitor, as before.
+func (j *Job) Abandon() {
+	if l := j.lease; l != nil {
+		l.mu.Lock()
+		l.abandoned[j.id] = j.lock
+		l.mu.Unlock()
+	}
 }
 
 // holdUnder records that the job rec (just taken, running) is held under

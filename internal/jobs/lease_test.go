@@ -14,8 +14,9 @@ import (
 // dropped); a user's Remove reaches the job's worker at the next renewal; a
 // finished job leaves the lease; once the lease goes a timeout without
 // renewal the monitor re-enqueues the jobs it still holds, Renew and Accept
-// report ErrLeaseLost and the watchers hear of it; Close removes an empty
-// lease and leaves no lease keys behind.
+// report ErrLeaseLost and the watchers hear of it; a run abandoned by its
+// worker goes back to the queue with the next renewal; Close removes an
+// empty lease and leaves no lease keys behind.
 func TestLease(t *testing.T) {
 	storetest.Each(t, func(t *testing.T) {
 		b := setup(t, Options{})
@@ -134,6 +135,16 @@ func TestLease(t *testing.T) {
 		if err := j.Resubmit(b.ctx, nil, ResubmitOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// A run its worker gives up on goes back with the next renewal.
+		j2, err := b.q.Accept(b.ctx, typA, AcceptOptions{Lease: l2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		j2.Abandon()
+		if err := l2.Renew(b.ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustState(t, b, j2.ID(), StatePending)
 		if err := l2.Close(b.ctx); err != nil {
 			t.Fatal(err)
 		}

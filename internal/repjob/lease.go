@@ -74,3 +74,7 @@ func (s *Store) KeepLease(ctx context.Context) {
 func (r *Run) Watch(onKick, onLost func()) (stop func(), leased bool) {
 	return r.j.Watch(onKick, onLost)
 }
+
+// Abandon gives up the run without ending it in the store (a final write
+// failed): see jobs.Job.Abandon.
+func (r *Run) Abandon() { r.j.Abandon() }
