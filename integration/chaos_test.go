@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
-	"github.com/couchrep/couchrep/internal/kv/postgres"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -540,7 +540,7 @@ func storeKind(store string) string {
 	if store == "" {
 		return "sqlite"
 	}
-	return postgres.Redact(store)
+	return couch.Redact(store)
 }
 
 func closedChan() chan struct{} {

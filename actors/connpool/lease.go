@@ -217,7 +217,7 @@ func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
 func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
 	if err := context.Cause(l.ctx); err != nil {
 		closeReqBody(req)
-		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), err)
+		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), err)
 	}
 	s := l.slotsFor(req.URL)
 	select {
@@ -231,7 +231,7 @@ func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Respon
 			return nil, context.Cause(req.Context())
 		case <-l.ctx.Done():
 			closeReqBody(req)
-			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), context.Cause(l.ctx))
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), context.Cause(l.ctx))
 		}
 	}
 	n := s.inFlight.Add(1)
@@ -248,7 +248,7 @@ func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Respon
 	if err != nil {
 		h.done()
 		if cause := context.Cause(l.ctx); cause != nil && req.Context().Err() == nil {
-			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redacted(req.URL), cause)
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), cause)
 		}
 		return nil, err
 	}
@@ -291,11 +291,4 @@ func closeReqBody(req *http.Request) {
 	if req.Body != nil {
 		_ = req.Body.Close()
 	}
-}
-
-func redacted(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	return u.Redacted()
 }

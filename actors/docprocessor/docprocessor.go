@@ -109,7 +109,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 	})
 	watch := make([]string, len(cfg.Couchrep.Watch))
 	for i, u := range cfg.Couchrep.Watch {
-		watch[i] = replication.RedactURL(u)
+		watch[i] = couch.RedactURL(u)
 	}
 	a.log.Info().Strs("watch", watch).Msg("doc processor started")
 }

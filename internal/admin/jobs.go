@@ -3,6 +3,7 @@ package admin
 import (
 	"strings"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -27,8 +28,8 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		Status:        messages.JobStatus(st),
 		Database:      r.GetDbName(),
 		DocId:         r.GetDocId(),
-		Source:        r.GetSource(),
-		Target:        r.GetTarget(),
+		Source:        couch.RedactURL(r.GetSource()),
+		Target:        couch.RedactURL(r.GetTarget()),
 		Continuous:    r.GetContinuous(),
 		StartTime:     r.GetLastStarted(),
 		LastUpdated:   r.GetLastUpdated(),
@@ -43,7 +44,7 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		}
 	}
 	if st == messages.ReplicationState_REPLICATION_STATE_CRASHING || st == messages.ReplicationState_REPLICATION_STATE_FAILED {
-		s.Error = r.GetLastError()
+		s.Error = couch.Redact(r.GetLastError())
 		if s.Error == "" && r.Canceled {
 			s.Error = "canceled"
 		}

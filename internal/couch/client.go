@@ -216,14 +216,14 @@ func (r *request) url(d *DB) string {
 	return s
 }
 
-// redactedURL is the request URL for errors and logs: the base is already
-// credential-free; long query strings are shortened.
+// redactedURL is the request URL for errors and logs, through RedactURL;
+// long query strings are shortened.
 func (r *request) redactedURL(d *DB) string {
 	s := r.url(d)
 	if i := strings.IndexByte(s, '?'); i >= 0 && len(s)-i > 200 {
 		s = s[:i+200] + "..."
 	}
-	return s
+	return RedactURL(s)
 }
 
 func bytesBody(b []byte) (func() io.Reader, int64) {

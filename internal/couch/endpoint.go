@@ -201,14 +201,13 @@ func jsonType(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
-// Redacted returns the URL without credentials, for logs and APIs.
+// Redacted returns the URL for logs and APIs, through RedactURL (the URL
+// carries no userinfo; a password query parameter is masked).
 func (e Endpoint) Redacted() string {
 	if e.URL == nil {
 		return ""
 	}
-	u := *e.URL
-	u.User = nil
-	return u.String()
+	return RedactURL(e.URL.String())
 }
 
 // String returns Redacted, so fmt never prints credentials.

@@ -437,15 +437,6 @@ func HostKey(u *url.URL) string {
 	return scheme + "://" + host + ":" + port
 }
 
-// RedactedProxy is a proxy URL for logs and APIs: the password replaced
-// by "*****" (the user name kept, as CouchDB shows URLs).
-func RedactedProxy(u *url.URL) string {
-	if u == nil {
-		return ""
-	}
-	return u.Redacted()
-}
-
 var socketOptionRe = regexp.MustCompile(`\{\s*([a-z_]+)\s*,\s*([A-Za-z0-9_]+)\s*\}`)
 
 // ParseSocketOptions reads CouchDB's socket_options, an Erlang term such as

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
 )
@@ -58,7 +59,7 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if job.State != StateCompleted {
 		if job.State == StateCrashing {
 			if err := s.store.Remove(ctx, job.JobID); err != nil && !errors.Is(err, ErrNotFound) {
-				s.log.Warn().Err(errors.New(RedactText(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
+				s.log.Warn().Err(errors.New(couch.Redact(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
 			}
 		}
 		return startError(job)
@@ -262,10 +263,10 @@ func timeOrNil(t time.Time) *string {
 func jobView(j *Job) jobJSON {
 	v := jobJSON{
 		ID: shownID(j), JobID: j.JobID,
-		Source: RedactURL(j.Source), Target: RedactURL(j.Target),
+		Source: couch.RedactURL(j.Source), Target: couch.RedactURL(j.Target),
 		User: strOrNil(j.User), State: j.State, History: j.History,
 		Node: strOrNil(j.Node), StartTime: timeOrNil(j.CreatedAt),
-		SourceProxy: strOrNil(RedactURL(j.SourceProxy)), TargetProxy: strOrNil(RedactURL(j.TargetProxy)),
+		SourceProxy: strOrNil(couch.RedactURL(j.SourceProxy)), TargetProxy: strOrNil(couch.RedactURL(j.TargetProxy)),
 	}
 	if !j.Transient {
 		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)
@@ -281,7 +282,7 @@ func jobView(j *Job) jobJSON {
 		if v.Info == nil {
 			v.Info = map[string]any{}
 		}
-		v.Info["error"] = RedactText(j.LastError)
+		v.Info["error"] = couch.Redact(j.LastError)
 	}
 	return v
 }
@@ -446,8 +447,8 @@ func docView(j *Job) map[string]any {
 		"database":     j.Database,
 		"doc_id":       j.DocID,
 		"id":           strOrNil(j.RepID),
-		"source":       RedactURL(j.Source),
-		"target":       RedactURL(j.Target),
+		"source":       couch.RedactURL(j.Source),
+		"target":       couch.RedactURL(j.Target),
 		"state":        j.State,
 		"error_count":  j.ErrorCount,
 		"info":         statsJSON(j.Stats),
@@ -458,17 +459,17 @@ func docView(j *Job) map[string]any {
 	case StateCompleted, StateFailed:
 		v["id"] = nil
 		if j.State == StateFailed {
-			v["info"] = map[string]any{"error": RedactText(j.LastError)}
+			v["info"] = map[string]any{"error": couch.Redact(j.LastError)}
 			if j.ErrorCount == 0 {
 				v["error_count"] = 1
 			}
 		}
 	default:
 		v["node"] = strOrNil(j.Node)
-		v["source_proxy"] = strOrNil(RedactURL(j.SourceProxy))
-		v["target_proxy"] = strOrNil(RedactURL(j.TargetProxy))
+		v["source_proxy"] = strOrNil(couch.RedactURL(j.SourceProxy))
+		v["target_proxy"] = strOrNil(couch.RedactURL(j.TargetProxy))
 		if j.State == StateCrashing {
-			v["info"] = map[string]any{"error": RedactText(j.LastError)}
+			v["info"] = map[string]any{"error": couch.Redact(j.LastError)}
 		}
 	}
 	return v
@@ -501,7 +502,7 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 		if !j.Transient {
 			t["database"], t["doc_id"] = j.Database, j.DocID
 		}
-		t["source"], t["target"] = RedactURL(j.Source), RedactURL(j.Target)
+		t["source"], t["target"] = couch.RedactURL(j.Source), couch.RedactURL(j.Target)
 		t["continuous"] = j.Continuous
 		t["checkpoint_interval"] = j.CheckpointInterval.Milliseconds()
 		t["pid"] = "<" + j.JobID + "@" + j.Node + ">"

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
@@ -133,7 +134,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 			Body: j.body, RepId: j.repID, BaseId: j.base, State: messages.ReplicationState_REPLICATION_STATE_PENDING,
 			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
 			Continuous: j.params.Continuous, ShareKey: j.shareKey,
-			Source: redactURL(j.params.Source), Target: redactURL(j.params.Target),
+			Source: couch.StripUserinfo(j.params.Source.URL), Target: couch.StripUserinfo(j.params.Target.URL),
 		}
 		if j.repID != "" {
 			if _, err := s.claimIfFree(tx, j.repID, j.id); err != nil {

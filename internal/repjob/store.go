@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/replication"
@@ -329,7 +330,7 @@ func TransientJobID(p replication.Params, user, serverUUID string) string {
 
 func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
 	ep.BasicUser, ep.BasicPass, ep.HasBasic = "", "", false
-	ep.URL = redactURL(ep)
+	ep.URL = couch.StripUserinfo(ep.URL)
 	hs := ep.Headers[:0:0]
 	for _, h := range ep.Headers {
 		if !strings.EqualFold(h.Name, "Authorization") {
@@ -346,23 +347,6 @@ func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
 // removes a deleted database's jobs instead.)
 func PersistentJobID(server, db, docID string) string {
 	return strings.TrimRight(server, "/") + "|" + db + "|" + docID
-}
-
-// redactURL returns ep's URL without user info.
-func redactURL(ep replication.EndpointParams) string {
-	u := ep.URL
-	if i := strings.Index(u, "://"); i >= 0 {
-		rest := u[i+3:]
-		slash := strings.IndexByte(rest, '/')
-		host := rest
-		if slash >= 0 {
-			host = rest[:slash]
-		}
-		if at := strings.LastIndexByte(host, '@'); at >= 0 {
-			u = u[:i+3] + rest[at+1:]
-		}
-	}
-	return u
 }
 
 func ts(t time.Time) *timestamppb.Timestamp {

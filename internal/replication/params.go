@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/couch"
 )
 
 // ErrInvalidParams is wrapped by every error ParseParams and
@@ -491,7 +493,7 @@ func parseEndpoint(fields map[string]json.RawMessage, name string) (EndpointPara
 	u := *obj.URL
 	if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		if !strings.Contains(u, "://") {
-			return ep, paramErr(name, "`%s`: local endpoints are not supported (%q)", name, RedactURL(u))
+			return ep, paramErr(name, "`%s`: local endpoints are not supported (%q)", name, couch.RedactURL(u))
 		}
 		return ep, urlErr(name, "`%s`: endpoint has an invalid url", name)
 	}
@@ -536,42 +538,6 @@ func parseEndpoint(fields map[string]json.RawMessage, name string) (EndpointPara
 		}
 	}
 	return ep, nil
-}
-
-// RedactURL returns u with any password in its userinfo replaced by
-// "*****", as CouchDB shows endpoints; a string that does not parse as a URL
-// is returned with everything between "://" and the last "@" before the
-// path masked.
-func RedactURL(u string) string {
-	pu, err := url.Parse(u)
-	if err == nil {
-		if pu.User == nil {
-			return u
-		}
-		if _, has := pu.User.Password(); !has {
-			return u
-		}
-		user := url.User(pu.User.Username()).String()
-		pu.User = nil
-		plain := pu.String()
-		if i := strings.Index(plain, "://"); i >= 0 {
-			return plain[:i+3] + user + ":*****@" + plain[i+3:]
-		}
-		return plain
-	}
-	i := strings.Index(u, "://")
-	if i < 0 {
-		return u
-	}
-	rest := u[i+3:]
-	end := strings.IndexAny(rest, "/?#")
-	if end < 0 {
-		end = len(rest)
-	}
-	if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
-		return u[:i+3] + "*****" + rest[at:]
-	}
-	return u
 }
 
 // orderedStringObject decodes a JSON object of strings keeping key order.

@@ -35,8 +35,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,6 +45,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
 )
 
@@ -115,28 +114,6 @@ func IsDSN(location string) bool {
 	return strings.HasPrefix(location, "postgres://") || strings.HasPrefix(location, "postgresql://")
 }
 
-var (
-	kvPassword   = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)`)
-	userPassword = regexp.MustCompile(`(://[^:/@]*:)[^@/]*@`)
-)
-
-// Redact returns dsn with its password replaced by "xxxxx", for logs and
-// errors: URL userinfo and key=value password settings alike.
-func Redact(dsn string) string {
-	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-		}
-		q := u.Query()
-		if q.Has("password") {
-			q.Set("password", "xxxxx")
-			u.RawQuery = q.Encode()
-		}
-		return u.String()
-	}
-	return kvPassword.ReplaceAllString(userPassword.ReplaceAllString(dsn, "${1}xxxxx@"), "${1}xxxxx")
-}
-
 // Open connects to the PostgreSQL database named by dsn (a postgres://
 // URL or a key=value connection string, as libpq takes them), creates or
 // upgrades the store's schema, and starts the watch listener.
@@ -144,7 +121,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// pgx's parse errors may quote the string: say only what it is.
-		return nil, fmt.Errorf("postgres: invalid connection string %q", Redact(dsn))
+		return nil, fmt.Errorf("postgres: invalid connection string %q", couch.Redact(dsn))
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 100
@@ -211,7 +188,7 @@ func (db *DB) errorf(what string, err error) error {
 		e = fmt.Errorf("postgres: %s (%s): %w: %w", what, db.where, kv.ErrUnavailable, err)
 	}
 	if db.secret != "" && strings.Contains(e.Error(), db.secret) {
-		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, "xxxxx"), err: e}
+		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, couch.Mask), err: e}
 	}
 	return e
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/kvtest"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
@@ -177,10 +178,10 @@ func TestPasswordNeverShown(t *testing.T) {
 	if strings.Contains(logs.String(), pgtest.Password) {
 		t.Fatalf("log shows the password:\n%s", logs.String())
 	}
-	if got := Redact(dsn); strings.Contains(got, pgtest.Password) || !strings.Contains(got, "xxxxx") {
+	if got := couch.Redact(dsn); strings.Contains(got, pgtest.Password) || !strings.Contains(got, couch.Mask) {
 		t.Fatalf("Redact(dsn) = %q", got)
 	}
-	if got := Redact("host=h password='" + pgtest.Password + "' user=u"); strings.Contains(got, pgtest.Password) {
+	if got := couch.Redact("host=h password='" + pgtest.Password + "' user=u"); strings.Contains(got, pgtest.Password) {
 		t.Fatalf("Redact(key=value) = %q", got)
 	}
 }

@@ -1,0 +1,135 @@
+package couch
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+)
+
+// This file is couchrep's one home for credential redaction. Every output
+// path (log lines, HTTP API answers, admin answers, errors, the status page)
+// shows credentials through one policy: a secret is replaced by Mask, the
+// user name and everything else stay readable (as CouchDB shows endpoint
+// URLs). The forms covered: URL userinfo (endpoints, proxies, postgres://
+// store URLs), "password=" settings and query parameters, JSON/Go-printed
+// password fields (auth.basic, BasicPass), Authorization and
+// Proxy-Authorization header values, Cookie/Set-Cookie values and AuthSession
+// cookies.
+
+// Mask is what every credential is shown as.
+const Mask = "*****"
+
+// RedactURL returns u (an endpoint, proxy or store URL) with the password
+// of its userinfo and any "password" query parameter shown as Mask, the
+// user name kept. A string that does not parse as a URL has everything
+// between "://" and the last "@" of its authority masked. Strings without
+// credentials come back unchanged.
+func RedactURL(u string) string {
+	if !strings.Contains(u, "@") && !containsFold(u, "pass") {
+		return u // the common case, without allocating
+	}
+	pu, err := url.Parse(u)
+	if err == nil && pu.Scheme == "" {
+		return Redact(u) // a key=value connection string, a bare name
+	}
+	if err != nil {
+		i := strings.Index(u, "://")
+		if i < 0 {
+			return Redact(u)
+		}
+		rest := u[i+3:]
+		end := strings.IndexAny(rest, "/?#")
+		if end < 0 {
+			end = len(rest)
+		}
+		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
+			return u[:i+3] + Mask + Redact(rest[at:])
+		}
+		return Redact(u)
+	}
+	changed := false
+	user := ""
+	if pu.User != nil {
+		if _, has := pu.User.Password(); has {
+			user = url.User(pu.User.Username()).String()
+			pu.User = nil
+			changed = true
+		}
+	}
+	if q := secretSetting.ReplaceAllString(pu.RawQuery, "${1}"+Mask); q != pu.RawQuery {
+		pu.RawQuery, changed = q, true
+	}
+	if !changed {
+		return u
+	}
+	plain := pu.String()
+	if i := strings.Index(plain, "://"); i >= 0 && user != "" {
+		return plain[:i+3] + user + ":" + Mask + "@" + plain[i+3:]
+	}
+	return plain
+}
+
+// StripUserinfo returns u without the userinfo of its authority (whatever
+// follows "://" up to the last "@" before the first "/"). It is the
+// identity of an endpoint, not a display form: replication job ids hash
+// it, so its result must never change.
+func StripUserinfo(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		rest := u[i+3:]
+		host := rest
+		if slash := strings.IndexByte(rest, '/'); slash >= 0 {
+			host = rest[:slash]
+		}
+		if at := strings.LastIndexByte(host, '@'); at >= 0 {
+			u = u[:i+3] + rest[at+1:]
+		}
+	}
+	return u
+}
+
+var (
+	// textUserinfo matches the userinfo of URLs inside free text; the
+	// password runs to the last "@" before the path.
+	textUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^/@\s"':]*):([^/\s"']*)@`)
+	// authHeader matches Authorization header values (any scheme).
+	authHeader = regexp.MustCompile(`(?i)((?:proxy-)?authorization["']?\s*[:=]\s*["']?(?:[A-Za-z-]+\s+)?)[^\s"',;]+`)
+	// cookieHeader matches Cookie and Set-Cookie header values.
+	cookieHeader = regexp.MustCompile(`(?i)((?:set-)?cookie["']?\s*[:=]\s*["']?)[^"'\r\n]+`)
+	// authSession matches CouchDB session cookies wherever they appear.
+	authSession = regexp.MustCompile(`(?i)(AuthSession=)[^;\s"',]+`)
+	// secretSetting matches password settings: key=value (libpq), "key":"value"
+	// (JSON, auth.basic) and Key:value (Go's %+v of BasicPass).
+	secretSetting = regexp.MustCompile(`(?i)(\b(?:basic_?)?(?:password|passwd|pass)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
+)
+
+// Redact masks every credential appearing in s (an error message, a log
+// line, a crash reason, a connection string): see the forms listed at the
+// top of this file. Text without credentials comes back unchanged.
+func Redact(s string) string {
+	s = textUserinfo.ReplaceAllString(s, "${1}${2}:"+Mask+"@")
+	s = authHeader.ReplaceAllString(s, "${1}"+Mask)
+	s = cookieHeader.ReplaceAllString(s, "${1}"+Mask)
+	s = authSession.ReplaceAllString(s, "${1}"+Mask)
+	return secretSetting.ReplaceAllStringFunc(s, func(m string) string {
+		sub := secretSetting.FindStringSubmatch(m)
+		v := sub[2]
+		if v == Mask || v == `"`+Mask+`"` || v == "'"+Mask+"'" {
+			return m
+		}
+		if len(v) >= 2 && (v[0] == '"' || v[0] == '\'') {
+			return sub[1] + v[:1] + Mask + v[:1]
+		}
+		return sub[1] + Mask
+	})
+}
+
+// containsFold reports whether s contains the ASCII lower-case word sub in
+// any case.
+func containsFold(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return true
+		}
+	}
+	return false
+}

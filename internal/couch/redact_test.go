@@ -1,0 +1,75 @@
+package couch
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// TestRedact: no credential form survives Redact (free text) or RedactURL
+// (one URL): userinfo of endpoint, proxy and store URLs, auth.basic and
+// BasicPass, password settings, Authorization and Cookie headers and
+// AuthSession cookies. Each secret contains "s3cr3t"; want, when set, is the
+// exact answer (the user name and the rest stay readable).
+func TestRedact(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+		url            bool // RedactURL, else Redact
+	}{
+		{"endpoint userinfo", "http://bob:s3cr3t@a.example:5984/db/", "http://bob:*****@a.example:5984/db/", true},
+		{"escaped password", "http://bob:s3%20cr3t@a.example/db?x=1", "http://bob:*****@a.example/db?x=1", true},
+		{"@ in password", "http://bob:p@s3cr3t@a.example/db", "http://bob:*****@a.example/db", true},
+		{"unparsable URL", "http://bob:s3cr3t x@a b/db", "http://*****@a b/db", true},
+		{"user only", "http://bob@a.example/db", "http://bob@a.example/db", true},
+		{"no credentials", "http://a.example/db", "http://a.example/db", true},
+		{"bare name", "mydb", "mydb", true},
+		{"proxy userinfo", "socks5://pu:s3cr3t@proxy:1080", "socks5://pu:*****@proxy:1080", true},
+		{"store URL", "postgres://couchrep:s3cr3t@db:5432/couchrep?sslmode=disable", "postgres://couchrep:*****@db:5432/couchrep?sslmode=disable", true},
+		{"store URL password parameter", "postgres://couchrep@db/couchrep?password=s3cr3t&sslmode=disable", "postgres://couchrep@db/couchrep?password=*****&sslmode=disable", true},
+		{"store key=value", "host=db user=couchrep password=s3cr3t dbname=x", "host=db user=couchrep password=***** dbname=x", true},
+		{"store key=value quoted", "host=db password='s3cr3t and more' dbname=x", "host=db password='*****' dbname=x", false},
+		{"error with URL", "could not open http://u:s3cr3t@h:5984/db/: refused", "could not open http://u:*****@h:5984/db/: refused", false},
+		{"JSON endpoint", `{"source":"https://admin:s3cr3t%40y@host/db"}`, `{"source":"https://admin:*****@host/db"}`, false},
+		{"auth.basic", `{"url":"http://h/db","auth":{"basic":{"username":"bob","password":"s3cr3t"}}}`, `{"url":"http://h/db","auth":{"basic":{"username":"bob","password":"*****"}}}`, false},
+		{"BasicPass printed", fmt.Sprintf("%+v", struct{ BasicUser, BasicPass string }{"bob", "s3cr3t"}), "{BasicUser:bob BasicPass:*****}", false},
+		{"Authorization Basic", "Authorization: Basic s3cr3tdXNlcjpwYXNz", "Authorization: Basic *****", false},
+		{"Authorization Bearer JSON", `{"headers":{"Authorization":"Bearer s3cr3t.tok"}}`, `{"headers":{"Authorization":"Bearer *****"}}`, false},
+		{"Proxy-Authorization", "Proxy-Authorization=Basic s3cr3t", "Proxy-Authorization=Basic *****", false},
+		{"Cookie header", "Cookie: AuthSession=s3cr3t; other=s3cr3t2", "Cookie: *****", false},
+		{"Set-Cookie JSON", `{"Set-Cookie":"AuthSession=s3cr3t; Path=/"}`, `{"Set-Cookie":"*****"}`, false},
+		{"AuthSession in text", "session AuthSession=s3cr3t expired", "session AuthSession=***** expired", false},
+		{"no secrets", "no secrets here http://h/db: password authentication failed", "no secrets here http://h/db: password authentication failed", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Redact(tc.in)
+			if tc.url {
+				got = RedactURL(tc.in)
+			}
+			if strings.Contains(got, "s3cr3t") {
+				t.Fatalf("credential survived: %q -> %q", tc.in, got)
+			}
+			if got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+			if again := Redact(got); again != got {
+				t.Errorf("redacting twice changes it: %q -> %q", got, again)
+			}
+		})
+	}
+}
+
+// TestStripUserinfo: the identity form of an endpoint URL (hashed into job
+// ids) drops the whole userinfo and nothing else.
+func TestStripUserinfo(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"http://bob:s3cr3t@a.example:5984/db/", "http://a.example:5984/db/"},
+		{"http://bob@a.example/db", "http://a.example/db"},
+		{"http://a.example/db/x@y", "http://a.example/db/x@y"},
+		{"http://u:p@ss@h/db", "http://h/db"},
+		{"mydb", "mydb"},
+	} {
+		if got := StripUserinfo(tc.in); got != tc.want {
+			t.Errorf("StripUserinfo(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
