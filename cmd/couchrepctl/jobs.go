@@ -1,0 +1,298 @@
+package main
+
+// The commands about jobs: jobs (--watch), job show|stop|restart|cancel,
+// replicate.
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/couchrep/couchrep/messages"
+)
+
+func setupJobs(fs *flag.FlagSet) runFunc {
+	var (
+		states, db, node string
+		limit            uint
+		watch            bool
+		interval         time.Duration
+		count            int
+	)
+	fs.StringVar(&states, "state", "", "only jobs in these `states` (comma-separated: pending,running,crashing,completed,failed)")
+	fs.StringVar(&db, "db", "", "only the jobs of this _replicator `database`")
+	fs.StringVar(&node, "node-name", "", "only the jobs run (or last run) by this `node`")
+	fs.UintVar(&limit, "limit", 0, "show at most `n` jobs (0: all)")
+	fs.BoolVar(&watch, "watch", false, "redraw the list every --interval with live progress (until interrupted)")
+	fs.DurationVar(&interval, "interval", time.Second, "refresh `period` of --watch")
+	fs.IntVar(&count, "count", 0, "with --watch: stop after `n` refreshes (0: never)")
+	return func(ctx context.Context, e *env, _ []string) error {
+		req := &messages.ListJobsRequest{Database: db, Node: node, Limit: uint32(limit)}
+		for _, s := range strings.Split(states, ",") {
+			s = strings.TrimSpace(s)
+			if s == "" {
+				continue
+			}
+			v, ok := messages.JobStatus_value["JOB_STATUS_"+strings.ToUpper(s)]
+			if !ok || v == 0 {
+				return usagef("unknown state %q (pending, running, crashing, completed, failed)", s)
+			}
+			req.States = append(req.States, messages.JobStatus(v))
+		}
+		if !watch {
+			resp, err := ask(ctx, e, e.client.ListJobs, req)
+			if err != nil {
+				return err
+			}
+			if e.g.json {
+				return printJSON(e.out, resp)
+			}
+			return printJobs(e.out, resp, nil, 0, time.Now())
+		}
+		if interval <= 0 {
+			return usagef("--interval must be positive")
+		}
+		return watchJobs(ctx, e, req, interval, count)
+	}
+}
+
+// watchJobs redraws the job list every interval: in place on a terminal,
+// as successive tables otherwise, and as one JSON object per line with
+// --json. It ends when ctx does (Ctrl-C), after count refreshes, or on an
+// error.
+func watchJobs(ctx context.Context, e *env, req *messages.ListJobsRequest, interval time.Duration, count int) error {
+	var prev map[string]uint64
+	var prevAt time.Time
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for i := 0; count == 0 || i < count; i++ {
+		if i > 0 {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+		}
+		resp, err := ask(ctx, e, e.client.ListJobs, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		now := time.Now()
+		if e.g.json {
+			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(resp)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(e.out, "%s\n", b)
+			continue
+		}
+		var buf strings.Builder
+		if e.terminal {
+			buf.WriteString("\x1b[H\x1b[2J") // home, clear screen
+		} else if i > 0 {
+			buf.WriteString("\n")
+		}
+		fmt.Fprintf(&buf, "%s  every %s  (Ctrl-C to stop)\n", now.Format("15:04:05"), interval)
+		if err := printJobs(&buf, resp, prev, now.Sub(prevAt), now); err != nil {
+			return err
+		}
+		if _, err := io.WriteString(e.out, buf.String()); err != nil {
+			return err
+		}
+		prev, prevAt = map[string]uint64{}, now
+		for _, j := range resp.GetJobs() {
+			prev[j.GetId()] = j.GetStats().GetDocsWritten()
+		}
+	}
+	return nil
+}
+
+// startedFrom says where a job's run started: its own checkpoint,
+// CouchDB's (couchdb_checkpoint), since_seq or zero, with the sequence.
+func startedFrom(st *messages.JobStats) string {
+	if st.GetStartFrom() == "" {
+		return "-"
+	}
+	if st.GetStartFrom() == "zero" {
+		return "zero"
+	}
+	return st.GetStartFrom() + "@" + st.GetStartSeq()
+}
+
+// printJobs prints the job table; with prev (docs written per job at the
+// last refresh, elapsed ago) it adds each job's write rate.
+func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uint64, elapsed time.Duration, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	header := "ID\tSTATE\tNODE\tDOCS_WRITTEN\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
+	if prev != nil {
+		header = "ID\tSTATE\tNODE\tDOCS_WRITTEN\tDOCS/S\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
+	}
+	fmt.Fprintln(tw, header)
+	for _, j := range resp.GetJobs() {
+		pending := "-"
+		if p := j.GetStats().GetChangesPending(); p >= 0 {
+			pending = fmt.Sprint(p)
+		}
+		node := j.GetNode()
+		if node == "" {
+			node = "-"
+		}
+		cols := []string{j.GetId(), lower("JOB_STATUS_", j.GetStatus()), node, fmt.Sprint(j.GetStats().GetDocsWritten())}
+		if prev != nil {
+			rate := "-"
+			if before, ok := prev[j.GetId()]; ok && elapsed > 0 && j.GetStats().GetDocsWritten() >= before {
+				rate = fmt.Sprintf("%.1f", float64(j.GetStats().GetDocsWritten()-before)/elapsed.Seconds())
+			}
+			cols = append(cols, rate)
+		}
+		cols = append(cols, pending, fmt.Sprint(j.GetErrorCount()), startedFrom(j.GetStats()), age(now, j.GetLastUpdated(), j.GetLastUpdated() != nil),
+			j.GetSource(), j.GetTarget())
+		fmt.Fprintln(tw, strings.Join(cols, "\t"))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d of %d job(s)\n", len(resp.GetJobs()), resp.GetTotal())
+	return err
+}
+
+func runJobShow(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job show", args, e.client.GetJob, func(id string) *messages.GetJobRequest { return &messages.GetJobRequest{Id: id} },
+		func(w io.Writer, r *messages.GetJobResponse) error { return printJob(w, r.GetJob()) })
+}
+
+func printJob(w io.Writer, j *messages.JobSummary) error {
+	now := time.Now()
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
+	row("id", j.GetId())
+	row("replication_id", j.GetReplicationId())
+	row("state", lower("JOB_STATUS_", j.GetStatus()))
+	row("kind", j.GetKind())
+	if j.GetDatabase() != "" {
+		row("database", j.GetDatabase())
+		row("doc_id", j.GetDocId())
+	}
+	row("source", j.GetSource())
+	row("target", j.GetTarget())
+	row("continuous", j.GetContinuous())
+	if j.GetNode() != "" {
+		row("node", j.GetNode())
+	}
+	if j.GetStartTime() != nil {
+		row("started", j.GetStartTime().AsTime().UTC().Format(time.RFC3339))
+	}
+	if j.GetLastUpdated() != nil {
+		row("updated", j.GetLastUpdated().AsTime().UTC().Format(time.RFC3339)+" ("+age(now, j.GetLastUpdated(), true)+" ago)")
+	}
+	if j.GetError() != "" {
+		row("error", j.GetError())
+	}
+	row("error_count", j.GetErrorCount())
+	st := j.GetStats()
+	row("docs_read", st.GetDocsRead())
+	row("docs_written", st.GetDocsWritten())
+	row("doc_write_failures", st.GetDocWriteFailures())
+	row("revisions_checked", st.GetRevisionsChecked())
+	row("missing_revisions_found", st.GetMissingRevisionsFound())
+	if st.GetChangesPending() >= 0 {
+		row("changes_pending", st.GetChangesPending())
+	} else {
+		row("changes_pending", "-")
+	}
+	row("checkpointed_source_seq", st.GetCheckpointedSourceSeq())
+	row("started_from", startedFrom(st))
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if len(j.GetHistory()) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nhistory (newest first):\n")
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  TIME\tEVENT\tREASON")
+	for _, h := range j.GetHistory() {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", h.GetTimestamp().AsTime().UTC().Format(time.RFC3339), lower("JOB_EVENT_TYPE_", h.GetType()), h.GetReason())
+	}
+	return tw.Flush()
+}
+
+func runJobStop(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job stop", args, e.client.StopJob, func(id string) *messages.StopJobRequest { return &messages.StopJobRequest{Id: id} },
+		func(w io.Writer, r *messages.StopJobResponse) error { return printJobNow(w, "stopped", r.GetJob()) })
+}
+
+func runJobRestart(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job restart", args, e.client.RestartJob, func(id string) *messages.RestartJobRequest { return &messages.RestartJobRequest{Id: id} },
+		func(w io.Writer, r *messages.RestartJobResponse) error {
+			return printJobNow(w, "restarted", r.GetJob())
+		})
+}
+
+// printJobNow prints what was done to job j and its new state.
+func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
+	_, err := fmt.Fprintf(w, "%s job %s: now %s\n", done, j.GetId(), lower("JOB_STATUS_", j.GetStatus()))
+	return err
+}
+
+func runJobCancel(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job cancel", args, e.client.CancelJob, func(id string) *messages.CancelJobRequest { return &messages.CancelJobRequest{Id: id} },
+		func(w io.Writer, r *messages.CancelJobResponse) error {
+			_, err := fmt.Fprintf(w, "canceled job %s\n", r.GetId())
+			return err
+		})
+}
+
+// jobRequest sends the request mk makes for the one job id (or
+// replication id) args must hold.
+func jobRequest[Req, Resp any](ctx context.Context, e *env, name string, args []string, method rpcMethod[Req, Resp],
+	mk func(id string) *Req, text func(w io.Writer, reply *Resp) error) error {
+	id, err := oneID(name, args)
+	if err != nil {
+		return err
+	}
+	return request(ctx, e, method, mk(id), text)
+}
+
+func setupReplicate(fs *flag.FlagSet) runFunc {
+	var continuous, createTarget bool
+	var user string
+	fs.BoolVar(&continuous, "continuous", false, "keep replicating new changes")
+	fs.BoolVar(&createTarget, "create-target", false, "create the target database if missing")
+	fs.StringVar(&user, "user", "", "the `user` the job runs for (its fair-share key; default admin)")
+	return func(ctx context.Context, e *env, args []string) error {
+		if len(args) != 2 {
+			return usagef("replicate takes a source URL and a target URL")
+		}
+		body := map[string]any{"source": args[0], "target": args[1]}
+		if continuous {
+			body["continuous"] = true
+		}
+		if createTarget {
+			body["create_target"] = true
+		}
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		var resp messages.ReplicateResponse
+		if err := send(ctx, e, "", &messages.ReplicateRequest{Body: string(b), User: user}, &resp); err != nil {
+			return err
+		}
+		if e.g.json {
+			return printJSON(e.out, &resp)
+		}
+		fmt.Fprintf(e.out, "added job %s\n", resp.GetId())
+		return nil
+	}
+}
