@@ -337,8 +337,12 @@ func TestRealEndpoints(t *testing.T) {
 			}
 		}
 		for _, n := range []*nodeProc{e.verified, e.wrongCA, e.open} {
-			for _, path := range []string{"/_scheduler/jobs", "/_scheduler/docs", "/_active_tasks", "/metrics"} {
-				all = append(all, string(api(t, n.httpAddr(""), "GET", path, "").body))
+			for _, path := range []string{"/_scheduler/jobs", "/_scheduler/docs", "/_active_tasks", "/metrics", "/_status/data"} {
+				r := api(t, n.httpAddr(""), "GET", path, "")
+				if r.status != 200 {
+					t.Errorf("GET %s: %d %s", path, r.status, r.body)
+				}
+				all = append(all, string(r.body))
 			}
 		}
 		if shown == 0 {

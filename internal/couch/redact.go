@@ -1,6 +1,7 @@
 package couch
 
 import (
+	"io"
 	"net/url"
 	"regexp"
 	"strings"
@@ -106,6 +107,9 @@ var (
 // line, a crash reason, a connection string): see the forms listed at the
 // top of this file. Text without credentials comes back unchanged.
 func Redact(s string) string {
+	if !mayHoldSecret(s) {
+		return s
+	}
 	s = textUserinfo.ReplaceAllString(s, "${1}${2}:"+Mask+"@")
 	s = authHeader.ReplaceAllString(s, "${1}"+Mask)
 	s = cookieHeader.ReplaceAllString(s, "${1}"+Mask)
@@ -123,13 +127,44 @@ func Redact(s string) string {
 	})
 }
 
-// containsFold reports whether s contains the ASCII lower-case word sub in
+// mayHoldSecret is Redact's prefilter: false when no pattern of Redact can
+// match s (no "@", "auth", "cookie" or "pass" in any case).
+func mayHoldSecret[T string | []byte](s T) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '@' {
+			return true
+		}
+	}
+	return containsFold(s, "auth") || containsFold(s, "cookie") || containsFold(s, "pass")
+}
+
+// containsFold reports whether s contains sub (ASCII lower-case letters) in
 // any case.
-func containsFold(s, sub string) bool {
+func containsFold[T string | []byte](s T, sub string) bool {
+	lo, up := sub[0], sub[0]-'a'+'A'
 	for i := 0; i+len(sub) <= len(s); i++ {
-		if strings.EqualFold(s[i:i+len(sub)], sub) {
+		if c := s[i]; (c == lo || c == up) && strings.EqualFold(string(s[i:i+len(sub)]), sub) {
 			return true
 		}
 	}
 	return false
+}
+
+// RedactWriter returns w with everything written passed through Redact:
+// the node's logger writes through it (internal/log.New), so no log line
+// can print a credential, whichever path its text took.
+func RedactWriter(w io.Writer) io.Writer { return redactWriter{w} }
+
+type redactWriter struct{ w io.Writer }
+
+// Write writes Redact(p) and reports p as written in full; p without
+// anything Redact would change is written as it is, without allocating.
+func (r redactWriter) Write(p []byte) (int, error) {
+	if !mayHoldSecret(p) {
+		return r.w.Write(p)
+	}
+	if _, err := io.WriteString(r.w, Redact(string(p))); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }

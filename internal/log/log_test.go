@@ -43,7 +43,10 @@ func TestNewJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.Debug().Msg("hidden")
-	l.Info().Str("job", "j1").Int("n", 3).Msg("started")
+	l.Info().Str("job", "j1").Int("n", 3).Str("url", "http://bob:s3cr3t@h/db").Msg("started")
+	if strings.Contains(buf.String(), "s3cr3t") || !strings.Contains(buf.String(), "http://bob:*****@h/db") {
+		t.Errorf("the log line shows a credential: %s", buf.String())
+	}
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	if len(lines) != 1 {
 		t.Fatalf("got %d lines, want 1 (debug filtered):\n%s", len(lines), buf.String())
