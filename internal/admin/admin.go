@@ -15,6 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/messages/messagesconnect"
 )
@@ -146,7 +147,7 @@ func call[Resp any, PResp interface {
 		if s.classify != nil {
 			code = s.classify(err)
 		}
-		return nil, connect.NewError(code, err)
+		return nil, connect.NewError(code, couch.RedactError(err))
 	}
 	typed, ok := reply.(PResp)
 	if !ok {

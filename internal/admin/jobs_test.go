@@ -61,6 +61,15 @@ func TestJobSummary(t *testing.T) {
 			func(s *messages.JobSummary) bool {
 				return s.Status == messages.JobStatus_JOB_STATUS_CRASHING && s.Node == "" && s.Error == "boom" && len(s.History) == 1
 			}},
+		{"credentials in the error and endpoints are masked", &repjob.Record{ReplicationJob: func() *messages.ReplicationJob {
+			m := base()
+			m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
+			m.Source, m.LastError = "http://bob:s3cr3t@s/", "GET http://bob:s3cr3t@s/: Authorization: Basic s3cr3t"
+			return m
+		}(), QueueState: jobs.StatePending}, false,
+			func(s *messages.JobSummary) bool {
+				return s.Source == "http://bob:*****@s/" && s.Error == "GET http://bob:*****@s/: Authorization: Basic *****"
+			}},
 		{"canceled finished job", &repjob.Record{ReplicationJob: func() *messages.ReplicationJob {
 			m := base()
 			m.LastError = ""

@@ -168,3 +168,18 @@ func (r redactWriter) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// RedactError returns err with its text passed through Redact, for errors
+// that leave the node (admin answers); errors.Is and errors.As still see
+// err. Nil stays nil.
+func RedactError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return redactedError{err}
+}
+
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return Redact(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }
