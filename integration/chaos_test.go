@@ -20,9 +20,9 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
 	"github.com/couchrep/couchrep/messages"
@@ -540,7 +540,7 @@ func storeKind(store string) string {
 	if store == "" {
 		return "sqlite"
 	}
-	return couch.Redact(store)
+	return redact.Text(store)
 }
 
 func closedChan() chan struct{} {

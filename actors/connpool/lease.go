@@ -12,6 +12,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 )
 
 // Lease is an owner's share of the node's connection pool: an *http.Client
@@ -217,7 +218,7 @@ func (l *Lease) RoundTrip(req *http.Request) (*http.Response, error) {
 func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
 	if err := context.Cause(l.ctx); err != nil {
 		closeReqBody(req)
-		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), err)
+		return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redact.URL(req.URL.String()), err)
 	}
 	s := l.slotsFor(req.URL)
 	select {
@@ -231,7 +232,7 @@ func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Respon
 			return nil, context.Cause(req.Context())
 		case <-l.ctx.Done():
 			closeReqBody(req)
-			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), context.Cause(l.ctx))
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redact.URL(req.URL.String()), context.Cause(l.ctx))
 		}
 	}
 	n := s.inFlight.Add(1)
@@ -248,7 +249,7 @@ func (l *Lease) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Respon
 	if err != nil {
 		h.done()
 		if cause := context.Cause(l.ctx); cause != nil && req.Context().Err() == nil {
-			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, couch.RedactURL(req.URL.String()), cause)
+			return nil, fmt.Errorf("connpool: %s %s: %w", req.Method, redact.URL(req.URL.String()), cause)
 		}
 		return nil, err
 	}

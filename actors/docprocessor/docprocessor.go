@@ -23,6 +23,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/docproc"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -109,7 +110,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 	})
 	watch := make([]string, len(cfg.Couchrep.Watch))
 	for i, u := range cfg.Couchrep.Watch {
-		watch[i] = couch.RedactURL(u)
+		watch[i] = redact.URL(u)
 	}
 	a.log.Info().Strs("watch", watch).Msg("doc processor started")
 }

@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -82,7 +82,7 @@ func (r *Router) Request(ctx context.Context, msg proto.Message) (proto.Message,
 		}
 		resp := &messages.TreeResponse{Node: r.node, Root: TreeProto(root)}
 		if r.health != nil {
-			resp.Store = couch.Redact(r.health(ctx))
+			resp.Store = redact.Text(r.health(ctx))
 		}
 		return resp, nil
 	case *messages.KillRequest:

@@ -15,7 +15,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/messages/messagesconnect"
 )
@@ -147,7 +147,7 @@ func call[Resp any, PResp interface {
 		if s.classify != nil {
 			code = s.classify(err)
 		}
-		return nil, connect.NewError(code, couch.RedactError(err))
+		return nil, connect.NewError(code, redact.Error(err))
 	}
 	typed, ok := reply.(PResp)
 	if !ok {

@@ -3,7 +3,7 @@ package admin
 import (
 	"strings"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -28,8 +28,8 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		Status:        messages.JobStatus(st),
 		Database:      r.GetDbName(),
 		DocId:         r.GetDocId(),
-		Source:        couch.RedactURL(r.GetSource()),
-		Target:        couch.RedactURL(r.GetTarget()),
+		Source:        redact.URL(r.GetSource()),
+		Target:        redact.URL(r.GetTarget()),
 		Continuous:    r.GetContinuous(),
 		StartTime:     r.GetLastStarted(),
 		LastUpdated:   r.GetLastUpdated(),
@@ -44,7 +44,7 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		}
 	}
 	if st == messages.ReplicationState_REPLICATION_STATE_CRASHING || st == messages.ReplicationState_REPLICATION_STATE_FAILED {
-		s.Error = couch.Redact(r.GetLastError())
+		s.Error = redact.Text(r.GetLastError())
 		if s.Error == "" && r.Canceled {
 			s.Error = "canceled"
 		}

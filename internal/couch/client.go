@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/rs/zerolog"
 )
 
@@ -216,14 +217,14 @@ func (r *request) url(d *DB) string {
 	return s
 }
 
-// redactedURL is the request URL for errors and logs, through RedactURL;
+// redactedURL is the request URL for errors and logs, through redact.URL;
 // long query strings are shortened.
 func (r *request) redactedURL(d *DB) string {
 	s := r.url(d)
 	if i := strings.IndexByte(s, '?'); i >= 0 && len(s)-i > 200 {
 		s = s[:i+200] + "..."
 	}
-	return RedactURL(s)
+	return redact.URL(s)
 }
 
 func bytesBody(b []byte) (func() io.Reader, int64) {

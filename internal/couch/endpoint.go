@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"github.com/couchrep/couchrep/internal/redact"
 	"net/http"
 	"net/url"
 	"sort"
@@ -201,13 +202,13 @@ func jsonType(v any) string {
 	return fmt.Sprintf("%T", v)
 }
 
-// Redacted returns the URL for logs and APIs, through RedactURL (the URL
+// Redacted returns the URL for logs and APIs, through redact.URL (the URL
 // carries no userinfo; a password query parameter is masked).
 func (e Endpoint) Redacted() string {
 	if e.URL == nil {
 		return ""
 	}
-	return RedactURL(e.URL.String())
+	return redact.URL(e.URL.String())
 }
 
 // String returns Redacted, so fmt never prints credentials.

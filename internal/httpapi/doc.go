@@ -17,8 +17,8 @@
 // The handler knows nothing of actors or of the store's layout: it reads and
 // writes jobs through the Store interface (the node gives it
 // internal/repjob's store) and reports what it sees to Metrics. Credentials
-// are never shown: endpoint URLs and error texts pass through couch.RedactURL /
-// couch.Redact (the one redaction home) before they are written to a response or a log.
+// are never shown: endpoint URLs and error texts pass through redact.URL /
+// redact.Text (the one redaction home) before they are written to a response or a log.
 //
 // Authentication is CouchDB's basic auth against the [admins] section
 // (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes;

@@ -16,7 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replication"
 )
 
@@ -217,8 +217,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// Handlers return their own errors as *apiError: anything
 				// else comes from the job store, which is unreachable or
 				// failing. The client may retry.
-				s.log.Error().Err(errors.New(couch.Redact(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed: job store error")
-				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: %s", couch.Redact(err.Error()))
+				s.log.Error().Err(errors.New(redact.Text(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed: job store error")
+				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: %s", redact.Text(err.Error()))
 			}
 		}
 		writeError(sw, aerr)
@@ -243,7 +243,7 @@ func withUser(ctx context.Context, user string) context.Context {
 func userOf(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string); return s }
 
 func writeError(w http.ResponseWriter, e *apiError) {
-	writeJSON(w, e.status, map[string]string{"error": e.code, "reason": couch.Redact(e.reason)})
+	writeJSON(w, e.status, map[string]string{"error": e.code, "reason": redact.Text(e.reason)})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -161,7 +161,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 		if ctx.Err() != nil {
 			return err
 		}
-		out.Errors = append(out.Errors, "jobs: "+couch.Redact(err.Error()))
+		out.Errors = append(out.Errors, "jobs: "+redact.Text(err.Error()))
 	}
 	samples := s.rates.observe(now, jobs)
 	for _, st := range []string{StateRunning, StatePending, StateCrashing, StateCompleted, StateFailed} {
@@ -181,7 +181,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 	if s.cluster != nil {
 		weights = s.cluster.Shares()
 		if nodes, err := s.cluster.Nodes(ctx); err != nil {
-			out.Errors = append(out.Errors, "nodes: "+couch.Redact(err.Error()))
+			out.Errors = append(out.Errors, "nodes: "+redact.Text(err.Error()))
 		} else {
 			out.ClusterUnstable = nodes.GetUnstable()
 			for _, n := range nodes.GetNodes() {
@@ -195,7 +195,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 			}
 		}
 		if tree, err := s.cluster.Tree(ctx); err != nil {
-			out.Errors = append(out.Errors, "tree: "+couch.Redact(err.Error()))
+			out.Errors = append(out.Errors, "tree: "+redact.Text(err.Error()))
 		} else {
 			out.Tree = treeOf(tree.GetRoot())
 		}
@@ -214,8 +214,8 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 // say nothing of its current speed): 0 until two samples were taken.
 func statusJobOf(j *Job, sm *jobSamples) statusJob {
 	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State, Kind: "persistent", Database: j.Database, DocID: j.DocID,
-		Source: couch.RedactURL(j.Source), Target: couch.RedactURL(j.Target), Continuous: j.Continuous, Node: j.Node,
-		ErrorCount: j.ErrorCount, LastError: couch.Redact(j.LastError), Spark: []float64{}}
+		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
+		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}}
 	if j.Transient {
 		v.Kind = "transient"
 	}

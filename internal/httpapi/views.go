@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
 )
@@ -59,7 +59,7 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if job.State != StateCompleted {
 		if job.State == StateCrashing {
 			if err := s.store.Remove(ctx, job.JobID); err != nil && !errors.Is(err, ErrNotFound) {
-				s.log.Warn().Err(errors.New(couch.Redact(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
+				s.log.Warn().Err(errors.New(redact.Text(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
 			}
 		}
 		return startError(job)
@@ -263,10 +263,10 @@ func timeOrNil(t time.Time) *string {
 func jobView(j *Job) jobJSON {
 	v := jobJSON{
 		ID: shownID(j), JobID: j.JobID,
-		Source: couch.RedactURL(j.Source), Target: couch.RedactURL(j.Target),
+		Source: redact.URL(j.Source), Target: redact.URL(j.Target),
 		User: strOrNil(j.User), State: j.State, History: j.History,
 		Node: strOrNil(j.Node), StartTime: timeOrNil(j.CreatedAt),
-		SourceProxy: strOrNil(couch.RedactURL(j.SourceProxy)), TargetProxy: strOrNil(couch.RedactURL(j.TargetProxy)),
+		SourceProxy: strOrNil(redact.URL(j.SourceProxy)), TargetProxy: strOrNil(redact.URL(j.TargetProxy)),
 	}
 	if !j.Transient {
 		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)
@@ -282,7 +282,7 @@ func jobView(j *Job) jobJSON {
 		if v.Info == nil {
 			v.Info = map[string]any{}
 		}
-		v.Info["error"] = couch.Redact(j.LastError)
+		v.Info["error"] = redact.Text(j.LastError)
 	}
 	return v
 }
@@ -447,8 +447,8 @@ func docView(j *Job) map[string]any {
 		"database":     j.Database,
 		"doc_id":       j.DocID,
 		"id":           strOrNil(j.RepID),
-		"source":       couch.RedactURL(j.Source),
-		"target":       couch.RedactURL(j.Target),
+		"source":       redact.URL(j.Source),
+		"target":       redact.URL(j.Target),
 		"state":        j.State,
 		"error_count":  j.ErrorCount,
 		"info":         statsJSON(j.Stats),
@@ -459,17 +459,17 @@ func docView(j *Job) map[string]any {
 	case StateCompleted, StateFailed:
 		v["id"] = nil
 		if j.State == StateFailed {
-			v["info"] = map[string]any{"error": couch.Redact(j.LastError)}
+			v["info"] = map[string]any{"error": redact.Text(j.LastError)}
 			if j.ErrorCount == 0 {
 				v["error_count"] = 1
 			}
 		}
 	default:
 		v["node"] = strOrNil(j.Node)
-		v["source_proxy"] = strOrNil(couch.RedactURL(j.SourceProxy))
-		v["target_proxy"] = strOrNil(couch.RedactURL(j.TargetProxy))
+		v["source_proxy"] = strOrNil(redact.URL(j.SourceProxy))
+		v["target_proxy"] = strOrNil(redact.URL(j.TargetProxy))
 		if j.State == StateCrashing {
-			v["info"] = map[string]any{"error": couch.Redact(j.LastError)}
+			v["info"] = map[string]any{"error": redact.Text(j.LastError)}
 		}
 	}
 	return v
@@ -502,7 +502,7 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 		if !j.Transient {
 			t["database"], t["doc_id"] = j.Database, j.DocID
 		}
-		t["source"], t["target"] = couch.RedactURL(j.Source), couch.RedactURL(j.Target)
+		t["source"], t["target"] = redact.URL(j.Source), redact.URL(j.Target)
 		t["continuous"] = j.Continuous
 		t["checkpoint_interval"] = j.CheckpointInterval.Milliseconds()
 		t["pid"] = "<" + j.JobID + "@" + j.Node + ">"

@@ -19,7 +19,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/mattn/go-isatty"
 	"github.com/rs/zerolog"
 )
@@ -90,7 +90,7 @@ func ParseFormat(name string) (string, error) {
 
 // New returns a logger writing to w at level in format (see ParseLevel,
 // ParseFormat). Every event carries a timestamp; every line passes through
-// couch.Redact, so it shows no credential. With FormatAuto the
+// redact.Text, so it shows no credential. With FormatAuto the
 // console format is used when w is a terminal.
 func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 	lvl, err := ParseLevel(level)
@@ -102,7 +102,7 @@ func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 		return zerolog.Nop(), err
 	}
 	tty := IsTerminal(w)
-	w = couch.RedactWriter(w) // no credential in any log line
+	w = redact.Writer(w) // no credential in any log line
 	if f == FormatConsole || (f == FormatAuto && tty) {
 		w = zerolog.ConsoleWriter{Out: w, NoColor: !tty, TimeFormat: "2006-01-02T15:04:05.000Z07:00"}
 	}

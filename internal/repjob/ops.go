@@ -11,10 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
 	"github.com/couchrep/couchrep/internal/share"
@@ -134,7 +134,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 			Body: j.body, RepId: j.repID, BaseId: j.base, State: messages.ReplicationState_REPLICATION_STATE_PENDING,
 			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
 			Continuous: j.params.Continuous, ShareKey: j.shareKey,
-			Source: couch.StripUserinfo(j.params.Source.URL), Target: couch.StripUserinfo(j.params.Target.URL),
+			Source: redact.StripUserinfo(j.params.Source.URL), Target: redact.StripUserinfo(j.params.Target.URL),
 		}
 		if j.repID != "" {
 			if _, err := s.claimIfFree(tx, j.repID, j.id); err != nil {

@@ -16,9 +16,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/jobs"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replication"
 	"github.com/couchrep/couchrep/internal/scheduler"
 	"github.com/couchrep/couchrep/internal/share"
@@ -330,7 +330,7 @@ func TransientJobID(p replication.Params, user, serverUUID string) string {
 
 func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
 	ep.BasicUser, ep.BasicPass, ep.HasBasic = "", "", false
-	ep.URL = couch.StripUserinfo(ep.URL)
+	ep.URL = redact.StripUserinfo(ep.URL)
 	hs := ep.Headers[:0:0]
 	for _, h := range ep.Headers {
 		if !strings.EqualFold(h.Name, "Authorization") {

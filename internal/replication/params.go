@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/redact"
 )
 
 // ErrInvalidParams is wrapped by every error ParseParams and
@@ -493,7 +493,7 @@ func parseEndpoint(fields map[string]json.RawMessage, name string) (EndpointPara
 	u := *obj.URL
 	if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 		if !strings.Contains(u, "://") {
-			return ep, paramErr(name, "`%s`: local endpoints are not supported (%q)", name, couch.RedactURL(u))
+			return ep, paramErr(name, "`%s`: local endpoints are not supported (%q)", name, redact.URL(u))
 		}
 		return ep, urlErr(name, "`%s`: endpoint has an invalid url", name)
 	}

@@ -45,8 +45,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/redact"
 )
 
 // Durability of commits.
@@ -121,7 +121,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		// pgx's parse errors may quote the string: say only what it is.
-		return nil, fmt.Errorf("postgres: invalid connection string %q", couch.Redact(dsn))
+		return nil, fmt.Errorf("postgres: invalid connection string %q", redact.Text(dsn))
 	}
 	if opts.MaxAttempts <= 0 {
 		opts.MaxAttempts = 100
@@ -188,7 +188,7 @@ func (db *DB) errorf(what string, err error) error {
 		e = fmt.Errorf("postgres: %s (%s): %w: %w", what, db.where, kv.ErrUnavailable, err)
 	}
 	if db.secret != "" && strings.Contains(e.Error(), db.secret) {
-		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, couch.Mask), err: e}
+		return &redactedError{msg: strings.ReplaceAll(e.Error(), db.secret, redact.Mask), err: e}
 	}
 	return e
 }

@@ -12,11 +12,11 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/kvtest"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/internal/redact"
 )
 
 func TestMain(m *testing.M) {
@@ -178,10 +178,10 @@ func TestPasswordNeverShown(t *testing.T) {
 	if strings.Contains(logs.String(), pgtest.Password) {
 		t.Fatalf("log shows the password:\n%s", logs.String())
 	}
-	if got := couch.Redact(dsn); strings.Contains(got, pgtest.Password) || !strings.Contains(got, couch.Mask) {
+	if got := redact.Text(dsn); strings.Contains(got, pgtest.Password) || !strings.Contains(got, redact.Mask) {
 		t.Fatalf("Redact(dsn) = %q", got)
 	}
-	if got := couch.Redact("host=h password='" + pgtest.Password + "' user=u"); strings.Contains(got, pgtest.Password) {
+	if got := redact.Text("host=h password='" + pgtest.Password + "' user=u"); strings.Contains(got, pgtest.Password) {
 		t.Fatalf("Redact(key=value) = %q", got)
 	}
 }

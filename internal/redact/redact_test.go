@@ -1,4 +1,4 @@
-package couch
+package redact
 
 import (
 	"fmt"
@@ -41,9 +41,9 @@ func TestRedact(t *testing.T) {
 		{"no secrets", "no secrets here http://h/db: password authentication failed", "no secrets here http://h/db: password authentication failed", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Redact(tc.in)
+			got := Text(tc.in)
 			if tc.url {
-				got = RedactURL(tc.in)
+				got = URL(tc.in)
 			}
 			if strings.Contains(got, "s3cr3t") {
 				t.Fatalf("credential survived: %q -> %q", tc.in, got)
@@ -51,7 +51,7 @@ func TestRedact(t *testing.T) {
 			if got != tc.want {
 				t.Errorf("got %q, want %q", got, tc.want)
 			}
-			if again := Redact(got); again != got {
+			if again := Text(got); again != got {
 				t.Errorf("redacting twice changes it: %q -> %q", got, again)
 			}
 		})
@@ -83,7 +83,7 @@ func BenchmarkRedact(b *testing.B) {
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
-				_ = Redact(bc.line)
+				_ = Text(bc.line)
 			}
 		})
 	}

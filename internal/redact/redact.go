@@ -1,4 +1,8 @@
-package couch
+// Package redact is couchrep's one home for credential redaction: every
+// output path (log lines, HTTP API answers, admin answers, errors, the
+// status page) shows credentials through it. It depends on nothing of ours,
+// so the job store backends and the logger use it too.
+package redact
 
 import (
 	"io"
@@ -20,23 +24,23 @@ import (
 // Mask is what every credential is shown as.
 const Mask = "*****"
 
-// RedactURL returns u (an endpoint, proxy or store URL) with the password
+// URL returns u (an endpoint, proxy or store URL) with the password
 // of its userinfo and any "password" query parameter shown as Mask, the
 // user name kept. A string that does not parse as a URL has everything
 // between "://" and the last "@" of its authority masked. Strings without
 // credentials come back unchanged.
-func RedactURL(u string) string {
+func URL(u string) string {
 	if !strings.Contains(u, "@") && !containsFold(u, "pass") {
 		return u // the common case, without allocating
 	}
 	pu, err := url.Parse(u)
 	if err == nil && pu.Scheme == "" {
-		return Redact(u) // a key=value connection string, a bare name
+		return Text(u) // a key=value connection string, a bare name
 	}
 	if err != nil {
 		i := strings.Index(u, "://")
 		if i < 0 {
-			return Redact(u)
+			return Text(u)
 		}
 		rest := u[i+3:]
 		end := strings.IndexAny(rest, "/?#")
@@ -44,9 +48,9 @@ func RedactURL(u string) string {
 			end = len(rest)
 		}
 		if at := strings.LastIndex(rest[:end], "@"); at >= 0 {
-			return u[:i+3] + Mask + Redact(rest[at:])
+			return u[:i+3] + Mask + Text(rest[at:])
 		}
-		return Redact(u)
+		return Text(u)
 	}
 	changed := false
 	user := ""
@@ -103,10 +107,10 @@ var (
 	secretSetting = regexp.MustCompile(`(?i)(\b(?:basic_?)?(?:password|passwd|pass)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
 )
 
-// Redact masks every credential appearing in s (an error message, a log
+// Text masks every credential appearing in s (an error message, a log
 // line, a crash reason, a connection string): see the forms listed at the
 // top of this file. Text without credentials comes back unchanged.
-func Redact(s string) string {
+func Text(s string) string {
 	if !mayHoldSecret(s) {
 		return s
 	}
@@ -150,29 +154,29 @@ func containsFold[T string | []byte](s T, sub string) bool {
 	return false
 }
 
-// RedactWriter returns w with everything written passed through Redact:
+// Writer returns w with everything written passed through Redact:
 // the node's logger writes through it (internal/log.New), so no log line
 // can print a credential, whichever path its text took.
-func RedactWriter(w io.Writer) io.Writer { return redactWriter{w} }
+func Writer(w io.Writer) io.Writer { return redactWriter{w} }
 
 type redactWriter struct{ w io.Writer }
 
-// Write writes Redact(p) and reports p as written in full; p without
+// Write writes Text(p) and reports p as written in full; p without
 // anything Redact would change is written as it is, without allocating.
 func (r redactWriter) Write(p []byte) (int, error) {
 	if !mayHoldSecret(p) {
 		return r.w.Write(p)
 	}
-	if _, err := io.WriteString(r.w, Redact(string(p))); err != nil {
+	if _, err := io.WriteString(r.w, Text(string(p))); err != nil {
 		return 0, err
 	}
 	return len(p), nil
 }
 
-// RedactError returns err with its text passed through Redact, for errors
+// Error returns err with its text passed through Redact, for errors
 // that leave the node (admin answers); errors.Is and errors.As still see
 // err. Nil stays nil.
-func RedactError(err error) error {
+func Error(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -181,5 +185,5 @@ func RedactError(err error) error {
 
 type redactedError struct{ err error }
 
-func (e redactedError) Error() string { return Redact(e.err.Error()) }
+func (e redactedError) Error() string { return Text(e.err.Error()) }
 func (e redactedError) Unwrap() error { return e.err }
