@@ -27,7 +27,7 @@ import (
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/actors/docprocessor"
 	"github.com/couchrep/couchrep/actors/eventbus"
-	httpapiactor "github.com/couchrep/couchrep/actors/httpapi"
+	"github.com/couchrep/couchrep/actors/httpserver"
 	"github.com/couchrep/couchrep/actors/jobserver"
 	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/actors/router"
@@ -37,7 +37,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/httpapi"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
@@ -171,7 +171,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Logger:  n.log,
 		System:  n.system,
 		Store:   store,
-		Jobs:    jobs.New(store, jobs.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
+		Jobs:    jobqueue.New(store, jobqueue.Options{Logger: n.log, NodeName: cfg.Couchrep.NodeName, RunLog: cfg.Couchrep.RunLog}),
 		Metrics: metrics,
 
 		Competition: docproc.NewCompetition(),
@@ -252,7 +252,7 @@ func (n *Node) spec() supervisor.Spec {
 			jobserver.Spec(d, jobserver.Wiring{Scheduler: pid(sched), Pool: pid(pool), Limiter: pid(limiter)}, n.jobs),
 			activitymonitor.Spec(d), // activity_monitor: requeues jobs of silent workers
 			docprocessor.Spec(d),    // doc_processor: _replicator documents -> jobs
-			httpapiactor.Spec(d),    // http_api: CouchDB's replicator HTTP API
+			httpserver.Spec(d),      // http_api: CouchDB's replicator HTTP API
 		},
 	}
 }

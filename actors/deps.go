@@ -10,7 +10,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/httpapi"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
@@ -32,7 +32,7 @@ type Deps struct {
 	// Store is the shared job store.
 	Store kv.Database
 	// Jobs is the job queue over Store.
-	Jobs *jobs.Queue
+	Jobs *jobqueue.Queue
 	// RepJobs is the replication job store over Jobs, shared by every actor
 	// of the node (run-time share and policy changes reach all of them).
 	RepJobs *repjob.Store

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -49,11 +49,11 @@ func TestAdoptUUIDResumesFromCouchDBCheckpoints(t *testing.T) {
 	}
 	addr := n.httpAddr("")
 	body := fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt)
-	p, err := replication.ParseParams([]byte(body))
+	p, err := replicate.ParseParams([]byte(body))
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, ext, err := replication.ID(p, welcome.UUID)
+	base, ext, err := replicate.ID(p, welcome.UUID)
 	if err != nil {
 		t.Fatal(err)
 	}

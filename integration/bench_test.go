@@ -26,7 +26,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -359,7 +359,7 @@ type couchrepRun struct {
 }
 
 func runCouchrep(ctx context.Context, src, tgt, heapMetric string) (couchrepRun, error) {
-	p, err := replication.ParseParams([]byte(fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt)))
+	p, err := replicate.ParseParams([]byte(fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt)))
 	if err != nil {
 		return couchrepRun{}, err
 	}
@@ -367,7 +367,7 @@ func runCouchrep(ctx context.Context, src, tgt, heapMetric string) (couchrepRun,
 	hp := startHeapPeak(heapMetric) // right after a GC: the base is what is live
 
 	cpu0, start := cpuTime(), time.Now()
-	res, err := replication.New(p, replication.Options{ServerUUID: "bench", Logger: zerolog.Nop()}).Run(ctx)
+	res, err := replicate.New(p, replicate.Options{ServerUUID: "bench", Logger: zerolog.Nop()}).Run(ctx)
 	out := couchrepRun{wall: time.Since(start), cpu: cpuTime() - cpu0, heap: hp.end()}
 	if err != nil {
 		return out, err

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -255,7 +255,7 @@ func runChaos(t *testing.T, p chaosParams) {
 					if err != nil {
 						return true // removed
 					}
-					return r.IsTerminal() || (r.QueueState == jobs.StateRunning && r.WorkerNode != victim)
+					return r.IsTerminal() || (r.QueueState == jobqueue.StateRunning && r.WorkerNode != victim)
 				})
 			}
 			took := time.Since(killedAt)
@@ -276,7 +276,7 @@ func runChaos(t *testing.T, p chaosParams) {
 	runningOn := func(node string) []string {
 		var ids []string
 		_ = c.store.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
-			if r.QueueState == jobs.StateRunning && r.WorkerNode == node {
+			if r.QueueState == jobqueue.StateRunning && r.WorkerNode == node {
 				ids = append(ids, r.GetJobId())
 			}
 			return nil
@@ -447,7 +447,7 @@ func runChaos(t *testing.T, p chaosParams) {
 	}
 	for id, rs := range runs {
 		res.runs += len(rs)
-		if err := jobs.CheckRuns(rs); err != nil {
+		if err := jobqueue.CheckRuns(rs); err != nil {
 			res.violate("%v", err)
 		}
 		holders := map[string]bool{}

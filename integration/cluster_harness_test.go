@@ -23,7 +23,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/postgres"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
@@ -95,7 +95,7 @@ type testCluster struct {
 	uuid      string
 	nodes     []*clusterNode
 	db        kv.Database
-	queue     *jobs.Queue
+	queue     *jobqueue.Queue
 	store     *repjob.Store
 
 	mu  sync.Mutex
@@ -154,7 +154,7 @@ func startCluster(t *testing.T, cfg clusterConfig, types ...[]string) *testClust
 	}
 	t.Cleanup(func() { db.Close() })
 	c.db = db
-	c.queue = jobs.New(db, jobs.Options{NodeName: "test", Logger: zerolog.Nop()})
+	c.queue = jobqueue.New(db, jobqueue.Options{NodeName: "test", Logger: zerolog.Nop()})
 	c.store = repjob.New(c.queue, db, repjob.Options{ServerUUID: c.uuid, ActivityTimeout: cfg.ActivityTimeout})
 	t.Cleanup(func() {
 		if t.Failed() {

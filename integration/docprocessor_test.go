@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -80,7 +80,7 @@ func TestDocProcessor(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	store := repjob.NewFromConfig(jobs.New(db, jobs.Options{}), db, config.Default(), zerolog.Nop())
+	store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{}), db, config.Default(), zerolog.Nop())
 	server1, server2 := srv1.URL, srv2.URL
 	job := func(server, id string) (*repjob.Record, error) {
 		return store.Get(ctx, repjob.PersistentJobID(server, "_replicator", id))

@@ -12,7 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -40,12 +40,12 @@ func BenchmarkRealEndpoints(b *testing.B) {
 	seedBench(b, s1, s1.CreateDB(b, "bench"), benchSet{n: n})
 	ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
 	defer cancel()
-	verified := replication.EndpointConfig{TLS: couch.TLSOptions{Verify: true, CAFile: pki.CAFile, MaxDepth: 3}}
+	verified := replicate.EndpointConfig{TLS: couch.TLSOptions{Verify: true, CAFile: pki.CAFile, MaxDepth: 3}}
 	type mode struct {
 		name       string
 		src, tgt   string // server roots
 		proxy      string
-		endpoints  replication.EndpointConfig
+		endpoints  replicate.EndpointConfig
 		rates, cpu []float64
 	}
 	modes := []*mode{
@@ -58,12 +58,12 @@ func BenchmarkRealEndpoints(b *testing.B) {
 		if m.proxy != "" {
 			doc += fmt.Sprintf(`,"proxy":%q`, m.proxy)
 		}
-		p, err := replication.ParseParams([]byte(doc + "}"))
+		p, err := replicate.ParseParams([]byte(doc + "}"))
 		if err != nil {
 			return 0, 0, err
 		}
 		cpu0, start := cpuTime(), time.Now()
-		res, err := replication.New(p, replication.Options{ServerUUID: "bench", Logger: zerolog.Nop(), Endpoints: m.endpoints}).Run(ctx)
+		res, err := replicate.New(p, replicate.Options{ServerUUID: "bench", Logger: zerolog.Nop(), Endpoints: m.endpoints}).Run(ctx)
 		wall, cpu := time.Since(start), cpuTime()-cpu0
 		if err == nil && res.Stats.DocsWritten != n {
 			err = fmt.Errorf("%s: docs_written %d, want %d", m.name, res.Stats.DocsWritten, n)

@@ -14,10 +14,10 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -51,15 +51,15 @@ type runWindow struct{ from, to time.Time }
 
 // jobRuns are one job's runs (started → stopped or crashed, or still
 // running at until), from its scheduler history.
-func jobRuns(h scheduler.History, until time.Time) []runWindow {
+func jobRuns(h schedpolicy.History, until time.Time) []runWindow {
 	var out []runWindow
 	var started time.Time
 	for i := len(h) - 1; i >= 0; i-- { // History is newest first
 		e := h[i]
 		switch e.Type {
-		case scheduler.EventStarted:
+		case schedpolicy.EventStarted:
 			started = e.At
-		case scheduler.EventStopped, scheduler.EventCrashed:
+		case schedpolicy.EventStopped, schedpolicy.EventCrashed:
 			if !started.IsZero() {
 				out = append(out, runWindow{started, e.At})
 				started = time.Time{}
@@ -187,7 +187,7 @@ func TestFairShareEndToEnd(t *testing.T) {
 		// settle is how long the split takes to follow a share change:
 		// jobs already pending keep the deadlines they were enqueued with,
 		// so the old split holds until c's queued jobs have run once (about
-		// 35 intervals in internal/scheduler's simulation of this set-up).
+		// 35 intervals in internal/schedpolicy's simulation of this set-up).
 		settle = 40
 		tol    = 0.10
 	)
@@ -347,6 +347,6 @@ func fairnessStore(t *testing.T, cfgPath, storePath string) *repjob.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	q := jobs.New(db, jobs.Options{NodeName: "fairness-test", Logger: zerolog.Nop()})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "fairness-test", Logger: zerolog.Nop()})
 	return repjob.NewFromConfig(q, db, cfg, zerolog.Nop())
 }

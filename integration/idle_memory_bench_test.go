@@ -24,7 +24,7 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
@@ -255,7 +255,7 @@ func benchIdleJobs(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	defer db.Close()
-	store := repjob.NewFromConfig(jobs.New(db, jobs.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
+	store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
 	if err := store.Init(ctx); err != nil {
 		b.Fatal(err)
 	}

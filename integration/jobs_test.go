@@ -12,8 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/actors/replicationjob"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/actors/jobrunner"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -41,7 +41,7 @@ func jobStore(t *testing.T, path string) *repjob.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	q := jobs.New(db, jobs.Options{NodeName: "test", Logger: zerolog.Nop()})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "test", Logger: zerolog.Nop()})
 	return repjob.New(q, db, repjob.Options{ServerUUID: strings.TrimSpace(string(uuid))})
 }
 
@@ -202,7 +202,7 @@ func TestKilledJobActorsLoseNoJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, victim := range []string{"job_server/jobs_sup/" + replicationjob.Name(r.JobID), "job_server/acceptor", "job_server"} {
+	for _, victim := range []string{"job_server/jobs_sup/" + jobrunner.Name(r.JobID), "job_server/acceptor", "job_server"} {
 		rec := waitState(t, store, r.JobID, running)
 		_, errOut, code := n.ctl("kill", victim)
 		if code != 0 {

@@ -14,7 +14,7 @@ import (
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/actors/ratelimiter"
 	"github.com/couchrep/couchrep/internal/couch"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -106,7 +106,7 @@ func TestReplicationThroughPoolAndLimiterActors(t *testing.T) {
 	rec := &intervalLog{Limiter: limiter, series: map[couch.LimitKey][]time.Duration{}}
 	p := params(t, map[string]any{"source": proxy.URL + "/pool-src/", "target": proxy.URL + "/pool-tgt/",
 		"worker_batch_size": 20, "http_connections": httpConnections, "retries_per_request": 2})
-	res, err := replication.New(p, replication.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop(),
+	res, err := replicate.New(p, replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop(),
 		HTTPClient: lease.Client(), Limiter: rec}).Run(ctx)
 	if err != nil {
 		t.Fatalf("Run: %v", err)

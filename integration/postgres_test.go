@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -182,7 +182,7 @@ func TestPostgresRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, rs := range runs {
-		if err := jobs.CheckRuns(rs); err != nil {
+		if err := jobqueue.CheckRuns(rs); err != nil {
 			res.violate("%v", err)
 		}
 	}

@@ -20,26 +20,26 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
 // params builds replication Params from a replication document.
-func params(t testing.TB, doc map[string]any) replication.Params {
+func params(t testing.TB, doc map[string]any) replicate.Params {
 	t.Helper()
 	b, _ := json.Marshal(doc)
-	p, err := replication.ParseParams(b)
+	p, err := replicate.ParseParams(b)
 	if err != nil {
 		t.Fatalf("ParseParams(%s): %v", b, err)
 	}
 	return p
 }
 
-func run(t testing.TB, p replication.Params) replication.Result {
+func run(t testing.TB, p replicate.Params) replicate.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	res, err := replication.New(p, replication.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop()}).Run(ctx)
+	res, err := replicate.New(p, replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop()}).Run(ctx)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
@@ -302,8 +302,8 @@ func TestReplicationResumeFromCheckpoint(t *testing.T) {
 		"worker_processes": 1, "checkpoint_interval": 50})
 	ctx, cancel := context.WithCancel(context.Background())
 	var once sync.Once
-	res, err := replication.New(p, replication.Options{ServerUUID: "u", Logger: zerolog.Nop(),
-		OnProgress: func(st replication.Stats) {
+	res, err := replicate.New(p, replicate.Options{ServerUUID: "u", Logger: zerolog.Nop(),
+		OnProgress: func(st replicate.Stats) {
 			if v, ok := st.CheckpointedSourceSeq.Int(); ok && v > 0 {
 				once.Do(cancel)
 			}
@@ -355,9 +355,9 @@ func TestReplicationContinuous(t *testing.T) {
 	written := make(chan int64, 100)
 	errc := make(chan error, 1)
 	go func() {
-		_, err := replication.New(p, replication.Options{ServerUUID: "u", Logger: zerolog.Nop(),
+		_, err := replicate.New(p, replicate.Options{ServerUUID: "u", Logger: zerolog.Nop(),
 			ProgressInterval: 50 * time.Millisecond,
-			OnProgress:       func(st replication.Stats) { written <- st.DocsWritten }}).Run(ctx)
+			OnProgress:       func(st replicate.Stats) { written <- st.DocsWritten }}).Run(ctx)
 		errc <- err
 	}()
 	await := func(want int64) {

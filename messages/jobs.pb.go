@@ -4,7 +4,7 @@
 // 	protoc        (unknown)
 // source: couchrep/v1/jobs.proto
 
-// Stored records of the job queue (internal/jobs, couch_jobs on the kv
+// Stored records of the job queue (internal/jobqueue, couch_jobs on the kv
 // layer). Fields are only ever added, never renumbered.
 
 package messages

@@ -4,7 +4,7 @@
 // 	protoc        (unknown)
 // source: couchrep/v1/scheduler.proto
 
-// Stored records of the scheduler (internal/scheduler) and of fair share
+// Stored records of the scheduler (internal/schedpolicy) and of fair share
 // (internal/share). Fields are only ever added, never renumbered.
 
 package messages

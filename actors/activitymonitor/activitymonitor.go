@@ -11,7 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -21,7 +21,7 @@ const Name = "activity_monitor"
 
 // Spec returns the actor's child spec in the node's supervision tree.
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: Props(deps.Jobs, deps.RepJobs, deps.Logger, jobs.MonitorOptions{})}
+	return supervisor.ChildSpec{Name: Name, Props: Props(deps.Jobs, deps.RepJobs, deps.Logger, jobqueue.MonitorOptions{})}
 }
 
 // Props returns the actor's props: it runs queue's activity monitor with
@@ -35,8 +35,8 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 // before it under the rest_for_one root) would leave a dead node's jobs
 // alone for a whole extra timeout after each restart — forever, if restarts
 // come more often than the timeout.
-func Props(queue *jobs.Queue, store *repjob.Store, log zerolog.Logger, opts jobs.MonitorOptions) *actor.Props {
-	var mon *jobs.Monitor
+func Props(queue *jobqueue.Queue, store *repjob.Store, log zerolog.Logger, opts jobqueue.MonitorOptions) *actor.Props {
+	var mon *jobqueue.Monitor
 	if queue != nil {
 		mon = queue.NewMonitor(opts)
 	}
@@ -46,8 +46,8 @@ func Props(queue *jobs.Queue, store *repjob.Store, log zerolog.Logger, opts jobs
 }
 
 type monitor struct {
-	q     *jobs.Queue
-	mon   *jobs.Monitor
+	q     *jobqueue.Queue
+	mon   *jobqueue.Monitor
 	store *repjob.Store
 	log   zerolog.Logger
 	task  actors.Task

@@ -11,7 +11,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/activitymonitor"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -31,16 +31,16 @@ func TestSilentJobRequeuedDespiteRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	q := jobs.New(db, jobs.Options{NodeName: "dead-node"})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "dead-node"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := q.SetTypeTimeout(ctx, "t", timeout); err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Add(ctx, "t", "job", jobs.AddOptions{}); err != nil {
+	if err := q.Add(ctx, "t", "job", jobqueue.AddOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := q.Accept(ctx, "t", jobs.AcceptOptions{}); err != nil { // its worker never updates it
+	if _, err := q.Accept(ctx, "t", jobqueue.AcceptOptions{}); err != nil { // its worker never updates it
 		t.Fatal(err)
 	}
 
@@ -49,7 +49,7 @@ func TestSilentJobRequeuedDespiteRestarts(t *testing.T) {
 	sup, err := supervisor.Start(ctx, system, "couchrep_sup", supervisor.Spec{
 		Strategy: supervisor.OneForOne, MaxRestarts: 1000, Period: time.Second,
 		Children: []supervisor.ChildSpec{{Name: activitymonitor.Name,
-			Props: activitymonitor.Props(q, nil, zerolog.Nop(), jobs.MonitorOptions{Interval: 50 * time.Millisecond})}},
+			Props: activitymonitor.Props(q, nil, zerolog.Nop(), jobqueue.MonitorOptions{Interval: 50 * time.Millisecond})}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -76,7 +76,7 @@ func TestSilentJobRequeuedDespiteRestarts(t *testing.T) {
 			}
 		}
 	}()
-	info, err := q.WaitState(ctx, "t", "job", jobs.StatePending)
+	info, err := q.WaitState(ctx, "t", "job", jobqueue.StatePending)
 	close(done)
 	n := <-killed
 	if err != nil {

@@ -39,7 +39,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/cluster"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
@@ -308,7 +308,7 @@ func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error)
 	running := map[string]uint32{}
 	if a.deps.RepJobs != nil {
 		err := a.deps.RepJobs.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
-			if r.QueueState == jobs.StateRunning {
+			if r.QueueState == jobqueue.StateRunning {
 				running[r.WorkerNode]++
 			}
 			return nil

@@ -13,7 +13,7 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/clustering"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -47,7 +47,7 @@ func startMember(t *testing.T, db kv.Database, name string, types ...string) (*m
 	cfg.Couchrep.NodeName = name
 	cfg.Couchrep.NodeTypes = types
 	cfg.Couchrep.DataDir = t.TempDir()
-	q := jobs.New(db, jobs.Options{NodeName: name})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: name})
 	store := repjob.New(q, db, repjob.Options{ServerUUID: "u"})
 	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store}
 	m := &member{system: system, events: make(chan *messages.ClusterEvent, 100), store: store}

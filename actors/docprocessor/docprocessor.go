@@ -24,7 +24,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/redact"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -77,7 +77,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 	// The watched servers get the same TLS settings as replication
 	// endpoints ([replicator] verify_ssl_certificates, CA file, client
 	// certificate).
-	tr, err := couch.NewTransport(couch.TransportOptions{TLS: replication.EndpointConfigFrom(cfg.Replicator).TLS,
+	tr, err := couch.NewTransport(couch.TransportOptions{TLS: replicate.EndpointConfigFrom(cfg.Replicator).TLS,
 		IdleTimeout: cfg.Replicator.ConnectionCloseInterval})
 	if err != nil {
 		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))

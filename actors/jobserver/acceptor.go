@@ -11,15 +11,15 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/ratelimiter"
-	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -211,18 +211,18 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 // startJob starts the actor of an accepted job under jobs_sup and registers
 // it; the actor leaves the registry and gives its slot back when it stops.
 func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, run *repjob.Run, release func()) error {
-	name := replicationjob.Name(run.ID())
+	name := jobrunner.Name(run.ID())
 	e, remove := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
 		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name))
 	exited := func() { remove(); release() }
-	jo := replicationjob.Options{
+	jo := jobrunner.Options{
 		Store: a.deps.RepJobs, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 		Logger: a.deps.Logger, Released: exited, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
-		Endpoints: replication.EndpointConfigFrom(a.deps.Config.Replicator),
+		Endpoints: replicate.EndpointConfigFrom(a.deps.Config.Replicator),
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
-		jo.OnStats = func(id string, s replication.Stats) {
+		jo.OnStats = func(id string, s replicate.Stats) {
 			m.ObserveJob(id, "", true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
 				DocWriteFailures: s.DocWriteFailures, MissingRevisionsFound: s.MissingRevisionsFound, RevisionsChecked: s.RevisionsChecked})
 		}
@@ -236,7 +236,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	if a.o.JobOptions != nil {
 		a.o.JobOptions(&jo)
 	}
-	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, replicationjob.Props(run, jo)); err != nil {
+	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil {
 		exited()
 		return err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/cluster"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -169,7 +169,7 @@ func (s *server) restart(ctx context.Context, id string) (*repjob.Record, error)
 	if rec.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING {
 		return s.control(ctx, rec.GetJobId(), messages.JobControl_ACTION_RESTART)
 	}
-	if err := s.store.Queue().Resubmit(ctx, repjob.JobType, rec.GetJobId(), jobs.ResubmitOptions{}); err != nil {
+	if err := s.store.Queue().Resubmit(ctx, repjob.JobType, rec.GetJobId(), jobqueue.ResubmitOptions{}); err != nil {
 		return nil, fmt.Errorf("couchrep: restart job %s: %w", rec.GetJobId(), err)
 	}
 	s.log.Info().Str("job_id", rec.GetJobId()).Msg("job restarted by an admin request")

@@ -37,7 +37,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/couchrep/couchrep/actors"
-	"github.com/couchrep/couchrep/actors/replicationjob"
+	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -65,7 +65,7 @@ type Wiring struct {
 // Options tune the acceptor (tests).
 type Options struct {
 	// JobOptions adjusts each job actor's options before it starts.
-	JobOptions func(*replicationjob.Options)
+	JobOptions func(*jobrunner.Options)
 	// NoJitter starts jobs without startup_jitter.
 	NoJitter bool
 }
@@ -88,7 +88,7 @@ func Spec(deps actors.Deps, w Wiring, reg *Registry, opts ...Options) supervisor
 						MaxRestarts: 100,
 						Period:      time.Second,
 						Children: []supervisor.ChildSpec{{Name: "replication_job", Restart: supervisor.Temporary,
-							Shutdown: replicationjob.StopTimeout + 5*time.Second}},
+							Shutdown: jobrunner.StopTimeout + 5*time.Second}},
 					},
 				},
 				{Name: Acceptor, Props: AcceptorProps(deps, w, reg, opts...)},

@@ -14,24 +14,24 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/jobserver"
-	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
-	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
 // engine is the fake replication: it runs until its context ends.
-func engine(ctx context.Context, _ replication.Params, _ replication.Options) (replication.Result, error) {
+func engine(ctx context.Context, _ replicate.Params, _ replicate.Options) (replicate.Result, error) {
 	<-ctx.Done()
-	return replication.Result{}, nil
+	return replicate.Result{}, nil
 }
 
 // shared is one store that several test nodes share.
@@ -48,9 +48,9 @@ func newShared(t *testing.T) *shared {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	q := jobs.New(db, jobs.Options{NodeName: "test"})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "test"})
 	return &shared{db: db, cluster: cluster.New(db, cluster.Options{}),
-		store: repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: sched.DefaultPolicy()})}
+		store: repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: schedpolicy.DefaultPolicy()})}
 }
 
 // node is a job server (and a recorder standing in for the scheduler) of
@@ -88,9 +88,9 @@ func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs i
 		cfg.Couchrep.NodeTypes = append(cfg.Couchrep.NodeTypes, config.NodeTypeReplication)
 	}
 	cfg.CouchDB.UUID = "u"
-	p := sched.DefaultPolicy()
+	p := schedpolicy.DefaultPolicy()
 	p.MaxJobs = maxJobs
-	q := jobs.New(s.db, jobs.Options{NodeName: name})
+	q := jobqueue.New(s.db, jobqueue.Options{NodeName: name})
 	store := repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: p})
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
@@ -109,7 +109,7 @@ func (n *node) start(t *testing.T, deps actors.Deps, rec recorder) {
 		Children: []supervisor.ChildSpec{
 			{Name: scheduler.Name, Props: actor.PropsFromProducer(func() actor.Actor { return rec })},
 			jobserver.Spec(deps, jobserver.Wiring{Scheduler: schedPID}, n.reg, jobserver.Options{
-				NoJitter: true, JobOptions: func(o *replicationjob.Options) { o.Engine = engine },
+				NoJitter: true, JobOptions: func(o *jobrunner.Options) { o.Engine = engine },
 			}),
 		},
 	})
@@ -242,7 +242,7 @@ func TestRegistry(t *testing.T) {
 	n.system.EventStream.Publish(&scheduler.TickDone{Stopped: []string{victim}})
 	waitFor(t, "the rotated job handed back", func() bool {
 		r, err := s.store.Get(context.Background(), victim)
-		return err == nil && slices.ContainsFunc(r.History(), func(e sched.Event) bool { return e.Type == sched.EventStopped })
+		return err == nil && slices.ContainsFunc(r.History(), func(e schedpolicy.Event) bool { return e.Type == schedpolicy.EventStopped })
 	})
 }
 
@@ -328,9 +328,9 @@ func TestDrainPersists(t *testing.T) {
 	cfg := config.Default()
 	cfg.Couchrep.NodeName = "n1"
 	cfg.CouchDB.UUID = "u"
-	q := jobs.New(s.db, jobs.Options{NodeName: "n1"})
+	q := jobqueue.New(s.db, jobqueue.Options{NodeName: "n1"})
 	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: n.system, Store: s.db, Jobs: q,
-		RepJobs: repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: sched.DefaultPolicy()})}
+		RepJobs: repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: schedpolicy.DefaultPolicy()})}
 	again.start(t, deps, recorder(again.sched))
 	waitFor(t, "the restarted job server drained", again.reg.Draining)
 	if got := s.runningOn(t, "n1"); len(got) != 0 || again.reg.Running() != 0 {

@@ -33,7 +33,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/couch"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -64,7 +64,7 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 // Props returns props for a rate_limiter actor with cfg.
 func Props(cfg Config) *actor.Props {
 	if cfg.CleanupPeriod <= 0 {
-		cfg.CleanupPeriod = replication.RateLimitCleanupPeriod
+		cfg.CleanupPeriod = replicate.RateLimitCleanupPeriod
 	}
 	return actors.Props(func() actor.Actor {
 		return &limiterActor{cfg: cfg, log: cfg.Logger.With().Str("actor", Name).Logger()}
@@ -76,9 +76,9 @@ type (
 	// cleanupTick is sent by the incarnation owning table; a later
 	// incarnation ignores it.
 	cleanupTick struct {
-		table *replication.RateLimiter
+		table *replicate.RateLimiter
 	}
-	snapshotRequest struct{ reply chan []replication.RateLimit }
+	snapshotRequest struct{ reply chan []replicate.RateLimit }
 	resetRequest    struct {
 		key   *couch.LimitKey
 		reply chan int
@@ -88,7 +88,7 @@ type (
 type limiterActor struct {
 	cfg   Config
 	log   zerolog.Logger
-	table *replication.RateLimiter
+	table *replicate.RateLimiter
 	slot  *slot
 	timer *time.Timer
 }
@@ -96,7 +96,7 @@ type limiterActor struct {
 func (a *limiterActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
-		a.table = replication.NewRateLimiter(a.cfg.Clock)
+		a.table = replicate.NewRateLimiter(a.cfg.Clock)
 		a.slot = slotOf(ctx.ActorSystem(), ctx.Self())
 		a.slot.table.Store(a.table)
 		a.schedule(ctx)
@@ -134,7 +134,7 @@ func (a *limiterActor) schedule(ctx actor.Context) {
 
 // slot holds the table of the current incarnation of one rate_limiter.
 type slot struct {
-	table atomic.Pointer[replication.RateLimiter]
+	table atomic.Pointer[replicate.RateLimiter]
 }
 
 var slots actors.Local[slot]
@@ -193,8 +193,8 @@ func (l *Limiter) Interval(key couch.LimitKey) time.Duration {
 }
 
 // Snapshot asks the actor for every key's interval.
-func (l *Limiter) Snapshot(ctx context.Context) ([]replication.RateLimit, error) {
-	reply := make(chan []replication.RateLimit, 1)
+func (l *Limiter) Snapshot(ctx context.Context) ([]replicate.RateLimit, error) {
+	reply := make(chan []replicate.RateLimit, 1)
 	return ask(ctx, l, &snapshotRequest{reply: reply}, reply)
 }
 

@@ -13,7 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/couchrep/couchrep/internal/couch"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -71,7 +71,7 @@ func setupWith(t testing.TB, cfg Config) *bundle {
 
 var key = couch.LimitKey{Endpoint: "http://h:5984/db/", Method: "POST"}
 
-func (b *bundle) snapshot(t *testing.T) []replication.RateLimit {
+func (b *bundle) snapshot(t *testing.T) []replicate.RateLimit {
 	t.Helper()
 	s, err := b.lim.Snapshot(b.ctx)
 	if err != nil {
@@ -82,7 +82,7 @@ func (b *bundle) snapshot(t *testing.T) []replication.RateLimit {
 
 // TestLimiterFollowsCouchDB drives the node's limiter through the handle a
 // job gets and checks CouchDB's numbers (the arithmetic itself is tested
-// in internal/replication).
+// in internal/replicate).
 func TestLimiterFollowsCouchDB(t *testing.T) {
 	b := setup(t)
 	var l couch.Limiter = b.lim
@@ -111,11 +111,11 @@ func TestLimiterFollowsCouchDB(t *testing.T) {
 
 func TestMaxBackoff(t *testing.T) {
 	b := setup(t)
-	for b.lim.Interval(key) < replication.RateLimitMaxInterval {
+	for b.lim.Interval(key) < replicate.RateLimitMaxInterval {
 		b.clock.Advance(100 * time.Millisecond)
 		b.lim.Failure(key)
 	}
-	if err := b.lim.Wait(b.ctx, key); !errors.Is(err, replication.ErrMaxBackoff) {
+	if err := b.lim.Wait(b.ctx, key); !errors.Is(err, replicate.ErrMaxBackoff) {
 		t.Errorf("Wait at the maximum interval: %v", err)
 	}
 }
@@ -152,7 +152,7 @@ func TestCleanupDropsStaleEntries(t *testing.T) {
 	b := setup(t)
 	stale := couch.LimitKey{Endpoint: "http://old/db/", Method: "GET"}
 	b.lim.Failure(stale)
-	b.clock.Advance(replication.RateLimitMaxInterval + time.Millisecond)
+	b.clock.Advance(replicate.RateLimitMaxInterval + time.Millisecond)
 	b.lim.Failure(key)
 	b.system.Root.Send(b.pid, &cleanupTick{table: b.lim.slot.table.Load()})
 	if s := b.snapshot(t); len(s) != 1 || s[0].Key != key {
@@ -160,7 +160,7 @@ func TestCleanupDropsStaleEntries(t *testing.T) {
 	}
 	// A tick of an earlier incarnation is ignored.
 	b.clock.Advance(time.Hour)
-	b.system.Root.Send(b.pid, &cleanupTick{table: replication.NewRateLimiter(nil)})
+	b.system.Root.Send(b.pid, &cleanupTick{table: replicate.NewRateLimiter(nil)})
 	if s := b.snapshot(t); len(s) != 1 {
 		t.Errorf("a foreign tick cleaned the table: %+v", s)
 	}
@@ -170,7 +170,7 @@ func TestCleanupDropsStaleEntries(t *testing.T) {
 func TestCleanupTimer(t *testing.T) {
 	b := setupWith(t, Config{CleanupPeriod: time.Millisecond})
 	b.lim.Failure(key)
-	b.clock.Advance(replication.RateLimitMaxInterval + time.Millisecond)
+	b.clock.Advance(replicate.RateLimitMaxInterval + time.Millisecond)
 	deadline := time.Now().Add(waitLimit)
 	for len(b.snapshot(t)) != 0 {
 		if time.Now().After(deadline) {

@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
-	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 // BenchmarkSchedulerInterval is the store work of one scheduler interval
@@ -27,8 +27,8 @@ func BenchmarkSchedulerInterval(b *testing.B) {
 				b.Fatal(err)
 			}
 			defer db.Close()
-			q := jobs.New(db, jobs.Options{NodeName: "n1"})
-			p := sched.DefaultPolicy()
+			q := jobqueue.New(db, jobqueue.Options{NodeName: "n1"})
+			p := schedpolicy.DefaultPolicy()
 			store := repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: p})
 			if err := store.Init(ctx); err != nil {
 				b.Fatal(err)
@@ -37,7 +37,7 @@ func BenchmarkSchedulerInterval(b *testing.B) {
 				err := db.Transact(ctx, func(tx kv.Tx) error {
 					for j := i; j < i+1000 && j < pending; j++ {
 						if err := q.AddTx(tx, repjob.JobType, fmt.Sprintf("job-%07d", j),
-							jobs.AddOptions{Priority: uint64(j), Data: []byte{}}); err != nil {
+							jobqueue.AddOptions{Priority: uint64(j), Data: []byte{}}); err != nil {
 							return err
 						}
 					}
@@ -48,9 +48,9 @@ func BenchmarkSchedulerInterval(b *testing.B) {
 				}
 			}
 			now := time.Now()
-			running := make([]sched.RunningJob, p.MaxJobs)
+			running := make([]schedpolicy.RunningJob, p.MaxJobs)
 			for i := range running {
-				running[i] = sched.RunningJob{ID: fmt.Sprint(i), Continuous: i%5 != 0, Started: now.Add(-time.Duration(i) * time.Second)}
+				running[i] = schedpolicy.RunningJob{ID: fmt.Sprint(i), Continuous: i%5 != 0, Started: now.Add(-time.Duration(i) * time.Second)}
 			}
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -62,7 +62,7 @@ func BenchmarkSchedulerInterval(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				d := sched.Rotate(running, n, p, now)
+				d := schedpolicy.Rotate(running, n, p, now)
 				if len(d.Stop) != p.MaxChurn {
 					b.Fatalf("stopped %d", len(d.Stop))
 				}

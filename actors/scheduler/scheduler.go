@@ -29,7 +29,7 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/repjob"
-	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -48,7 +48,7 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 // Options tune the scheduler actor.
 type Options struct {
 	// Clock tells the time; nil is the system clock.
-	Clock sched.Clock
+	Clock schedpolicy.Clock
 	// Manual disables the interval timer: ticks come only from Tick
 	// messages (tests).
 	Manual bool
@@ -105,7 +105,7 @@ type entry struct {
 func Props(store *repjob.Store, log zerolog.Logger, o Options) *actor.Props {
 	return actors.Props(func() actor.Actor {
 		if o.Clock == nil {
-			o.Clock = sched.SystemClock{}
+			o.Clock = schedpolicy.SystemClock{}
 		}
 		return &schedActor{store: store, o: o, log: log.With().Str("actor", Name).Logger(),
 			running: map[string]*entry{}}
@@ -253,7 +253,7 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 	}
 	now := a.o.Clock.Now()
 	p := a.store.Policy()
-	running := make([]sched.RunningJob, 0, len(a.running))
+	running := make([]schedpolicy.RunningJob, 0, len(a.running))
 	for id, e := range a.running {
 		if e.stopping && now.Sub(e.stopAt) > 2*p.Interval {
 			e.stopping = false
@@ -261,9 +261,9 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 		if e.stopping {
 			continue
 		}
-		running = append(running, sched.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
+		running = append(running, schedpolicy.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
 	}
-	d := sched.Rotate(running, pc.n, p, now)
+	d := schedpolicy.Rotate(running, pc.n, p, now)
 	for _, id := range d.Stop {
 		e := a.running[id]
 		e.stopping, e.stopAt = true, now

@@ -12,15 +12,15 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/jobserver"
-	"github.com/couchrep/couchrep/actors/replicationjob"
 	"github.com/couchrep/couchrep/actors/scheduler"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
-	sched "github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -29,7 +29,7 @@ import (
 // clock and a fake replication engine.
 type node struct {
 	store  *repjob.Store
-	clock  *sched.FakeClock
+	clock  *schedpolicy.FakeClock
 	system *actor.ActorSystem
 	jobs   *jobserver.Registry
 	events chan any
@@ -39,25 +39,25 @@ type node struct {
 // engine is the fake replication: continuous jobs run until stopped,
 // one-shot ones too (they are never rotated), and crashing ones fail at
 // once.
-func engine(crash map[string]bool) func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
-	return func(ctx context.Context, p replication.Params, o replication.Options) (replication.Result, error) {
+func engine(crash map[string]bool) func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error) {
+	return func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error) {
 		if crash[p.Source.URL] {
-			return replication.Result{}, fmt.Errorf("%w: could not open source", replication.ErrDBNotFound)
+			return replicate.Result{}, fmt.Errorf("%w: could not open source", replicate.ErrDBNotFound)
 		}
 		<-ctx.Done()
-		return replication.Result{}, nil
+		return replicate.Result{}, nil
 	}
 }
 
-func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
+func startNode(t *testing.T, p schedpolicy.Policy, crash map[string]bool) *node {
 	t.Helper()
 	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	clock := sched.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	q := jobs.New(db, jobs.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
+	clock := schedpolicy.NewFakeClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	q := jobqueue.New(db, jobqueue.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
 	store := repjob.New(q, db, repjob.Options{Clock: clock, ServerUUID: "u", Policy: p})
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
@@ -77,7 +77,7 @@ func startNode(t *testing.T, p sched.Policy, crash map[string]bool) *node {
 	js := jobserver.Spec(deps, jobserver.Wiring{Scheduler: n.sched}, n.jobs, jobserver.Options{
 		NoJitter: true,
 		// The fake engine makes no HTTP requests: no connection_pool needed.
-		JobOptions: func(o *replicationjob.Options) { o.Engine = engine(crash) },
+		JobOptions: func(o *jobrunner.Options) { o.Engine = engine(crash) },
 	})
 	sup, err := supervisor.Start(context.Background(), system, actors.RootName, supervisor.Spec{
 		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
@@ -144,7 +144,7 @@ func (n *node) tick(t *testing.T) *scheduler.TickDone {
 }
 
 func TestRotationRespectsMaxJobsAndChurn(t *testing.T) {
-	p := sched.DefaultPolicy()
+	p := schedpolicy.DefaultPolicy()
 	p.MaxJobs, p.MaxChurn, p.Interval = 3, 2, time.Minute
 	n := startNode(t, p, nil)
 	ctx := context.Background()
@@ -193,7 +193,7 @@ func TestRotationRespectsMaxJobsAndChurn(t *testing.T) {
 }
 
 func TestCrashingJobBacksOffAndHeals(t *testing.T) {
-	p := sched.DefaultPolicy()
+	p := schedpolicy.DefaultPolicy()
 	p.MaxJobs, p.MinBackoff, p.MaxBackoff, p.HealthThreshold = 2, 20*time.Millisecond, 80*time.Millisecond, time.Minute
 	crash := map[string]bool{"http://a/bad/": true}
 	n := startNode(t, p, crash)
@@ -255,7 +255,7 @@ func waitStopped(t *testing.T, n *node, id string, at time.Time) {
 		}
 		after = rec.Version
 		for _, e := range rec.History() {
-			if e.Type == sched.EventStopped && e.At.Equal(at) {
+			if e.Type == schedpolicy.EventStopped && e.At.Equal(at) {
 				return
 			}
 		}

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // progressEvery is the shortest time between two progress lines: at most 4
@@ -26,7 +26,7 @@ type progressLine struct {
 	mu      sync.Mutex
 	last    time.Time // when the line was last drawn
 	drawn   bool
-	pending replication.Stats // newest stats not drawn yet
+	pending replicate.Stats // newest stats not drawn yet
 	dirty   bool
 }
 
@@ -41,7 +41,7 @@ func newProgressLine(w io.Writer, quiet bool) *progressLine {
 
 // report is the engine's OnProgress: it draws s unless a line was drawn
 // less than progressEvery ago.
-func (p *progressLine) report(s replication.Stats) {
+func (p *progressLine) report(s replicate.Stats) {
 	if p == nil {
 		return
 	}
@@ -55,7 +55,7 @@ func (p *progressLine) report(s replication.Stats) {
 	p.drawLocked(s, now)
 }
 
-func (p *progressLine) drawLocked(s replication.Stats, now time.Time) {
+func (p *progressLine) drawLocked(s replicate.Stats, now time.Time) {
 	fmt.Fprintf(p.w, "\r\033[K%s", formatProgress(s, now.Sub(p.start)))
 	p.last, p.drawn, p.dirty = now, true, false
 }
@@ -76,7 +76,7 @@ func (p *progressLine) finish() {
 }
 
 // formatProgress is the progress line for s after elapsed.
-func formatProgress(s replication.Stats, elapsed time.Duration) string {
+func formatProgress(s replicate.Stats, elapsed time.Duration) string {
 	rate := 0.0
 	if sec := elapsed.Seconds(); sec > 0 {
 		rate = float64(s.DocsWritten) / sec

@@ -7,23 +7,23 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 func TestFormatProgress(t *testing.T) {
 	n := func(v int64) *int64 { return &v }
 	for _, tc := range []struct {
 		name    string
-		s       replication.Stats
+		s       replicate.Stats
 		elapsed time.Duration
 		want    string
 	}{
-		{"eta", replication.Stats{DocsRead: 210, DocsWritten: 200, ChangesPending: n(1000)}, 2 * time.Second,
+		{"eta", replicate.Stats{DocsRead: 210, DocsWritten: 200, ChangesPending: n(1000)}, 2 * time.Second,
 			"docs read 210, written 200, pending 1000 | 100 docs/s | ETA 10s"},
-		{"caught up", replication.Stats{DocsRead: 5, DocsWritten: 5, DocWriteFailures: 1, ChangesPending: n(0)}, time.Second,
+		{"caught up", replicate.Stats{DocsRead: 5, DocsWritten: 5, DocWriteFailures: 1, ChangesPending: n(0)}, time.Second,
 			"docs read 5, written 5, failed 1, pending 0 | 5 docs/s | caught up"},
-		{"unknown pending", replication.Stats{}, 0, "docs read 0, written 0, pending ? | 0 docs/s | ETA ?"},
-		{"no rate yet", replication.Stats{ChangesPending: n(7)}, time.Second, "docs read 0, written 0, pending 7 | 0 docs/s | ETA ?"},
+		{"unknown pending", replicate.Stats{}, 0, "docs read 0, written 0, pending ? | 0 docs/s | ETA ?"},
+		{"no rate yet", replicate.Stats{ChangesPending: n(7)}, time.Second, "docs read 0, written 0, pending 7 | 0 docs/s | ETA ?"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := formatProgress(tc.s, tc.elapsed); got != tc.want {
@@ -41,7 +41,7 @@ func TestProgressLineAtMostFourPerSecond(t *testing.T) {
 	clock := time.Unix(0, 0)
 	p := &progressLine{w: &out, now: func() time.Time { return clock }, start: clock}
 	for i := range 40 {
-		p.report(replication.Stats{DocsWritten: int64(i)})
+		p.report(replicate.Stats{DocsWritten: int64(i)})
 		clock = clock.Add(50 * time.Millisecond)
 	}
 	p.finish()
@@ -71,7 +71,7 @@ func TestNoProgressLineOffATerminalOrQuiet(t *testing.T) {
 	}
 	// A nil line is a no-op.
 	var p *progressLine
-	p.report(replication.Stats{})
+	p.report(replicate.Stats{})
 	p.finish()
 	if buf.Len() != 0 {
 		t.Fatalf("wrote %q", buf.String())

@@ -14,7 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // runReplicate implements `couchrepd replicate [flags] SOURCE_URL TARGET_URL`:
@@ -41,12 +41,12 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		filter       = fs.String("filter", "", "named filter ddoc/name (or _view, _design)")
 		queryParams  = fs.String("query-params", "", "JSON object passed to the filter")
 		sinceSeq     = fs.String("since-seq", "", "start sequence when there is no checkpoint (JSON, or a bare string)")
-		workers      = fs.Int("worker-processes", replication.DefaultWorkerProcesses, "worker_processes")
-		batchSize    = fs.Int("worker-batch-size", replication.DefaultWorkerBatchSize, "worker_batch_size")
-		conns        = fs.Int("http-connections", replication.DefaultHTTPConnections, "http_connections")
-		connTimeout  = fs.Int("connection-timeout", int(replication.DefaultConnectionTimeout/time.Millisecond), "connection_timeout in ms")
-		retries      = fs.Int("retries-per-request", replication.DefaultRetriesPerRequest, "retries_per_request")
-		ckptInterval = fs.Int("checkpoint-interval", int(replication.DefaultCheckpointInterval/time.Millisecond), "checkpoint_interval in ms")
+		workers      = fs.Int("worker-processes", replicate.DefaultWorkerProcesses, "worker_processes")
+		batchSize    = fs.Int("worker-batch-size", replicate.DefaultWorkerBatchSize, "worker_batch_size")
+		conns        = fs.Int("http-connections", replicate.DefaultHTTPConnections, "http_connections")
+		connTimeout  = fs.Int("connection-timeout", int(replicate.DefaultConnectionTimeout/time.Millisecond), "connection_timeout in ms")
+		retries      = fs.Int("retries-per-request", replicate.DefaultRetriesPerRequest, "retries_per_request")
+		ckptInterval = fs.Int("checkpoint-interval", int(replicate.DefaultCheckpointInterval/time.Millisecond), "checkpoint_interval in ms")
 		useCkpt      = fs.Bool("use-checkpoints", true, "record and use checkpoints")
 		useBulkGet   = fs.Bool("use-bulk-get", true, "fetch documents with _bulk_get")
 		winning      = fs.Bool("winning-revs-only", false, "replicate only winning revisions")
@@ -152,7 +152,7 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		doc["doc_ids"], _ = json.Marshal(ids)
 	}
 	body, _ := json.Marshal(doc)
-	p, err := replication.ParseParams(body)
+	p, err := replicate.ParseParams(body)
 	if err != nil {
 		fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
 		return 2
@@ -186,11 +186,11 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return 2
 	}
 	progress := newProgressLine(stderr, *quiet)
-	opts := replication.Options{ServerUUID: *uuid, Logger: logger, Endpoints: replication.EndpointConfigFrom(cfg.Replicator)}
+	opts := replicate.Options{ServerUUID: *uuid, Logger: logger, Endpoints: replicate.EndpointConfigFrom(cfg.Replicator)}
 	if progress != nil {
 		opts.OnProgress, opts.ProgressInterval = progress.report, progressEvery
 	}
-	rep := replication.New(p, opts)
+	rep := replicate.New(p, opts)
 	res, err := rep.Run(ctx)
 	progress.finish()
 	if err != nil {

@@ -6,7 +6,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -48,7 +48,7 @@ func TestJobSummary(t *testing.T) {
 		withHistory bool
 		check       func(*messages.JobSummary) bool
 	}{
-		{"running shows its worker node, no error", &repjob.Record{ReplicationJob: base(), QueueState: jobs.StateRunning, WorkerNode: "n2"}, false,
+		{"running shows its worker node, no error", &repjob.Record{ReplicationJob: base(), QueueState: jobqueue.StateRunning, WorkerNode: "n2"}, false,
 			func(s *messages.JobSummary) bool {
 				return s.Status == messages.JobStatus_JOB_STATUS_RUNNING && s.Node == "n2" && s.Error == "" && s.History == nil &&
 					s.Kind == "persistent" && s.Stats.GetChangesPending() == 7 && s.Stats.GetDocsWritten() == 5 && s.ErrorCount == 2
@@ -57,7 +57,7 @@ func TestJobSummary(t *testing.T) {
 			m := base()
 			m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
 			return m
-		}(), QueueState: jobs.StatePending}, true,
+		}(), QueueState: jobqueue.StatePending}, true,
 			func(s *messages.JobSummary) bool {
 				return s.Status == messages.JobStatus_JOB_STATUS_CRASHING && s.Node == "" && s.Error == "boom" && len(s.History) == 1
 			}},
@@ -66,7 +66,7 @@ func TestJobSummary(t *testing.T) {
 			m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
 			m.Source, m.LastError = "http://bob:s3cr3t@s/", "GET http://bob:s3cr3t@s/: Authorization: Basic s3cr3t"
 			return m
-		}(), QueueState: jobs.StatePending}, false,
+		}(), QueueState: jobqueue.StatePending}, false,
 			func(s *messages.JobSummary) bool {
 				return s.Source == "http://bob:*****@s/" && s.Error == "GET http://bob:*****@s/: Authorization: Basic *****"
 			}},
@@ -75,7 +75,7 @@ func TestJobSummary(t *testing.T) {
 			m.LastError = ""
 			m.Stats = nil
 			return m
-		}(), QueueState: jobs.StateFinished, Canceled: true}, false,
+		}(), QueueState: jobqueue.StateFinished, Canceled: true}, false,
 			func(s *messages.JobSummary) bool {
 				return s.Status == messages.JobStatus_JOB_STATUS_FAILED && s.Error == "canceled" && s.Stats.GetChangesPending() == -1
 			}},

@@ -8,7 +8,7 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // Terminal replication states, the only ones written back to documents.
@@ -138,7 +138,7 @@ func Decide(doc Doc, known Known) Decision {
 		}
 		// A user edited the parameters of a finished document: a new job.
 	}
-	if _, err := replication.ParseParams(body); err != nil {
+	if _, err := replicate.ParseParams(body); err != nil {
 		return Decision{Action: ActionFail, Why: InvalidReason(err), Fingerprint: fp}
 	}
 	why := whyNew
@@ -164,11 +164,11 @@ func Decide(doc Doc, known Known) Decision {
 // InvalidReason is the reason written to an invalid document: the text of
 // ParseParams' error, which names the field, without the Go error prefix.
 func InvalidReason(err error) string {
-	var pe *replication.ParamError
+	var pe *replicate.ParamError
 	if errors.As(err, &pe) && pe.Reason != "" {
 		return pe.Reason
 	}
-	return strings.TrimPrefix(err.Error(), replication.ErrInvalidParams.Error()+": ")
+	return strings.TrimPrefix(err.Error(), replicate.ErrInvalidParams.Error()+": ")
 }
 
 // errNotObject is the reason for a document that is not a JSON object.

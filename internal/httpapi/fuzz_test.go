@@ -14,7 +14,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // errStoreDown is what memStore answers when it is down.
@@ -32,7 +32,7 @@ type memStore struct {
 func newMemStore(down bool) *memStore { return &memStore{jobs: map[string]*httpapi.Job{}, down: down} }
 
 func (m *memStore) TransientJobID(body []byte, user string) (string, error) {
-	p, err := replication.ParseParams(body)
+	p, err := replicate.ParseParams(body)
 	if err != nil {
 		return "", err
 	}
@@ -43,7 +43,7 @@ func (m *memStore) AddTransient(_ context.Context, body []byte, user string) (st
 	if m.down {
 		return "", errStoreDown
 	}
-	p, err := replication.ParseParams(body)
+	p, err := replicate.ParseParams(body)
 	if err != nil {
 		return "", err
 	}

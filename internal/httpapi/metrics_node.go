@@ -11,7 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -116,13 +116,13 @@ func (n *nodeMetrics) clusterAndCheck() (Cluster, func(context.Context) error) {
 }
 
 // ObserveEngine counts a replication run's event (replication.Options.OnEvent).
-func (m *Metrics) ObserveEngine(e replication.Event) {
+func (m *Metrics) ObserveEngine(e replicate.Event) {
 	switch e {
-	case replication.EventCheckpointRecorded:
+	case replicate.EventCheckpointRecorded:
 		m.node.checkpoints.WithLabelValues("success").Inc()
-	case replication.EventCheckpointFailed:
+	case replicate.EventCheckpointFailed:
 		m.node.checkpoints.WithLabelValues("failure").Inc()
-	case replication.EventChangesReadFailed:
+	case replicate.EventChangesReadFailed:
 		m.node.changesFailures.Inc()
 	}
 }

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/couchrep/couchrep/internal/httpapi"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -120,8 +120,8 @@ func TestJobEngineAndSupervisorMetrics(t *testing.T) {
 	m.ObserveJob("c", "running", false, c(0, 0, 0, 0, 0))
 	m.ObserveJob("c", "", true, c(5, 5, 0, 5, 5))
 	m.ObserveJob("c", "crashing", false, c(5, 5, 0, 5, 5))
-	for _, e := range []replication.Event{replication.EventCheckpointRecorded, replication.EventCheckpointRecorded,
-		replication.EventCheckpointFailed, replication.EventChangesReadFailed} {
+	for _, e := range []replicate.Event{replicate.EventCheckpointRecorded, replicate.EventCheckpointRecorded,
+		replicate.EventCheckpointFailed, replicate.EventChangesReadFailed} {
 		m.ObserveEngine(e)
 	}
 	for _, e := range []*supervisor.Event{

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -45,7 +45,7 @@ func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string
 
 // TransientJobID implements Store.
 func (a *RepjobStore) TransientJobID(body []byte, user string) (string, error) {
-	p, err := replication.ParseParams(body)
+	p, err := replicate.ParseParams(body)
 	if err != nil {
 		return "", err
 	}
@@ -139,7 +139,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 	if r.WorkerNode != "" && j.State == StateRunning {
 		j.Node = r.WorkerNode
 	}
-	if p, err := replication.ParseParams(m.GetBody()); err == nil {
+	if p, err := replicate.ParseParams(m.GetBody()); err == nil {
 		j.CheckpointInterval = p.CheckpointInterval
 		j.SourceProxy, j.TargetProxy = p.Source.Proxy, p.Target.Proxy
 		if j.Source == "" {

@@ -17,7 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/redact"
-	"github.com/couchrep/couchrep/internal/replication"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // DefaultMaxBodyBytes is the largest request body accepted when
@@ -292,7 +292,7 @@ func (s *Server) readJSONBody(w http.ResponseWriter, r *http.Request) ([]byte, e
 
 // paramError turns a validation error into CouchDB's reply.
 func paramError(err error) *apiError {
-	var pe *replication.ParamError
+	var pe *replicate.ParamError
 	if errors.As(err, &pe) {
 		return errorf(http.StatusBadRequest, pe.Code, "%s", pe.Reason)
 	}

@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/httpapi"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 const uuid = "0123456789abcdef0123456789abcdef"
@@ -43,8 +43,8 @@ func newEnvWith(t *testing.T, o httpapi.Options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	q := jobs.New(db, jobs.Options{NodeName: "n1", AcceptSpread: 1})
-	st := repjob.New(q, db, repjob.Options{ServerUUID: uuid, Policy: scheduler.DefaultPolicy()})
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "n1", AcceptSpread: 1})
+	st := repjob.New(q, db, repjob.Options{ServerUUID: uuid, Policy: schedpolicy.DefaultPolicy()})
 	o.Store = httpapi.NewRepjobStore(st, uuid)
 	api := httpapi.New(o)
 	srv := httptest.NewServer(api)
@@ -299,7 +299,7 @@ func TestContinuousLifecycle(t *testing.T) {
 	}
 
 	run := accept(t, e.store)
-	if err := run.Progress(ctx, replication.Stats{DocsWritten: 7, DocsRead: 7}); err != nil {
+	if err := run.Progress(ctx, replicate.Stats{DocsWritten: 7, DocsRead: 7}); err != nil {
 		t.Fatal(err)
 	}
 	r = e.get("/_scheduler/jobs/" + localID)
@@ -360,7 +360,7 @@ func TestOneShotWaitsForCompletion(t *testing.T) {
 	default:
 	}
 	want := `{"ok":true,"session_id":"s1","source_last_seq":"3","replication_id_version":4,"history":[]}`
-	if err := run.Complete(ctx, replication.Result{Body: json.RawMessage(want), Stats: replication.Stats{DocsWritten: 3}}); err != nil {
+	if err := run.Complete(ctx, replicate.Result{Body: json.RawMessage(want), Stats: replicate.Stats{DocsWritten: 3}}); err != nil {
 		t.Fatal(err)
 	}
 	r := <-done

@@ -6,7 +6,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 // ErrNotFound is what a Store returns (wrapped or not) for a job that does
@@ -49,7 +49,7 @@ type Job struct {
 	// CheckpointInterval is the job's checkpoint_interval.
 	CheckpointInterval time.Duration
 	// History is the scheduler history, newest first.
-	History scheduler.History
+	History schedpolicy.History
 	// LastError is why the job last crashed or failed.
 	LastError string
 	// ErrorCount counts consecutive crashes.

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/redact"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 // replicate is POST /_replicate.
@@ -21,7 +21,7 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if err != nil {
 		return err
 	}
-	req, err := replication.ParseReplicateRequest(body)
+	req, err := replicate.ParseReplicateRequest(body)
 	if err != nil {
 		return paramError(err)
 	}
@@ -93,7 +93,7 @@ func startError(j *Job) *apiError {
 }
 
 // cancel stops a transient replication named by ID or by its body.
-func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replication.ReplicateRequest, body []byte, user string) error {
+func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.ReplicateRequest, body []byte, user string) error {
 	ctx := r.Context()
 	var (
 		job *Job
@@ -226,19 +226,19 @@ func (s *Server) schedulerJobs(w http.ResponseWriter, r *http.Request, rest stri
 // jobJSON is a _scheduler/jobs entry (couch_replicator_httpd_util job_ejson)
 // plus the job's state and store id.
 type jobJSON struct {
-	ID        string            `json:"id"`
-	JobID     string            `json:"job_id"`
-	PID       *string           `json:"pid"`
-	Source    string            `json:"source"`
-	Target    string            `json:"target"`
-	Database  *string           `json:"database"`
-	User      *string           `json:"user"`
-	DocID     *string           `json:"doc_id"`
-	State     string            `json:"state"`
-	Info      map[string]any    `json:"info"`
-	History   scheduler.History `json:"history"`
-	Node      *string           `json:"node"`
-	StartTime *string           `json:"start_time"`
+	ID        string              `json:"id"`
+	JobID     string              `json:"job_id"`
+	PID       *string             `json:"pid"`
+	Source    string              `json:"source"`
+	Target    string              `json:"target"`
+	Database  *string             `json:"database"`
+	User      *string             `json:"user"`
+	DocID     *string             `json:"doc_id"`
+	State     string              `json:"state"`
+	Info      map[string]any      `json:"info"`
+	History   schedpolicy.History `json:"history"`
+	Node      *string             `json:"node"`
+	StartTime *string             `json:"start_time"`
 	// SourceProxy and TargetProxy are the proxies, password masked
 	// (CouchDB's job_proxy_url); null for none.
 	SourceProxy *string `json:"source_proxy"`
@@ -256,7 +256,7 @@ func timeOrNil(t time.Time) *string {
 	if t.IsZero() {
 		return nil
 	}
-	s := scheduler.ISO8601(t)
+	s := schedpolicy.ISO8601(t)
 	return &s
 }
 
@@ -275,7 +275,7 @@ func jobView(j *Job) jobJSON {
 		v.PID = strOrNil("<" + j.JobID + "@" + j.Node + ">")
 	}
 	if v.History == nil {
-		v.History = scheduler.History{}
+		v.History = schedpolicy.History{}
 	}
 	v.Info = statsJSON(j.Stats)
 	if (j.State == StateCrashing || j.State == StateFailed) && j.LastError != "" {

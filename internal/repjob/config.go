@@ -4,14 +4,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 // PolicyFromConfig is the scheduling policy of a [replicator] section.
-func PolicyFromConfig(r config.Replicator) scheduler.Policy {
-	return scheduler.Policy{
+func PolicyFromConfig(r config.Replicator) schedpolicy.Policy {
+	return schedpolicy.Policy{
 		MaxJobs: r.MaxJobs, MaxChurn: r.MaxChurn, Interval: r.Interval,
 		MinBackoff: r.MinBackoff, MaxBackoff: r.MaxBackoff, HealthThreshold: r.HealthThreshold,
 		MaxHistory: r.MaxHistory, StartupJitter: r.StartupJitter, MinRunTime: r.MinRunTime,
@@ -22,10 +22,10 @@ func PolicyFromConfig(r config.Replicator) scheduler.Policy {
 // UUID, scheduling policy, shares and transient job max age. Every part of a
 // node should share the one store the node builds (actors.Deps.RepJobs), so
 // that run-time share and policy changes reach all of them.
-func NewFromConfig(queue *jobs.Queue, db kv.Database, cfg config.Config, log zerolog.Logger) *Store {
+func NewFromConfig(queue *jobqueue.Queue, db kv.Database, cfg config.Config, log zerolog.Logger) *Store {
 	p := PolicyFromConfig(cfg.Replicator)
 	if p.Validate() != nil {
-		p = scheduler.DefaultPolicy()
+		p = schedpolicy.DefaultPolicy()
 	}
 	return New(queue, db, Options{
 		Logger: log, ServerUUID: cfg.CouchDB.UUID, Policy: p, Shares: cfg.Shares,

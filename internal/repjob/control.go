@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -40,7 +40,7 @@ func (s *Store) RequestControl(ctx context.Context, jobID string, action message
 		if err != nil {
 			return err
 		}
-		if info.State != jobs.StateRunning {
+		if info.State != jobqueue.StateRunning {
 			return fmt.Errorf("%w: %s", ErrNotRunning, info.State)
 		}
 		c, err = s.addControl(tx, info, action, by)
@@ -68,7 +68,7 @@ func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobCont
 		if err != nil {
 			return err
 		}
-		if info.State == jobs.StateRunning {
+		if info.State == jobqueue.StateRunning {
 			if c, err = s.addControl(tx, info, messages.JobControl_ACTION_CANCEL, by); err != nil {
 				return err
 			}
@@ -90,7 +90,7 @@ func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobCont
 
 // addControl writes a request for the running job info (or returns the one
 // pending for the same run) and wakes its node's job server.
-func (s *Store) addControl(tx kv.Tx, info *jobs.JobInfo, action messages.JobControl_Action, by string) (*messages.JobControl, error) {
+func (s *Store) addControl(tx kv.Tx, info *jobqueue.JobInfo, action messages.JobControl_Action, by string) (*messages.JobControl, error) {
 	key := s.k.controlKey(info.WorkerNode, info.ID)
 	old, err := s.readControl(tx, key)
 	if err != nil {
@@ -245,13 +245,13 @@ func (s *Store) staleTx(tx kv.ReadTx, c *messages.JobControl) (bool, error) {
 		return s.now().Sub(c.GetRequestedAt().AsTime()) > s.timeout, nil
 	}
 	info, err := s.q.GetTx(tx, JobType, c.GetJobId())
-	if errors.Is(err, jobs.ErrNotFound) {
+	if errors.Is(err, jobqueue.ErrNotFound) {
 		return true, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	return info.State != jobs.StateRunning || info.WorkerNode != c.GetNode() || info.AcceptCount != c.GetRun(), nil
+	return info.State != jobqueue.StateRunning || info.WorkerNode != c.GetNode() || info.AcceptCount != c.GetRun(), nil
 }
 
 // CleanupControls removes stale requests (their run ended without their

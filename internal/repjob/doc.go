@@ -1,5 +1,5 @@
 // Package repjob is the replication job store: CouchDB's FDB-era
-// couch_replicator_jobs on internal/jobs. It is the one place where
+// couch_replicator_jobs on internal/jobqueue. It is the one place where
 // replication jobs are created, read, followed and finished, for every other
 // part of couchrep: the HTTP API (POST /_replicate, _scheduler/*), the doc
 // processor (_replicator documents), the job actors and the scheduler.

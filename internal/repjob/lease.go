@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 )
 
 // KeepLease holds this process's lease on replication jobs until ctx ends:
@@ -19,7 +19,7 @@ import (
 // the jobs first), else left to expire.
 func (s *Store) KeepLease(ctx context.Context) {
 	every := s.ActivityTimeout() / 3
-	var l *jobs.Lease
+	var l *jobqueue.Lease
 	defer func() {
 		s.lease.Store(nil)
 		if l != nil {
@@ -55,7 +55,7 @@ func (s *Store) KeepLease(ctx context.Context) {
 		}
 		err := l.Renew(ctx)
 		switch {
-		case errors.Is(err, jobs.ErrLeaseLost):
+		case errors.Is(err, jobqueue.ErrLeaseLost):
 			s.log.Warn().Str("lease", l.ID()).Msg("repjob: lease lost (silent for an activity timeout): its jobs stop; opening another")
 			s.lease.Store(nil)
 			l = nil

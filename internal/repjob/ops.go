@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
 	"github.com/couchrep/couchrep/internal/redact"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -53,7 +53,7 @@ type newJob struct {
 	id, server, db string
 	docID, user    string
 	body           []byte
-	params         replication.Params
+	params         replicate.Params
 	repID, base    string
 	shareKey       string
 	transient      bool
@@ -64,7 +64,7 @@ type newJob struct {
 // nothing (Existed); a finished one is started again. A body that does not
 // parse gives an error wrapping ErrInvalid whose message names the field.
 func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (AddResult, error) {
-	p, err := replication.ParseParams(body)
+	p, err := replicate.ParseParams(body)
 	if err != nil {
 		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -78,7 +78,7 @@ func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (Add
 // replace the job (a running one is stopped: its worker loses its lock).
 // An invalid document gives an error wrapping ErrInvalid and no job.
 func (s *Store) AddPersistent(ctx context.Context, doc PersistentDoc) (AddResult, error) {
-	p, err := replication.ParseParams(doc.Body)
+	p, err := replicate.ParseParams(doc.Body)
 	if err != nil {
 		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -100,9 +100,9 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 	if err := s.Init(ctx); err != nil {
 		return AddResult{}, err
 	}
-	if base, ext, err := replication.ID(j.params, s.uuid); err == nil {
+	if base, ext, err := replicate.ID(j.params, s.uuid); err == nil {
 		j.repID, j.base = base+ext, base
-	} else if !errors.Is(err, replication.ErrFilterCodeNeeded) {
+	} else if !errors.Is(err, replicate.ErrFilterCodeNeeded) {
 		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	var res AddResult
@@ -111,7 +111,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 		now := s.now()
 		info, err := s.q.GetTx(tx, JobType, j.id)
 		switch {
-		case errors.Is(err, jobs.ErrNotFound):
+		case errors.Is(err, jobqueue.ErrNotFound):
 		case err != nil:
 			return err
 		default:
@@ -120,7 +120,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 				return err
 			}
 			same := bytes.Equal(old.Body, j.body)
-			live := info.State != jobs.StateFinished
+			live := info.State != jobqueue.StateFinished
 			if (same || j.transient) && (live || !j.transient) {
 				res.Existed, res.Record, res.RepID = true, old, old.RepId
 				return nil
@@ -132,7 +132,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 		m := &messages.ReplicationJob{
 			Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
 			Body: j.body, RepId: j.repID, BaseId: j.base, State: messages.ReplicationState_REPLICATION_STATE_PENDING,
-			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
+			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
 			Continuous: j.params.Continuous, ShareKey: j.shareKey,
 			Source: redact.StripUserinfo(j.params.Source.URL), Target: redact.StripUserinfo(j.params.Target.URL),
 		}
@@ -149,13 +149,13 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 		if err != nil {
 			return err
 		}
-		if err := s.q.AddTx(tx, JobType, j.id, jobs.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
+		if err := s.q.AddTx(tx, JobType, j.id, jobqueue.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
 			return err
 		}
 		if err := s.noteChange(tx, j.id); err != nil {
 			return err
 		}
-		res.Record = &Record{ReplicationJob: m, QueueState: jobs.StatePending, Priority: prio}
+		res.Record = &Record{ReplicationJob: m, QueueState: jobqueue.StatePending, Priority: prio}
 		return nil
 	})
 	if err != nil {
@@ -167,8 +167,8 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 // retire undoes what a job being replaced holds: the quantum a pending job
 // reserved goes back to its share key, its replication id is released, and
 // a finished transient job's expiry is dropped.
-func (s *Store) retire(tx kv.Tx, old *Record, st jobs.State, now time.Time) error {
-	if st == jobs.StatePending {
+func (s *Store) retire(tx kv.Tx, old *Record, st jobqueue.State, now time.Time) error {
+	if st == jobqueue.StatePending {
 		if err := s.ledger(tx).charge(old.ShareKey, -s.shareParams().Quantum, now); err != nil {
 			return err
 		}
@@ -195,7 +195,7 @@ func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string
 		now := s.now()
 		info, err := s.q.GetTx(tx, JobType, id)
 		switch {
-		case errors.Is(err, jobs.ErrNotFound):
+		case errors.Is(err, jobqueue.ErrNotFound):
 		case err != nil:
 			return err
 		default:
@@ -211,20 +211,20 @@ func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string
 			Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
 			DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
 			State: messages.ReplicationState_REPLICATION_STATE_FAILED, LastError: reason,
-			History: scheduler.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
+			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
 			ShareKey: share.Key(doc.DB, doc.User),
 		}
 		data, err := marshal(m)
 		if err != nil {
 			return err
 		}
-		if err := s.q.AddTx(tx, JobType, id, jobs.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
+		if err := s.q.AddTx(tx, JobType, id, jobqueue.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
 			return err
 		}
 		if err := s.noteChange(tx, id); err != nil {
 			return err
 		}
-		res = AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobs.StateFinished}}
+		res = AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}}
 		return nil
 	})
 	if err != nil {
@@ -244,10 +244,10 @@ func (s *Store) claimIfFree(tx kv.Tx, repID, id string) (string, error) {
 	if owner != nil && string(owner) != id {
 		info, err := s.q.GetTx(tx, JobType, string(owner))
 		switch {
-		case errors.Is(err, jobs.ErrNotFound):
+		case errors.Is(err, jobqueue.ErrNotFound):
 		case err != nil:
 			return "", err
-		case info.State != jobs.StateFinished:
+		case info.State != jobqueue.StateFinished:
 			return string(owner), nil
 		}
 	}
@@ -290,7 +290,7 @@ func (s *Store) Remove(ctx context.Context, jobID string) error {
 }
 
 // removeTx is Remove of the job info in the caller's transaction.
-func (s *Store) removeTx(tx kv.Tx, info *jobs.JobInfo) error {
+func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
 	rec, err := recordFromInfo(info)
 	if err != nil {
 		return err
@@ -298,9 +298,9 @@ func (s *Store) removeTx(tx kv.Tx, info *jobs.JobInfo) error {
 	now := s.now()
 	l := s.ledger(tx)
 	switch info.State {
-	case jobs.StatePending:
+	case jobqueue.StatePending:
 		err = l.charge(rec.ShareKey, -l.p.Quantum, now)
-	case jobs.StateRunning:
+	case jobqueue.StateRunning:
 		err = l.chargeRun(rec.ShareKey, rec.GetLastStarted().AsTime(), now)
 	}
 	if err != nil {
@@ -322,7 +322,7 @@ func wrapNotFound(op, id string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, jobs.ErrNotFound):
+	case errors.Is(err, jobqueue.ErrNotFound):
 		return fmt.Errorf("repjob: %s job %q: %w: %w", op, id, ErrNotFound, err)
 	default:
 		return fmt.Errorf("repjob: %s job %q: %w", op, id, err)
@@ -374,7 +374,7 @@ func (s *Store) Each(ctx context.Context, f Filter, fn func(*Record) error) erro
 	if err := s.Init(ctx); err != nil {
 		return err
 	}
-	return s.q.Fold(ctx, JobType, func(info *jobs.JobInfo) error {
+	return s.q.Fold(ctx, JobType, func(info *jobqueue.JobInfo) error {
 		r, err := recordFromInfo(info)
 		if err != nil {
 			s.log.Warn().Err(err).Str("job_id", info.ID).Msg("repjob: skipping undecodable job")
@@ -618,13 +618,13 @@ func (s *Store) CleanupTransient(ctx context.Context) (int, error) {
 		for i, key := range expired {
 			tx.Clear(key)
 			info, err := s.q.GetTx(tx, JobType, ids[i])
-			if errors.Is(err, jobs.ErrNotFound) {
+			if errors.Is(err, jobqueue.ErrNotFound) {
 				continue
 			}
 			if err != nil {
 				return err
 			}
-			if info.State != jobs.StateFinished {
+			if info.State != jobqueue.StateFinished {
 				continue
 			}
 			rec, err := recordFromInfo(info)

@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/storetest"
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -26,17 +26,17 @@ func TestMain(m *testing.M) {
 
 type env struct {
 	store *repjob.Store
-	q     *jobs.Queue
-	clock *scheduler.FakeClock
+	q     *jobqueue.Queue
+	clock *schedpolicy.FakeClock
 	db    kv.Database
 }
 
 func newEnv(t testing.TB, mod func(*repjob.Options)) *env {
 	t.Helper()
 	db := storetest.Open(t)
-	clock := scheduler.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-	q := jobs.New(db, jobs.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
-	opts := repjob.Options{Clock: clock, ServerUUID: uuid, Policy: scheduler.DefaultPolicy()}
+	clock := schedpolicy.NewFakeClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	q := jobqueue.New(db, jobqueue.Options{Clock: clock.Now, NodeName: "n1", AcceptSpread: 1})
+	opts := repjob.Options{Clock: clock, ServerUUID: uuid, Policy: schedpolicy.DefaultPolicy()}
 	if mod != nil {
 		mod(&opts)
 	}
@@ -59,7 +59,7 @@ func TestAddTransient(t *testing.T) {
 		if r1.Existed || r1.RepID == "" || r1.Record.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
 			t.Fatalf("first add: %+v state %v", r1, r1.Record.State())
 		}
-		base, ext, _ := replication.ID(mustParse(t, b), uuid)
+		base, ext, _ := replicate.ID(mustParse(t, b), uuid)
 		if r1.RepID != base+ext {
 			t.Fatalf("rep id %q, want %q", r1.RepID, base+ext)
 		}
@@ -89,7 +89,7 @@ func TestAddTransient(t *testing.T) {
 			})
 		}
 		if _, err := e.store.AddTransient(ctx, []byte(`{"source":"http://a/x"}`), "alice"); !errors.Is(err, repjob.ErrInvalid) ||
-			!errors.Is(err, replication.ErrInvalidParams) {
+			!errors.Is(err, replicate.ErrInvalidParams) {
 			t.Fatalf("invalid body: %v", err)
 		}
 		got, err := e.store.FindByRepID(ctx, r1.RepID)
@@ -106,9 +106,9 @@ func TestAddTransient(t *testing.T) {
 	})
 }
 
-func mustParse(t testing.TB, b []byte) replication.Params {
+func mustParse(t testing.TB, b []byte) replicate.Params {
 	t.Helper()
-	p, err := replication.ParseParams(b)
+	p, err := replicate.ParseParams(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestAddPersistentReplacesRunningJob(t *testing.T) {
 		if r2, err := e.store.AddPersistent(ctx, doc); err != nil || r2.Existed {
 			t.Fatalf("changed doc: %+v %v", r2, err)
 		}
-		if err := run.Progress(ctx, replication.Stats{DocsRead: 1}); !errors.Is(err, jobs.ErrWorkerConflict) || !repjob.IsLost(err) {
+		if err := run.Progress(ctx, replicate.Stats{DocsRead: 1}); !errors.Is(err, jobqueue.ErrWorkerConflict) || !repjob.IsLost(err) {
 			t.Fatalf("progress after replace: %v", err)
 		}
 		rec, err := e.store.Get(ctx, r.JobID)
@@ -173,7 +173,7 @@ func TestRunLifecycle(t *testing.T) {
 		if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING || rec.Node != "n1" {
 			t.Fatalf("started: %v %q", rec.State(), rec.Node)
 		}
-		if err := run.Progress(ctx, replication.Stats{DocsRead: 7, DocsWritten: 6}); err != nil {
+		if err := run.Progress(ctx, replicate.Stats{DocsRead: 7, DocsWritten: 6}); err != nil {
 			t.Fatal(err)
 		}
 		rec, _ = e.store.Get(ctx, r.JobID)
@@ -181,7 +181,7 @@ func TestRunLifecycle(t *testing.T) {
 			t.Fatalf("stats %+v", rec.Stats)
 		}
 		e.clock.Advance(time.Minute)
-		if err := run.Complete(ctx, replication.Result{Body: []byte(`{"ok":true}`), Stats: replication.Stats{DocsRead: 9}}); err != nil {
+		if err := run.Complete(ctx, replicate.Result{Body: []byte(`{"ok":true}`), Stats: replicate.Stats{DocsRead: 9}}); err != nil {
 			t.Fatal(err)
 		}
 		rec, err = e.store.WaitFinished(ctx, r.JobID)
@@ -196,7 +196,7 @@ func TestRunLifecycle(t *testing.T) {
 		}
 		run, _ = e.store.Accept(ctx, false)
 		_ = run.Start(ctx, "n1")
-		if err := run.Complete(ctx, replication.Result{}); err != nil {
+		if err := run.Complete(ctx, replicate.Result{}); err != nil {
 			t.Fatal(err)
 		}
 		// Kept for TransientMaxAge, then removed.
@@ -216,7 +216,7 @@ func TestRunLifecycle(t *testing.T) {
 func TestCrashBackoffDoublesCapsAndHeals(t *testing.T) {
 	storetest.Each(t, func(t *testing.T) {
 		ctx := context.Background()
-		p := scheduler.DefaultPolicy()
+		p := schedpolicy.DefaultPolicy()
 		p.MinBackoff, p.MaxBackoff, p.HealthThreshold = 10*time.Second, 60*time.Second, 2*time.Minute
 		e := newEnv(t, func(o *repjob.Options) { o.Policy = p })
 		r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", `,"continuous":true`), "alice")
@@ -240,7 +240,7 @@ func TestCrashBackoffDoublesCapsAndHeals(t *testing.T) {
 		for i, st := range steps {
 			if i > 0 {
 				e.clock.Advance(steps[i-1].wantBackoff - time.Millisecond)
-				if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
+				if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobqueue.ErrNotFound) {
 					t.Fatalf("step %d: accepted during backoff (%v)", i, err)
 				}
 				e.clock.Advance(time.Millisecond)
@@ -317,7 +317,7 @@ func TestRepIDCollisions(t *testing.T) {
 				if err := run.Start(ctx, "n1"); err != nil {
 					t.Fatal(err)
 				}
-				base, ext, _ := replication.ID(mustParse(t, b), uuid)
+				base, ext, _ := replicate.ID(mustParse(t, b), uuid)
 				_, err = run.ClaimRepID(ctx, base, ext, "")
 				var d *repjob.Duplicate
 				if !errors.As(err, &d) || !errors.Is(err, repjob.ErrDuplicate) || d.OwnerJobID != owner.JobID || d.OwnerKind != c.wantKind {
@@ -358,7 +358,7 @@ func TestFilterChangeMovesRepID(t *testing.T) {
 			if err := run.Start(ctx, "n1"); err != nil {
 				t.Fatal(err)
 			}
-			base, ext, err := replication.ID(p.WithFilterCode(code), uuid)
+			base, ext, err := replicate.ID(p.WithFilterCode(code), uuid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -488,7 +488,7 @@ func TestAddInvalidRecordsAFailedJob(t *testing.T) {
 		if err != nil || res.JobID != added.JobID {
 			t.Fatalf("AddInvalid = %+v, %v", res, err)
 		}
-		if err := run.Progress(ctx, replication.Stats{}); !repjob.IsLost(err) {
+		if err := run.Progress(ctx, replicate.Stats{}); !repjob.IsLost(err) {
 			t.Fatalf("the replaced run's worker kept its job: %v", err)
 		}
 		rec, err := e.store.Get(ctx, added.JobID)
@@ -496,7 +496,7 @@ func TestAddInvalidRecordsAFailedJob(t *testing.T) {
 			rec.GetLastError() != "parameter `doc_ids` must be an array" || rec.GetDocId() != "d1" {
 			t.Fatalf("invalid document's job: %+v %v", rec, err)
 		}
-		if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobs.ErrNotFound) {
+		if _, err := e.store.Accept(ctx, false); !errors.Is(err, jobqueue.ErrNotFound) {
 			t.Fatalf("a failed record was accepted: %v", err)
 		}
 		// Its replication id is free: another document may use it.

@@ -9,10 +9,10 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -26,7 +26,7 @@ import (
 type Run struct {
 	s  *Store
 	mu sync.Mutex
-	j  *jobs.Job
+	j  *jobqueue.Job
 	m  *messages.ReplicationJob
 }
 
@@ -38,7 +38,7 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
 	}
-	j, err := s.q.Accept(ctx, JobType, jobs.AcceptOptions{Wait: wait, Lease: s.lease.Load()})
+	j, err := s.q.Accept(ctx, JobType, jobqueue.AcceptOptions{Wait: wait, Lease: s.lease.Load()})
 	if err != nil {
 		return nil, fmt.Errorf("repjob: accept: %w", err)
 	}
@@ -111,7 +111,7 @@ func (r *Run) Start(ctx context.Context, node string) error {
 		m.State = messages.ReplicationState_REPLICATION_STATE_RUNNING
 		m.Node = node
 		m.LastStarted = ts(now)
-		h := scheduler.HistoryFromProto(m.History).Append(scheduler.Event{Type: scheduler.EventStarted, At: now},
+		h := schedpolicy.HistoryFromProto(m.History).Append(schedpolicy.Event{Type: schedpolicy.EventStarted, At: now},
 			r.s.Policy().MaxHistory)
 		m.History = h.Proto()
 		return l.accepted(prio)
@@ -172,7 +172,7 @@ func (r *Run) ClaimRepID(ctx context.Context, base, ext, filterCode string) (cha
 // Progress records the job's stats; it also proves the worker alive to the
 // activity monitor. Call it at every checkpoint, and at least twice per
 // activity timeout unless the run is held under a lease (Watch).
-func (r *Run) Progress(ctx context.Context, st replication.Stats) error {
+func (r *Run) Progress(ctx context.Context, st replicate.Stats) error {
 	return r.write(ctx, "update", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
 		m.Stats = StatsProto(st)
 		return nil
@@ -181,7 +181,7 @@ func (r *Run) Progress(ctx context.Context, st replication.Stats) error {
 
 // Complete finishes a one-shot job that replicated everything: state
 // completed, with its final stats and CouchDB's POST /_replicate reply.
-func (r *Run) Complete(ctx context.Context, res replication.Result) error {
+func (r *Run) Complete(ctx context.Context, res replicate.Result) error {
 	return r.finish(ctx, "complete", messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", func(m *messages.ReplicationJob) {
 		m.Stats = StatsProto(res.Stats)
 		m.Result = append([]byte(nil), res.Body...)
@@ -220,8 +220,8 @@ func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
 	var until time.Time
 	err := r.resubmit(ctx, "crash", func(m *messages.ReplicationJob, now time.Time) time.Time {
 		p := r.s.Policy()
-		h := scheduler.HistoryFromProto(m.History).Append(
-			scheduler.Event{Type: scheduler.EventCrashed, At: now, Reason: reason}, p.MaxHistory)
+		h := schedpolicy.HistoryFromProto(m.History).Append(
+			schedpolicy.Event{Type: schedpolicy.EventCrashed, At: now, Reason: reason}, p.MaxHistory)
 		m.History = h.Proto()
 		m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
 		m.LastError = reason
@@ -237,8 +237,8 @@ func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
 // a fresh fair-share deadline and "stopped" in its history.
 func (r *Run) Stop(ctx context.Context) error {
 	return r.resubmit(ctx, "stop", func(m *messages.ReplicationJob, now time.Time) time.Time {
-		h := scheduler.HistoryFromProto(m.History).Append(
-			scheduler.Event{Type: scheduler.EventStopped, At: now}, r.s.Policy().MaxHistory)
+		h := schedpolicy.HistoryFromProto(m.History).Append(
+			schedpolicy.Event{Type: schedpolicy.EventStopped, At: now}, r.s.Policy().MaxHistory)
 		m.History = h.Proto()
 		m.State = messages.ReplicationState_REPLICATION_STATE_PENDING
 		return time.Time{}
@@ -246,9 +246,9 @@ func (r *Run) Stop(ctx context.Context) error {
 }
 
 func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.ReplicationJob, now time.Time) time.Time) error {
-	var opts jobs.ResubmitOptions
+	var opts jobqueue.ResubmitOptions
 	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
-		opts = jobs.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
+		opts = jobqueue.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
 		if err := l.chargeRun(m.ShareKey, m.GetLastStarted().AsTime(), now); err != nil {
 			return err
 		}
@@ -261,5 +261,5 @@ func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.Rep
 // IsLost reports whether err means the worker lost the job (another worker
 // took it, or a user removed or canceled it): stop at once, write nothing.
 func IsLost(err error) bool {
-	return errors.Is(err, jobs.ErrWorkerConflict) || errors.Is(err, jobs.ErrCanceled) || errors.Is(err, jobs.ErrNotFound)
+	return errors.Is(err, jobqueue.ErrWorkerConflict) || errors.Is(err, jobqueue.ErrCanceled) || errors.Is(err, jobqueue.ErrNotFound)
 }

@@ -16,11 +16,11 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/couchrep/couchrep/internal/jobs"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/redact"
-	"github.com/couchrep/couchrep/internal/replication"
-	"github.com/couchrep/couchrep/internal/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -75,12 +75,12 @@ type Options struct {
 	// Logger receives structured logs.
 	Logger zerolog.Logger
 	// Clock tells the time; nil is the system clock.
-	Clock scheduler.Clock
+	Clock schedpolicy.Clock
 	// ServerUUID is [couchdb] uuid, the first element of replication ids.
 	ServerUUID string
 	// Policy gives the backoff, history length and run quantum; the zero
 	// value means scheduler.DefaultPolicy().
-	Policy scheduler.Policy
+	Policy schedpolicy.Policy
 	// Shares is [replicator.shares]: share key → shares.
 	Shares map[string]int
 	// HalfLife is share.Params.HalfLife (zero: share's default).
@@ -95,33 +95,33 @@ type Options struct {
 
 // Store is the replication job store. It is safe for concurrent use.
 type Store struct {
-	q    *jobs.Queue
+	q    *jobqueue.Queue
 	db   kv.Database
 	k    keys
 	log  zerolog.Logger
 	uuid string
 
 	mu       sync.Mutex
-	clock    scheduler.Clock
-	policy   scheduler.Policy
+	clock    schedpolicy.Clock
+	policy   schedpolicy.Policy
 	params   share.Params
 	shares   map[string]int
 	maxAge   time.Duration
 	timeout  time.Duration
 	typeDone bool
 
-	lease atomic.Pointer[jobs.Lease] // see KeepLease
+	lease atomic.Pointer[jobqueue.Lease] // see KeepLease
 }
 
 // New returns the store of replication jobs in queue (whose database is db).
-func New(queue *jobs.Queue, db kv.Database, opts Options) *Store {
+func New(queue *jobqueue.Queue, db kv.Database, opts Options) *Store {
 	s := &Store{q: queue, db: db, k: newKeys(opts.Prefix), log: opts.Logger, uuid: opts.ServerUUID,
 		clock: opts.Clock, policy: opts.Policy, maxAge: opts.TransientMaxAge, timeout: opts.ActivityTimeout}
 	if s.clock == nil {
-		s.clock = scheduler.SystemClock{}
+		s.clock = schedpolicy.SystemClock{}
 	}
 	if s.policy.MaxJobs == 0 && s.policy.Interval == 0 {
-		s.policy = scheduler.DefaultPolicy()
+		s.policy = schedpolicy.DefaultPolicy()
 	}
 	if s.maxAge <= 0 {
 		s.maxAge = DefaultTransientMaxAge
@@ -138,14 +138,14 @@ func New(queue *jobs.Queue, db kv.Database, opts Options) *Store {
 }
 
 // Queue returns the job queue the store keeps its jobs in.
-func (s *Store) Queue() *jobs.Queue { return s.q }
+func (s *Store) Queue() *jobqueue.Queue { return s.q }
 
 // ActivityTimeout is the replication job type's activity timeout: workers
 // update their jobs at least twice per timeout.
 func (s *Store) ActivityTimeout() time.Duration { return s.timeout }
 
 // Policy returns the scheduling policy in force.
-func (s *Store) Policy() scheduler.Policy {
+func (s *Store) Policy() schedpolicy.Policy {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.policy
@@ -153,7 +153,7 @@ func (s *Store) Policy() scheduler.Policy {
 
 // SetPolicy changes the policy (max_jobs, backoff, ...) at run time. The
 // fair-share quantum follows it.
-func (s *Store) SetPolicy(p scheduler.Policy) error {
+func (s *Store) SetPolicy(p schedpolicy.Policy) error {
 	if err := p.Validate(); err != nil {
 		return err
 	}
@@ -238,7 +238,7 @@ func (s *Store) Init(ctx context.Context) error {
 type Record struct {
 	*messages.ReplicationJob
 	// QueueState is the couch_jobs state (pending, running, finished).
-	QueueState jobs.State
+	QueueState jobqueue.State
 	// Version changes with every write of the job (see WaitState).
 	Version uint64
 	// Priority is the job's fair-share deadline in the queue.
@@ -258,9 +258,9 @@ type Record struct {
 // pending, a finished job is completed or failed.
 func (r *Record) State() messages.ReplicationState {
 	switch r.QueueState {
-	case jobs.StateRunning:
+	case jobqueue.StateRunning:
 		return messages.ReplicationState_REPLICATION_STATE_RUNNING
-	case jobs.StateFinished:
+	case jobqueue.StateFinished:
 		if st := r.GetState(); st == messages.ReplicationState_REPLICATION_STATE_COMPLETED {
 			return st
 		}
@@ -283,14 +283,14 @@ func StateName(st messages.ReplicationState) string {
 }
 
 // History returns the job's scheduler history.
-func (r *Record) History() scheduler.History {
-	return scheduler.HistoryFromProto(r.GetHistory())
+func (r *Record) History() schedpolicy.History {
+	return schedpolicy.HistoryFromProto(r.GetHistory())
 }
 
 // IsTerminal reports whether the job finished (completed or failed).
-func (r *Record) IsTerminal() bool { return r.QueueState == jobs.StateFinished }
+func (r *Record) IsTerminal() bool { return r.QueueState == jobqueue.StateFinished }
 
-func recordFromInfo(info *jobs.JobInfo) (*Record, error) {
+func recordFromInfo(info *jobqueue.JobInfo) (*Record, error) {
 	m := &messages.ReplicationJob{}
 	if err := proto.Unmarshal(info.Data, m); err != nil {
 		return nil, fmt.Errorf("repjob: decode job %q: %w", info.ID, err)
@@ -315,20 +315,20 @@ func marshal(m *messages.ReplicationJob) ([]byte, error) {
 // target without credentials, the user and the options other than
 // "continuous" and "cancel", so that the same request (or its cancel) finds
 // the same job.
-func TransientJobID(p replication.Params, user, serverUUID string) string {
+func TransientJobID(p replicate.Params, user, serverUUID string) string {
 	p.Continuous = false
 	p.FilterCode = ""
 	p.Source = withoutCreds(p.Source)
 	p.Target = withoutCreds(p.Target)
 	b, _ := json.Marshal(struct {
 		UUID, User string
-		Params     replication.Params
+		Params     replicate.Params
 	}{serverUUID, user, p})
 	sum := md5.Sum(b)
 	return hex.EncodeToString(sum[:])
 }
 
-func withoutCreds(ep replication.EndpointParams) replication.EndpointParams {
+func withoutCreds(ep replicate.EndpointParams) replicate.EndpointParams {
 	ep.BasicUser, ep.BasicPass, ep.HasBasic = "", "", false
 	ep.URL = redact.StripUserinfo(ep.URL)
 	hs := ep.Headers[:0:0]
@@ -357,7 +357,7 @@ func ts(t time.Time) *timestamppb.Timestamp {
 }
 
 // StatsProto converts engine stats to the stored form.
-func StatsProto(st replication.Stats) *messages.ReplicationStats {
+func StatsProto(st replicate.Stats) *messages.ReplicationStats {
 	m := &messages.ReplicationStats{
 		RevisionsChecked: st.RevisionsChecked, MissingRevisionsFound: st.MissingRevisionsFound,
 		DocsRead: st.DocsRead, DocsWritten: st.DocsWritten, DocWriteFailures: st.DocWriteFailures,

@@ -10,7 +10,7 @@
 // queue shared by many nodes without rewriting every pending record. The RFC
 // notes that scheduling by an absolute deadline would avoid the boosting
 // step. This package does exactly that: a job's priority is a virtual
-// deadline, fixed when the job is enqueued, and the queue (internal/jobs
+// deadline, fixed when the job is enqueued, and the queue (internal/jobqueue
 // Accept: lowest priority first, then scheduled time, then id) does the rest.
 // The work is O(1) per enqueue and per charge and nothing is ever rewritten.
 //
@@ -61,7 +61,7 @@
 // refunds give back only what a run did not use, and a job that crashes
 // right away is held back by its backoff (scheduled time), so only finitely
 // many jobs can be put ahead of a waiting job. The simulations in
-// internal/scheduler measure the wait (worst 65 intervals for the 50-share
+// internal/schedpolicy measure the wait (worst 65 intervals for the 50-share
 // database of the scenario, whose fair cycle is about 70).
 //
 // # Decay

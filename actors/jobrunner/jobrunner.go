@@ -1,0 +1,625 @@
+// Package jobrunner is the replication job actor: one per job running
+// on this node, a temporary child of job_server/jobs_sup. It runs the
+// replication engine (internal/replicate) under a context, never in
+// Receive (a goroutine starts the job and hands it to the engine's own
+// goroutine, which ends it), records progress in the job store at every
+// checkpoint and at least twice per activity timeout, and ends the run in
+// the store when the engine returns: completed, crashed (backoff), failed,
+// or stopped cleanly (rotation, shutdown, kill). It stops at once, writing
+// nothing more, when the store says the job was taken away
+// (jobs.ErrWorkerConflict) or removed (jobs.ErrCanceled).
+//
+// The job server starts it, keeps it in its registry and stops it (a
+// StopReplicationJobRequest: rotation, operator, drain); the actor knows no
+// other actor by name: the connection pool and rate limiter it uses come in
+// its Options. It publishes a ReplicationJobEvent on the actor system's
+// event stream at every state change.
+package jobrunner
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/actors/connpool"
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+// Options are a job actor's collaborators.
+type Options struct {
+	// Store is the replication job store.
+	Store *repjob.Store
+	// Node is this node's name, recorded in the job.
+	Node string
+	// ServerUUID is [couchdb] uuid (replication ids).
+	ServerUUID string
+	// Logger receives the job's logs.
+	Logger zerolog.Logger
+	// StartupDelay is waited before the job does any work
+	// (startup_jitter); zero starts at once.
+	StartupDelay time.Duration
+	// HTTPClient, if set, gives the client for the job's endpoints: the
+	// hook for the node's connection_pool (nil: the engine's own pool).
+	HTTPClient func(p replicate.Params) *http.Client
+	// Limiter, if set, is the node's shared rate limiter (rate_limiter).
+	Limiter couch.Limiter
+	// Limits bound what the job's endpoints may send ([replicator]
+	// max_document_bytes, max_changes_row_bytes, max_response_bytes).
+	Limits couch.Limits
+	// Pool, if set, is the node's connection_pool actor: the job takes its
+	// HTTP client from a lease of http_connections concurrent requests per
+	// endpoint, held by this actor (the pool reclaims it if the actor dies)
+	// and released when the run ends. It overrides HTTPClient.
+	Pool *actor.PID
+	// Endpoints are the node's [replicator] settings for endpoint
+	// connections and authentication (TLS, auth plugins, error budget).
+	Endpoints replicate.EndpointConfig
+	// Released is called once when the actor has stopped (the job
+	// server's registry).
+	Released func()
+	// Transport, if set, wraps the transport of the job's HTTP client (the
+	// node's request metrics).
+	Transport func(http.RoundTripper) http.RoundTripper
+	// OnEvent, if set, is the engine's replication.Options.OnEvent.
+	OnEvent func(replicate.Event)
+	// OnStats, if set, is given every stats report of the engine, with the
+	// job's id (the node's counters).
+	OnStats func(jobID string, s replicate.Stats)
+	// Engine overrides how the replication runs (tests, benchmarks); nil
+	// runs replication.New(params, opts).Run.
+	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
+}
+
+// StopTimeout bounds how long a stopping job actor waits for its job to
+// checkpoint and go back to the queue; jobs_sup's shutdown timeout is above it.
+const StopTimeout = 20 * time.Second
+
+// Name is the child name of the actor running job jobID under jobs_sup:
+// "job-" and 16 hex digits of its SHA-1 (job ids may contain "/").
+func Name(jobID string) string {
+	sum := sha1.Sum([]byte(jobID))
+	return "job-" + hex.EncodeToString(sum[:8])
+}
+
+// Props returns the props of the actor running run.
+func Props(run *repjob.Run, o Options) *actor.Props {
+	return actors.Props(func() actor.Actor {
+		return &jobActor{run: run, o: o, log: o.Logger.With().Str("job_id", run.ID()).Logger()}
+	})
+}
+
+// outcome is what the job goroutine reports when it is done.
+type outcome struct{ err error }
+
+type jobActor struct {
+	// client is the lease's client when Options.Pool is set; only the
+	// job goroutine uses it.
+	client  *http.Client
+	run     *repjob.Run
+	o       Options
+	log     zerolog.Logger
+	cancel  context.CancelFunc
+	done    chan struct{}
+	release sync.Once
+	// lease is the connection pool's lease, released by exit.
+	lease *connpool.Lease
+
+	// mu guards the stop request: its reason, and, while the engine runs,
+	// the cancel of its context (the job's). A request before the engine
+	// starts stops it as soon as it does.
+	mu         sync.Mutex
+	stopReason string
+	cancelRun  context.CancelFunc
+}
+
+func (a *jobActor) Receive(ctx actor.Context) {
+	switch m := ctx.Message().(type) {
+	case *actor.Started:
+		a.done = make(chan struct{})
+		c, cancel := context.WithCancel(context.Background())
+		a.cancel = cancel
+		self, system := ctx.Self(), ctx.ActorSystem()
+		go func() {
+			if err := a.work(c, system, self); err != errHandedOff {
+				a.exit(system, self, err)
+			}
+		}()
+	case *messages.StopReplicationJobRequest:
+		a.mu.Lock()
+		if a.stopReason == "" {
+			a.stopReason = m.GetReason()
+			if a.stopReason == "" {
+				a.stopReason = "stopped"
+			}
+		}
+		if a.cancelRun != nil {
+			a.cancelRun()
+		}
+		a.mu.Unlock()
+		if ctx.Sender() != nil {
+			ctx.Respond(&messages.StopReplicationJobResponse{JobId: a.run.ID()})
+		}
+	case outcome:
+		if m.err != nil {
+			a.log.Warn().Err(m.err).Msg("replication job: store write failed")
+		}
+		supervisor.Exit(ctx, nil)
+	case *actor.Stopping:
+		if a.cancel != nil {
+			// The goroutine stops the job cleanly (final checkpoint, back to
+			// the queue). Wait for it, bounded, so that a node shutting down
+			// hands its jobs back instead of leaving them to the activity
+			// monitor; a kill does not wait past StopTimeout either.
+			a.cancel()
+			t := time.NewTimer(StopTimeout)
+			select {
+			case <-a.done:
+			case <-t.C:
+				a.log.Warn().Dur("timeout", StopTimeout).Msg("replication job: not stopped in time; finishing in the background")
+			}
+			t.Stop()
+		}
+	case *actor.Stopped:
+		a.release.Do(func() {
+			if a.o.Released != nil {
+				a.o.Released()
+			}
+		})
+	}
+}
+
+// work starts the job and, once the engine runs, hands it over to the
+// engine's goroutine (errHandedOff); otherwise it records how the job
+// ended and returns only store errors that could not be recorded.
+func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
+	run := a.run
+	if a.o.StartupDelay > 0 {
+		t := time.NewTimer(a.o.StartupDelay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		case <-t.C:
+		}
+	}
+	if err := run.Start(ctx, a.o.Node); err != nil {
+		if repjob.IsLost(err) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			// Stopped while starting: hand the job back now rather than
+			// leave it to the activity monitor.
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		}
+		return err
+	}
+	rec := run.Record()
+	a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_RUNNING, "", nil)
+
+	p, err := replicate.ParseParams(rec.Body)
+	if err != nil {
+		return a.fail(system, err.Error())
+	}
+	if a.o.Pool != nil {
+		lease, err := connpool.At(system, a.o.Pool).Acquire(ctx, self, p.HTTPConnections)
+		if err != nil {
+			if ctx.Err() != nil {
+				return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+			}
+			return a.crash(system, "connection_pool: "+err.Error())
+		}
+		a.lease = lease
+		a.client = lease.Client()
+	}
+	p, err = a.withFilterCode(ctx, p)
+	if err != nil {
+		if ctx.Err() != nil {
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		}
+		if errors.Is(err, replicate.ErrFilterFetch) && errors.Is(err, couch.ErrNotFound) {
+			return a.fail(system, err.Error())
+		}
+		return a.crash(system, err.Error())
+	}
+	base, ext, err := replicate.ID(p, a.o.ServerUUID)
+	if err != nil {
+		return a.fail(system, err.Error())
+	}
+	changed, err := run.ClaimRepID(ctx, base, ext, p.FilterCode)
+	var dup *repjob.Duplicate
+	switch {
+	case errors.As(err, &dup):
+		if dup.OwnerKind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
+			return a.fail(system, dup.Error())
+		}
+		return a.crash(system, dup.Error())
+	case err != nil:
+		if repjob.IsLost(err) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		}
+		return a.crash(system, err.Error())
+	}
+	if changed {
+		a.log.Info().Str("replication_id", base+ext).Msg("replication job: replication id changed (filter code or server uuid), recorded")
+	}
+	return a.replicate(ctx, system, self, p)
+}
+
+// errHandedOff: work handed the job over to the engine's goroutine, which
+// calls exit when the run ends.
+var errHandedOff = errors.New("jobrunner: handed off to the engine")
+
+// exit ends the job's work, once, on whichever goroutine finished it: it
+// releases the connection pool's lease and tells the actor (err is a store
+// write that failed).
+func (a *jobActor) exit(system *actor.ActorSystem, self *actor.PID, err error) {
+	if err != nil {
+		// The run could not be ended in the store: the node's lease must
+		// not keep it running (jobs.Job.Abandon).
+		a.run.Abandon()
+	}
+	if a.lease != nil {
+		a.lease.Release()
+	}
+	close(a.done)
+	system.Root.Send(self, outcome{err: err})
+}
+
+// withFilterCode fetches a named filter's code from the source, so that the
+// replication id reflects the filter as it is now.
+func (a *jobActor) withFilterCode(ctx context.Context, p replicate.Params) (replicate.Params, error) {
+	if p.Filter == "" || strings.HasPrefix(p.Filter, "_") {
+		return p, nil
+	}
+	raw, err := json.Marshal(endpointJSON(p.Source))
+	if err != nil {
+		return p, err
+	}
+	ep, err := couch.ParseEndpoint(json.RawMessage(raw))
+	if err != nil {
+		return p, fmt.Errorf("%w: source: %w", replicate.ErrInvalidParams, err)
+	}
+	client := a.httpClient(p)
+	if a.lease != nil {
+		to, err := replicate.TransportOptions(p, p.Source, a.o.Endpoints)
+		if err != nil {
+			return p, fmt.Errorf("%w: source: %w", replicate.ErrDBNotFound, err)
+		}
+		if client, err = (leaseClients{a}).ClientFor(ep.URL, to); err != nil {
+			return p, fmt.Errorf("%w: source %s: %w", replicate.ErrDBNotFound, ep, err)
+		}
+	}
+	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest, HTTPClient: client}
+	code, err := replicate.FetchFilterCode(ctx, couch.NewDB(ep, opts), p.Filter)
+	if err != nil {
+		return p, err
+	}
+	return p.WithFilterCode(code), nil
+}
+
+// httpClient is the client for the job's requests: the connection pool's
+// lease, else Options.HTTPClient, else nil (the engine's own).
+func (a *jobActor) httpClient(p replicate.Params) *http.Client {
+	c := a.client
+	if c == nil && a.o.HTTPClient != nil {
+		c = a.o.HTTPClient(p)
+	}
+	if c == nil || a.o.Transport == nil {
+		return c
+	}
+	wrapped := *c
+	wrapped.Transport = a.o.Transport(c.Transport)
+	return &wrapped
+}
+
+// leaseClients gives the engine each endpoint's client from the job's
+// lease (a transport per endpoint, proxy and TLS settings), its transport
+// wrapped by Options.Transport (the node's request metrics).
+type leaseClients struct{ a *jobActor }
+
+// ClientFor implements replication.ClientSource.
+func (s leaseClients) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Client, error) {
+	c, err := s.a.lease.ClientFor(u, o)
+	if err != nil || s.a.o.Transport == nil {
+		return c, err
+	}
+	c.Transport = s.a.o.Transport(c.Transport)
+	return c, nil
+}
+
+func endpointJSON(ep replicate.EndpointParams) map[string]any {
+	m := map[string]any{"url": ep.URL}
+	if len(ep.Headers) > 0 {
+		h := map[string]any{}
+		for _, x := range ep.Headers {
+			h[x.Name] = x.Value
+		}
+		m["headers"] = h
+	}
+	if ep.HasBasic {
+		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
+	}
+	return m
+}
+
+// replicate starts the engine and hands the job over to it (it returns
+// errHandedOff): the engine replicates on a goroutine of its own, with a
+// shallow stack, and records the outcome there when it ends. Progress is
+// written from the engine's OnProgress (its timers) and, while the engine
+// reports none, by a heartbeat timer. So an idle continuous job holds one
+// goroutine of its own: the engine's, waiting on the changes feed.
+func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, self *actor.PID, p replicate.Params) error {
+	every := a.o.Store.ActivityTimeout() / 2
+	// The engine runs under the job's context: a stop request cancels it
+	// too (after recording its reason), so does losing the job.
+	runCtx, cancelRun := ctx, a.cancel
+	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun)
+	onProgress := pw.write
+	if a.o.OnStats != nil {
+		id := a.run.ID()
+		onProgress = func(s replicate.Stats) { pw.write(s); a.o.OnStats(id, s) }
+	}
+	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
+		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits}
+	o.HTTPClient = a.httpClient(p)
+	o.Endpoints = a.o.Endpoints
+	if a.lease != nil {
+		o.Clients = leaseClients{a}
+	}
+	if rec := a.run.Record(); rec.GetDbName() != "" {
+		o.Principal = "in database " + rec.GetDbName() + ", docid " + rec.GetDocId()
+	} else if rec.GetUser() != "" {
+		o.Principal = "by user " + rec.GetUser()
+	}
+	a.mu.Lock()
+	a.cancelRun = cancelRun
+	if a.stopReason != "" {
+		cancelRun()
+	}
+	a.mu.Unlock()
+
+	continuous := p.Continuous
+	done := func(res replicate.Result, err error) {
+		a.mu.Lock()
+		a.cancelRun = nil
+		stopped := a.stopReason
+		a.mu.Unlock()
+		if pw.stop() {
+			a.exit(system, self, nil) // the job was taken away: nothing more to write
+			return
+		}
+		if stopped == "" && ctx.Err() != nil {
+			stopped = "shutdown"
+		}
+		err = a.ended(system, continuous, res, err, stopped)
+		cancelRun()
+		a.exit(system, self, err)
+	}
+	if a.o.Engine != nil {
+		done(a.o.Engine(runCtx, p, o))
+		return errHandedOff
+	}
+	replicate.New(p, o).Start(runCtx, done)
+	return errHandedOff
+}
+
+// progressWriteTimeout bounds one progress write.
+const progressWriteTimeout = 30 * time.Second
+
+// progressWriter records a running job's progress in the store. A run held
+// under the node's lease (repjob.Store.KeepLease, the usual case) writes
+// only when the engine reports stats that changed: the lease proves it
+// alive, so an idle job writes nothing; the lease also tells it when a
+// user canceled or removed the job (kick: a write then finds the job gone
+// and stops the engine) and when the lease was lost (the job was taken
+// away). A run without a lease writes every report of the engine and the
+// last one again when the engine has reported nothing for a while (at
+// least twice per activity timeout, also while the engine is still
+// starting). Writes are serialised; a write that finds the job taken away
+// stops the engine.
+type progressWriter struct {
+	ctx       context.Context
+	run       *repjob.Run
+	log       zerolog.Logger
+	every     time.Duration
+	cancelRun context.CancelFunc
+
+	mu        sync.Mutex
+	last      replicate.Stats
+	written   *messages.ReplicationStats // last written (leased runs)
+	stopped   bool
+	lost      bool
+	beat      *time.Timer // runs without a lease
+	stopWatch func()
+}
+
+func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration, cancelRun context.CancelFunc) *progressWriter {
+	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	stop, leased := run.Watch(w.kick, w.leaseLost)
+	w.stopWatch = stop
+	if !leased {
+		w.beat = time.AfterFunc(every, w.heartbeat)
+	}
+	return w
+}
+
+// write records s (the engine's OnProgress).
+func (w *progressWriter) write(s replicate.Stats) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.last = s
+	if w.beat == nil {
+		st := repjob.StatsProto(s)
+		if w.written != nil && proto.Equal(st, w.written) {
+			return // nothing moved; the lease proves the job alive
+		}
+		w.written = st
+	}
+	w.writeLocked()
+}
+
+func (w *progressWriter) heartbeat() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeLocked()
+}
+
+// kick: a user canceled or removed the job; the write finds out.
+func (w *progressWriter) kick() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.writeLocked()
+}
+
+// leaseLost: the node's lease expired, its jobs were re-enqueued.
+func (w *progressWriter) leaseLost() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.lost {
+		return
+	}
+	w.log.Info().Msg("replication job: the node's lease was lost, stopping")
+	w.lost = true
+	w.cancelRun()
+}
+
+func (w *progressWriter) writeLocked() {
+	if w.stopped || w.lost {
+		return
+	}
+	if w.beat != nil {
+		w.beat.Reset(w.every)
+	}
+	// The job's context is cancelled by a stop request before the engine
+	// has reported its last stats: write them anyway, bounded.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), progressWriteTimeout)
+	err := w.run.Progress(ctx, w.last)
+	cancel()
+	switch {
+	case err == nil:
+	case repjob.IsLost(err):
+		w.log.Info().Err(err).Msg("replication job: lost the job, stopping")
+		w.lost = true
+		w.cancelRun()
+	default:
+		w.written = nil // try again at the next report
+		w.log.Warn().Err(err).Msg("replication job: progress update failed")
+	}
+}
+
+// stop ends the writes, waiting for one under way, and reports whether the
+// job was lost.
+func (w *progressWriter) stop() (lost bool) {
+	w.mu.Lock()
+	w.stopped = true
+	if w.beat != nil {
+		w.beat.Stop()
+	}
+	lost = w.lost
+	w.mu.Unlock()
+	w.stopWatch() // outside mu: a callback may be waiting for it
+	return lost
+}
+
+// ended records how the engine's run ended: completed, stopped (back to
+// the queue), failed or crashed.
+func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replicate.Result, err error, stopped string) error {
+	run := a.run
+	switch {
+	case err == nil && stopped == "" && !continuous:
+		werr := a.finalWrite(func(c context.Context) error { return run.Complete(c, res) })
+		if werr == nil {
+			rec := run.Record()
+			a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", rec.Stats)
+		}
+		return werr
+	case stopped != "" && (err == nil || errors.Is(err, context.Canceled)):
+		if err := a.finalWrite(func(c context.Context) error { return run.Stop(c) }); err != nil {
+			return err
+		}
+		rec := run.Record()
+		a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_PENDING, stopped, StatsOr(rec.Stats, res.Stats))
+		return nil
+	case err == nil:
+		// A continuous replication never ends by itself.
+		return a.crash(system, "replication ended unexpectedly")
+	case errors.Is(err, replicate.ErrInvalidParams):
+		return a.fail(system, err.Error())
+	default:
+		return a.crash(system, err.Error())
+	}
+}
+
+// StatsOr returns s, or st converted when s is nil.
+func StatsOr(s *messages.ReplicationStats, st replicate.Stats) *messages.ReplicationStats {
+	if s != nil {
+		return s
+	}
+	return repjob.StatsProto(st)
+}
+
+func (a *jobActor) crash(system *actor.ActorSystem, reason string) error {
+	var until time.Time
+	err := a.finalWrite(func(c context.Context) (err error) {
+		until, err = a.run.Crash(c, reason)
+		return err
+	})
+	if err == nil {
+		a.log.Warn().Str("reason", reason).Time("retry_at", until).Msg("replication job: crashed")
+		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_CRASHING, reason, nil)
+	}
+	return err
+}
+
+func (a *jobActor) fail(system *actor.ActorSystem, reason string) error {
+	err := a.finalWrite(func(c context.Context) error { return a.run.Fail(c, reason) })
+	if err == nil {
+		a.log.Warn().Str("reason", reason).Msg("replication job: failed")
+		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_FAILED, reason, nil)
+	}
+	return err
+}
+
+// finalWrite records the end of the run even when the actor is stopping:
+// under its own deadline, not the run's context. Losing the job is not an
+// error.
+func (a *jobActor) finalWrite(fn func(ctx context.Context) error) error {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fn(c); err != nil && !repjob.IsLost(err) {
+		return err
+	}
+	return nil
+}
+
+func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st messages.ReplicationState,
+	reason string, stats *messages.ReplicationStats) {
+	system.EventStream.Publish(&messages.ReplicationJobEvent{
+		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId, State: st,
+		Reason: reason, Stats: stats, Node: a.o.Node, Timestamp: timestamppb.Now(), Continuous: rec.Continuous,
+		StartedAt: rec.LastStarted,
+	})
+}

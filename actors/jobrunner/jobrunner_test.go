@@ -1,0 +1,187 @@
+package jobrunner_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/actors/jobrunner"
+	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
+	"github.com/couchrep/couchrep/messages"
+	"github.com/couchrep/couchrep/supervisor"
+)
+
+type engineFunc = func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
+
+// TestJobActor runs one job actor per case with a fake engine and checks
+// how it ends the run in the store, the event it publishes, and that it
+// gives its slot back exactly once.
+func TestJobActor(t *testing.T) {
+	untilStopped := func(ctx context.Context, _ replicate.Params, _ replicate.Options) (replicate.Result, error) {
+		<-ctx.Done()
+		return replicate.Result{}, nil
+	}
+	cases := []struct {
+		name       string
+		body       string
+		engine     engineFunc
+		stop       bool // send a StopReplicationJobRequest once it runs
+		remove     bool // remove the job from the store once it runs
+		state      messages.ReplicationState
+		eventState messages.ReplicationState // 0: no terminal event expected
+		lastError  string
+	}{
+		{name: "one-shot completes", body: `{"source":"http://a/s","target":"http://b/t"}`,
+			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
+				return replicate.Result{Stats: replicate.Stats{DocsWritten: 7}, Body: []byte(`{"ok":true}`)}, nil
+			},
+			state: messages.ReplicationState_REPLICATION_STATE_COMPLETED, eventState: messages.ReplicationState_REPLICATION_STATE_COMPLETED},
+		{name: "stop request hands it back", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
+			engine: untilStopped, stop: true,
+			state: messages.ReplicationState_REPLICATION_STATE_PENDING, eventState: messages.ReplicationState_REPLICATION_STATE_PENDING},
+		{name: "engine error crashes", body: `{"source":"http://a/s","target":"http://b/t"}`,
+			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
+				return replicate.Result{}, fmt.Errorf("%w: could not open source", replicate.ErrDBNotFound)
+			},
+			state: messages.ReplicationState_REPLICATION_STATE_CRASHING, eventState: messages.ReplicationState_REPLICATION_STATE_CRASHING,
+			lastError: "could not open source"},
+		{name: "invalid parameters fail", body: `{"source":"http://a/s","target":"http://b/t"}`,
+			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
+				return replicate.Result{}, fmt.Errorf("%w: bad", replicate.ErrInvalidParams)
+			},
+			state: messages.ReplicationState_REPLICATION_STATE_FAILED, eventState: messages.ReplicationState_REPLICATION_STATE_FAILED,
+			lastError: "bad"},
+		{name: "a continuous run that ends crashes", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
+			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
+				return replicate.Result{}, nil
+			},
+			state: messages.ReplicationState_REPLICATION_STATE_CRASHING, eventState: messages.ReplicationState_REPLICATION_STATE_CRASHING,
+			lastError: "ended unexpectedly"},
+		{name: "a removed job exits writing nothing", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
+			engine: untilStopped, remove: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			p := schedpolicy.DefaultPolicy()
+			p.MinBackoff, p.MaxBackoff = time.Minute, time.Minute
+			q := jobqueue.New(db, jobqueue.Options{NodeName: "n1"})
+			// A short activity timeout makes a removed job's actor notice at
+			// its next progress write.
+			store := repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: p, ActivityTimeout: 200 * time.Millisecond})
+			added, err := store.AddTransient(ctx, []byte(tc.body), "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			run, err := store.Accept(ctx, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			system := actor.NewActorSystem()
+			defer system.Shutdown()
+			events := make(chan *messages.ReplicationJobEvent, 100)
+			sub := system.EventStream.Subscribe(func(e any) {
+				if ev, ok := e.(*messages.ReplicationJobEvent); ok {
+					events <- ev
+				}
+			})
+			defer system.EventStream.Unsubscribe(sub)
+			sup, err := supervisor.Start(ctx, system, "jobs_sup", supervisor.Spec{Strategy: supervisor.SimpleOneForOne,
+				MaxRestarts: 10, Period: time.Second, Children: []supervisor.ChildSpec{{Name: "job", Restart: supervisor.Temporary}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = sup.Stop(context.Background()) }()
+			var released atomic.Int32
+			exited := make(chan struct{})
+			o := jobrunner.Options{Store: store, Node: "n1", ServerUUID: "u", Logger: zerolog.Nop(), Engine: tc.engine,
+				Released: func() {
+					if released.Add(1) == 1 {
+						close(exited)
+					}
+				}}
+			pid, err := supervisor.StartChild(ctx, system, sup.PID(), jobrunner.Name(added.JobID), jobrunner.Props(run, o))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.stop || tc.remove {
+				if _, err := store.WaitState(ctx, added.JobID, messages.ReplicationState_REPLICATION_STATE_RUNNING); err != nil {
+					t.Fatal(err)
+				}
+				waitEvent(t, events, messages.ReplicationState_REPLICATION_STATE_RUNNING)
+			}
+			if tc.stop {
+				system.Root.Send(pid, &messages.StopReplicationJobRequest{JobId: added.JobID, Reason: "operator"})
+			}
+			if tc.remove {
+				if err := store.Remove(ctx, added.JobID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-exited:
+			case <-ctx.Done():
+				t.Fatal("the job actor did not exit")
+			}
+			if tc.remove {
+				if _, err := store.Get(ctx, added.JobID); !errors.Is(err, repjob.ErrNotFound) {
+					t.Fatalf("a removed job was written again: %v", err)
+				}
+			} else {
+				rec, err := store.Get(ctx, added.JobID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec.State() != tc.state || (tc.lastError != "" && !strings.Contains(rec.LastError, tc.lastError)) {
+					t.Fatalf("job ended %s (%q), want %s (%q)", rec.StateName(), rec.LastError, repjob.StateName(tc.state), tc.lastError)
+				}
+			}
+			if tc.eventState != 0 {
+				ev := waitEvent(t, events, tc.eventState)
+				if ev.GetJobId() != added.JobID || ev.GetNode() != "n1" {
+					t.Fatalf("event %v", ev)
+				}
+				if tc.stop && ev.GetReason() != "operator" {
+					t.Fatalf("stop event reason %q, want operator", ev.GetReason())
+				}
+			}
+			if n := released.Load(); n != 1 {
+				t.Fatalf("slot released %d times", n)
+			}
+		})
+	}
+}
+
+func waitEvent(t *testing.T, events <-chan *messages.ReplicationJobEvent, st messages.ReplicationState) *messages.ReplicationJobEvent {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case ev := <-events:
+			if ev.GetState() == st && !ev.GetProgress() {
+				return ev
+			}
+		case <-deadline:
+			t.Fatalf("no %s event", repjob.StateName(st))
+			return nil
+		}
+	}
+}

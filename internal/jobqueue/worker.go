@@ -1,0 +1,510 @@
+package jobqueue
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/messages"
+)
+
+const lockLength = 16
+
+// promoteBatch bounds how many due DELAYED entries one Accept moves to READY.
+const promoteBatch = 64
+
+// AcceptOptions narrows what Accept takes.
+type AcceptOptions struct {
+	// MaxPriority, if HasMaxPriority, excludes jobs whose priority is
+	// greater (for instance jobs whose virtual deadline is too far away).
+	MaxPriority    uint64
+	HasMaxPriority bool
+	// Wait makes Accept block until a job is eligible (woken by a kv watch
+	// on the type's pending counter, or by the next scheduled time) or ctx
+	// ends. Without it Accept returns ErrNotFound at once.
+	Wait bool
+	// Lease, if set, holds the accepted job: the lease's renewals prove
+	// the worker alive instead of the job's own Updates (see Lease). Accept
+	// fails with ErrLeaseLost if the lease expired.
+	Lease *Lease
+}
+
+// Job is a job accepted by a worker: it carries the worker lock, and its
+// methods are the worker API. A Job is not safe for concurrent use.
+type Job struct {
+	q     *Queue
+	typ   string
+	id    string
+	lock  []byte
+	info  *JobInfo
+	lease *Lease // the lease holding the job, if any
+}
+
+// Type returns the job type.
+func (j *Job) Type() string { return j.typ }
+
+// ID returns the job id.
+func (j *Job) ID() string { return j.id }
+
+// Lock returns the worker lock (16 random bytes) this Job holds.
+func (j *Job) Lock() []byte { return bytes.Clone(j.lock) }
+
+// Info returns the job as of the last successful call on it (Accept,
+// Update...). ResubmitRequested and CancelRequested there tell the worker
+// what users asked for.
+func (j *Job) Info() *JobInfo { return j.info }
+
+// Accept takes a pending job of typ whose scheduled time has come: one
+// chosen at random among the first AcceptSpread eligible jobs in priority
+// order. It returns the Job holding a new worker lock, or ErrNotFound when
+// nothing is eligible and opts.Wait is false.
+func (q *Queue) Accept(ctx context.Context, typ string, opts AcceptOptions) (*Job, error) {
+	for {
+		var (
+			job  *Job
+			w    kv.Watch
+			next time.Time
+		)
+		noJob := false
+		var claims []string
+		err := q.db.Transact(ctx, func(tx kv.Tx) error {
+			var err error
+			if w != nil { // from an attempt that did not commit
+				w.Cancel()
+			}
+			w, next, noJob = nil, time.Time{}, false
+			job, err = q.acceptTx(tx, typ, opts, &claims)
+			if !errors.Is(err, errNoJob) {
+				return err
+			}
+			// Commit anyway: promotions and stale-entry cleanups stick.
+			noJob, err = true, nil
+			if opts.Wait {
+				w = tx.Watch(q.keys.pendingWatchKey(typ))
+				next, err = q.nextScheduled(tx, typ)
+			}
+			return err
+		})
+		q.release(claims)
+		if err != nil {
+			if w != nil {
+				w.Cancel()
+			}
+			return nil, wrapOp("accept", typ, "", err)
+		}
+		if noJob && !opts.Wait {
+			return nil, wrapOp("accept", typ, "", fmt.Errorf("%w: no eligible pending job", ErrNotFound))
+		}
+		if job != nil {
+			return job, nil
+		}
+		if err := q.waitPending(ctx, w, next); err != nil {
+			return nil, wrapOp("accept", typ, "", err)
+		}
+	}
+}
+
+// waitPending blocks until w fires, next comes or ctx ends.
+func (q *Queue) waitPending(ctx context.Context, w kv.Watch, next time.Time) error {
+	defer w.Cancel()
+	wctx := ctx
+	if !next.IsZero() {
+		var cancel context.CancelFunc
+		// The scheduled time is by q.clock; the wait is on the real clock.
+		wctx, cancel = context.WithTimeout(ctx, max(time.Millisecond, next.Sub(q.clock())))
+		defer cancel()
+	}
+	err := w.Wait(wctx)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return nil // the next scheduled job is due
+	}
+	return err
+}
+
+func (q *Queue) nextScheduled(tx kv.Tx, typ string) (time.Time, error) {
+	begin, end := q.keys.delayedRange(typ, time.Time{})
+	it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: 1})
+	for it.Next() {
+		sched, _, err := q.keys.parseDelayed(it.KeyValue().Key)
+		if err != nil {
+			return time.Time{}, err
+		}
+		return sched, nil
+	}
+	return time.Time{}, it.Err()
+}
+
+// AcceptTx is Accept inside the caller's transaction; opts.Wait is
+// ignored. It returns an error wrapping ErrNotFound when nothing is
+// eligible.
+func (q *Queue) AcceptTx(tx kv.Tx, typ string, opts AcceptOptions) (*Job, error) {
+	job, err := q.acceptTx(tx, typ, opts, nil)
+	if errors.Is(err, errNoJob) {
+		return nil, fmt.Errorf("%w: %w", ErrNotFound, err)
+	}
+	return job, err
+}
+
+func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]string) (*Job, error) {
+	if err := q.checkType(tx, typ); err != nil {
+		return nil, err
+	}
+	now := q.clock()
+	promoted := q.promoteDue(typ, now)
+	if promoted {
+		if err := q.promote(tx, typ, now); err != nil {
+			return nil, err
+		}
+	}
+	maxPrio := ^uint64(0)
+	if opts.HasMaxPriority {
+		maxPrio = opts.MaxPriority
+	}
+	begin, end := q.keys.readyRange(typ, maxPrio)
+	snap := tx.Snapshot()
+	for {
+		// Snapshot read: acceptors must not conflict on the whole queue head.
+		var cands [][]byte
+		it := snap.GetRange(begin, end, kv.RangeOptions{Limit: q.spread})
+		for it.Next() {
+			cands = append(cands, bytes.Clone(it.KeyValue().Key))
+		}
+		if err := it.Err(); err != nil {
+			return nil, err
+		}
+		if len(cands) == 0 {
+			if promoted {
+				return nil, errNoJob
+			}
+			// Nothing ready: due DELAYED jobs must not wait for the next
+			// periodic promotion.
+			promoted = true
+			if err := q.promote(tx, typ, now); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		mrand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
+		q.preferUnclaimed(cands)
+		for _, key := range cands {
+			if claims != nil {
+				q.claim(key, claims)
+			}
+			job, err := q.take(tx, typ, key, now, opts.Lease)
+			if err != nil || job != nil {
+				return job, err
+			}
+		}
+		// Every candidate was stale (and is cleared now): look further.
+		last := cands[0]
+		for _, c := range cands[1:] {
+			if bytes.Compare(c, last) > 0 {
+				last = c
+			}
+		}
+		begin = append(last, 0x00)
+	}
+}
+
+// preferUnclaimed moves the keys that no other Accept of this process is
+// trying right now to the front (keeping their random order), so that
+// acceptors in one process do not collide on the same job; on a conflict
+// the loser would only retry its transaction.
+func (q *Queue) preferUnclaimed(keys [][]byte) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	if len(q.claimed) == 0 {
+		return
+	}
+	n := 0
+	for i, k := range keys {
+		if _, ok := q.claimed[string(k)]; !ok {
+			keys[n], keys[i] = keys[i], keys[n]
+			n++
+		}
+	}
+}
+
+// claim marks key as being tried by this process's Accept; release undoes
+// the claims once its transaction is over.
+func (q *Queue) claim(key []byte, claims *[]string) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	k := string(key)
+	if _, ok := q.claimed[k]; !ok {
+		q.claimed[k] = struct{}{}
+		*claims = append(*claims, k)
+	}
+}
+
+func (q *Queue) release(claims []string) {
+	if len(claims) == 0 {
+		return
+	}
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	for _, k := range claims {
+		delete(q.claimed, k)
+	}
+}
+
+// take tries to accept the job of READY entry key. It returns (nil, nil)
+// if the entry was stale (and clears it).
+//
+// The job record is read with a conflict; the entry itself needs none (it
+// was read, without conflict, in this transaction's snapshot). Every
+// commit that adds or removes the READY entry of a pending record also
+// writes that record (enqueue, dequeue and take all do) except two: a
+// promotion from DELAYED, which only adds entries, and the clearing of a
+// stale entry, which happens only while the record does not match the
+// entry, and then take does not accept it either. So the record read
+// conflicts whenever the entry could have gone.
+func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time, lease *Lease) (*Job, error) {
+	prio, id, err := q.keys.parseReady(key)
+	if err != nil {
+		q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable pending entry")
+		tx.Clear(key)
+		return nil, nil
+	}
+	rec, err := q.loadRecord(tx, typ, id)
+	if errors.Is(err, ErrCorrupt) {
+		// Keep the record for an operator; take it out of the queue so it
+		// is not picked again and again.
+		tx.Clear(key)
+		q.markCorrupt(tx, typ, id, err)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil || rec.GetState() != messages.JobState_JOB_STATE_PENDING || rec.GetPriority() != prio {
+		tx.Clear(key)
+		return nil, nil
+	}
+	tx.Clear(key)
+	lock := make([]byte, lockLength)
+	_, _ = rand.Read(lock) // crypto/rand.Read never fails (Go 1.24+)
+	rec.State = messages.JobState_JOB_STATE_RUNNING
+	rec.WorkerLock = lock
+	rec.WorkerNode = q.node
+	rec.AcceptCount++
+	rec.StartedAt = timeTS(now)
+	rec.UpdatedAt = timeTS(now)
+	rec.FinishedAt = nil
+	if err := q.storeRunning(tx, rec); err != nil {
+		return nil, err
+	}
+	if err := q.markRun(tx, typ, id, lock, true); err != nil {
+		return nil, err
+	}
+	if lease != nil {
+		if err := q.holdUnder(tx, lease, rec); err != nil {
+			return nil, err
+		}
+	}
+	return &Job{q: q, typ: typ, id: id, lock: lock, info: infoFromRecord(rec), lease: lease}, nil
+}
+
+// promoteEvery is how often Accept moves due DELAYED entries to READY
+// while READY is not empty (always when it is): a job scheduled for time t
+// competes by priority from at most about t+promoteEvery on, and most
+// Accepts save a range read.
+const promoteEvery = 100 * time.Millisecond
+
+// promoteDue reports whether this Accept should promote, and if so
+// records that it did.
+func (q *Queue) promoteDue(typ string, now time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	last, ok := q.lastPromote[typ]
+	if ok && now.Sub(last) < promoteEvery && !now.Before(last) {
+		return false
+	}
+	q.lastPromote[typ] = now
+	return true
+}
+
+// promote moves due DELAYED entries of typ to READY.
+func (q *Queue) promote(tx kv.Tx, typ string, now time.Time) error {
+	begin, end := q.keys.delayedRange(typ, now)
+	it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: promoteBatch})
+	var due [][]byte
+	for it.Next() {
+		due = append(due, bytes.Clone(it.KeyValue().Key))
+	}
+	if err := it.Err(); err != nil {
+		return err
+	}
+	for _, key := range due {
+		sched, id, err := q.keys.parseDelayed(key)
+		if err != nil {
+			q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable delayed entry")
+			tx.Clear(key)
+			continue
+		}
+		rec, err := q.loadRecord(tx, typ, id)
+		if errors.Is(err, ErrCorrupt) {
+			tx.Clear(key)
+			q.markCorrupt(tx, typ, id, err)
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		tx.Clear(key)
+		if rec != nil && rec.GetState() == messages.JobState_JOB_STATE_PENDING &&
+			tsTime(rec.GetScheduledAt()).UnixNano() == sched.UnixNano() {
+			tx.Set(q.keys.readyKey(typ, rec.GetPriority(), id), nil)
+		}
+	}
+	return nil
+}
+
+// lockedRecord reads the job with a read conflict and checks that j still
+// holds its lock.
+func (j *Job) lockedRecord(tx kv.Tx) (*messages.JobRecord, error) {
+	rec, err := j.q.loadRecord(tx, j.typ, j.id)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, fmt.Errorf("%w: job was removed", ErrCanceled)
+	}
+	if rec.GetState() != messages.JobState_JOB_STATE_RUNNING || !bytes.Equal(rec.GetWorkerLock(), j.lock) {
+		return nil, ErrWorkerConflict
+	}
+	return rec, nil
+}
+
+// workerCall runs the lock check and, on a canceled job, finishes it as
+// canceled (in tx) and returns ErrCanceled. Otherwise it clears the job's
+// activity entry and hands the record to fn.
+func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Time) error) error {
+	rec, err := j.lockedRecord(tx)
+	if err != nil {
+		return err
+	}
+	now := j.q.clock()
+	if err := j.q.markRun(tx, j.typ, j.id, j.lock, false); err != nil {
+		return err
+	}
+	j.q.clearActivity(tx, rec)
+	if rec.GetCancelRequested() {
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
+		}
+		rec.State = messages.JobState_JOB_STATE_FINISHED
+		rec.Canceled = true
+		rec.WorkerLock = nil
+		rec.FinishedAt = timeTS(now)
+		rec.UpdatedAt = timeTS(now)
+		if err := j.q.storeRecord(tx, rec); err != nil {
+			return err
+		}
+		j.info = infoFromRecord(rec)
+		return ErrCanceled
+	}
+	rec.UpdatedAt = timeTS(now)
+	if err := fn(rec, now); err != nil {
+		return err
+	}
+	j.info = infoFromRecord(rec)
+	return nil
+}
+
+// Update records progress: it proves the worker is alive (resetting the
+// activity timeout) and replaces the job's data unless data is nil. It
+// returns ErrWorkerConflict if j lost its lock and ErrCanceled if the job
+// was canceled (it is then finished as canceled) or removed.
+func (j *Job) Update(ctx context.Context, data []byte) error {
+	return j.transact(ctx, "update", func(tx kv.Tx) error { return j.UpdateTx(tx, data) })
+}
+
+// UpdateTx is Update inside the caller's transaction: commit the caller's
+// type-specific writes only if it returns nil. (On ErrCanceled, committing
+// anyway records the job as canceled at once; aborting leaves that to the
+// activity monitor.)
+func (j *Job) UpdateTx(tx kv.Tx, data []byte) error {
+	return j.workerCall(tx, func(rec *messages.JobRecord, _ time.Time) error {
+		if data != nil {
+			rec.Data = data
+		}
+		return j.q.storeRunning(tx, rec)
+	})
+}
+
+// Finish ends the run: the job becomes finished with data (nil keeps the
+// current data), or pending again if a user resubmitted it meanwhile. Same
+// errors as Update.
+func (j *Job) Finish(ctx context.Context, data []byte) error {
+	return j.transact(ctx, "finish", func(tx kv.Tx) error { return j.FinishTx(tx, data) })
+}
+
+// FinishTx is Finish inside the caller's transaction.
+func (j *Job) FinishTx(tx kv.Tx, data []byte) error {
+	return j.workerCall(tx, func(rec *messages.JobRecord, now time.Time) error {
+		if data != nil {
+			rec.Data = data
+		}
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
+		}
+		rec.WorkerLock = nil
+		if rec.GetResubmitRequested() {
+			rec.ResubmitRequested = false
+			rec.State = messages.JobState_JOB_STATE_PENDING
+			j.q.enqueue(tx, rec, now)
+		} else {
+			rec.State = messages.JobState_JOB_STATE_FINISHED
+			rec.FinishedAt = timeTS(now)
+		}
+		return j.q.storeRecord(tx, rec)
+	})
+}
+
+// Resubmit ends the run and puts the job back in the pending queue, to be
+// accepted again no earlier than opts.ScheduledAt (with opts' priority), for
+// instance after a crash (backoff) or to make room for other jobs. data
+// replaces the job's data unless nil. Same errors as Update.
+func (j *Job) Resubmit(ctx context.Context, data []byte, opts ResubmitOptions) error {
+	return j.transact(ctx, "resubmit", func(tx kv.Tx) error { return j.ResubmitTx(tx, data, opts) })
+}
+
+// ResubmitTx is Resubmit inside the caller's transaction.
+func (j *Job) ResubmitTx(tx kv.Tx, data []byte, opts ResubmitOptions) error {
+	return j.workerCall(tx, func(rec *messages.JobRecord, now time.Time) error {
+		if data != nil {
+			rec.Data = data
+		}
+		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+			return err
+		}
+		rec.WorkerLock = nil
+		rec.ResubmitRequested = false
+		rec.State = messages.JobState_JOB_STATE_PENDING
+		applyResubmit(rec, opts, now)
+		j.q.enqueue(tx, rec, now)
+		return j.q.storeRecord(tx, rec)
+	})
+}
+
+func (j *Job) transact(ctx context.Context, op string, fn func(kv.Tx) error) error {
+	var callErr error
+	err := j.q.db.Transact(ctx, func(tx kv.Tx) error {
+		callErr = fn(tx)
+		if errors.Is(callErr, ErrCanceled) {
+			// Commit the transition to finished (canceled), if any.
+			return nil
+		}
+		return callErr
+	})
+	if err == nil {
+		err = callErr
+	}
+	return wrapOp(op, j.typ, j.id, err)
+}

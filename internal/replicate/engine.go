@@ -1,0 +1,700 @@
+package replicate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// Sentinel errors a caller (the job actor) branches on; the returned error
+// wraps one of them together with the underlying cause.
+var (
+	// ErrDBNotFound: the source or target database could not be opened
+	// (CouchDB's db_not_found).
+	ErrDBNotFound = errors.New("replication: db_not_found")
+	// ErrUnauthorized: an endpoint rejected the credentials (401/403) at start.
+	ErrUnauthorized = errors.New("replication: unauthorized")
+	// ErrFilterFetch: the named filter's design document could not be read.
+	ErrFilterFetch = errors.New("replication: filter_fetch_error")
+	// ErrChangesFailed: reading the source's _changes failed for good.
+	ErrChangesFailed = errors.New("replication: changes_req_failed")
+	// ErrWorkerFailed: a _revs_diff, fetch or write failed for good.
+	ErrWorkerFailed = errors.New("replication: worker_died")
+	// ErrCheckpointFailed: a checkpoint could not be recorded.
+	ErrCheckpointFailed = errors.New("replication: checkpoint_commit_failure")
+)
+
+// connBufferSize is the read and write buffer of the connections of a
+// transport the engine builds (as the node's connection_pool): an idle
+// continuous replication's open feed holds 2 KiB of buffers instead of
+// net/http's 8. Bulk transfers bypass them.
+const connBufferSize = 1 << 10
+
+// docBufferBytes flushes a worker's _bulk_docs buffer (CouchDB: 4 MiB).
+const docBufferBytes = 4 << 20
+
+// Options are the engine's collaborators and knobs beyond Params.
+type Options struct {
+	// ServerUUID is the first element of the replication id ([couchdb] uuid).
+	ServerUUID string
+	// Logger receives the job's structured logs.
+	Logger zerolog.Logger
+	// HTTPClient sends every request; nil builds one whose transport keeps
+	// http_connections connections per endpoint.
+	HTTPClient *http.Client
+	// Limiter paces requests per (endpoint, method) on 429s; nil builds a
+	// RateLimiter for this run only. A node passes its rate_limiter's, so
+	// every job of the node shares one (as in CouchDB).
+	Limiter couch.Limiter
+	// Clock returns the current time (tests); nil is time.Now.
+	Clock func() time.Time
+	// OnProgress, if set, is called with fresh stats about once per
+	// ProgressInterval and after every checkpoint: from a timer's goroutine
+	// while the run is under way, never concurrently, never after Run
+	// returns.
+	OnProgress func(Stats)
+	// ProgressInterval defaults to one second.
+	ProgressInterval time.Duration
+	// RetryBackoff is the first wait before retrying a request (doubling);
+	// zero is CouchDB's 250 ms.
+	RetryBackoff time.Duration
+	// OnEvent, if set, is told of checkpoints and changes-feed failures
+	// (metrics); it must return quickly.
+	OnEvent func(Event)
+	// Clients, when set, gives each endpoint's HTTP client (the node's
+	// connection_pool lease); it takes precedence over HTTPClient.
+	Clients ClientSource
+	// Endpoints are the node's [replicator] settings for connections and
+	// authentication (TLS, socket options, auth plugins, error budget).
+	// HTTPClient, when used, ignores its TLS and socket settings.
+	Endpoints EndpointConfig
+	// Principal names the replication's owner in security warnings ("in
+	// database D, docid X" or "by user U"); empty: from user_ctx.
+	Principal string
+	// Limits bound what the endpoints may send (largest document, _changes
+	// row, whole response; zero fields are couch's defaults). Their
+	// ReadTimeout is ignored: every read's deadline is the job's
+	// connection_timeout.
+	Limits couch.Limits
+}
+
+// Result is the outcome of a one-shot run, or of a continuous run that was
+// stopped.
+type Result struct {
+	// Body is CouchDB's POST /_replicate response for a one-shot
+	// replication: {"ok":true, <checkpoint>}, {"ok":true,"no_changes":true,...}
+	// or {"ok":true,"use_checkpoints":false}.
+	Body json.RawMessage
+	// ID is base+ext.
+	ID string
+	// NoChanges reports that nothing was checkpointed in this run.
+	NoChanges bool
+	// Stats are the final counters.
+	Stats Stats
+}
+
+// Replication is one replication job's engine. Build it with New and call
+// Run once.
+type Replication struct {
+	p   Params
+	o   Options
+	log zerolog.Logger
+	now func() time.Time
+
+	src, tgt *couch.DB
+	ownTrs   []*http.Transport // built by openDBs; idle connections closed when Run ends
+	base     string
+	ext      string
+
+	ctr   counters
+	fetch fetchGate // the workers' shared _revs_diff/_bulk_get statistics
+}
+
+// New returns a replication of p. Nothing happens until Run.
+func New(p Params, o Options) *Replication {
+	r := &Replication{p: p, o: o, log: o.Logger, now: o.Clock}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	if r.o.ProgressInterval <= 0 {
+		r.o.ProgressInterval = time.Second
+	}
+	if r.p.WorkerProcesses < 1 {
+		r.p.WorkerProcesses = 1
+	}
+	if r.p.WorkerBatchSize < 1 {
+		r.p.WorkerBatchSize = 1
+	}
+	if r.p.CheckpointInterval <= 0 {
+		r.p.CheckpointInterval = DefaultCheckpointInterval
+	}
+	return r
+}
+
+func endpointOf(ep EndpointParams) (couch.Endpoint, error) {
+	m := map[string]any{"url": ep.URL}
+	if len(ep.Headers) > 0 {
+		h := map[string]any{}
+		for _, x := range ep.Headers {
+			h[x.Name] = x.Value
+		}
+		m["headers"] = h
+	}
+	if ep.HasBasic {
+		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
+	}
+	return couch.ParseEndpoint(m)
+}
+
+func newSessionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// FetchFilterCode reads the named filter ("ddoc/name") from the source's
+// design document, as couch_replicator_filters:fetch/3 does.
+func FetchFilterCode(ctx context.Context, src *couch.DB, filter string) (string, error) {
+	ddoc, name, ok := strings.Cut(filter, "/")
+	if !ok {
+		return "", fmt.Errorf("%w: invalid filter %q", ErrFilterFetch, filter)
+	}
+	raw, err := src.GetDoc(ctx, "_design/"+ddoc, nil)
+	if err != nil {
+		return "", fmt.Errorf("%w: couldn't open document `_design/%s` from source database `%s`: %w", ErrFilterFetch, ddoc, src, err)
+	}
+	var d struct {
+		Filters map[string]json.RawMessage `json:"filters"`
+	}
+	var code string
+	if err := json.Unmarshal(raw, &d); err != nil || json.Unmarshal(d.Filters[name], &code) != nil {
+		return "", fmt.Errorf("%w: couldn't parse filter code `%s` from document _design/%s on `%s`", ErrFilterFetch, name, ddoc, src)
+	}
+	return code, nil
+}
+
+func (r *Replication) openDBs() error {
+	srcEp, err := endpointOf(r.p.Source)
+	if err != nil {
+		return fmt.Errorf("source: %w", err)
+	}
+	tgtEp, err := endpointOf(r.p.Target)
+	if err != nil {
+		return fmt.Errorf("target: %w", err)
+	}
+	srcClient, err := r.endpointClient("source", srcEp, r.p.Source)
+	if err != nil {
+		return err
+	}
+	tgtClient, err := r.endpointClient("target", tgtEp, r.p.Target)
+	if err != nil {
+		return err
+	}
+	lim := r.o.Limiter
+	if lim == nil {
+		lim = NewRateLimiter(r.now)
+	}
+	limits := r.o.Limits
+	limits.ReadTimeout = r.p.ConnectionTimeout
+	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
+		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.Endpoints.sessionOptions(),
+		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits}
+	srcOpts, tgtOpts := opts, opts
+	srcOpts.HTTPClient, tgtOpts.HTTPClient = srcClient, tgtClient
+	r.src, r.tgt = couch.NewDB(srcEp, srcOpts), couch.NewDB(tgtEp, tgtOpts)
+	return nil
+}
+
+func openError(which string, db *couch.DB, err error) error {
+	switch {
+	case errors.Is(err, couch.ErrUnauthorized), errors.Is(err, couch.ErrForbidden):
+		return fmt.Errorf("%w: unauthorized to access or create database %s: %w", ErrUnauthorized, db, err)
+	default:
+		return fmt.Errorf("%w: could not open %s database %s: %w", ErrDBNotFound, which, db, err)
+	}
+}
+
+// ID returns the replication id (base+ext) once Run has computed it.
+func (r *Replication) ID() string { return r.base + r.ext }
+
+// batch is up to worker_batch_size changes, numbered by the seq tracker.
+type batch struct {
+	n       uint64
+	changes []couch.Change
+	seq     couch.Seq
+}
+
+// Run executes the replication. A one-shot replication returns when every
+// change up to the source's state at start is replicated and checkpointed;
+// a continuous one runs until ctx is cancelled, then records a final
+// checkpoint and returns with a nil error. Failures return a wrapped
+// sentinel error with a reason a user can read.
+func (r *Replication) Run(ctx context.Context) (Result, error) {
+	st, err := r.prepare(ctx)
+	if err != nil {
+		r.closeIdle()
+		return Result{}, err
+	}
+	res, err := st.end(ctx, st.pipeline(ctx))
+	r.closeIdle()
+	return res, err
+}
+
+// Start is Run on a goroutine of its own: it opens the endpoints and reads
+// the checkpoints in the caller's goroutine, then replicates on a new one,
+// and calls done with what Run would return, exactly once (in the caller's
+// goroutine when the replication fails to start). The new goroutine starts
+// with a shallow stack and keeps it while it waits on the changes feed,
+// which keeps an idle continuous replication cheap (see runState.main).
+func (r *Replication) Start(ctx context.Context, done func(Result, error)) {
+	st, err := r.prepare(ctx)
+	if err != nil {
+		r.closeIdle()
+		done(Result{}, err)
+		return
+	}
+	go st.main(ctx, done)
+}
+
+// main is the goroutine of a run begun with Start. Its frame, the
+// pipeline's, the changes reader's and the feed's are kept small: Go
+// halves a goroutine's stack only while it uses less than a quarter of it,
+// so a feed waiting under a deep stack would hold 16 KiB of stack instead
+// of 8.
+func (s *runState) main(ctx context.Context, done func(Result, error)) {
+	err := s.pipeline(ctx)
+	s.complete(ctx, err, done)
+}
+
+func (s *runState) complete(ctx context.Context, err error, done func(Result, error)) {
+	res, err := s.end(ctx, err)
+	s.r.closeIdle()
+	done(res, err)
+}
+
+// closeIdle closes the idle connections of the transport openDBs built.
+func (r *Replication) closeIdle() {
+	for _, tr := range r.ownTrs {
+		tr.CloseIdleConnections()
+	}
+}
+
+// prepare opens the endpoints, computes the replication id and reads the
+// checkpoints: everything before the changes feed.
+func (r *Replication) prepare(ctx context.Context) (*runState, error) {
+	if err := r.openDBs(); err != nil {
+		return nil, err
+	}
+	p := r.p
+	if p.CreateTarget {
+		params := url.Values{}
+		if p.CreateTargetParams != nil {
+			var m map[string]any
+			_ = json.Unmarshal(p.CreateTargetParams, &m)
+			for k, v := range m {
+				params.Set(k, queryValue(v))
+			}
+		}
+		if err := r.tgt.Create(ctx, params); err != nil && !errors.Is(err, couch.ErrExists) {
+			if errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) {
+				return nil, openError("target", r.tgt, err)
+			}
+			r.log.Warn().Err(err).Msg("replication: create_target failed; opening the target anyway")
+		}
+	}
+	srcInfo, err := r.src.Info(ctx)
+	if err != nil {
+		return nil, openError("source", r.src, err)
+	}
+	tgtInfo, err := r.tgt.Info(ctx)
+	if err != nil {
+		return nil, openError("target", r.tgt, err)
+	}
+	if tgtInfo.DocCount == 0 && tgtInfo.DocDelCount == 0 {
+		r.fetch.emptyTarget(r.now())
+	}
+	if p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet {
+		code, err := FetchFilterCode(ctx, r.src, p.Filter)
+		if err != nil {
+			return nil, err
+		}
+		p = p.WithFilterCode(code)
+	}
+	if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
+		return nil, err
+	}
+	log := r.log.With().Str("replication_id", r.base+r.ext).Logger()
+	r.log = log
+	localID := "_local/" + r.base
+
+	srcLog, err := r.readCheckpoint(ctx, r.src, localID)
+	if err != nil {
+		return nil, err
+	}
+	tgtLog, err := r.readCheckpoint(ctx, r.tgt, localID)
+	if err != nil {
+		return nil, err
+	}
+	startSeq, history, startFrom := compareCheckpointsFrom(srcLog.Checkpoint, tgtLog.Checkpoint)
+	if startSeq.IsZero() {
+		startSeq, startFrom = nil, StartZero
+		if p.SinceSeq != nil {
+			startSeq, startFrom = couch.SeqOf(p.SinceSeq), StartSinceSeq
+		}
+	}
+	if len(history) > 0 {
+		h := history[0]
+		r.ctr.add(Stats{RevisionsChecked: h.MissingChecked, MissingRevisionsFound: h.MissingFound,
+			DocsRead: h.DocsRead, DocsWritten: h.DocsWritten, DocWriteFailures: h.DocWriteFailures,
+			BulkGetDocs: h.BulkGetDocs, BulkGetAttempts: h.BulkGetAttempts})
+	}
+	log.Info().Str("source", r.src.String()).Str("target", r.tgt.String()).
+		Str("start_seq", seqOrZero(startSeq).String()).Str("start_from", startFrom).Bool("continuous", p.Continuous).Msg("replication: starting")
+
+	st := &runState{
+		r: r, session: newSessionID(), startTime: r.now(), startSeq: startSeq, startFrom: startFrom, committed: startSeq,
+		history: history, srcRev: srcLog.Rev, tgtRev: tgtLog.Rev, srcLog: srcLog,
+		srcStart: srcInfo.InstanceStartTime, tgtStart: tgtInfo.InstanceStartTime,
+		sourceSeq: srcInfo.UpdateSeq, localID: localID, tracker: newSeqTracker(startSeq),
+	}
+	return st, nil
+}
+
+func queryValue(v any) string {
+	if s, ok := v.(string); ok {
+		return s
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func (r *Replication) readCheckpoint(ctx context.Context, db *couch.DB, id string) (storedCheckpoint, error) {
+	if !r.p.UseCheckpoints {
+		return storedCheckpoint{}, nil
+	}
+	raw, err := db.GetLocal(ctx, id)
+	if errors.Is(err, couch.ErrNotFound) {
+		return storedCheckpoint{}, nil
+	}
+	if err != nil {
+		return storedCheckpoint{}, fmt.Errorf("%w: reading %s on %s: %w", ErrDBNotFound, id, db, err)
+	}
+	c, err := parseStoredCheckpoint(raw)
+	if err != nil {
+		r.log.Warn().Err(err).Str("db", db.String()).Msg("replication: unreadable checkpoint ignored")
+		return storedCheckpoint{}, nil
+	}
+	return c, nil
+}
+
+// runState is one Run's mutable state. tracker is guarded by mu; the
+// checkpoint state (committed, revs, lastBody) by cmu, which also
+// serialises checkpoints and progress reports (timer functions while the
+// pipeline runs, then Run's goroutine).
+type runState struct {
+	r                  *Replication
+	session            string
+	startTime          time.Time
+	startSeq           couch.Seq
+	startFrom          string // StartCheckpoint, ...
+	committed          couch.Seq
+	history            []HistoryEntry
+	srcRev, tgtRev     string
+	srcLog             storedCheckpoint
+	srcStart, tgtStart string
+	sourceSeq          couch.Seq
+	localID            string
+	lastBody           json.RawMessage
+
+	mu      sync.Mutex
+	tracker *seqTracker
+
+	cmu   sync.Mutex
+	ended bool // the timers are stopped
+}
+
+func (s *runState) through() couch.Seq {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tracker.through
+}
+
+func (s *runState) stats() Stats {
+	st := s.r.ctr.snapshot()
+	st.ThroughSeq = seqOrZero(s.through())
+	st.CheckpointedSourceSeq = seqOrZero(s.committed)
+	st.StartFrom, st.StartSeq = s.startFrom, seqOrZero(s.startSeq)
+	st.SourceSeq = seqOrZero(s.sourceSeq)
+	if src, ok := s.sourceSeq.Int(); ok {
+		if th, ok := st.ThroughSeq.Int(); ok {
+			pending := max(src-th, 0)
+			st.ChangesPending = &pending
+		}
+	}
+	return st
+}
+
+// pipeline runs the replication: this goroutine reads the changes feed
+// and cuts it into batches (readChanges, batcher), workers started on
+// demand process them (workerPool), and timers — not goroutines —
+// checkpoint every checkpoint_interval and report progress every
+// ProgressInterval. A failure anywhere aborts the pipeline with its error
+// as the cause, and is returned. It returns nil when the feed is done
+// (one-shot) or ctx is.
+func (s *runState) pipeline(ctx context.Context) error {
+	pl := &pipeline{}
+	pl.ctx, pl.cancel = context.WithCancelCause(ctx)
+	pool := newWorkerPool(pl.ctx, s, pl.abort)
+	bt := newBatcher(s, pool.submit)
+	tm := s.startTimers(ctx, pl.abort)
+
+	err := s.readChanges(pl.ctx, bt)
+	bt.close()
+	pool.close()
+	tm.stop()
+	return pl.result(err)
+}
+
+// pipeline is the context of a run's changes reader, workers and timers;
+// the first failure cancels it.
+type pipeline struct {
+	ctx     context.Context
+	cancel  context.CancelCauseFunc
+	once    sync.Once
+	failure error
+}
+
+func (pl *pipeline) abort(err error) {
+	pl.once.Do(func() {
+		pl.failure = err
+		pl.cancel(err)
+	})
+}
+
+// result is the pipeline's failure, else err (the reader's); every writer
+// of the failure has returned.
+func (pl *pipeline) result(err error) error {
+	pl.once.Do(func() {})
+	pl.cancel(nil)
+	if pl.failure != nil {
+		return pl.failure
+	}
+	return err
+}
+
+// end turns the pipeline's outcome into Run's: a failure, or the final
+// checkpoint and the result.
+func (s *runState) end(ctx context.Context, err error) (Result, error) {
+	if err != nil {
+		return s.fail(err)
+	}
+	return s.finish(ctx, ctx.Err() != nil)
+}
+
+// runTimers are a run's periodic checkpoint and progress report: one
+// timer function that re-arms itself for whichever is due next, serialised
+// with the final checkpoint by runState.cmu.
+type runTimers struct {
+	s                  *runState
+	ctx                context.Context
+	abort              func(error)
+	t                  *time.Timer
+	nextCkpt, nextProg time.Time
+}
+
+func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimers {
+	now := time.Now()
+	tm := &runTimers{s: s, ctx: ctx, abort: abort,
+		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(s.r.o.ProgressInterval)}
+	s.cmu.Lock() // fire reads tm.t under cmu
+	tm.t = time.AfterFunc(tm.wait(now), tm.fire)
+	s.cmu.Unlock()
+	return tm
+}
+
+// wait is how long from now until the next checkpoint or report is due.
+func (tm *runTimers) wait(now time.Time) time.Duration {
+	next := tm.nextCkpt
+	if tm.nextProg.Before(next) {
+		next = tm.nextProg
+	}
+	return max(next.Sub(now), 0)
+}
+
+func (tm *runTimers) fire() {
+	s, r := tm.s, tm.s.r
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	if s.ended {
+		return
+	}
+	now := time.Now()
+	if !now.Before(tm.nextCkpt) {
+		if err := s.checkpoint(tm.ctx); err != nil {
+			if tm.ctx.Err() == nil {
+				tm.abort(err)
+			}
+			return
+		}
+		now = time.Now()
+		tm.nextCkpt = now.Add(r.p.CheckpointInterval)
+	}
+	if !now.Before(tm.nextProg) {
+		s.progress()
+		tm.nextProg = now.Add(r.o.ProgressInterval)
+	}
+	tm.t.Reset(tm.wait(now))
+}
+
+// stop stops the timer and waits for a checkpoint or report under way;
+// none runs afterwards.
+func (tm *runTimers) stop() {
+	tm.t.Stop()
+	tm.s.cmu.Lock()
+	tm.s.ended = true
+	tm.s.cmu.Unlock()
+}
+
+// progress reports the stats to OnProgress; s.cmu is held, or the timers
+// are stopped.
+func (s *runState) progress() {
+	if f := s.r.o.OnProgress; f != nil {
+		f(s.stats())
+	}
+}
+
+func (s *runState) fail(err error) (Result, error) {
+	s.r.log.Error().Err(err).Msg("replication: crashed")
+	return Result{ID: s.r.ID(), Stats: s.stats()}, err
+}
+
+// finish records the final checkpoint (with a fresh context when ctx was
+// cancelled: CouchDB checkpoints on shutdown too) and builds the result.
+func (s *runState) finish(ctx context.Context, stopped bool) (Result, error) {
+	cctx := ctx
+	if stopped {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+	}
+	if err := s.checkpoint(cctx); err != nil {
+		return s.fail(err)
+	}
+	s.progress()
+	res := Result{ID: s.r.ID(), Stats: s.stats()}
+	switch {
+	case !s.r.p.UseCheckpoints:
+		res.Body = json.RawMessage(`{"ok":true,"use_checkpoints":false}`)
+	case s.lastBody == nil:
+		res.NoChanges = true
+		body := []byte(`{"ok":true,"no_changes":true}`)
+		if s.srcLog.exists {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(s.srcLog.Raw, &m) == nil {
+				delete(m, "_id")
+				delete(m, "_rev")
+				b, _ := json.Marshal(m)
+				if len(b) > 2 {
+					body = append([]byte(`{"ok":true,"no_changes":true,`), b[1:]...)
+				}
+			}
+		}
+		res.Body = body
+	default:
+		res.Body = append([]byte(`{"ok":true,`), s.lastBody[1:]...)
+	}
+	s.r.log.Info().Bool("stopped", stopped).Int64("docs_written", res.Stats.DocsWritten).
+		Int64("doc_write_failures", res.Stats.DocWriteFailures).Msg("replication: finished")
+	return res, nil
+}
+
+// checkpoint records through_seq on both endpoints (do_checkpoint/1).
+func (s *runState) checkpoint(ctx context.Context) (err error) {
+	r := s.r
+	defer func() {
+		if err != nil && ctx.Err() == nil {
+			r.event(EventCheckpointFailed)
+		}
+	}()
+	through := s.through()
+	if !r.p.UseCheckpoints || seqOrZero(through).Equal(seqOrZero(s.committed)) {
+		return nil
+	}
+	type res struct {
+		ist string
+		err error
+	}
+	srcCh := make(chan res, 1)
+	go func() {
+		ist, err := r.src.EnsureFullCommit(ctx)
+		srcCh <- res{ist, err}
+	}()
+	tgtIST, terr := r.tgt.EnsureFullCommit(ctx)
+	sr := <-srcCh
+	if terr != nil {
+		return fmt.Errorf("%w: failure on target commit: %w", ErrCheckpointFailed, terr)
+	}
+	if sr.err != nil {
+		return fmt.Errorf("%w: failure on source commit: %w", ErrCheckpointFailed, sr.err)
+	}
+	same := func(now, start string) bool {
+		return now == start || now == "0" || start == "0" || now == "" || start == ""
+	}
+	switch srcOK, tgtOK := same(sr.ist, s.srcStart), same(tgtIST, s.tgtStart); {
+	case !srcOK && !tgtOK:
+		return fmt.Errorf("%w: instance_start_time on source and target database has changed since last checkpoint", ErrCheckpointFailed)
+	case !srcOK:
+		return fmt.Errorf("%w: instance_start_time on source database has changed since last checkpoint", ErrCheckpointFailed)
+	case !tgtOK:
+		return fmt.Errorf("%w: instance_start_time on target database has changed since last checkpoint", ErrCheckpointFailed)
+	}
+	c := newCheckpoint(s.session, s.startSeq, through, s.startTime, r.now(), r.ctr.snapshot(), s.history, r.p.DocIDs != nil)
+	body, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrCheckpointFailed, err)
+	}
+	if s.srcRev, err = s.putCheckpoint(ctx, r.src, s.srcRev, body, "source"); err != nil {
+		return err
+	}
+	if s.tgtRev, err = s.putCheckpoint(ctx, r.tgt, s.tgtRev, body, "target"); err != nil {
+		return err
+	}
+	s.committed, s.lastBody = through, body
+	r.log.Debug().Str("seq", through.String()).Msg("replication: checkpoint recorded")
+	r.event(EventCheckpointRecorded)
+	s.progress()
+	return nil
+}
+
+func (s *runState) putCheckpoint(ctx context.Context, db *couch.DB, rev string, body []byte, which string) (string, error) {
+	newRev, err := db.PutLocal(ctx, s.localID, withRev(s.localID, rev, body))
+	if errors.Is(err, couch.ErrConflict) {
+		// A retried PUT that had succeeded conflicts with itself: accept it
+		// when the stored body is ours.
+		raw, gerr := db.GetLocal(ctx, s.localID)
+		if gerr == nil {
+			var stored storedCheckpoint
+			if json.Unmarshal(raw, &stored) == nil && stored.SessionID == s.session &&
+				stored.SourceLastSeq.Equal(s.through()) {
+				return stored.Rev, nil
+			}
+		}
+		return "", fmt.Errorf("%w: error updating the %s checkpoint document: conflict", ErrCheckpointFailed, which)
+	}
+	if err != nil {
+		return "", fmt.Errorf("%w: error updating the %s checkpoint document: %w", ErrCheckpointFailed, which, err)
+	}
+	return newRev, nil
+}

@@ -1,0 +1,353 @@
+package replicate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// batchIdle flushes a partial batch when the feed has been quiet this long
+// (continuous feeds, slow sources): between one and two batchIdle after its
+// last row.
+const batchIdle = 20 * time.Millisecond
+
+// changesOptions sets o to the _changes request for the job's filters.
+func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
+	*o = couch.ChangesOptions{Feed: couch.FeedNormal, Since: since, Style: couch.StyleAllDocs}
+	if r.p.WinningRevsOnly {
+		o.Style = couch.StyleMainOnly
+	}
+	if r.p.Continuous {
+		// One long-lived feed: the server sends a newline every heartbeat
+		// while idle (which also overrides its timeout, so CouchDB never
+		// ends the feed), and the client ends it only when nothing at all
+		// arrived for 2×heartbeat+5 s (couch.ErrFeedStalled). No timeout=
+		// is sent: an idle job costs no requests, only heartbeat bytes.
+		o.Feed = couch.FeedContinuous
+		o.Heartbeat = feedHeartbeat(r.p.ConnectionTimeout)
+	}
+	switch {
+	case r.p.DocIDs != nil:
+		o.DocIDs = r.p.DocIDs
+	case r.p.Selector != nil:
+		o.Selector = r.p.Selector
+	case r.p.Filter != "":
+		o.Filter = r.p.Filter
+		if r.p.QueryParams != nil {
+			var m map[string]any
+			_ = json.Unmarshal(r.p.QueryParams, &m)
+			o.QueryParams = make(map[string]string, len(m))
+			for k, v := range m {
+				o.QueryParams[k] = queryValue(v)
+			}
+		}
+	}
+}
+
+// feedHeartbeat is the heartbeat= of a continuous feed: a third of
+// connection_timeout (CouchDB's replicator sends that as timeout=), at
+// least a second.
+func feedHeartbeat(connectionTimeout time.Duration) time.Duration {
+	return max(time.Second, connectionTimeout/3)
+}
+
+// Paging of a one-shot feed: the first request asks for one batch of rows,
+// each next one for pageGrowth times more, up to pageMaxBatches batches.
+const (
+	pageGrowth     = 4
+	pageMaxBatches = 32
+)
+
+// pager sizes the _changes requests of a one-shot replication. A server
+// that builds the whole answer before sending its first byte (PouchDB
+// Server does; so does any proxy that buffers) would otherwise keep the
+// workers idle for as long as it takes to list every change: a short first
+// page gets them going at once, and the pages then grow faster than the
+// workers drain them. Pages also bound what such a server holds in memory
+// for one answer. A continuous feed and a doc_ids feed (which may be
+// filtered on the client, where limit= would count unfiltered rows) are
+// read in one request, as before.
+type pager struct {
+	limit, max int // 0: no paging
+}
+
+func newPager(p Params) pager {
+	if p.Continuous || p.DocIDs != nil {
+		return pager{}
+	}
+	return pager{limit: p.WorkerBatchSize, max: p.WorkerBatchSize * pageMaxBatches}
+}
+
+// more reports whether another page follows a page of got rows, and sizes it.
+func (pg *pager) more(got int) bool {
+	if pg.limit == 0 || got < pg.limit {
+		return false
+	}
+	pg.limit = min(pg.limit*pageGrowth, pg.max)
+	return true
+}
+
+// readChanges is the changes reader plus the changes manager, run by the
+// pipeline's goroutine: it reads the feed (a continuous feed is one
+// request held open for as long as it works, re-opened from its last seq
+// only after an error or when the server ends it) and hands every row to
+// the batcher, which cuts batches of worker_batch_size rows in feed order. A feed's end is
+// marked in the seq tracker after its rows, so through_seq reaches
+// last_seq once every earlier batch is done. It returns nil when ctx is
+// done or a one-shot feed has been read to its end.
+func (s *runState) readChanges(ctx context.Context, bt *batcher) error {
+	cr := newChangesReader(s, bt)
+	for {
+		if err := cr.request(ctx); err != nil || cr.done {
+			return err
+		}
+	}
+}
+
+// changesReader is readChanges' state, on the heap: the goroutine reading
+// a continuous feed spends its life in request, whose frame stays small.
+type changesReader struct {
+	s        *runState
+	bt       *batcher
+	opts     couch.ChangesOptions
+	since    couch.Seq
+	pages    pager
+	failures int
+	firstErr time.Time // first failure of the current run of failures
+	wait     time.Duration
+	got      int       // rows of the current request
+	began    time.Time // when the current request was sent
+	done     bool      // the reader has nothing more to do
+	onRow    func(couch.Change) error
+}
+
+//go:noinline
+func newChangesReader(s *runState, bt *batcher) *changesReader {
+	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
+	cr.wait = cr.firstWait()
+	cr.onRow = func(c couch.Change) error {
+		cr.got++
+		return cr.bt.add(c)
+	}
+	return cr
+}
+
+// request reads the feed once, from since; it sets done when the reader
+// should stop (ctx done, one-shot feed read to its end) and returns an
+// error when the feed failed for good.
+func (cr *changesReader) request(ctx context.Context) error {
+	cr.got, cr.began = 0, time.Now()
+	cr.s.r.changesOptions(&cr.opts, cr.since)
+	cr.opts.Limit = cr.pages.limit
+	last, err := cr.s.r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
+	if ctx.Err() != nil {
+		cr.done = true
+		return nil
+	}
+	if last != nil {
+		cr.since = last
+	}
+	if err != nil {
+		return cr.failed(ctx, err)
+	}
+	cr.failures = 0
+	if cr.pages.more(cr.got) {
+		return nil
+	}
+	if err := cr.bt.end(cr.since); err != nil {
+		cr.done = true
+		return nil
+	}
+	cr.done = !cr.s.r.p.Continuous
+	if !cr.done && cr.got == 0 && time.Since(cr.began) < cr.opts.Heartbeat {
+		// The server ended a continuous feed at once without a row (a
+		// proxy that cuts long requests, a server that does not hold
+		// feeds): re-open it after a pause, not in a tight loop.
+		return cr.pause(ctx)
+	}
+	cr.wait = cr.firstWait()
+	return nil
+}
+
+// firstWait is the first pause before re-opening a feed (doubling).
+func (cr *changesReader) firstWait() time.Duration {
+	if w := cr.s.r.o.RetryBackoff; w > 0 {
+		return w
+	}
+	return couch.DefaultRetryBackoff
+}
+
+// pause waits cr.wait (doubling it, up to 5 minutes) or until ctx is done.
+func (cr *changesReader) pause(ctx context.Context) error {
+	t := time.NewTimer(cr.wait)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		cr.done = true
+		return nil
+	}
+	cr.wait = min(cr.wait*2, 5*time.Minute)
+	return nil
+}
+
+// failed handles a request that failed: after a pause it is retried from
+// since, unless the error is final or the retries are used up.
+func (cr *changesReader) failed(ctx context.Context, err error) error {
+	r := cr.s.r
+	r.event(EventChangesReadFailed)
+	var herr *couch.HTTPError
+	if errors.As(err, &herr) && !herr.Retryable() || errors.Is(err, couch.ErrCertificate) || errors.Is(err, couch.ErrSession) {
+		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
+	}
+	if cr.got > 0 || (cr.opts.Heartbeat > 0 && time.Since(cr.began) > 4*cr.opts.Heartbeat+10*time.Second) {
+		// The feed worked for a while before it broke (rows, or
+		// heartbeats kept it open for twice the client's stall window,
+		// 2×heartbeat+5 s): a fresh failure.
+		cr.failures = 0
+		cr.wait = cr.firstWait()
+	}
+	if cr.failures == 0 {
+		cr.firstErr = time.Now()
+	}
+	cr.failures++
+	if cr.failures > r.p.RetriesPerRequest {
+		return fmt.Errorf("%w: after %d attempts: %w", ErrChangesFailed, cr.failures, err)
+	}
+	if b := r.o.Endpoints.errorBudget(); b > 0 && time.Since(cr.firstErr) >= b {
+		return fmt.Errorf("%w: still failing after %s (the error budget, health_threshold/2): %w", ErrChangesFailed, b.Round(time.Millisecond), err)
+	}
+	r.log.Warn().Err(err).Int("attempt", cr.failures).Str("since", seqOrZero(cr.since).String()).
+		Msg("replication: changes feed failed, resuming")
+	return cr.pause(ctx)
+}
+
+// batcher cuts the feed's rows into batches of worker_batch_size and
+// submits them to the workers. The changes reader appends rows; a partial
+// batch is flushed once the feed has been quiet for batchIdle (checked by a
+// timer, not a goroutine: an idle feed holds neither a goroutine nor a
+// batch buffer here). Batches are registered with the seq tracker in feed
+// order when they are cut, so the order they reach the workers in does not
+// matter.
+type batcher struct {
+	s      *runState
+	size   int
+	submit func(batch) error
+
+	mu     sync.Mutex
+	cur    []couch.Change // allocated by a batch's first row
+	rows   uint64         // rows appended so far
+	seen   uint64         // rows when the idle timer was armed or last checked
+	timer  *time.Timer    // the idle flush (made by the first row); armed while cur is not empty
+	armed  bool
+	closed bool
+	// flushing counts idle flushes submitting a batch outside mu.
+	flushing sync.WaitGroup
+}
+
+func newBatcher(s *runState, submit func(batch) error) *batcher {
+	return &batcher{s: s, size: s.r.p.WorkerBatchSize, submit: submit}
+}
+
+// add appends one row, submitting the batch when it is full.
+func (b *batcher) add(c couch.Change) error {
+	b.mu.Lock()
+	if c.Seq == nil && len(b.cur) > 0 {
+		c.Seq = b.cur[len(b.cur)-1].Seq
+	}
+	if b.cur == nil {
+		b.cur = make([]couch.Change, 0, b.size)
+	}
+	b.cur = append(b.cur, c)
+	b.rows++
+	if len(b.cur) < b.size {
+		if !b.armed {
+			b.armed, b.seen = true, b.rows
+			if b.timer == nil {
+				b.timer = time.AfterFunc(batchIdle, b.idle)
+			} else {
+				b.timer.Reset(batchIdle)
+			}
+		}
+		b.mu.Unlock()
+		return nil
+	}
+	out := b.cut()
+	b.mu.Unlock()
+	return b.submit(out)
+}
+
+// end submits the partial batch and marks the end of a feed at seq: a
+// change-less mark needs no worker, it is done as soon as it is registered.
+func (b *batcher) end(seq couch.Seq) error {
+	b.mu.Lock()
+	var out batch
+	if len(b.cur) > 0 {
+		out = b.cut()
+	}
+	s := b.s
+	s.mu.Lock()
+	s.tracker.finish(s.tracker.start(seq))
+	s.mu.Unlock()
+	b.mu.Unlock()
+	if out.changes == nil {
+		return nil
+	}
+	return b.submit(out)
+}
+
+// cut takes the current batch and registers it with the seq tracker; b.mu
+// is held.
+func (b *batcher) cut() batch {
+	changes := b.cur
+	b.cur = nil
+	if b.armed {
+		b.timer.Stop()
+		b.armed = false
+	}
+	seq := changes[len(changes)-1].Seq
+	s := b.s
+	s.mu.Lock()
+	n := s.tracker.start(seq)
+	s.mu.Unlock()
+	return batch{n: n, changes: changes, seq: seq}
+}
+
+// idle is the idle timer's function: it flushes the partial batch when no
+// row arrived since the timer was armed or last checked, else checks again
+// batchIdle later.
+func (b *batcher) idle() {
+	b.mu.Lock()
+	if b.closed || len(b.cur) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	if b.rows != b.seen {
+		b.seen = b.rows
+		b.timer.Reset(batchIdle)
+		b.mu.Unlock()
+		return
+	}
+	out := b.cut()
+	b.flushing.Add(1)
+	b.mu.Unlock()
+	defer b.flushing.Done()
+	_ = b.submit(out) // fails only when the run is stopping
+}
+
+// close stops the idle timer and waits for a flush under way; nothing is
+// submitted afterwards.
+func (b *batcher) close() {
+	b.mu.Lock()
+	b.closed = true
+	if b.timer != nil {
+		b.timer.Stop()
+	}
+	b.mu.Unlock()
+	b.flushing.Wait()
+}

@@ -1,0 +1,299 @@
+package replicate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// worker runs CouchDB's per-batch protocol: _revs_diff, fetch the missing
+// revisions (with attachment data only since the target's possible
+// ancestors), write them with new_edits=false. Bodies stay raw JSON bytes
+// from the source response to the _bulk_docs request.
+type worker struct {
+	r       *Replication
+	buf     []json.RawMessage
+	bufSize int
+	stats   Stats
+}
+
+// fetchGate holds couch_replicator_worker's fetch_stats for _revs_diff and
+// _bulk_get: exponential moving averages deciding whether the call is
+// worth making. CouchDB keeps them per worker; here a job's workers share
+// them, so a fresh target stops being asked after a few batches of the
+// whole job, not a few batches of every worker.
+type fetchGate struct {
+	mu                sync.Mutex
+	revsDiff, bulkGet fetchStats
+}
+
+// emptyTarget starts the job as if _revs_diff had just found every
+// revision missing: the target had no documents at all when the job
+// started, so asking it is (almost) pure cost. Writing a revision the
+// target got meanwhile with new_edits=false is harmless, and the call is
+// tried again after fetchRetry as usual.
+func (g *fetchGate) emptyTarget(now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.revsDiff = fetchStats{ratio: 1, t: now}
+}
+
+func (g *fetchGate) attempt(f *fetchStats, now time.Time, threshold float64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return f.attempt(now, threshold)
+}
+
+func (g *fetchGate) update(f *fetchStats, now time.Time, successes, attempts int, decay float64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	f.update(now, successes, attempts, decay)
+}
+
+// CouchDB's couch_replicator_worker coefficients.
+const (
+	revsDiffThreshold = 0.95
+	revsDiffDecay     = 0.4
+	bulkGetThreshold  = 0.5
+	bulkGetDecay      = 0.25
+	fetchRetry        = 37 * time.Second
+)
+
+// fetchStats is an EWMA of a failure ratio plus the time it was updated.
+type fetchStats struct {
+	ratio float64
+	t     time.Time
+}
+
+// attempt reports whether to make the call: the ratio is at most the
+// threshold, or it was last tried more than 37 s ago.
+func (f *fetchStats) attempt(now time.Time, threshold float64) bool {
+	return f.ratio <= threshold || now.Sub(f.t) > fetchRetry
+}
+
+func (f *fetchStats) update(now time.Time, successes, attempts int, decay float64) {
+	r := 0.0
+	if attempts > 0 {
+		r = float64(attempts-successes) / float64(attempts)
+	}
+	f.ratio += decay * (r - f.ratio)
+	f.t = now
+}
+
+type revKey struct{ id, rev string }
+
+func (w *worker) process(ctx context.Context, changes []couch.Change) error {
+	w.stats = Stats{}
+	defer func() { w.r.ctr.add(w.stats) }()
+
+	revs := make(map[string][]string, len(changes))
+	for _, c := range changes {
+		if _, seen := revs[c.ID]; !seen {
+			revs[c.ID] = make([]string, 0, len(c.Revs))
+		}
+		revs[c.ID] = append(revs[c.ID], c.Revs...)
+		w.stats.RevisionsChecked += int64(len(c.Revs))
+	}
+	var diff map[string]couch.RevsDiff
+	gate := &w.r.fetch
+	if now := w.r.now(); gate.attempt(&gate.revsDiff, now, revsDiffThreshold) {
+		var err error
+		if diff, err = w.r.tgt.RevsDiff(ctx, revs); err != nil {
+			return fmt.Errorf("%w: revs_diff_failed: %w", ErrWorkerFailed, err)
+		}
+		// Success is "already on the target": when the target lacks almost
+		// everything (a fresh target) _revs_diff is skipped, as CouchDB does.
+		missingNoPA := 0
+		for _, d := range diff {
+			if len(d.PossibleAncestors) == 0 {
+				missingNoPA += len(d.Missing)
+			}
+		}
+		all := int(w.stats.RevisionsChecked)
+		gate.update(&gate.revsDiff, now, all-missingNoPA, all, revsDiffDecay)
+	} else {
+		diff = make(map[string]couch.RevsDiff, len(revs))
+		for id, rs := range revs {
+			diff[id] = couch.RevsDiff{Missing: rs}
+		}
+	}
+	if len(diff) == 0 {
+		return nil
+	}
+	var reqs []couch.BulkGetRequest
+	for _, c := range changes { // feed order
+		d, ok := diff[c.ID]
+		if !ok {
+			continue
+		}
+		delete(diff, c.ID)
+		for _, rev := range d.Missing {
+			reqs = append(reqs, couch.BulkGetRequest{ID: c.ID, Rev: rev, AttsSince: d.PossibleAncestors})
+		}
+	}
+	w.stats.MissingRevisionsFound += int64(len(reqs))
+	if err := w.fetchAndWrite(ctx, reqs); err != nil {
+		return err
+	}
+	return w.flush(ctx)
+}
+
+func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest) error {
+	got := make(map[revKey]bool, len(reqs))
+	var writeErr error
+	handle := func(d couch.Doc) error {
+		got[revKey{d.ID, d.Rev}] = true
+		w.stats.DocsRead++
+		if err := w.write(ctx, d); err != nil {
+			writeErr = err
+			return err
+		}
+		return nil
+	}
+	now := w.r.now()
+	gate := &w.r.fetch
+	if w.r.p.UseBulkGet && len(reqs) > 0 && gate.attempt(&gate.bulkGet, now, bulkGetThreshold) {
+		w.stats.BulkGetAttempts += int64(len(reqs))
+		before := w.stats.DocsRead
+		defer func() { gate.update(&gate.bulkGet, now, int(w.stats.BulkGetDocs), len(reqs), bulkGetDecay) }()
+		err := w.r.src.BulkGet(ctx, reqs, handle)
+		if writeErr != nil {
+			return writeErr
+		}
+		if err != nil && ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		if errors.Is(err, couch.ErrStalled) {
+			// The same documents one by one would stall as well. (Too large
+			// ones are fetched again one by one: CouchDB sends open_revs
+			// attachments as separate MIME parts, outside the document.)
+			return fmt.Errorf("%w: %w", ErrWorkerFailed, err)
+		}
+		if err != nil {
+			w.r.log.Debug().Err(err).Msg("replication: _bulk_get failed, fetching documents one by one")
+		}
+		w.stats.BulkGetDocs += w.stats.DocsRead - before
+	}
+	// Whatever _bulk_get did not deliver, one GET ?open_revs per document.
+	var pendingIDs []string
+	pending := map[string][]string{}
+	atts := map[string][]string{}
+	for _, q := range reqs {
+		if got[revKey{q.ID, q.Rev}] {
+			continue
+		}
+		if _, ok := pending[q.ID]; !ok {
+			pendingIDs = append(pendingIDs, q.ID)
+		}
+		pending[q.ID] = append(pending[q.ID], q.Rev)
+		atts[q.ID] = q.AttsSince
+	}
+	for _, id := range pendingIDs {
+		err := w.r.src.OpenRevs(ctx, id, pending[id], atts[id], handle)
+		if writeErr != nil {
+			return writeErr
+		}
+		if errors.Is(err, couch.ErrNotFound) {
+			w.r.log.Warn().Str("doc_id", id).Msg("replication: document vanished from the source")
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, id, err)
+		}
+	}
+	return nil
+}
+
+// write buffers a document for _bulk_docs, or PUTs it alone when its
+// attachments come as separate parts.
+func (w *worker) write(ctx context.Context, d couch.Doc) error {
+	if len(d.Attachments) == 0 {
+		w.buf = append(w.buf, d.Body)
+		w.bufSize += len(d.Body)
+		if w.bufSize >= docBufferBytes {
+			return w.flush(ctx)
+		}
+		return nil
+	}
+	err := w.r.tgt.PutDoc(ctx, d)
+	if errors.Is(err, couch.ErrMissingStub) {
+		// The target lacks an attachment we sent as a stub: refetch all data.
+		var again couch.Doc
+		if ferr := w.r.src.OpenRevs(ctx, d.ID, []string{d.Rev}, nil, func(x couch.Doc) error { again = x; return nil }); ferr == nil && again.ID != "" {
+			if len(again.Attachments) == 0 {
+				w.buf = append(w.buf, again.Body)
+				w.bufSize += len(again.Body)
+				return nil
+			}
+			err = w.r.tgt.PutDoc(ctx, again)
+		}
+	}
+	switch {
+	case err == nil:
+		w.stats.DocsWritten++
+	case skippable(err):
+		w.stats.DocWriteFailures++
+		w.r.log.Warn().Str("doc_id", d.ID).Str("rev", d.Rev).Err(err).Msg("replication: target rejected document")
+	default:
+		return fmt.Errorf("%w: doc_write_failed for %q: %w", ErrWorkerFailed, d.ID, err)
+	}
+	return nil
+}
+
+// skippable reports CouchDB's "count it and move on" write errors:
+// 401, 403, 413, 415.
+func skippable(err error) bool {
+	var herr *couch.HTTPError
+	if errors.As(err, &herr) {
+		switch herr.Status {
+		case 401, 403, 413, 415:
+			return true
+		}
+	}
+	return errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) || errors.Is(err, couch.ErrTooLarge)
+}
+
+func (w *worker) flush(ctx context.Context) error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	docs := w.buf
+	w.buf, w.bufSize = w.buf[:0:0], 0
+	return w.bulkDocs(ctx, docs)
+}
+
+// bulkDocs writes docs, halving the batch on 413 (a single oversized
+// document is counted as a failure).
+func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage) error {
+	res, err := w.r.tgt.BulkDocs(ctx, docs, false)
+	if errors.Is(err, couch.ErrTooLarge) {
+		if len(docs) == 1 {
+			w.stats.DocWriteFailures++
+			return nil
+		}
+		h := len(docs) / 2
+		if err := w.bulkDocs(ctx, docs[:h]); err != nil {
+			return err
+		}
+		return w.bulkDocs(ctx, docs[h:])
+	}
+	if err != nil {
+		return fmt.Errorf("%w: bulk_docs_failed: %w", ErrWorkerFailed, err)
+	}
+	failed := 0
+	for _, r := range res {
+		if r.Error != "" {
+			failed++
+			w.r.log.Warn().Str("doc_id", r.ID).Str("error", r.Error).Str("reason", r.Reason).
+				Msg("replication: target rejected document")
+		}
+	}
+	w.stats.DocWriteFailures += int64(failed)
+	w.stats.DocsWritten += int64(len(docs) - failed)
+	return nil
+}
