@@ -3,6 +3,7 @@ package kvtest
 import (
 	"bufio"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -190,4 +191,15 @@ func RunMultiProcess(t *testing.T, db kv.Database, location string) {
 			t.Fatalf("watch on a key another process changed: %v", err)
 		}
 	})
+}
+
+// prefixHex and parsePrefix move a subspace to child processes.
+func prefixHex(s tuple.Subspace) string { return hex.EncodeToString(s.Bytes()) }
+
+func parsePrefix(h string) (tuple.Subspace, error) {
+	b, err := hex.DecodeString(h)
+	if err != nil {
+		return tuple.Subspace{}, err
+	}
+	return tuple.NewSubspace(b, nil), nil
 }

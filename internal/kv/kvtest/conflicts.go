@@ -1,0 +1,184 @@
+package kvtest
+
+// Serializable transactions: rollback on error, concurrent read-modify-write,
+// conflict retry on keys and ranges, snapshot reads and explicit read
+// conflicts.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/couchrep/couchrep/internal/kv"
+)
+
+func testFnErrorRollsBack(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	boom := errors.New("boom")
+	err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+		tx.Set(k(s, "x"), []byte("1"))
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Transact err = %v, want the fn's error", err)
+	}
+	if v := get(t, db, k(s, "x")); v != nil {
+		t.Fatalf("write of a failed tx committed: %q", v)
+	}
+}
+
+// increment does one read-modify-write of a little-endian counter.
+func increment(ctx context.Context, db kv.Database, key []byte) error {
+	return db.Transact(ctx, func(tx kv.Tx) error {
+		v, err := tx.Get(key)
+		if err != nil {
+			return err
+		}
+		tx.Set(key, kv.EncodeInt64LE(kv.Int64LE(v)+1))
+		return nil
+	})
+}
+
+func testCounterGoroutines(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	key := k(s, "counter")
+	const workers, each = 8, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Go(func() {
+			for range each {
+				if err := increment(testCtx(t), db, key); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if got := kv.Int64LE(get(t, db, key)); got != workers*each {
+		t.Fatalf("counter = %d, want %d: increments lost", got, workers*each)
+	}
+}
+
+// interfere commits a change to key from inside another transaction's
+// function, the first time only.
+func interfere(t *testing.T, db kv.Database, attempts int, key []byte) {
+	if attempts == 1 {
+		set(t, db, key, []byte("changed"))
+	}
+}
+
+func testConflictRetry(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	key := k(s, "k")
+	set(t, db, key, []byte("orig"))
+	attempts := 0
+	var seen []string
+	err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+		attempts++
+		v, err := tx.Get(key)
+		if err != nil {
+			return err
+		}
+		seen = append(seen, string(v))
+		interfere(t, db, attempts, key)
+		tx.Set(k(s, "copy"), v)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 || fmt.Sprint(seen) != "[orig changed]" {
+		t.Fatalf("attempts %d saw %q; want a retry that sees the new value", attempts, seen)
+	}
+	if v := get(t, db, k(s, "copy")); string(v) != "changed" {
+		t.Fatalf("committed copy %q, want the value read by the retry", v)
+	}
+}
+
+func testRangeConflict(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	set(t, db, k(s, "a"), []byte("1"))
+	attempts := 0
+	var counts []int
+	b, e := s.Range()
+	err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+		attempts++
+		n := len(collect(tx.GetRange(b, e, kv.RangeOptions{})))
+		counts = append(counts, n)
+		interfere(t, db, attempts, k(s, "b")) // an insert into the range read
+		tx.Set(k(s, "other"), []byte("x"))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 || fmt.Sprint(counts) != "[1 2]" {
+		t.Fatalf("attempts %d saw %v entries; want a retry after the phantom insert", attempts, counts)
+	}
+}
+
+func testSnapshotNoConflict(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	key := k(s, "k")
+	set(t, db, key, []byte("orig"))
+	attempts := 0
+	b, e := s.Range()
+	err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+		attempts++
+		if _, err := tx.Snapshot().Get(key); err != nil {
+			return err
+		}
+		_ = collect(tx.Snapshot().GetRange(b, e, kv.RangeOptions{}))
+		interfere(t, db, attempts, key)
+		tx.Set(k(s, "other"), []byte("x"))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 1 {
+		t.Fatalf("snapshot reads conflicted: %d attempts", attempts)
+	}
+}
+
+func testAddReadConflictKey(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	key := k(s, "k")
+	set(t, db, key, []byte("orig"))
+	for _, tc := range []struct {
+		name     string
+		conflict func(tx kv.Tx)
+	}{
+		{"key", func(tx kv.Tx) { tx.AddReadConflictKey(key) }},
+		{"range", func(tx kv.Tx) { b, e := s.Range(); tx.AddReadConflictRange(b, e) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			attempts := 0
+			err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+				attempts++
+				if _, err := tx.Snapshot().Get(key); err != nil {
+					return err
+				}
+				tc.conflict(tx)
+				interfere(t, db, attempts, key)
+				tx.Clear(key)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if attempts != 2 {
+				t.Fatalf("%d attempts; the explicit read conflict must force a retry", attempts)
+			}
+			set(t, db, key, []byte("orig"))
+		})
+	}
+}
