@@ -49,6 +49,7 @@ var (
 	benchStoresMu sync.Mutex
 	benchStores   = map[string]*benchStore{}
 	benchDir      string
+	benchPGPid    int // the PostgreSQL server's pid, for its CPU time
 )
 
 func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *benchStore {
@@ -71,8 +72,18 @@ func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *
 	var err error
 	if strings.HasPrefix(name, "postgres") {
 		// A server with its data flushed to disk as in production
-		// (pgtest turns fsync off for tests).
-		path = pgtest.Shared(b, "fsync = on", "full_page_writes = on").NewDatabase(b)
+		// (pgtest turns fsync off for tests). JOBS_BENCH_PG names an
+		// empty database of a server of your own instead (for instance
+		// one with pg_stat_statements), JOBS_BENCH_PG_PID its
+		// postmaster's pid for server-cpu-µs/cycle.
+		if dsn := os.Getenv("JOBS_BENCH_PG"); dsn != "" {
+			path = dsn
+			benchPGPid = envInt("JOBS_BENCH_PG_PID", 0)
+		} else {
+			srv := pgtest.Shared(b, "fsync = on", "full_page_writes = on")
+			path = srv.NewDatabase(b)
+			benchPGPid = srv.PID()
+		}
 		db, err = postgres.Open(context.Background(), path, postgres.Options{MaxConns: 32})
 	} else {
 		db, err = sqlite.Open(context.Background(), path, sqlite.Options{Durability: d})
@@ -232,6 +243,7 @@ func BenchmarkCycle(b *testing.B) {
 				b.ResetTimer()
 				start := time.Now()
 				cpu0 := processCPU()
+				scpu0 := pgtest.CPU(benchPGPid)
 				var wg sync.WaitGroup
 				for w := range workers {
 					wg.Go(func() {
@@ -248,6 +260,7 @@ func BenchmarkCycle(b *testing.B) {
 				wg.Wait()
 				elapsed := time.Since(start)
 				cpu := processCPU() - cpu0
+				scpu := pgtest.CPU(benchPGPid) - scpu0
 				b.StopTimer()
 				total := float64(b.N)
 				for _, child := range children {
@@ -262,6 +275,8 @@ func BenchmarkCycle(b *testing.B) {
 				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/cycle")
 				if pg, ok := s.db.(interface{ RoundTrips() int64 }); ok {
 					b.ReportMetric(float64(pg.RoundTrips()-rt0)/float64(b.N), "round-trips/cycle")
+					// The server's CPU per cycle (of every process's cycles).
+					b.ReportMetric(float64(scpu.Microseconds())/total, "server-cpu-µs/cycle")
 				}
 			})
 		}

@@ -214,6 +214,15 @@ BEGIN
 	END IF;
 END $$;
 `,
+	// 3: the validation's plans never scan couchrep_kv_clears whole.
+	// PL/pgSQL keeps a generic plan per connection, made from the table's
+	// size when first run: made while the clears log was small, it
+	// sequentially scanned the log (up to 100,000 commits of clears) at
+	// every commit, 0.4 ms and growing (BENCHMARKS.md "PostgreSQL"). Every
+	// statement of couchrep_kv_apply has an index to use.
+	3: `
+ALTER FUNCTION couchrep_kv_apply SET enable_seqscan = off;
+`,
 }
 
 // SchemaVersion is the schema version this build writes and reads.
