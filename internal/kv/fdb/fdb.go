@@ -156,7 +156,7 @@ func (d *DB) run(ctx context.Context, fn func(fdb.Transaction) error) error {
 			return fmt.Errorf("fdb: gave up after %d attempts: %w: %w", attempt, kv.ErrConflict, err)
 		}
 		if err := tr.OnError(fe).Get(); err != nil {
-			return fmt.Errorf("fdb: %w", err)
+			return fmt.Errorf("fdb: %w", sizeError(err))
 		}
 	}
 }
@@ -210,6 +210,7 @@ type tx struct {
 	root    *tx // the transaction a Snapshot view belongs to; nil for the root
 	err     error
 	done    bool
+	size    kv.WriteCounter // bytes written, for kv.MaxTransactionSize
 	watches []*watch
 	stamps  []*stampFuture
 }
@@ -218,6 +219,36 @@ func (t *tx) fail(err error) {
 	if t.err == nil {
 		t.err = err
 	}
+}
+
+// checkWrite enforces kv's size limits before FDB sees the write, so that
+// the transaction fails with the same error as on the other backends
+// (FDB's own key_too_large, value_too_large and transaction_too_large are
+// mapped to them too, by sizeError). A refused write is not sent.
+func (t *tx) checkWrite(key, value []byte) error {
+	err := kv.CheckWrite(key, value)
+	if err == nil {
+		err = t.size.Add(len(key) + len(value))
+	}
+	t.fail(err)
+	return err
+}
+
+// sizeError wraps FDB's size errors with kv's sentinels.
+func sizeError(err error) error {
+	var fe fdb.Error
+	if !errors.As(err, &fe) {
+		return err
+	}
+	switch fe.Code {
+	case 2101: // transaction_too_large
+		return fmt.Errorf("%w: %w", kv.ErrTransactionTooLarge, err)
+	case 2102: // key_too_large
+		return fmt.Errorf("%w: %w", kv.ErrKeyTooLarge, err)
+	case 2103: // value_too_large
+		return fmt.Errorf("%w: %w", kv.ErrValueTooLarge, err)
+	}
+	return err
 }
 
 func (t *tx) finish(err error) {
@@ -266,14 +297,31 @@ func (t *tx) Snapshot() kv.ReadTx {
 	return &tx{tr: t.tr, rt: t.tr.Snapshot(), root: root}
 }
 
-func (t *tx) Set(key, value []byte) { t.tr.Set(fdb.Key(key), value) }
-func (t *tx) Clear(key []byte)      { t.tr.Clear(fdb.Key(key)) }
+func (t *tx) Set(key, value []byte) {
+	if t.checkWrite(key, value) == nil {
+		t.tr.Set(fdb.Key(key), value)
+	}
+}
+
+func (t *tx) Clear(key []byte) {
+	if t.checkWrite(key, nil) == nil {
+		t.tr.Clear(fdb.Key(key))
+	}
+}
+
 func (t *tx) ClearRange(begin, end []byte) {
+	if err := t.size.Add(len(begin) + len(end)); err != nil {
+		t.fail(err)
+		return
+	}
 	t.tr.ClearRange(fdb.KeyRange{Begin: fdb.Key(begin), End: fdb.Key(end)})
 }
 
 func (t *tx) Add(key []byte, delta int64) {
-	t.tr.Add(fdb.Key(key), kv.EncodeInt64LE(delta))
+	d := kv.EncodeInt64LE(delta)
+	if t.checkWrite(key, d) == nil {
+		t.tr.Add(fdb.Key(key), d)
+	}
 }
 
 // withOffset appends the 4-byte little-endian offset FDB's versionstamp
@@ -289,6 +337,9 @@ func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
 	if offset < 0 || offset+kv.VersionstampLength > len(key) {
 		return fmt.Errorf("%w: offset %d in a %d-byte key", kv.ErrInvalidVersionstamp, offset, len(key))
 	}
+	if err := t.checkWrite(key, value); err != nil {
+		return err
+	}
 	t.tr.SetVersionstampedKey(fdb.Key(withOffset(key, offset)), value)
 	return nil
 }
@@ -296,6 +347,9 @@ func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
 func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
 	if offset < 0 || offset+kv.VersionstampLength > len(value) {
 		return fmt.Errorf("%w: offset %d in a %d-byte value", kv.ErrInvalidVersionstamp, offset, len(value))
+	}
+	if err := t.checkWrite(key, value); err != nil {
+		return err
 	}
 	t.tr.SetVersionstampedValue(fdb.Key(key), withOffset(value, offset))
 	return nil

@@ -72,6 +72,8 @@ type Buffer struct {
 	Writes map[string]*Op
 	Clears []Range
 	VSKeys []VSKey
+
+	size kv.WriteCounter // bytes written, for kv.MaxTransactionSize
 }
 
 // New returns an empty buffer.
@@ -85,19 +87,42 @@ func NonNil(b []byte) []byte {
 	return b
 }
 
-// Set buffers a write of value at key.
-func (b *Buffer) Set(key, value []byte) {
+// check refuses a write beyond kv's size limits (the caller fails its
+// transaction with the error) and counts its bytes.
+func (b *Buffer) check(key, value []byte) error {
+	if err := kv.CheckWrite(key, value); err != nil {
+		return err
+	}
+	return b.size.Add(len(key) + len(value))
+}
+
+// Set buffers a write of value at key; an error (beyond kv's size limits)
+// buffers nothing.
+func (b *Buffer) Set(key, value []byte) error {
+	if err := b.check(key, value); err != nil {
+		return err
+	}
 	b.Writes[string(key)] = &Op{Kind: Set, Value: slices.Clone(NonNil(value))}
+	return nil
 }
 
 // Clear buffers the removal of key.
-func (b *Buffer) Clear(key []byte) { b.Writes[string(key)] = &Op{Kind: Clear} }
+func (b *Buffer) Clear(key []byte) error {
+	if err := b.check(key, nil); err != nil {
+		return err
+	}
+	b.Writes[string(key)] = &Op{Kind: Clear}
+	return nil
+}
 
 // ClearRange buffers the removal of [begin, end), dropping the writes it
 // covers.
-func (b *Buffer) ClearRange(begin, end []byte) {
+func (b *Buffer) ClearRange(begin, end []byte) error {
+	if err := b.size.Add(len(begin) + len(end)); err != nil {
+		return err
+	}
 	if bytes.Compare(begin, end) >= 0 {
-		return
+		return nil
 	}
 	r := Range{slices.Clone(NonNil(begin)), slices.Clone(end)}
 	for k := range b.Writes {
@@ -106,11 +131,15 @@ func (b *Buffer) ClearRange(begin, end []byte) {
 		}
 	}
 	b.Clears = append(b.Clears, r)
+	return nil
 }
 
 // Add buffers an atomic add of delta to key, folded into an earlier write
 // of the same key; it fails on a key with a versionstamped value.
 func (b *Buffer) Add(key []byte, delta int64) error {
+	if err := b.check(key, make([]byte, 8)); err != nil {
+		return err
+	}
 	o, ok := b.Writes[string(key)]
 	switch {
 	case !ok && b.Cleared(key), ok && o.Kind == Clear:
@@ -132,6 +161,9 @@ func (b *Buffer) SetVersionstampedKey(key []byte, offset int, value []byte) erro
 	if offset < 0 || offset+kv.VersionstampLength > len(key) {
 		return fmt.Errorf("%w: offset %d in a %d-byte key", kv.ErrInvalidVersionstamp, offset, len(key))
 	}
+	if err := b.check(key, value); err != nil {
+		return err
+	}
 	b.VSKeys = append(b.VSKeys, VSKey{Key: slices.Clone(key), Offset: offset, Value: slices.Clone(NonNil(value))})
 	return nil
 }
@@ -140,6 +172,9 @@ func (b *Buffer) SetVersionstampedKey(key []byte, offset int, value []byte) erro
 func (b *Buffer) SetVersionstampedValue(key, value []byte, offset int) error {
 	if offset < 0 || offset+kv.VersionstampLength > len(value) {
 		return fmt.Errorf("%w: offset %d in a %d-byte value", kv.ErrInvalidVersionstamp, offset, len(value))
+	}
+	if err := b.check(key, value); err != nil {
+		return err
 	}
 	b.Writes[string(key)] = &Op{Kind: SetVSV, Value: slices.Clone(value), VSOffset: offset}
 	return nil

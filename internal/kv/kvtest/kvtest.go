@@ -79,6 +79,7 @@ func Run(t *testing.T, open func(t *testing.T) kv.Database) {
 		{"Watch", testWatch},
 		{"WatchNotOnRollback", testWatchNotOnRollback},
 		{"LargeTransaction", testLargeTransaction},
+		{"SizeLimits", testSizeLimits},
 		{"ContextCancel", testContextCancel},
 		{"TxDone", testTxDone},
 		{"ReadTransact", testReadTransact},

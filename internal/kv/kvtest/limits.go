@@ -14,13 +14,24 @@ import (
 	"github.com/couchrep/couchrep/internal/kv"
 )
 
+// testLargeTransaction: a transaction near FoundationDB's limits (80
+// values of 90 kB, one of exactly kv.MaxValueSize, 20,000 keys: about
+// 7.9 MB) commits whole.
 func testLargeTransaction(t *testing.T, db kv.Database) {
 	s := newSpace(t)
-	big := make([]byte, 8<<20)
-	_, _ = rand.Read(big)
-	const many = 20000
+	const nbig, many = 80, 20000
+	big := make([][]byte, nbig)
+	for i := range big {
+		big[i] = make([]byte, 90_000)
+		if i == 0 {
+			big[i] = make([]byte, kv.MaxValueSize)
+		}
+		_, _ = rand.Read(big[i])
+	}
 	if err := db.Transact(testCtx(t), func(tx kv.Tx) error {
-		tx.Set(k(s, "big"), big)
+		for i, v := range big {
+			tx.Set(k(s, "big", int64(i)), v)
+		}
 		for i := range many {
 			tx.Set(k(s, "many", int64(i)), []byte("v"))
 		}
@@ -28,8 +39,10 @@ func testLargeTransaction(t *testing.T, db kv.Database) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if v := get(t, db, k(s, "big")); !bytes.Equal(v, big) {
-		t.Fatalf("8 MiB value read back as %d bytes", len(v))
+	for i, want := range big {
+		if v := get(t, db, k(s, "big", int64(i))); !bytes.Equal(v, want) {
+			t.Fatalf("big value %d (%d bytes) read back as %d bytes", i, len(want), len(v))
+		}
 	}
 	n := 0
 	if err := db.ReadTransact(testCtx(t), func(tx kv.ReadTx) error {
@@ -44,6 +57,77 @@ func testLargeTransaction(t *testing.T, db kv.Database) {
 	}
 	if n != many {
 		t.Fatalf("%d keys read back, want %d", n, many)
+	}
+}
+
+// testSizeLimits: a write beyond FoundationDB's limits (kv.MaxKeySize,
+// kv.MaxValueSize, kv.MaxTransactionSize) fails the transaction with the
+// same sentinel on every backend, even if the function ignores the
+// error: nothing of it commits and it is not retried. Writes at the
+// limits commit.
+func testSizeLimits(t *testing.T, db kv.Database) {
+	s := newSpace(t)
+	// A key of exactly n bytes under s.
+	keyOf := func(name string, n int) []byte {
+		key := k(s, name)
+		return append(key, bytes.Repeat([]byte{'k'}, n-len(key))...)
+	}
+	atKey, atValue := keyOf("at", kv.MaxKeySize), make([]byte, kv.MaxValueSize)
+	if err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+		tx.Set(atKey, atValue)
+		return nil
+	}); err != nil {
+		t.Fatalf("a %d-byte key with a %d-byte value: %v", kv.MaxKeySize, kv.MaxValueSize, err)
+	}
+	if v := get(t, db, atKey); len(v) != kv.MaxValueSize {
+		t.Fatalf("the value at the limit read back as %d bytes", len(v))
+	}
+	long, big := keyOf("long", kv.MaxKeySize+1), make([]byte, kv.MaxValueSize+1)
+	for _, tc := range []struct {
+		name  string
+		write func(tx kv.Tx) error
+		want  error
+	}{
+		{"Set value", func(tx kv.Tx) error { tx.Set(k(s, "v"), big); return nil }, kv.ErrValueTooLarge},
+		{"Set key", func(tx kv.Tx) error { tx.Set(long, nil); return nil }, kv.ErrKeyTooLarge},
+		{"Clear key", func(tx kv.Tx) error { tx.Clear(long); return nil }, kv.ErrKeyTooLarge},
+		{"Add key", func(tx kv.Tx) error { tx.Add(long, 1); return nil }, kv.ErrKeyTooLarge},
+		{"SetVersionstampedValue", func(tx kv.Tx) error {
+			_ = tx.SetVersionstampedValue(k(s, "vsv"), big, 0) // the error is ignored: the commit fails anyway
+			return nil
+		}, kv.ErrValueTooLarge},
+		{"SetVersionstampedKey", func(tx kv.Tx) error {
+			_ = tx.SetVersionstampedKey(long, 0, nil)
+			return nil
+		}, kv.ErrKeyTooLarge},
+		{"SetVersionstampedValue error", func(tx kv.Tx) error {
+			return tx.SetVersionstampedValue(k(s, "vsv"), big, 0)
+		}, kv.ErrValueTooLarge},
+		{"transaction", func(tx kv.Tx) error {
+			v := make([]byte, kv.MaxValueSize-1_000)
+			for i := range kv.MaxTransactionSize/len(v) + 1 {
+				tx.Set(k(s, "t", int64(i)), v)
+			}
+			return nil
+		}, kv.ErrTransactionTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+				calls++
+				tx.Set(k(s, "witness", tc.name), []byte("x"))
+				return tc.write(tx)
+			})
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Transact err = %v, want %v", err, tc.want)
+			}
+			if calls != 1 {
+				t.Fatalf("the function ran %d times, want once (a size error is not retried)", calls)
+			}
+			if v := get(t, db, k(s, "witness", tc.name)); v != nil {
+				t.Fatalf("a write of the refused transaction committed")
+			}
+		})
 	}
 }
 

@@ -83,6 +83,15 @@ func (t *tx) fail(err error) {
 	}
 }
 
+// failSize fails the transaction with err if it is a write beyond kv's
+// size limits (other errors leave it usable), and returns err.
+func (t *tx) failSize(err error) error {
+	if kv.IsTooLarge(err) {
+		t.fail(err)
+	}
+	return err
+}
+
 func (t *tx) hasWrites() bool { return t.buf.HasWrites() || len(t.stamps) > 0 }
 
 // snapshot starts the read transaction on first use.
@@ -186,21 +195,21 @@ func (t *tx) checkWrite() bool {
 // Set implements kv.Tx.
 func (t *tx) Set(key, value []byte) {
 	if t.checkWrite() {
-		t.buf.Set(key, value)
+		t.fail(t.buf.Set(key, value))
 	}
 }
 
 // Clear implements kv.Tx.
 func (t *tx) Clear(key []byte) {
 	if t.checkWrite() {
-		t.buf.Clear(key)
+		t.fail(t.buf.Clear(key))
 	}
 }
 
 // ClearRange implements kv.Tx.
 func (t *tx) ClearRange(begin, end []byte) {
 	if t.checkWrite() {
-		t.buf.ClearRange(begin, end)
+		t.fail(t.buf.ClearRange(begin, end))
 	}
 }
 
@@ -218,7 +227,7 @@ func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
 	if t.done {
 		return kv.ErrTxDone
 	}
-	return t.buf.SetVersionstampedKey(key, offset, value)
+	return t.failSize(t.buf.SetVersionstampedKey(key, offset, value))
 }
 
 // SetVersionstampedValue implements kv.Tx.
@@ -226,7 +235,7 @@ func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
 	if t.done {
 		return kv.ErrTxDone
 	}
-	return t.buf.SetVersionstampedValue(key, value, offset)
+	return t.failSize(t.buf.SetVersionstampedValue(key, value, offset))
 }
 
 // AddReadConflictKey implements kv.Tx.
