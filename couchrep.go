@@ -207,7 +207,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 			eventbus.Log(n.log, e)
 			metrics.ObserveSupervisor(e)
 		case *messages.ReplicationJobEvent:
-			metrics.ObserveJob(e.GetJobId(), repjob.StateName(e.GetState()), e.GetProgress(), httpapi.CountersOf(e.GetStats()))
+			metrics.ObserveJob(e.GetJobId(), repjob.State(e.GetState()), e.GetProgress(), httpapi.CountersOf(e.GetStats()))
 		}
 	})
 	sup, err := supervisor.Start(ctx, n.system, RootName, n.spec())

@@ -255,7 +255,7 @@ func runChaos(t *testing.T, p chaosParams) {
 					if err != nil {
 						return true // removed
 					}
-					return r.IsTerminal() || (r.QueueState == jobqueue.StateRunning && r.WorkerNode != victim)
+					return r.State().Terminal() || (r.QueueState == jobqueue.StateRunning && r.WorkerNode != victim)
 				})
 			}
 			took := time.Since(killedAt)
@@ -408,10 +408,10 @@ func runChaos(t *testing.T, p chaosParams) {
 			switch {
 			case err != nil:
 				bad = append(bad, fmt.Sprintf("%s: %v", j.id, err))
-			case j.continuous && r.StateName() != "running":
-				bad = append(bad, fmt.Sprintf("%s (continuous %s): %s %s", j.id, j.kind, r.StateName(), r.LastError))
-			case !j.continuous && r.StateName() != "completed":
-				bad = append(bad, fmt.Sprintf("%s (one-shot %s): %s %s", j.id, j.kind, r.StateName(), r.LastError))
+			case j.continuous && r.State() != repjob.StateRunning:
+				bad = append(bad, fmt.Sprintf("%s (continuous %s): %s %s", j.id, j.kind, r.State(), r.LastError))
+			case !j.continuous && r.State() != repjob.StateCompleted:
+				bad = append(bad, fmt.Sprintf("%s (one-shot %s): %s %s", j.id, j.kind, r.State(), r.LastError))
 			}
 		}
 		if len(bad) == 0 {

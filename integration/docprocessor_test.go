@@ -97,7 +97,7 @@ func TestDocProcessor(t *testing.T) {
 	if !rec.GetContinuous() || rec.GetDocId() != "r1" || rec.GetDbName() != "_replicator" {
 		t.Fatalf("job of r1: %v", rec.ReplicationJob)
 	}
-	if st := rec.StateName(); st != "pending" && st != "running" && st != "crashing" {
+	if st := rec.State(); st != repjob.StatePending && st != repjob.StateRunning && st != repjob.StateCrashing {
 		t.Fatalf("job of r1 in state %s", st)
 	}
 
@@ -110,8 +110,8 @@ func TestDocProcessor(t *testing.T) {
 	// It is recorded as a failed job (so that _scheduler/docs shows it)
 	// that never runs.
 	waitUntil(t, "failed record of bad", 30*time.Second, exists(server1, "bad"))
-	if rec, _ := job(server1, "bad"); rec.StateName() != "failed" || !strings.Contains(rec.GetLastError(), "worker_processes") {
-		t.Fatalf("invalid document's job: state %s, error %q", rec.StateName(), rec.GetLastError())
+	if rec, _ := job(server1, "bad"); rec.State() != repjob.StateFailed || !strings.Contains(rec.GetLastError(), "worker_processes") {
+		t.Fatalf("invalid document's job: state %s, error %q", rec.State(), rec.GetLastError())
 	}
 
 	// Editing the document updates its job's parameters.

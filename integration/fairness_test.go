@@ -262,7 +262,7 @@ func TestFairShareEndToEnd(t *testing.T) {
 	}
 	for _, r := range recs {
 		if st := r.State(); st != running && st != pending {
-			t.Errorf("job %s is %s (%s)", r.JobId, r.StateName(), r.LastError)
+			t.Errorf("job %s is %s (%s)", r.JobId, r.State(), r.LastError)
 		}
 	}
 
@@ -306,7 +306,7 @@ func TestFairShareEndToEnd(t *testing.T) {
 	}
 	for _, r := range recs {
 		if r.State() != pending {
-			t.Errorf("after a clean stop job %s is %s", r.JobId, r.StateName())
+			t.Errorf("after a clean stop job %s is %s", r.JobId, r.State())
 		}
 	}
 	replicated := map[string]int{}

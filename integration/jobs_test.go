@@ -17,7 +17,6 @@ import (
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
-	"github.com/couchrep/couchrep/messages"
 )
 
 // jobsConfig is the node config of the job tests: no startup jitter, short
@@ -54,7 +53,7 @@ func writeConfig(t *testing.T, dir, text string) string {
 	return p
 }
 
-func waitState(t *testing.T, s *repjob.Store, id string, states ...messages.ReplicationState) *repjob.Record {
+func waitState(t *testing.T, s *repjob.Store, id string, states ...repjob.State) *repjob.Record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -75,10 +74,10 @@ func jobsDocCount(t *testing.T, s *testserver.Server, dbURL string) int {
 }
 
 const (
-	running   = messages.ReplicationState_REPLICATION_STATE_RUNNING
-	completed = messages.ReplicationState_REPLICATION_STATE_COMPLETED
-	crashing  = messages.ReplicationState_REPLICATION_STATE_CRASHING
-	pending   = messages.ReplicationState_REPLICATION_STATE_PENDING
+	running   = repjob.StateRunning
+	completed = repjob.StateCompleted
+	crashing  = repjob.StateCrashing
+	pending   = repjob.StatePending
 )
 
 func TestJobsRunToCompletion(t *testing.T) {

@@ -69,8 +69,8 @@ func TestPostgresRestart(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if r.StateName() != "running" {
-				return fmt.Errorf("%s is %s", j.id, r.StateName())
+			if r.State() != repjob.StateRunning {
+				return fmt.Errorf("%s is %s", j.id, r.State())
 			}
 		}
 		return nil
@@ -149,8 +149,8 @@ func TestPostgresRestart(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if want := map[bool]string{true: "running", false: "completed"}[j.continuous]; r.StateName() != want {
-				return fmt.Errorf("%s: %s (%s)", j.id, r.StateName(), r.LastError)
+			if want := map[bool]repjob.State{true: repjob.StateRunning, false: repjob.StateCompleted}[j.continuous]; r.State() != want {
+				return fmt.Errorf("%s: %s (%s)", j.id, r.State(), r.LastError)
 			}
 		}
 		return nil

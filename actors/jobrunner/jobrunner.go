@@ -212,7 +212,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		return err
 	}
 	rec := run.Record()
-	a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_RUNNING, "", nil)
+	a.publish(system, rec, repjob.StateRunning, "", nil)
 
 	p, err := replicate.ParseParams(rec.Body)
 	if err != nil {
@@ -553,7 +553,7 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 		werr := a.finalWrite(func(c context.Context) error { return run.Complete(c, res) })
 		if werr == nil {
 			rec := run.Record()
-			a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", rec.Stats)
+			a.publish(system, rec, repjob.StateCompleted, "", rec.Stats)
 		}
 		return werr
 	case stopped != "" && (err == nil || errors.Is(err, context.Canceled)):
@@ -561,7 +561,7 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 			return err
 		}
 		rec := run.Record()
-		a.publish(system, rec, messages.ReplicationState_REPLICATION_STATE_PENDING, stopped, StatsOr(rec.Stats, res.Stats))
+		a.publish(system, rec, repjob.StatePending, stopped, StatsOr(rec.Stats, res.Stats))
 		return nil
 	case err == nil:
 		// A continuous replication never ends by itself.
@@ -589,7 +589,7 @@ func (a *jobActor) crash(system *actor.ActorSystem, reason string) error {
 	})
 	if err == nil {
 		a.log.Warn().Str("reason", reason).Time("retry_at", until).Msg("replication job: crashed")
-		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_CRASHING, reason, nil)
+		a.publish(system, a.run.Record(), repjob.StateCrashing, reason, nil)
 	}
 	return err
 }
@@ -598,7 +598,7 @@ func (a *jobActor) fail(system *actor.ActorSystem, reason string) error {
 	err := a.finalWrite(func(c context.Context) error { return a.run.Fail(c, reason) })
 	if err == nil {
 		a.log.Warn().Str("reason", reason).Msg("replication job: failed")
-		a.publish(system, a.run.Record(), messages.ReplicationState_REPLICATION_STATE_FAILED, reason, nil)
+		a.publish(system, a.run.Record(), repjob.StateFailed, reason, nil)
 	}
 	return err
 }
@@ -615,10 +615,10 @@ func (a *jobActor) finalWrite(fn func(ctx context.Context) error) error {
 	return nil
 }
 
-func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st messages.ReplicationState,
+func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st repjob.State,
 	reason string, stats *messages.ReplicationStats) {
 	system.EventStream.Publish(&messages.ReplicationJobEvent{
-		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId, State: st,
+		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId, State: st.Proto(),
 		Reason: reason, Stats: stats, Node: a.o.Node, Timestamp: timestamppb.Now(), Continuous: rec.Continuous,
 		StartedAt: rec.LastStarted,
 	})

@@ -39,35 +39,35 @@ func TestJobActor(t *testing.T) {
 		engine     engineFunc
 		stop       bool // send a StopReplicationJobRequest once it runs
 		remove     bool // remove the job from the store once it runs
-		state      messages.ReplicationState
-		eventState messages.ReplicationState // 0: no terminal event expected
+		state      repjob.State
+		eventState repjob.State // 0: no terminal event expected
 		lastError  string
 	}{
 		{name: "one-shot completes", body: `{"source":"http://a/s","target":"http://b/t"}`,
 			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
 				return replicate.Result{Stats: replicate.Stats{DocsWritten: 7}, Body: []byte(`{"ok":true}`)}, nil
 			},
-			state: messages.ReplicationState_REPLICATION_STATE_COMPLETED, eventState: messages.ReplicationState_REPLICATION_STATE_COMPLETED},
+			state: repjob.StateCompleted, eventState: repjob.StateCompleted},
 		{name: "stop request hands it back", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
 			engine: untilStopped, stop: true,
-			state: messages.ReplicationState_REPLICATION_STATE_PENDING, eventState: messages.ReplicationState_REPLICATION_STATE_PENDING},
+			state: repjob.StatePending, eventState: repjob.StatePending},
 		{name: "engine error crashes", body: `{"source":"http://a/s","target":"http://b/t"}`,
 			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
 				return replicate.Result{}, fmt.Errorf("%w: could not open source", replicate.ErrDBNotFound)
 			},
-			state: messages.ReplicationState_REPLICATION_STATE_CRASHING, eventState: messages.ReplicationState_REPLICATION_STATE_CRASHING,
+			state: repjob.StateCrashing, eventState: repjob.StateCrashing,
 			lastError: "could not open source"},
 		{name: "invalid parameters fail", body: `{"source":"http://a/s","target":"http://b/t"}`,
 			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
 				return replicate.Result{}, fmt.Errorf("%w: bad", replicate.ErrInvalidParams)
 			},
-			state: messages.ReplicationState_REPLICATION_STATE_FAILED, eventState: messages.ReplicationState_REPLICATION_STATE_FAILED,
+			state: repjob.StateFailed, eventState: repjob.StateFailed,
 			lastError: "bad"},
 		{name: "a continuous run that ends crashes", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
 			engine: func(context.Context, replicate.Params, replicate.Options) (replicate.Result, error) {
 				return replicate.Result{}, nil
 			},
-			state: messages.ReplicationState_REPLICATION_STATE_CRASHING, eventState: messages.ReplicationState_REPLICATION_STATE_CRASHING,
+			state: repjob.StateCrashing, eventState: repjob.StateCrashing,
 			lastError: "ended unexpectedly"},
 		{name: "a removed job exits writing nothing", body: `{"source":"http://a/s","target":"http://b/t","continuous":true}`,
 			engine: untilStopped, remove: true},
@@ -123,10 +123,10 @@ func TestJobActor(t *testing.T) {
 				t.Fatal(err)
 			}
 			if tc.stop || tc.remove {
-				if _, err := store.WaitState(ctx, added.JobID, messages.ReplicationState_REPLICATION_STATE_RUNNING); err != nil {
+				if _, err := store.WaitState(ctx, added.JobID, repjob.StateRunning); err != nil {
 					t.Fatal(err)
 				}
-				waitEvent(t, events, messages.ReplicationState_REPLICATION_STATE_RUNNING)
+				waitEvent(t, events, repjob.StateRunning)
 			}
 			if tc.stop {
 				system.Root.Send(pid, &messages.StopReplicationJobRequest{JobId: added.JobID, Reason: "operator"})
@@ -151,7 +151,7 @@ func TestJobActor(t *testing.T) {
 					t.Fatal(err)
 				}
 				if rec.State() != tc.state || (tc.lastError != "" && !strings.Contains(rec.LastError, tc.lastError)) {
-					t.Fatalf("job ended %s (%q), want %s (%q)", rec.StateName(), rec.LastError, repjob.StateName(tc.state), tc.lastError)
+					t.Fatalf("job ended %s (%q), want %s (%q)", rec.State(), rec.LastError, tc.state, tc.lastError)
 				}
 			}
 			if tc.eventState != 0 {
@@ -170,17 +170,17 @@ func TestJobActor(t *testing.T) {
 	}
 }
 
-func waitEvent(t *testing.T, events <-chan *messages.ReplicationJobEvent, st messages.ReplicationState) *messages.ReplicationJobEvent {
+func waitEvent(t *testing.T, events <-chan *messages.ReplicationJobEvent, st repjob.State) *messages.ReplicationJobEvent {
 	t.Helper()
 	deadline := time.After(30 * time.Second)
 	for {
 		select {
 		case ev := <-events:
-			if ev.GetState() == st && !ev.GetProgress() {
+			if repjob.State(ev.GetState()) == st && !ev.GetProgress() {
 				return ev
 			}
 		case <-deadline:
-			t.Fatalf("no %s event", repjob.StateName(st))
+			t.Fatalf("no %s event", st)
 			return nil
 		}
 	}

@@ -223,7 +223,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
 		jo.OnStats = func(id string, s replicate.Stats) {
-			m.ObserveJob(id, "", true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
+			m.ObserveJob(id, 0, true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
 				DocWriteFailures: s.DocWriteFailures, MissingRevisionsFound: s.MissingRevisionsFound, RevisionsChecked: s.RevisionsChecked})
 		}
 	}

@@ -104,8 +104,8 @@ func (s *server) control(ctx context.Context, id string, action messages.JobCont
 	if err != nil {
 		return nil, err
 	}
-	if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING {
-		return nil, fmt.Errorf("%w: job %s is %s", actors.ErrJobNotRunning, rec.GetJobId(), rec.StateName())
+	if rec.State() != repjob.StateRunning {
+		return nil, fmt.Errorf("%w: job %s is %s", actors.ErrJobNotRunning, rec.GetJobId(), rec.State())
 	}
 	if err := s.alive(ctx, rec.WorkerNode); err != nil {
 		return nil, fmt.Errorf("job %s: %w", rec.GetJobId(), err)
@@ -166,7 +166,7 @@ func (s *server) restart(ctx context.Context, id string) (*repjob.Record, error)
 	if err != nil {
 		return nil, err
 	}
-	if rec.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING {
+	if rec.State() == repjob.StateRunning {
 		return s.control(ctx, rec.GetJobId(), messages.JobControl_ACTION_RESTART)
 	}
 	if err := s.store.Queue().Resubmit(ctx, repjob.JobType, rec.GetJobId(), jobqueue.ResubmitOptions{}); err != nil {

@@ -179,7 +179,7 @@ func (s *shared) runningOn(t *testing.T, node string) []string {
 	t.Helper()
 	var ids []string
 	err := s.store.Each(context.Background(), repjob.Filter{}, func(r *repjob.Record) error {
-		if r.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING && r.WorkerNode == node {
+		if r.State() == repjob.StateRunning && r.WorkerNode == node {
 			ids = append(ids, r.GetJobId())
 		}
 		return nil
@@ -269,7 +269,7 @@ func TestRemoteControl(t *testing.T) {
 	}
 	waitFor(t, "the job running again", func() bool {
 		r, err := s.store.Get(ctx, id)
-		return err == nil && r.State() == messages.ReplicationState_REPLICATION_STATE_RUNNING &&
+		return err == nil && r.State() == repjob.StateRunning &&
 			r.GetLastStarted().AsTime().After(first.GetLastStarted().AsTime())
 	})
 	restart := mustAsk[*messages.RestartJobResponse](t, front, &messages.RestartJobRequest{Id: id})

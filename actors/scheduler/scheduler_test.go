@@ -228,7 +228,7 @@ func waitCrash(t *testing.T, n *node, id string, after *uint64, crashes int32) *
 			t.Fatalf("waiting for crash %d: %v", crashes, err)
 		}
 		*after = rec.Version
-		if rec.State() == messages.ReplicationState_REPLICATION_STATE_CRASHING && rec.ErrorCount == crashes {
+		if rec.State() == repjob.StateCrashing && rec.ErrorCount == crashes {
 			return rec
 		}
 	}

@@ -8,15 +8,24 @@ import (
 	"github.com/couchrep/couchrep/messages"
 )
 
-// JobFilter turns a ListJobsRequest into the job store's filter. The job
-// statuses have the numbers of the replication states they name.
+// JobFilter turns a ListJobsRequest into the job store's filter.
 func JobFilter(req *messages.ListJobsRequest) repjob.Filter {
 	f := repjob.Filter{DB: req.GetDatabase(), Node: req.GetNode()}
 	for _, s := range req.GetStates() {
-		f.States = append(f.States, messages.ReplicationState(s))
+		f.States = append(f.States, stateOf(s))
 	}
 	return f
 }
+
+// The admin API's job status and the job's state map to each other here
+// and nowhere else: a JobStatus has the number of the repjob.State it
+// names (TestJobStatusMapping proves it for every value).
+
+// jobStatus is st as the admin API shows it.
+func jobStatus(st repjob.State) messages.JobStatus { return messages.JobStatus(st) }
+
+// stateOf is the job state an admin API status names.
+func stateOf(s messages.JobStatus) repjob.State { return repjob.State(s) }
 
 // JobSummary is the admin view of a stored job; withHistory adds its
 // scheduler history (newest first).
@@ -25,7 +34,7 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 	s := &messages.JobSummary{
 		Id:            r.GetJobId(),
 		ReplicationId: r.GetRepId(),
-		Status:        messages.JobStatus(st),
+		Status:        jobStatus(st),
 		Database:      r.GetDbName(),
 		DocId:         r.GetDocId(),
 		Source:        redact.URL(r.GetSource()),
@@ -37,13 +46,13 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		Stats:         jobStats(r.GetStats()),
 		Kind:          strings.ToLower(strings.TrimPrefix(r.GetKind().String(), "REPLICATION_KIND_")),
 	}
-	if st == messages.ReplicationState_REPLICATION_STATE_RUNNING {
+	if st == repjob.StateRunning {
 		s.Node = r.WorkerNode
 		if s.Node == "" {
 			s.Node = r.GetNode()
 		}
 	}
-	if st == messages.ReplicationState_REPLICATION_STATE_CRASHING || st == messages.ReplicationState_REPLICATION_STATE_FAILED {
+	if st == repjob.StateCrashing || st == repjob.StateFailed {
 		s.Error = redact.Text(r.GetLastError())
 		if s.Error == "" && r.Canceled {
 			s.Error = "canceled"

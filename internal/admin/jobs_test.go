@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -16,18 +17,29 @@ func TestJobFilter(t *testing.T) {
 		States:   []messages.JobStatus{messages.JobStatus_JOB_STATUS_RUNNING, messages.JobStatus_JOB_STATUS_CRASHING},
 		Database: "a/_replicator", Node: "n1",
 	})
-	want := []messages.ReplicationState{messages.ReplicationState_REPLICATION_STATE_RUNNING, messages.ReplicationState_REPLICATION_STATE_CRASHING}
-	if f.DB != "a/_replicator" || f.Node != "n1" || len(f.States) != 2 || f.States[0] != want[0] || f.States[1] != want[1] {
+	if f.DB != "a/_replicator" || f.Node != "n1" || len(f.States) != 2 || f.States[0] != repjob.StateRunning || f.States[1] != repjob.StateCrashing {
 		t.Fatalf("filter %+v", f)
 	}
-	// Every job status names the replication state of the same number.
-	for name, v := range messages.JobStatus_value {
+}
+
+// TestJobStatusMapping: every job state maps to the admin status of its
+// name and back, and every admin status but UNSPECIFIED is a job state.
+func TestJobStatusMapping(t *testing.T) {
+	for _, st := range repjob.States {
+		s := jobStatus(st)
+		if want := "JOB_STATUS_" + strings.ToUpper(st.String()); s.String() != want {
+			t.Errorf("%s -> %s, want %s", st, s, want)
+		}
+		if back := stateOf(s); back != st {
+			t.Errorf("%s -> %s -> %s", st, s, back)
+		}
+	}
+	for v := range messages.JobStatus_name {
 		if v == 0 {
 			continue
 		}
-		st := messages.ReplicationState(v).String()
-		if st[len("REPLICATION_STATE_"):] != name[len("JOB_STATUS_"):] {
-			t.Errorf("%s = %d is %s", name, v, st)
+		if _, err := repjob.ParseState(stateOf(messages.JobStatus(v)).String()); err != nil {
+			t.Errorf("%s is no job state: %v", messages.JobStatus(v), err)
 		}
 	}
 }

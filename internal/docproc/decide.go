@@ -8,13 +8,8 @@ import (
 	"errors"
 	"strings"
 
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
-)
-
-// Terminal replication states, the only ones written back to documents.
-const (
-	StateCompleted = "completed"
-	StateFailed    = "failed"
 )
 
 // Action is what the doc processor does for one document change.
@@ -66,9 +61,9 @@ type Doc struct {
 type Known struct {
 	// Record is the stored record, nil for a document never seen.
 	Record *DocRecord
-	// JobState is the state of Record.JobID: one of the State* names,
-	// "pending", "running", "crashing", or "" when there is no such job.
-	JobState string
+	// JobState is the state of Record.JobID, zero when there is no such
+	// job.
+	JobState repjob.State
 }
 
 // Decision is Decide's answer.
@@ -129,7 +124,7 @@ func Decide(doc Doc, known Known) Decision {
 	fp := Fingerprint(body)
 	rec := known.Record
 	same := rec != nil && rec.Fingerprint == fp
-	if state == StateCompleted || state == StateFailed {
+	if state.Terminal() {
 		switch {
 		case same:
 			return Decision{Action: ActionSkip, Why: whyTerminal, Fingerprint: fp}
@@ -147,9 +142,9 @@ func Decide(doc Doc, known Known) Decision {
 	}
 	if same {
 		switch {
-		case known.JobState == "":
+		case known.JobState == 0:
 			why = whyJobMissing
-		case known.JobState == StateCompleted || known.JobState == StateFailed:
+		case known.JobState.Terminal():
 			if !rec.Written {
 				return Decision{Action: ActionSkip, Why: whyWriteBack, Fingerprint: fp}
 			}
@@ -175,12 +170,13 @@ func InvalidReason(err error) string {
 var errNotObject = errors.New("replication document must be a JSON object")
 
 // ReplicationBody returns the replication-relevant part of a document (its
-// fields not starting with "_", compacted, keys sorted) and the value of its
-// _replication_state ("" when absent or not a string).
-func ReplicationBody(doc json.RawMessage) (body json.RawMessage, state string, err error) {
+// fields not starting with "_", compacted, keys sorted) and the state its
+// _replication_state names (zero when absent or not a replication state,
+// such as CouchDB 1.x's "triggered").
+func ReplicationBody(doc json.RawMessage) (body json.RawMessage, state repjob.State, err error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &fields); err != nil || fields == nil {
-		return nil, "", errNotObject
+		return nil, 0, errNotObject
 	}
 	if raw, ok := fields["_replication_state"]; ok {
 		_ = json.Unmarshal(raw, &state)
@@ -197,7 +193,7 @@ func ReplicationBody(doc json.RawMessage) (body json.RawMessage, state string, e
 	}
 	body, err = json.Marshal(fields) // map keys are sorted: a canonical form
 	if err != nil {
-		return nil, "", errNotObject
+		return nil, 0, errNotObject
 	}
 	return body, state, nil
 }

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 const validBody = `{"source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/b"}`
@@ -32,14 +34,14 @@ func TestDecide(t *testing.T) {
 		{"design doc", Doc{ID: "_design/x", Body: json.RawMessage(`{}`)}, Known{}, ActionSkip, whyDesign},
 		{"local doc", Doc{ID: "_local/x"}, Known{}, ActionSkip, whyDesign},
 		{"new doc", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{}, ActionAdd, whyNew},
-		{"unchanged running", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: "running"}, ActionSkip, whyUnchanged},
-		{"edited params", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: "other"}, JobState: "running"}, ActionAdd, whyEdited},
+		{"unchanged running", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: repjob.StateRunning}, ActionSkip, whyUnchanged},
+		{"edited params", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: "other"}, JobState: repjob.StateRunning}, ActionAdd, whyEdited},
 		{"job vanished", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}}, ActionAdd, whyJobMissing},
-		{"finished, not yet written", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: StateCompleted}, ActionSkip, whyWriteBack},
-		{"state removed by user: rerun", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: StateCompleted}, ActionAdd, whyRerun},
-		{"own terminal write", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: StateCompleted}, ActionSkip, whyTerminal},
+		{"finished, not yet written", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: repjob.StateCompleted}, ActionSkip, whyWriteBack},
+		{"state removed by user: rerun", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionAdd, whyRerun},
+		{"own terminal write", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionSkip, whyTerminal},
 		{"terminal by someone else", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{}, ActionSkip, whyForeign},
-		{"edited after completed", Doc{ID: "r", Body: json.RawMessage(edited)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: StateCompleted}, ActionAdd, whyEdited},
+		{"edited after completed", Doc{ID: "r", Body: json.RawMessage(edited)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionAdd, whyEdited},
 		{"deleted with job", Doc{ID: "r", Deleted: true}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}}, ActionRemove, whyDeleted},
 		{"deleted unknown", Doc{ID: "r", Deleted: true}, Known{}, ActionSkip, whyDeleted},
 		{"missing source", Doc{ID: "r", Body: json.RawMessage(`{"target":"http://127.0.0.1:1/b"}`)}, Known{}, ActionFail, "Missing `source` field"},
@@ -78,7 +80,7 @@ func TestReplicationBodyIgnoresStateAndOrder(t *testing.T) {
 	if string(ba) != string(bb) || Fingerprint(ba) != Fingerprint(bb) {
 		t.Fatalf("bodies differ: %s vs %s", ba, bb)
 	}
-	if sa != "" || sb != StateCompleted {
+	if sa != 0 || sb != repjob.StateCompleted {
 		t.Fatalf("states %q %q", sa, sb)
 	}
 }
@@ -104,14 +106,14 @@ func TestWithTerminalState(t *testing.T) {
 		want map[string]any // field -> value (nil: absent)
 	}{
 		{"completed", `{"_id":"r","_rev":"1-a","source":"s","_replication_state_reason":"old"}`,
-			Job{State: StateCompleted, RepID: "abc+continuous", Stats: map[string]any{"docs_read": 3}, StartTime: start},
+			Job{State: repjob.StateCompleted, RepID: "abc+continuous", Stats: map[string]any{"docs_read": 3}, StartTime: start},
 			map[string]any{"_replication_state": "completed", "_replication_state_time": "2026-01-02T03:04:05Z",
 				"_replication_id": "abc+continuous", "_replication_state_reason": nil, "source": "s", "_rev": "1-a"}},
 		{"failed", `{"_id":"r","_rev":"1-a","_replication_stats":{"docs_read":1}}`,
-			Job{State: StateFailed, Reason: "Missing `source` field"},
+			Job{State: repjob.StateFailed, Reason: "Missing `source` field"},
 			map[string]any{"_replication_state": "failed", "_replication_state_reason": "Missing `source` field", "_replication_stats": nil}},
 		{"same state keeps time", `{"_id":"r","_rev":"2-a","_replication_state":"failed","_replication_state_time":"2020-01-01T00:00:00Z"}`,
-			Job{State: StateFailed, Reason: "x"},
+			Job{State: repjob.StateFailed, Reason: "x"},
 			map[string]any{"_replication_state_time": "2020-01-01T00:00:00Z"}},
 	}
 	for _, tt := range tests {
@@ -133,7 +135,7 @@ func TestWithTerminalState(t *testing.T) {
 					t.Errorf("%s = %v, want %v", k, gv, v)
 				}
 			}
-			if tt.job.State == StateCompleted {
+			if tt.job.State == repjob.StateCompleted {
 				stats, _ := got["_replication_stats"].(map[string]any)
 				if stats["docs_read"] != float64(3) || stats["start_time"] != "2026-01-02T03:03:05Z" {
 					t.Errorf("stats = %v", stats)

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // dbProc follows one _replicator database while this node holds its lease.
@@ -100,7 +101,7 @@ func (d *dbProc) scanUnwritten(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("docproc: get job %s: %w", rec.JobID, err)
 		}
-		if j.Terminal() {
+		if j.State.Terminal() {
 			if err := d.writeBack(ctx, id, j); err != nil {
 				d.log.Warn().Err(err).Str("doc_id", id).Msg("writing terminal state failed")
 			}
@@ -169,8 +170,8 @@ func (d *dbProc) process(ctx context.Context, c couch.Change) error {
 		if err != nil {
 			return fmt.Errorf("docproc: record invalid document %s: %w", c.ID, err)
 		}
-		newRec := &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev, State: StateFailed}
-		rev, err := d.writeState(ctx, c.ID, dec.Fingerprint, &Job{State: StateFailed, Reason: dec.Why})
+		newRec := &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev, State: repjob.StateFailed}
+		rev, err := d.writeState(ctx, c.ID, dec.Fingerprint, &Job{State: repjob.StateFailed, Reason: dec.Why})
 		if err != nil {
 			log.Warn().Err(err).Msg("writing failed state to invalid document failed")
 		} else if rev != "" {
@@ -208,7 +209,7 @@ func (d *dbProc) writeBack(ctx context.Context, id string, j *Job) error {
 		r.Written, r.State, r.Rev = true, j.State, rev
 	})
 	if err == nil {
-		d.log.Info().Str("doc_id", id).Str("job_id", j.ID).Str("state", j.State).Str("rev", rev).Msg("terminal state written")
+		d.log.Info().Str("doc_id", id).Str("job_id", j.ID).Stringer("state", j.State).Str("rev", rev).Msg("terminal state written")
 	}
 	return err
 }
@@ -271,7 +272,7 @@ func withTerminalState(doc json.RawMessage, j *Job, now time.Time) (json.RawMess
 		}
 		return err
 	}
-	var old string
+	var old repjob.State // zero for a name that is not a state
 	_ = json.Unmarshal(fields["_replication_state"], &old)
 	if err := set("_replication_state", j.State); err != nil {
 		return nil, err
@@ -287,7 +288,7 @@ func withTerminalState(doc json.RawMessage, j *Job, now time.Time) (json.RawMess
 		}
 	}
 	switch j.State {
-	case StateCompleted:
+	case repjob.StateCompleted:
 		delete(fields, "_replication_state_reason")
 		stats := map[string]any{}
 		for k, v := range j.Stats {
@@ -299,7 +300,7 @@ func withTerminalState(doc json.RawMessage, j *Job, now time.Time) (json.RawMess
 		if err := set("_replication_stats", stats); err != nil {
 			return nil, err
 		}
-	case StateFailed:
+	case repjob.StateFailed:
 		delete(fields, "_replication_stats")
 		if err := set("_replication_state_reason", j.Reason); err != nil {
 			return nil, err

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // ErrJobNotFound is returned by a JobStore for a job that does not exist.
@@ -20,9 +22,8 @@ type Job struct {
 	Server, DB, DocID string
 	// RepID is the replication id ("" until known).
 	RepID string
-	// State is "pending", "running", "crashing", StateCompleted or
-	// StateFailed.
-	State string
+	// State is the job's state.
+	State repjob.State
 	// Reason is why the job failed (or last crashed).
 	Reason string
 	// Stats are the job's counters under _active_tasks' names, written
@@ -31,10 +32,6 @@ type Job struct {
 	// StartTime is when the job last started (zero when it never did).
 	StartTime time.Time
 }
-
-// Terminal reports whether the job reached a state written back to its
-// document.
-func (j *Job) Terminal() bool { return j.State == StateCompleted || j.State == StateFailed }
 
 // JobStore is the doc processor's view of the replication job store
 // (internal/repjob's Store in a node; a fake in unit tests).

@@ -391,7 +391,7 @@ func (p *Processor) leasedRun(ctx context.Context, srv server, st *state, log ze
 // node follows back to their documents.
 func (p *Processor) onJobChange(ctx context.Context) func(*Job) error {
 	return func(j *Job) error {
-		if !j.Persistent || !j.Terminal() {
+		if !j.Persistent || !j.State.Terminal() {
 			return nil
 		}
 		p.mu.Lock()

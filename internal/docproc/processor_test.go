@@ -16,6 +16,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -38,7 +39,7 @@ func (f *fakeJobs) AddPersistent(_ context.Context, server, db, docID string, bo
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id := server + "|" + db + "|" + docID
-	f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: "pending"}
+	f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: repjob.StatePending}
 	f.bodies[id] = string(body)
 	f.adds[docID]++
 	return id, nil
@@ -48,7 +49,7 @@ func (f *fakeJobs) AddInvalid(_ context.Context, server, db, docID string, body 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	id := server + "|" + db + "|" + docID
-	f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: "failed", Reason: reason}
+	f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: repjob.StateFailed, Reason: reason}
 	f.bodies[id] = string(body)
 	return id, nil
 }
@@ -90,7 +91,7 @@ func (f *fakeJobs) Follow(ctx context.Context, started func(), fn func(*Job) err
 }
 
 // finish ends a job as a worker would and reports the change.
-func (f *fakeJobs) finish(t *testing.T, jobID, state, reason string) {
+func (f *fakeJobs) finish(t *testing.T, jobID string, state repjob.State, reason string) {
 	t.Helper()
 	f.mu.Lock()
 	j := f.jobs[jobID]
@@ -211,8 +212,10 @@ func TestProcessorPouchDB(t *testing.T) {
 	eventually(t, "r1 added", func() bool { return fj.addCount("r1") == 1 })
 
 	// Completion is written back once, and the write starts nothing.
-	fj.finish(t, job("r1"), StateCompleted, "")
-	eventually(t, "r1 completed", func() bool { return getDoc(t, srv1, "_replicator", "r1")["_replication_state"] == StateCompleted })
+	fj.finish(t, job("r1"), repjob.StateCompleted, "")
+	eventually(t, "r1 completed", func() bool {
+		return getDoc(t, srv1, "_replicator", "r1")["_replication_state"] == repjob.StateCompleted.String()
+	})
 	doc := getDoc(t, srv1, "_replicator", "r1")
 	stats, _ := doc["_replication_stats"].(map[string]any)
 	if doc["_replication_id"] != "abc+continuous" || stats["docs_written"] != float64(7) || stats["start_time"] == nil || doc["_replication_state_time"] == nil {
@@ -228,7 +231,9 @@ func TestProcessorPouchDB(t *testing.T) {
 
 	// An invalid document fails with a reason naming the field.
 	put("bad", `{"target":"http://127.0.0.1:1/b"}`)
-	eventually(t, "bad failed", func() bool { return getDoc(t, srv1, "_replicator", "bad")["_replication_state"] == StateFailed })
+	eventually(t, "bad failed", func() bool {
+		return getDoc(t, srv1, "_replicator", "bad")["_replication_state"] == repjob.StateFailed.String()
+	})
 	if r := getDoc(t, srv1, "_replicator", "bad")["_replication_state_reason"]; r != "Missing `source` field" {
 		t.Fatalf("reason %v", r)
 	}

@@ -27,7 +27,7 @@ func (r RepJobs) AddPersistent(ctx context.Context, server, db, docID string, bo
 	if err != nil {
 		return "", err
 	}
-	if res.Existed && res.Record != nil && res.Record.IsTerminal() {
+	if res.Existed && res.Record != nil && res.Record.State().Terminal() {
 		if err := r.Store.Remove(ctx, res.JobID); err != nil && !errors.Is(err, repjob.ErrNotFound) {
 			return "", err
 		}
@@ -127,7 +127,7 @@ func jobOf(rec *repjob.Record) *Job {
 		DB:         rec.GetDbName(),
 		DocID:      rec.GetDocId(),
 		RepID:      rec.GetRepId(),
-		State:      rec.StateName(),
+		State:      rec.State(),
 		Reason:     rec.GetLastError(),
 	}
 	if ts := rec.GetLastStarted(); ts != nil {

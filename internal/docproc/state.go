@@ -9,6 +9,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/tuple"
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // DocRecord is what the doc processor remembers about one document.
@@ -19,8 +20,9 @@ type DocRecord struct {
 	Fingerprint string `json:"fp"`
 	// Rev is the last revision processed or written.
 	Rev string `json:"rev,omitempty"`
-	// State is the terminal state written back ("" while the job runs).
-	State string `json:"state,omitempty"`
+	// State is the terminal state written back (zero while the job
+	// runs); stored as its name.
+	State repjob.State `json:"state,omitempty"`
 	// Written reports that the terminal state of the job's current run
 	// has been written to the document.
 	Written bool `json:"written,omitempty"`

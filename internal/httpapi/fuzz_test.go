@@ -51,7 +51,7 @@ func (m *memStore) AddTransient(_ context.Context, body []byte, user string) (st
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.jobs[id] = &httpapi.Job{JobID: id, RepID: id + "+x", Transient: true, User: user, Source: p.Source.URL,
-		Target: p.Target.URL, State: httpapi.StateCompleted, Continuous: p.Continuous, CreatedAt: time.Unix(1, 0)}
+		Target: p.Target.URL, State: repjob.StateCompleted, Continuous: p.Continuous, CreatedAt: time.Unix(1, 0)}
 	return id, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -85,8 +86,8 @@ func NewMetrics(store Store) *Metrics {
 	}
 	m.reg.MustRegister(m.requests, m.duration, m.restarts, m.transitions, m.docsWritten, m.rateLimited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	for _, st := range []string{StatePending, StateRunning, StateCrashing, StateCompleted, StateFailed} {
-		m.transitions.WithLabelValues(st)
+	for _, st := range repjob.States {
+		m.transitions.WithLabelValues(st.String())
 	}
 	m.node = newNodeMetrics(m.reg)
 	if store != nil {
@@ -139,9 +140,9 @@ type JobCounters struct {
 // over from its earlier runs; each later increase is added to the
 // counters. A finished job's bookkeeping is dropped. A job that crashes or
 // fails before any progress since it started counts as a failed start.
-func (m *Metrics) ObserveJob(jobID, state string, progress bool, c JobCounters) {
-	if !progress && state != "" {
-		m.transitions.WithLabelValues(state).Inc()
+func (m *Metrics) ObserveJob(jobID string, state repjob.State, progress bool, c JobCounters) {
+	if !progress && state != 0 {
+		m.transitions.WithLabelValues(state.String()).Inc()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -172,16 +173,16 @@ func (m *Metrics) ObserveJob(jobID, state string, progress bool, c JobCounters) 
 		}
 	}
 	switch state {
-	case StateRunning:
+	case repjob.StateRunning:
 		if !progress {
 			m.progressed[jobID] = false
 		}
-	case StateCrashing, StateFailed:
+	case repjob.StateCrashing, repjob.StateFailed:
 		if p, ok := m.progressed[jobID]; ok && !p {
 			m.node.failedStarts.Inc()
 		}
 	}
-	if state == StateCompleted || state == StateFailed || state == StateCrashing || state == StatePending {
+	if state != repjob.StateRunning && state != 0 {
 		delete(m.lastWritten, jobID)
 		delete(m.progressed, jobID)
 	}
@@ -233,19 +234,19 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		} else if _, ok := written[k]; !ok {
 			written[k] = 0
 		}
-		if j.State == StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
+		if j.State == repjob.StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
 			pending[k] += *j.Stats.ChangesPending
 		} else if _, ok := pending[k]; !ok {
 			pending[k] = 0
 		}
-		k.state = j.State
+		k.state = j.State.String()
 		counts[k]++
 	}
 	// Every live state appears for every database seen, so that a state
 	// dropping to zero is a 0 and not a vanished series.
 	for k := range written {
-		for _, st := range []string{StatePending, StateRunning, StateCrashing} {
-			kk := key{k.kind, k.db, st}
+		for _, st := range []repjob.State{repjob.StatePending, repjob.StateRunning, repjob.StateCrashing} {
+			kk := key{k.kind, k.db, st.String()}
 			if _, ok := counts[kk]; !ok {
 				counts[kk] = 0
 			}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/couchrep/couchrep/internal/httpapi"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -112,14 +113,14 @@ func TestJobEngineAndSupervisorMetrics(t *testing.T) {
 	// Job a resumes with 100 docs from an earlier run, makes progress and
 	// completes; job b crashes before any progress (a failed start); job c
 	// crashes after progress.
-	m.ObserveJob("a", "running", false, c(100, 100, 0, 100, 100))
-	m.ObserveJob("a", "", true, c(150, 140, 2, 150, 160))
-	m.ObserveJob("a", "completed", false, c(200, 190, 3, 200, 210))
-	m.ObserveJob("b", "running", false, c(0, 0, 0, 0, 0))
-	m.ObserveJob("b", "crashing", false, c(0, 0, 0, 0, 0))
-	m.ObserveJob("c", "running", false, c(0, 0, 0, 0, 0))
-	m.ObserveJob("c", "", true, c(5, 5, 0, 5, 5))
-	m.ObserveJob("c", "crashing", false, c(5, 5, 0, 5, 5))
+	m.ObserveJob("a", repjob.StateRunning, false, c(100, 100, 0, 100, 100))
+	m.ObserveJob("a", 0, true, c(150, 140, 2, 150, 160))
+	m.ObserveJob("a", repjob.StateCompleted, false, c(200, 190, 3, 200, 210))
+	m.ObserveJob("b", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
+	m.ObserveJob("b", repjob.StateCrashing, false, c(0, 0, 0, 0, 0))
+	m.ObserveJob("c", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
+	m.ObserveJob("c", 0, true, c(5, 5, 0, 5, 5))
+	m.ObserveJob("c", repjob.StateCrashing, false, c(5, 5, 0, 5, 5))
 	for _, e := range []replicate.Event{replicate.EventCheckpointRecorded, replicate.EventCheckpointRecorded,
 		replicate.EventCheckpointFailed, replicate.EventChangesReadFailed} {
 		m.ObserveEngine(e)

@@ -124,7 +124,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 		User:        m.GetUser(),
 		Source:      m.GetSource(),
 		Target:      m.GetTarget(),
-		State:       r.StateName(),
+		State:       r.State(),
 		Continuous:  m.GetContinuous(),
 		History:     r.History(),
 		LastError:   m.GetLastError(),
@@ -136,7 +136,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 		FinishedAt:  goTime(m.GetFinishedAt()),
 		Result:      m.GetResult(),
 	}
-	if r.WorkerNode != "" && j.State == StateRunning {
+	if r.WorkerNode != "" && j.State == repjob.StateRunning {
 		j.Node = r.WorkerNode
 	}
 	if p, err := replicate.ParseParams(m.GetBody()); err == nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/redact"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -151,7 +152,7 @@ type statusTree struct {
 }
 
 // stateOrder sorts the page's jobs: what needs looking at first.
-var stateOrder = map[string]int{StateCrashing: 0, StateRunning: 1, StatePending: 2, StateFailed: 3, StateCompleted: 4}
+var stateOrder = map[repjob.State]int{repjob.StateCrashing: 0, repjob.StateRunning: 1, repjob.StatePending: 2, repjob.StateFailed: 3, repjob.StateCompleted: 4}
 
 func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 	ctx, now := r.Context(), time.Now()
@@ -164,8 +165,8 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 		out.Errors = append(out.Errors, "jobs: "+redact.Text(err.Error()))
 	}
 	samples := s.rates.observe(now, jobs)
-	for _, st := range []string{StateRunning, StatePending, StateCrashing, StateCompleted, StateFailed} {
-		out.Counts[st] = 0
+	for _, st := range repjob.States {
+		out.Counts[st.String()] = 0
 	}
 	sort.Slice(jobs, func(a, b int) bool {
 		if oa, ob := stateOrder[jobs[a].State], stateOrder[jobs[b].State]; oa != ob {
@@ -174,7 +175,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 		return jobs[a].JobID < jobs[b].JobID
 	})
 	for _, j := range jobs {
-		out.Counts[j.State]++
+		out.Counts[j.State.String()]++
 		out.Jobs = append(out.Jobs, statusJobOf(j, samples[j.JobID]))
 	}
 	var weights map[string]int
@@ -213,7 +214,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 // between samples (a job's stats carry over from its earlier runs, so they
 // say nothing of its current speed): 0 until two samples were taken.
 func statusJobOf(j *Job, sm *jobSamples) statusJob {
-	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State, Kind: "persistent", Database: j.Database, DocID: j.DocID,
+	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State.String(), Kind: "persistent", Database: j.Database, DocID: j.DocID,
 		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
 		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}}
 	if j.Transient {
@@ -227,7 +228,7 @@ func statusJobOf(j *Job, sm *jobSamples) statusJob {
 	}
 	if sm != nil {
 		v.Spark = sm.spark()
-		if j.State == StateRunning {
+		if j.State == repjob.StateRunning {
 			v.Rate = sm.rate()
 		}
 	}
@@ -261,10 +262,10 @@ func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
 		}
 		sh := get(j.Database)
 		switch j.State {
-		case StateRunning:
+		case repjob.StateRunning:
 			sh.Running++
 			running++
-		case StatePending, StateCrashing:
+		case repjob.StatePending, repjob.StateCrashing:
 			sh.Waiting++
 		}
 	}

@@ -6,21 +6,13 @@ import (
 	"errors"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
 
 // ErrNotFound is what a Store returns (wrapped or not) for a job that does
 // not exist.
 var ErrNotFound = errors.New("httpapi: job not found")
-
-// Job states as CouchDB names them.
-const (
-	StatePending   = "pending"
-	StateRunning   = "running"
-	StateCrashing  = "crashing"
-	StateCompleted = "completed"
-	StateFailed    = "failed"
-)
 
 // Job is one replication job as the API shows it: the store's record
 // translated into plain fields.
@@ -42,8 +34,8 @@ type Job struct {
 	Source, Target string
 	// SourceProxy and TargetProxy are the proxy URLs, empty for none.
 	SourceProxy, TargetProxy string
-	// State is one of the State* constants.
-	State string
+	// State is the job's state.
+	State repjob.State
 	// Continuous replications run until cancelled.
 	Continuous bool
 	// CheckpointInterval is the job's checkpoint_interval.
@@ -65,9 +57,6 @@ type Job struct {
 	// replication.
 	Result json.RawMessage
 }
-
-// Finished reports whether the job reached a terminal state.
-func (j *Job) Finished() bool { return j.State == StateCompleted || j.State == StateFailed }
 
 // Stats are a job's counters under CouchDB's _active_tasks names. The
 // sequences are JSON texts (a JSON string, or a number); the API shows

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/redact"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
 )
@@ -36,7 +38,7 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if req.Params.Continuous {
 		// 202 at once, as CouchDB does; only a replication whose id needs
 		// the source's filter code waits until the job computed it.
-		job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.RepID != "" || j.Finished() || j.State == StateCrashing })
+		job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.RepID != "" || j.State.Terminal() || j.State == repjob.StateCrashing })
 		if err != nil {
 			return err
 		}
@@ -49,15 +51,15 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	// A one-shot replication answers when it completes, or with the error
 	// of its first crash; as in CouchDB, a transient job that crashed is
 	// then removed rather than retried behind the caller's back.
-	job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.Finished() || j.State == StateCrashing })
+	job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.State.Terminal() || j.State == repjob.StateCrashing })
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return errorf(http.StatusNotFound, "not_found", "replication %s was cancelled", jobID)
 		}
 		return err
 	}
-	if job.State != StateCompleted {
-		if job.State == StateCrashing {
+	if job.State != repjob.StateCompleted {
+		if job.State == repjob.StateCrashing {
 			if err := s.store.Remove(ctx, job.JobID); err != nil && !errors.Is(err, ErrNotFound) {
 				s.log.Warn().Err(errors.New(redact.Text(err.Error()))).Str("job_id", job.JobID).Msg("remove crashed one-shot job")
 			}
@@ -80,7 +82,7 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 func startError(j *Job) *apiError {
 	reason := j.LastError
 	if reason == "" {
-		reason = "replication " + j.State
+		reason = "replication " + j.State.String()
 	}
 	switch {
 	case strings.Contains(reason, "db_not_found"):
@@ -209,7 +211,7 @@ func (s *Server) schedulerJobs(w http.ResponseWriter, r *http.Request, rest stri
 	}
 	var live []*Job
 	for _, j := range all {
-		if !j.Finished() {
+		if !j.State.Terminal() {
 			live = append(live, j)
 		}
 	}
@@ -234,7 +236,7 @@ type jobJSON struct {
 	Database  *string             `json:"database"`
 	User      *string             `json:"user"`
 	DocID     *string             `json:"doc_id"`
-	State     string              `json:"state"`
+	State     repjob.State        `json:"state"`
 	Info      map[string]any      `json:"info"`
 	History   schedpolicy.History `json:"history"`
 	Node      *string             `json:"node"`
@@ -271,14 +273,14 @@ func jobView(j *Job) jobJSON {
 	if !j.Transient {
 		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)
 	}
-	if j.State == StateRunning {
+	if j.State == repjob.StateRunning {
 		v.PID = strOrNil("<" + j.JobID + "@" + j.Node + ">")
 	}
 	if v.History == nil {
 		v.History = schedpolicy.History{}
 	}
 	v.Info = statsJSON(j.Stats)
-	if (j.State == StateCrashing || j.State == StateFailed) && j.LastError != "" {
+	if (j.State == repjob.StateCrashing || j.State == repjob.StateFailed) && j.LastError != "" {
 		if v.Info == nil {
 			v.Info = map[string]any{}
 		}
@@ -325,29 +327,34 @@ func statsJSON(st *Stats) map[string]any {
 	return m
 }
 
-// docStates are the states _scheduler/docs filters on (CouchDB's
-// ?REPLICATION_STATES); initializing and error never occur here (they are
-// folded into pending and crashing) but are accepted.
-var docStates = []string{"initializing", "error", "pending", "running", "crashing", "completed", "failed"}
+// foldedStates are CouchDB 2.x/3.x states _scheduler/docs accepts as a
+// filter (its ?REPLICATION_STATES) that no couchrep job has: they are
+// folded into pending and crashing, so they match nothing.
+var foldedStates = []string{"initializing", "error"}
 
-func parseStates(q url.Values) (map[string]bool, error) {
+// docStates are the names _scheduler/docs filters on, in CouchDB's order.
+var docStates = func() []string {
+	names := slices.Clone(foldedStates)
+	for _, st := range repjob.States {
+		names = append(names, st.String())
+	}
+	return names
+}()
+
+func parseStates(q url.Values) (map[repjob.State]bool, error) {
 	raw := q.Get("states")
 	if raw == "" {
 		return nil, nil
 	}
-	want := map[string]bool{}
+	want := map[repjob.State]bool{}
 	var unknown []string
-	for _, st := range strings.Split(raw, ",") {
-		st = strings.TrimSpace(st)
-		known := false
-		for _, d := range docStates {
-			known = known || d == st
+	for _, name := range strings.Split(raw, ",") {
+		name = strings.TrimSpace(name)
+		if st, err := repjob.ParseState(name); err == nil {
+			want[st] = true
+		} else if !slices.Contains(foldedStates, name) {
+			unknown = append(unknown, strconv.Quote(name))
 		}
-		if !known {
-			unknown = append(unknown, strconv.Quote(st))
-			continue
-		}
-		want[st] = true
 	}
 	if len(unknown) > 0 {
 		return nil, errorf(http.StatusBadRequest, "query_parse_error", "Unknown states %s. States must be one or more of %s", strings.Join(unknown, ","), strings.Join(docStates, ","))
@@ -456,9 +463,9 @@ func docView(j *Job) map[string]any {
 		"last_updated": timeOrNil(j.LastUpdated),
 	}
 	switch j.State {
-	case StateCompleted, StateFailed:
+	case repjob.StateCompleted, repjob.StateFailed:
 		v["id"] = nil
-		if j.State == StateFailed {
+		if j.State == repjob.StateFailed {
 			v["info"] = map[string]any{"error": redact.Text(j.LastError)}
 			if j.ErrorCount == 0 {
 				v["error_count"] = 1
@@ -468,7 +475,7 @@ func docView(j *Job) map[string]any {
 		v["node"] = strOrNil(j.Node)
 		v["source_proxy"] = strOrNil(redact.URL(j.SourceProxy))
 		v["target_proxy"] = strOrNil(redact.URL(j.TargetProxy))
-		if j.State == StateCrashing {
+		if j.State == repjob.StateCrashing {
 			v["info"] = map[string]any{"error": redact.Text(j.LastError)}
 		}
 	}
@@ -484,7 +491,7 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 	}
 	var running []*Job
 	for _, j := range all {
-		if j.State == StateRunning {
+		if j.State == repjob.StateRunning {
 			running = append(running, j)
 		}
 	}

@@ -131,7 +131,7 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 		}
 		m := &messages.ReplicationJob{
 			Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
-			Body: j.body, RepId: j.repID, BaseId: j.base, State: messages.ReplicationState_REPLICATION_STATE_PENDING,
+			Body: j.body, RepId: j.repID, BaseId: j.base, State: StatePending.Proto(),
 			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
 			Continuous: j.params.Continuous, ShareKey: j.shareKey,
 			Source: redact.StripUserinfo(j.params.Source.URL), Target: redact.StripUserinfo(j.params.Target.URL),
@@ -210,7 +210,7 @@ func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string
 		m := &messages.ReplicationJob{
 			Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
 			DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
-			State: messages.ReplicationState_REPLICATION_STATE_FAILED, LastError: reason,
+			State: StateFailed.Proto(), LastError: reason,
 			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
 			ShareKey: share.Key(doc.DB, doc.User),
 		}
@@ -347,7 +347,7 @@ type Filter struct {
 	// DB and Server select the jobs of one _replicator database.
 	DB, Server string
 	// States selects jobs by Record.State.
-	States []messages.ReplicationState
+	States []State
 	// Node selects the jobs run (or last run) by a node.
 	Node string
 }
@@ -443,7 +443,7 @@ func (s *Store) FindByRepID(ctx context.Context, repID string) (*Record, error) 
 // and returns it. It waits on the job's record (a kv watch), not by
 // polling. A job that is or becomes absent gives an error wrapping
 // ErrNotFound.
-func (s *Store) WaitState(ctx context.Context, jobID string, states ...messages.ReplicationState) (*Record, error) {
+func (s *Store) WaitState(ctx context.Context, jobID string, states ...State) (*Record, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
 	}
@@ -479,8 +479,7 @@ func (s *Store) WaitChange(ctx context.Context, jobID string, after uint64) (*Re
 
 // WaitFinished blocks until job jobID completed or failed.
 func (s *Store) WaitFinished(ctx context.Context, jobID string) (*Record, error) {
-	return s.WaitState(ctx, jobID, messages.ReplicationState_REPLICATION_STATE_COMPLETED,
-		messages.ReplicationState_REPLICATION_STATE_FAILED)
+	return s.WaitState(ctx, jobID, StateCompleted, StateFailed)
 }
 
 // Change is one entry of the changes feed: job JobID changed state (or was

@@ -56,7 +56,7 @@ func TestAddTransient(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r1.Existed || r1.RepID == "" || r1.Record.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+		if r1.Existed || r1.RepID == "" || r1.Record.State() != repjob.StatePending {
 			t.Fatalf("first add: %+v state %v", r1, r1.Record.State())
 		}
 		base, ext, _ := replicate.ID(mustParse(t, b), uuid)
@@ -148,7 +148,7 @@ func TestAddPersistentReplacesRunningJob(t *testing.T) {
 			t.Fatalf("progress after replace: %v", err)
 		}
 		rec, err := e.store.Get(ctx, r.JobID)
-		if err != nil || !rec.Continuous || rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+		if err != nil || !rec.Continuous || rec.State() != repjob.StatePending {
 			t.Fatalf("after replace: %+v %v", rec, err)
 		}
 	})
@@ -170,7 +170,7 @@ func TestRunLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec, _ := e.store.Get(ctx, r.JobID)
-		if rec.State() != messages.ReplicationState_REPLICATION_STATE_RUNNING || rec.Node != "n1" {
+		if rec.State() != repjob.StateRunning || rec.Node != "n1" {
 			t.Fatalf("started: %v %q", rec.State(), rec.Node)
 		}
 		if err := run.Progress(ctx, replicate.Stats{DocsRead: 7, DocsWritten: 6}); err != nil {
@@ -185,7 +185,7 @@ func TestRunLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec, err = e.store.WaitFinished(ctx, r.JobID)
-		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_COMPLETED ||
+		if err != nil || rec.State() != repjob.StateCompleted ||
 			string(rec.Result) != `{"ok":true}` || rec.Stats.GetDocsRead() != 9 {
 			t.Fatalf("completed: %+v %v", rec, err)
 		}
@@ -261,7 +261,7 @@ func TestCrashBackoffDoublesCapsAndHeals(t *testing.T) {
 				t.Fatalf("step %d: backoff %v, want %v", i, got, st.wantBackoff)
 			}
 			rec, _ := e.store.Get(ctx, r.JobID)
-			if rec.State() != messages.ReplicationState_REPLICATION_STATE_CRASHING || rec.ErrorCount != st.wantErrors ||
+			if rec.State() != repjob.StateCrashing || rec.ErrorCount != st.wantErrors ||
 				rec.LastError != "boom" {
 				t.Fatalf("step %d: %v errors=%d %q", i, rec.State(), rec.ErrorCount, rec.LastError)
 			}
@@ -492,7 +492,7 @@ func TestAddInvalidRecordsAFailedJob(t *testing.T) {
 			t.Fatalf("the replaced run's worker kept its job: %v", err)
 		}
 		rec, err := e.store.Get(ctx, added.JobID)
-		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED ||
+		if err != nil || rec.State() != repjob.StateFailed ||
 			rec.GetLastError() != "parameter `doc_ids` must be an array" || rec.GetDocId() != "d1" {
 			t.Fatalf("invalid document's job: %+v %v", rec, err)
 		}
@@ -510,7 +510,7 @@ func TestAddInvalidRecordsAFailedJob(t *testing.T) {
 		if r, err := e.store.AddPersistent(ctx, doc); err != nil || r.Existed {
 			t.Fatalf("valid edit: %+v %v", r, err)
 		}
-		if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != messages.ReplicationState_REPLICATION_STATE_PENDING {
+		if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != repjob.StatePending {
 			t.Fatalf("after the valid edit: %v", rec.State())
 		}
 	})

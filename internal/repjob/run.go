@@ -108,7 +108,7 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 func (r *Run) Start(ctx context.Context, node string) error {
 	prio := r.j.Info().Priority
 	return r.write(ctx, "start", true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
-		m.State = messages.ReplicationState_REPLICATION_STATE_RUNNING
+		m.State = StateRunning.Proto()
 		m.Node = node
 		m.LastStarted = ts(now)
 		h := schedpolicy.HistoryFromProto(m.History).Append(schedpolicy.Event{Type: schedpolicy.EventStarted, At: now},
@@ -182,7 +182,7 @@ func (r *Run) Progress(ctx context.Context, st replicate.Stats) error {
 // Complete finishes a one-shot job that replicated everything: state
 // completed, with its final stats and CouchDB's POST /_replicate reply.
 func (r *Run) Complete(ctx context.Context, res replicate.Result) error {
-	return r.finish(ctx, "complete", messages.ReplicationState_REPLICATION_STATE_COMPLETED, "", func(m *messages.ReplicationJob) {
+	return r.finish(ctx, "complete", StateCompleted, "", func(m *messages.ReplicationJob) {
 		m.Stats = StatsProto(res.Stats)
 		m.Result = append([]byte(nil), res.Body...)
 		m.ErrorCount = 0
@@ -192,13 +192,13 @@ func (r *Run) Complete(ctx context.Context, res replicate.Result) error {
 // Fail finishes the job for good as failed with reason (invalid parameters,
 // a filter that does not exist, a duplicate of a persistent job).
 func (r *Run) Fail(ctx context.Context, reason string) error {
-	return r.finish(ctx, "fail", messages.ReplicationState_REPLICATION_STATE_FAILED, reason, nil)
+	return r.finish(ctx, "fail", StateFailed, reason, nil)
 }
 
-func (r *Run) finish(ctx context.Context, what string, st messages.ReplicationState, reason string,
+func (r *Run) finish(ctx context.Context, what string, st State, reason string,
 	extra func(*messages.ReplicationJob)) error {
 	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
-		m.State = st
+		m.State = st.Proto()
 		m.LastError = reason
 		m.FinishedAt = ts(now)
 		if extra != nil {
@@ -223,7 +223,7 @@ func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
 		h := schedpolicy.HistoryFromProto(m.History).Append(
 			schedpolicy.Event{Type: schedpolicy.EventCrashed, At: now, Reason: reason}, p.MaxHistory)
 		m.History = h.Proto()
-		m.State = messages.ReplicationState_REPLICATION_STATE_CRASHING
+		m.State = StateCrashing.Proto()
 		m.LastError = reason
 		m.ErrorCount = int32(h.ConsecutiveCrashes(p.HealthThreshold))
 		until = h.BackoffUntil(p)
@@ -240,7 +240,7 @@ func (r *Run) Stop(ctx context.Context) error {
 		h := schedpolicy.HistoryFromProto(m.History).Append(
 			schedpolicy.Event{Type: schedpolicy.EventStopped, At: now}, r.s.Policy().MaxHistory)
 		m.History = h.Proto()
-		m.State = messages.ReplicationState_REPLICATION_STATE_PENDING
+		m.State = StatePending.Proto()
 		return time.Time{}
 	})
 }

@@ -256,39 +256,28 @@ type Record struct {
 // from the stored state and the queue state: a running job is running, a
 // job a node gave up on silently (re-enqueued by the activity monitor) is
 // pending, a finished job is completed or failed.
-func (r *Record) State() messages.ReplicationState {
+func (r *Record) State() State {
+	stored := State(r.GetState())
 	switch r.QueueState {
 	case jobqueue.StateRunning:
-		return messages.ReplicationState_REPLICATION_STATE_RUNNING
+		return StateRunning
 	case jobqueue.StateFinished:
-		if st := r.GetState(); st == messages.ReplicationState_REPLICATION_STATE_COMPLETED {
-			return st
+		if stored == StateCompleted {
+			return StateCompleted
 		}
-		return messages.ReplicationState_REPLICATION_STATE_FAILED
+		return StateFailed
 	default:
-		if r.GetState() == messages.ReplicationState_REPLICATION_STATE_CRASHING {
-			return messages.ReplicationState_REPLICATION_STATE_CRASHING
+		if stored == StateCrashing {
+			return StateCrashing
 		}
-		return messages.ReplicationState_REPLICATION_STATE_PENDING
+		return StatePending
 	}
-}
-
-// StateName is State as CouchDB's JSON names it ("pending", "running",
-// "crashing", "completed", "failed").
-func (r *Record) StateName() string { return StateName(r.State()) }
-
-// StateName returns CouchDB's JSON name of a replication state.
-func StateName(st messages.ReplicationState) string {
-	return strings.ToLower(strings.TrimPrefix(st.String(), "REPLICATION_STATE_"))
 }
 
 // History returns the job's scheduler history.
 func (r *Record) History() schedpolicy.History {
 	return schedpolicy.HistoryFromProto(r.GetHistory())
 }
-
-// IsTerminal reports whether the job finished (completed or failed).
-func (r *Record) IsTerminal() bool { return r.QueueState == jobqueue.StateFinished }
 
 func recordFromInfo(info *jobqueue.JobInfo) (*Record, error) {
 	m := &messages.ReplicationJob{}

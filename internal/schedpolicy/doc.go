@@ -24,8 +24,8 @@
 //     consecutive crashes as CouchDB does (History.ConsecutiveCrashes): a
 //     run longer than HealthThreshold heals the job.
 //   - History keeps added/started/stopped/crashed events (newest first, at
-//     most MaxHistory) and renders CouchDB's _scheduler/jobs "history" JSON;
-//     Summarize maps a job to CouchDB's job_summary states.
+//     most MaxHistory) and renders CouchDB's _scheduler/jobs "history" JSON.
+//     A job's state is internal/repjob's (repjob.State).
 //
 // Time comes from a Clock; FakeClock makes every rule testable without
 // sleeping.

@@ -189,40 +189,6 @@ func TestHistoryTruncatesAndRenders(t *testing.T) {
 	}
 }
 
-func TestSummarize(t *testing.T) {
-	const th = 120 * time.Second
-	crashing := schedpolicy.History{ev(schedpolicy.EventCrashed, 10), ev(schedpolicy.EventStarted, 5), ev(schedpolicy.EventAdded, 0)}
-	healed := schedpolicy.History{ev(schedpolicy.EventCrashed, 500), ev(schedpolicy.EventStarted, 5), ev(schedpolicy.EventAdded, 0)}
-	tests := []struct {
-		name    string
-		hist    schedpolicy.History
-		running bool
-		final   schedpolicy.State
-		want    schedpolicy.State
-		errs    int
-		errMsg  string
-	}{
-		{"added", schedpolicy.NewHistory(at(0)), false, 0, schedpolicy.StatePending, 0, ""},
-		{"running (error_count still shows the streak)", crashing.Append(ev(schedpolicy.EventStarted, 60), 20), true, 0, schedpolicy.StateRunning, 1, ""},
-		{"crashing", crashing, false, 0, schedpolicy.StateCrashing, 1, "some_reason"},
-		{"crashed after healthy run: crashing, 0 errors", healed, false, 0, schedpolicy.StateCrashing, 0, "some_reason"},
-		{"stopped after crash: pending", crashing.Append(ev(schedpolicy.EventStarted, 60), 20).Append(ev(schedpolicy.EventStopped, 90), 20), false, 0, schedpolicy.StatePending, 0, ""},
-		{"completed", schedpolicy.NewHistory(at(0)), false, schedpolicy.StateCompleted, schedpolicy.StateCompleted, 0, ""},
-		{"failed", crashing, false, schedpolicy.StateFailed, schedpolicy.StateFailed, 1, ""},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s := schedpolicy.Summarize(tc.hist, tc.running, tc.final, th)
-			if s.State != tc.want || s.ErrorCount != tc.errs || s.Error != tc.errMsg {
-				t.Errorf("Summarize = %+v (%s), want %s errors %d %q", s, s.State, tc.want, tc.errs, tc.errMsg)
-			}
-			if !s.LastUpdated.Equal(tc.hist[0].At) {
-				t.Errorf("LastUpdated = %v", s.LastUpdated)
-			}
-		})
-	}
-}
-
 func newNode(t *testing.T, p schedpolicy.Policy) (*schedpolicy.Node, *schedpolicy.FakeClock) {
 	t.Helper()
 	clock := schedpolicy.NewFakeClock(epoch)
@@ -267,8 +233,8 @@ func TestNodeCrashBackoffAndHealing(t *testing.T) {
 			t.Errorf("crash %d: backoff %v, want %v", i+1, got, want*time.Second)
 		}
 	}
-	if s := schedpolicy.Summarize(h, false, 0, p.HealthThreshold); s.State != schedpolicy.StateCrashing || s.ErrorCount != 6 {
-		t.Errorf("summary %+v", s)
+	if n := h.ConsecutiveCrashes(p.HealthThreshold); n != 6 || h[0].Type != schedpolicy.EventCrashed {
+		t.Errorf("after 6 crashes: %d consecutive, newest event %v", n, h[0].Type)
 	}
 	// Healthy run (longer than health_threshold), then a crash: healed.
 	if got := run(p.HealthThreshold+time.Second, true); got != p.MinBackoff {
