@@ -40,6 +40,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -175,6 +176,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Metrics: metrics,
 
 		Competition: docproc.NewCompetition(),
+		Timers:      timerwheel.New(),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	n.stopLease = func() {}

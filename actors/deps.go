@@ -13,6 +13,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
 // RootName is the actor id of a node's top supervisor; the node's actors are
@@ -47,6 +48,10 @@ type Deps struct {
 	// replicators on the watched servers (GET /_up, couchrepctl nodes);
 	// nil outside a node.
 	Competition *docproc.Competition
+	// Timers is the node's timer wheel: the periodic work of its running
+	// jobs (checkpoints, progress) shares one runtime timer; nil outside a
+	// node (timerwheel.Default()).
+	Timers *timerwheel.Wheel
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

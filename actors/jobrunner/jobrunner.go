@@ -39,6 +39,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -83,6 +84,10 @@ type Options struct {
 	// OnStats, if set, is given every stats report of the engine, with the
 	// job's id (the node's counters).
 	OnStats func(jobID string, s replicate.Stats)
+	// Timers is the node's timer wheel: the engine's checkpoint and
+	// progress timer and the progress heartbeat of a run without the
+	// node's lease are on it; nil is timerwheel.Default().
+	Timers *timerwheel.Wheel
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
@@ -374,14 +379,14 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	// The engine runs under the job's context: a stop request cancels it
 	// too (after recording its reason), so does losing the job.
 	runCtx, cancelRun := ctx, a.cancel
-	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun)
+	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun, a.o.Timers)
 	onProgress := pw.write
 	if a.o.OnStats != nil {
 		id := a.run.ID()
 		onProgress = func(s replicate.Stats) { pw.write(s); a.o.OnStats(id, s) }
 	}
 	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
-		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits}
+		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
 	if a.lease != nil {
@@ -450,18 +455,23 @@ type progressWriter struct {
 	written   *messages.ReplicationStats // last written (leased runs)
 	stopped   bool
 	lost      bool
-	beat      *time.Timer // runs without a lease
+	beat      *timerwheel.Timer // runs without a lease
 	stopWatch func()
 }
 
-func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration, cancelRun context.CancelFunc) *progressWriter {
+func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration,
+	cancelRun context.CancelFunc, timers *timerwheel.Wheel) *progressWriter {
 	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	stop, leased := run.Watch(w.kick, w.leaseLost)
 	w.stopWatch = stop
 	if !leased {
-		w.beat = time.AfterFunc(every, w.heartbeat)
+		if timers == nil {
+			timers = timerwheel.Default()
+		}
+		// The wheel's goroutine must not wait for the store.
+		w.beat = timers.AfterFunc(every, func() { go w.heartbeat() })
 	}
 	return w
 }

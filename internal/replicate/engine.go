@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
 // Sentinel errors a caller (the job actor) branches on; the returned error
@@ -60,13 +61,18 @@ type Options struct {
 	Limiter couch.Limiter
 	// Clock returns the current time (tests); nil is time.Now.
 	Clock func() time.Time
-	// OnProgress, if set, is called with fresh stats about once per
-	// ProgressInterval and after every checkpoint: from a timer's goroutine
-	// while the run is under way, never concurrently, never after Run
-	// returns.
+	// OnProgress, if set, is called with fresh stats after every
+	// checkpoint, and about once per ProgressInterval while they change
+	// (the first time even if they did not; a run with nothing moving
+	// reports nothing more): from a goroutine of the run's timer while the
+	// run is under way, never concurrently, never after Run returns; and
+	// once more when the run ends.
 	OnProgress func(Stats)
 	// ProgressInterval defaults to one second.
 	ProgressInterval time.Duration
+	// Timers is the wheel the run's checkpoint and progress timer is on
+	// (the node's, shared by all its jobs); nil is timerwheel.Default().
+	Timers *timerwheel.Wheel
 	// RetryBackoff is the first wait before retrying a request (doubling);
 	// zero is CouchDB's 250 ms.
 	RetryBackoff time.Duration
@@ -120,6 +126,10 @@ type Replication struct {
 
 	ctr   counters
 	fetch fetchGate // the workers' shared _revs_diff/_bulk_get statistics
+
+	// timerFired, if set, is told what each call of the run's timer
+	// function found due (tests).
+	timerFired func(ckpt, prog bool)
 }
 
 // New returns a replication of p. Nothing happens until Run.
@@ -399,10 +409,12 @@ func (r *Replication) readCheckpoint(ctx context.Context, db *couch.DB, id strin
 	return c, nil
 }
 
-// runState is one Run's mutable state. tracker is guarded by mu; the
-// checkpoint state (committed, revs, lastBody) by cmu, which also
-// serialises checkpoints and progress reports (timer functions while the
-// pipeline runs, then Run's goroutine).
+// runState is one Run's mutable state. tracker and reported are guarded by
+// mu; the checkpoint state (committed, revs, lastBody) by cmu, which also
+// serialises checkpoints and progress reports (goroutines of the timers
+// while the pipeline runs, then Run's goroutine); committed is written
+// under mu too, so that the timers' function can read it without waiting
+// for a checkpoint under way.
 type runState struct {
 	r                  *Replication
 	session            string
@@ -418,8 +430,9 @@ type runState struct {
 	localID            string
 	lastBody           json.RawMessage
 
-	mu      sync.Mutex
-	tracker *seqTracker
+	mu       sync.Mutex
+	tracker  *seqTracker
+	reported progressMark // what the last progress report showed
 
 	cmu   sync.Mutex
 	ended bool // the timers are stopped
@@ -504,13 +517,24 @@ func (s *runState) end(ctx context.Context, err error) (Result, error) {
 }
 
 // runTimers are a run's periodic checkpoint and progress report: one
-// timer function that re-arms itself for whichever is due next, serialised
-// with the final checkpoint by runState.cmu.
+// timer of the node's timer wheel (Options.Timers), armed for whichever is
+// due next. Its function runs on the wheel's goroutine and only looks: when
+// the source moved since the last checkpoint, or the stats since the last
+// report, it starts a goroutine that checkpoints or reports (serialised
+// with the final checkpoint by runState.cmu) and re-arms the timer after
+// it; otherwise it re-arms the timer at once. An idle run so costs a few
+// comparisons per interval on a goroutine shared by every run of the node,
+// writes no checkpoint (as CouchDB: only when the committed seq would
+// change) and reports nothing.
 type runTimers struct {
-	s                  *runState
-	ctx                context.Context
-	abort              func(error)
-	t                  *time.Timer
+	s     *runState
+	ctx   context.Context
+	abort func(error)
+	t     *timerwheel.Timer
+
+	// mu guards what follows; it is never held across I/O.
+	mu                 sync.Mutex
+	stopped            bool
 	nextCkpt, nextProg time.Time
 }
 
@@ -518,13 +542,22 @@ func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimer
 	now := time.Now()
 	tm := &runTimers{s: s, ctx: ctx, abort: abort,
 		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(s.r.o.ProgressInterval)}
-	s.cmu.Lock() // fire reads tm.t under cmu
-	tm.t = time.AfterFunc(tm.wait(now), tm.fire)
-	s.cmu.Unlock()
+	tm.mu.Lock() // fire uses tm.t under mu
+	tm.t = s.r.timers().AfterFunc(tm.wait(now), tm.fire)
+	tm.mu.Unlock()
 	return tm
 }
 
-// wait is how long from now until the next checkpoint or report is due.
+// timers is the wheel of the run's timers.
+func (r *Replication) timers() *timerwheel.Wheel {
+	if r.o.Timers != nil {
+		return r.o.Timers
+	}
+	return timerwheel.Default()
+}
+
+// wait is how long from now until the next checkpoint or report is due;
+// tm.mu is held.
 func (tm *runTimers) wait(now time.Time) time.Duration {
 	next := tm.nextCkpt
 	if tm.nextProg.Before(next) {
@@ -533,46 +566,140 @@ func (tm *runTimers) wait(now time.Time) time.Duration {
 	return max(next.Sub(now), 0)
 }
 
+// fire is the timer's function, on the wheel's goroutine: it must not
+// block.
 func (tm *runTimers) fire() {
 	s, r := tm.s, tm.s.r
-	s.cmu.Lock()
-	defer s.cmu.Unlock()
-	if s.ended {
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	if tm.stopped {
 		return
 	}
 	now := time.Now()
+	var ckpt, prog bool
 	if !now.Before(tm.nextCkpt) {
-		if err := s.checkpoint(tm.ctx); err != nil {
-			if tm.ctx.Err() == nil {
-				tm.abort(err)
-			}
-			return
+		if ckpt = s.moved(); !ckpt {
+			tm.nextCkpt = now.Add(r.p.CheckpointInterval)
 		}
-		now = time.Now()
-		tm.nextCkpt = now.Add(r.p.CheckpointInterval)
 	}
 	if !now.Before(tm.nextProg) {
+		if prog = s.changed(); !prog {
+			tm.nextProg = now.Add(r.o.ProgressInterval)
+		}
+	}
+	if h := r.timerFired; h != nil {
+		h(ckpt, prog)
+	}
+	if ckpt || prog {
+		go tm.run(ckpt, prog)
+		return
+	}
+	tm.t.Reset(tm.wait(now))
+}
+
+// run checkpoints and reports what fire found due, then re-arms the timer
+// (unless the timers were stopped or the checkpoint failed, which aborts
+// the pipeline).
+func (tm *runTimers) run(ckpt, prog bool) {
+	s, r := tm.s, tm.s.r
+	s.cmu.Lock()
+	if s.ended {
+		s.cmu.Unlock()
+		return
+	}
+	var err error
+	if ckpt {
+		err = s.checkpoint(tm.ctx) // reports the stats when it recorded one
+	}
+	if err == nil && prog && s.changed() {
 		s.progress()
+	}
+	s.cmu.Unlock()
+	if err != nil {
+		if tm.ctx.Err() == nil {
+			tm.abort(err)
+		}
+		return
+	}
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	if tm.stopped {
+		return
+	}
+	now := time.Now()
+	if ckpt {
+		tm.nextCkpt = now.Add(r.p.CheckpointInterval)
+	}
+	if prog {
 		tm.nextProg = now.Add(r.o.ProgressInterval)
 	}
 	tm.t.Reset(tm.wait(now))
 }
 
-// stop stops the timer and waits for a checkpoint or report under way;
-// none runs afterwards.
+// stop takes the timer off the wheel and waits for a checkpoint or report
+// under way; none runs afterwards.
 func (tm *runTimers) stop() {
+	tm.mu.Lock()
+	tm.stopped = true
 	tm.t.Stop()
+	tm.mu.Unlock()
 	tm.s.cmu.Lock()
 	tm.s.ended = true
 	tm.s.cmu.Unlock()
 }
 
+// moved reports whether through_seq is not the checkpointed seq: a
+// checkpoint would record something.
+func (s *runState) moved() bool {
+	if !s.r.p.UseCheckpoints {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !seqOrZero(s.tracker.through).Equal(seqOrZero(s.committed))
+}
+
+// changed reports whether the stats differ from the last report (or none
+// was made): the counters (which only grow), through_seq or the
+// checkpointed seq.
+func (s *runState) changed() bool {
+	m := s.mark()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.reported.equal(m)
+}
+
+// progressMark is what a report showed, enough to tell whether the next
+// one would show anything new.
+type progressMark struct {
+	valid              bool
+	counts             int64 // the sum of the counters
+	through, committed couch.Seq
+}
+
+func (m progressMark) equal(o progressMark) bool {
+	return m.valid && o.valid && m.counts == o.counts &&
+		seqOrZero(m.through).Equal(seqOrZero(o.through)) && seqOrZero(m.committed).Equal(seqOrZero(o.committed))
+}
+
+// mark is the progress now.
+func (s *runState) mark() progressMark {
+	counts := s.r.ctr.sum()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return progressMark{valid: true, counts: counts, through: s.tracker.through, committed: s.committed}
+}
+
 // progress reports the stats to OnProgress; s.cmu is held, or the timers
 // are stopped.
 func (s *runState) progress() {
+	m := s.mark()
 	if f := s.r.o.OnProgress; f != nil {
 		f(s.stats())
 	}
+	s.mu.Lock()
+	s.reported = m
+	s.mu.Unlock()
 }
 
 func (s *runState) fail(err error) (Result, error) {
@@ -671,7 +798,10 @@ func (s *runState) checkpoint(ctx context.Context) (err error) {
 	if s.tgtRev, err = s.putCheckpoint(ctx, r.tgt, s.tgtRev, body, "target"); err != nil {
 		return err
 	}
-	s.committed, s.lastBody = through, body
+	s.mu.Lock() // moved and mark read it under mu
+	s.committed = through
+	s.mu.Unlock()
+	s.lastBody = body
 	r.log.Debug().Str("seq", through.String()).Msg("replication: checkpoint recorded")
 	r.event(EventCheckpointRecorded)
 	s.progress()

@@ -78,6 +78,13 @@ func (c *counters) add(s Stats) {
 	c.bulkGetAttempts.Add(s.BulkGetAttempts)
 }
 
+// sum is the sum of the counters: they only grow, so it changes whenever
+// one of them does.
+func (c *counters) sum() int64 {
+	return c.revisionsChecked.Load() + c.missingFound.Load() + c.docsRead.Load() + c.docsWritten.Load() +
+		c.writeFailures.Load() + c.bulkGetDocs.Load() + c.bulkGetAttempts.Load()
+}
+
 func (c *counters) snapshot() Stats {
 	return Stats{
 		RevisionsChecked: c.revisionsChecked.Load(), MissingRevisionsFound: c.missingFound.Load(),
