@@ -104,7 +104,13 @@ func (a *docProcessor) start(ctx actor.Context) {
 	}
 	self, root := ctx.Self(), ctx.ActorSystem().Root
 	a.task.Go(func(runCtx context.Context) {
-		if err := p.Run(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+		// The processor adds jobs inside its own transactions
+		// (docproc.RepJobs.InTx): the job type is registered first.
+		err := a.deps.RepJobs.Init(runCtx)
+		if err == nil {
+			err = p.Run(runCtx)
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
 			root.Send(self, &processorFailed{err: err})
 		}
 	})

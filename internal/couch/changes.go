@@ -62,6 +62,9 @@ type ChangesOptions struct {
 	Filter string
 	// QueryParams are passed to the filter as query-string parameters.
 	QueryParams map[string]string
+	// IncludeDocs asks for each row's document (include_docs=true), given
+	// in Change.Doc.
+	IncludeDocs bool
 }
 
 // Change is one row of a changes feed.
@@ -74,6 +77,9 @@ type Change struct {
 	// first (PouchDB Server does not put it there).
 	Revs    []string
 	Deleted bool
+	// Doc is the row's document with ChangesOptions.IncludeDocs (nil
+	// when the server sent none or null).
+	Doc json.RawMessage
 }
 
 // errFeedTimedOut cancels a feed whose server ignored timeout=.
@@ -299,7 +305,7 @@ func (f *feed) deliver() error {
 			return nil
 		}
 	}
-	return f.fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs})
+	return f.fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs, Doc: row.Doc})
 }
 
 // fail turns a read error into the feed's error: nil when the feed watch
@@ -322,15 +328,16 @@ type changeRow struct {
 	ID      string
 	Revs    []string
 	Deleted bool
+	Doc     json.RawMessage
 	LastSeq Seq
 	Error   json.RawMessage
 	Reason  string
 }
 
 // parseChangeRow reads one checked row object of a changes feed into
-// row: {"seq","id","changes":[{"rev"}],"deleted"}, or the continuous
-// feed's {"last_seq"} or {"error","reason"}. Seqs are copied; nothing else
-// points into raw.
+// row: {"seq","id","changes":[{"rev"}],"deleted","doc"}, or the
+// continuous feed's {"last_seq"} or {"error","reason"}. Seqs and the
+// document are copied; nothing else points into raw.
 func parseChangeRow(raw []byte, row *changeRow) error {
 	*row = changeRow{}
 	if len(raw) == 0 || raw[0] != '{' {
@@ -365,6 +372,10 @@ func parseChangeRow(raw []byte, row *changeRow) error {
 			})
 		case `"deleted"`:
 			row.Deleted = string(val) == "true"
+		case `"doc"`:
+			if val[0] == '{' {
+				row.Doc = json.RawMessage(bytes.Clone(val))
+			}
 		case `"last_seq"`:
 			row.LastSeq = SeqOf(val)
 		case `"error"`:
@@ -442,6 +453,9 @@ func changesRequest(o ChangesOptions) (*request, map[string]struct{}, error) {
 	}
 	if o.Timeout > 0 {
 		q = append(q, "timeout", strconv.FormatInt(max(o.Timeout.Milliseconds(), 1), 10))
+	}
+	if o.IncludeDocs {
+		q = append(q, "include_docs", "true")
 	}
 	r := &request{method: http.MethodGet, path: "_changes"}
 	switch {

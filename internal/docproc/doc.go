@@ -12,6 +12,13 @@
 // through a JobStore (internal/repjob in the node). Deleting a database
 // removes its jobs.
 //
+// The feed is read with include_docs=true and processed in batches: the
+// rows that arrived while the previous batch was being processed (at most
+// 500, each document once) are decided, and their jobs, records and the
+// feed checkpoint committed, in one store transaction. An invalid document
+// fails alone (its reason is written back after the commit); the rest of its
+// batch goes on.
+//
 // Like CouchDB it skips _design/ and _local/ documents and documents already
 // carrying a terminal state (_replication_state "completed" or "failed")
 // written for their current parameters. It writes only terminal states back

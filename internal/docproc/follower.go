@@ -5,11 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
@@ -20,7 +23,14 @@ type dbProc struct {
 	st  *state
 	db  *couch.DB
 	log zerolog.Logger
+
+	// writing serialises writeBack: the feed's batches and the job
+	// follower both write terminal states; one write per run.
+	writing sync.Mutex
 }
+
+// maxBatch caps the changes processed in one store transaction.
+const maxBatch = 500
 
 // follow reads the database's _changes feed from its checkpoint and
 // processes every change, until ctx ends or the database is gone.
@@ -49,16 +59,13 @@ func (d *dbProc) follow(ctx context.Context) error {
 	}
 	backoff := time.Second
 	for {
-		opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Since: seq, Timeout: d.p.opts.FeedTimeout, Heartbeat: 10 * time.Second}
-		last, err := d.db.Changes(ctx, opts, func(c couch.Change) error {
-			if err := d.process(ctx, c); err != nil {
-				return err
-			}
-			if c.Seq != nil {
-				seq = c.Seq
+		opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Since: seq, Timeout: d.p.opts.FeedTimeout,
+			Heartbeat: 10 * time.Second, IncludeDocs: true}
+		last, err := d.readFeed(ctx, opts, func(batchSeq couch.Seq) {
+			if batchSeq != nil {
+				seq = batchSeq
 			}
 			backoff = time.Second
-			return nil
 		})
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -110,77 +117,221 @@ func (d *dbProc) scanUnwritten(ctx context.Context) error {
 	return nil
 }
 
-// process handles one change row and checkpoints it.
-func (d *dbProc) process(ctx context.Context, c couch.Change) error {
+// readFeed reads one _changes request and processes its rows in batches:
+// the rows that arrived while the previous batch was processed (at most
+// maxBatch, no document twice) are decided and their jobs, records and the
+// feed checkpoint committed in one store transaction. committed is called
+// with each batch's checkpoint (nil when no row of it had a seq). It
+// returns the feed's last seq and error once every row read is processed.
+func (d *dbProc) readFeed(ctx context.Context, opts couch.ChangesOptions, committed func(couch.Seq)) (couch.Seq, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rows := make(chan couch.Change, maxBatch)
+	type result struct {
+		last couch.Seq
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		last, err := d.db.Changes(fctx, opts, func(c couch.Change) error {
+			select {
+			case rows <- c:
+				return nil
+			case <-fctx.Done():
+				return fctx.Err()
+			}
+		})
+		close(rows)
+		done <- result{last, err}
+	}()
+	var carry *couch.Change
+	for {
+		batch := make([]couch.Change, 0, 16)
+		if carry != nil {
+			batch, carry = append(batch, *carry), nil
+		} else {
+			c, ok := <-rows
+			if !ok {
+				r := <-done
+				return r.last, r.err
+			}
+			batch = append(batch, c)
+		}
+		ids := map[string]bool{batch[0].ID: true}
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case c, ok := <-rows:
+				if !ok {
+					break fill
+				}
+				if ids[c.ID] { // a document once per transaction
+					carry = &c
+					break fill
+				}
+				ids[c.ID] = true
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		seq, err := d.processBatch(ctx, batch)
+		if err != nil {
+			cancel()
+			for range rows {
+			}
+			<-done
+			return nil, err
+		}
+		committed(seq)
+	}
+}
+
+// outcome is what processBatch did with one change.
+type outcome struct {
+	doc   Doc
+	dec   Decision
+	jobID string
+}
+
+// processBatch decides every change of batch and commits their jobs and
+// records with the checkpoint (the last seq of the batch, returned) in one
+// transaction. An invalid document fails alone: its job is recorded failed
+// and, after the commit, its reason is written back to it.
+func (d *dbProc) processBatch(ctx context.Context, batch []couch.Change) (couch.Seq, error) {
+	docs := make([]Doc, len(batch))
+	var seq couch.Seq
+	for i, c := range batch {
+		doc, err := d.docOf(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		docs[i] = doc
+		if c.Seq != nil {
+			seq = c.Seq
+		}
+	}
+	outs := make([]outcome, 0, len(batch))
+	err := d.p.opts.Store.Transact(ctx, func(tx kv.Tx) error {
+		outs = outs[:0]
+		jobs := d.p.opts.Jobs.InTx(tx)
+		for _, doc := range docs {
+			o, err := d.decideTx(tx, jobs, doc)
+			if err != nil {
+				return err
+			}
+			outs = append(outs, o)
+		}
+		if seq != nil {
+			tx.Set(d.st.keys.seq(d.st.server, d.st.db), []byte(seq.String()))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("docproc: commit %d changes of %s: %w", len(batch), d.st.db, err)
+	}
+	for _, o := range outs {
+		log := d.log.With().Str("doc_id", o.doc.ID).Str("rev", o.doc.Rev).Str("action", o.dec.Action.String()).Str("why", o.dec.Why).Logger()
+		switch o.dec.Action {
+		case ActionSkip:
+			log.Debug().Msg("document change")
+		case ActionRemove:
+			log.Info().Str("job_id", o.jobID).Msg("document deleted: job removed")
+		case ActionAdd:
+			log.Info().Str("job_id", o.jobID).Msg("job added")
+		case ActionFail:
+			log.Info().Msg("invalid document")
+			if err := d.writeBack(ctx, o.doc.ID, &Job{ID: o.jobID, State: repjob.StateFailed, Reason: o.dec.Why}); err != nil {
+				log.Warn().Err(err).Msg("writing failed state to invalid document failed")
+			}
+		}
+	}
+	return seq, nil
+}
+
+// docOf is the document of change c: the feed's (include_docs), else read.
+func (d *dbProc) docOf(ctx context.Context, c couch.Change) (Doc, error) {
 	doc := Doc{ID: c.ID, Deleted: c.Deleted}
-	if !c.Deleted && !isSpecial(c.ID) {
-		raw, err := d.db.GetDoc(ctx, c.ID, nil)
+	if c.Deleted || isSpecial(c.ID) {
+		return doc, nil
+	}
+	raw := c.Doc
+	if raw == nil {
+		var err error
+		raw, err = d.db.GetDoc(ctx, c.ID, nil)
 		switch {
 		case errors.Is(err, couch.ErrNotFound):
 			doc.Deleted = true
+			return doc, nil
 		case err != nil:
-			return err
-		default:
-			doc.Body = raw
-			doc.Rev = revOf(raw)
+			return doc, err
 		}
 	}
-	rec, err := d.st.record(ctx, c.ID)
+	doc.Body = raw
+	doc.Rev = revOf(raw)
+	return doc, nil
+}
+
+// decideTx decides one document in the batch's transaction and applies
+// the decision to its job and record.
+func (d *dbProc) decideTx(tx kv.Tx, jobs TxJobs, doc Doc) (outcome, error) {
+	key := d.st.keys.doc(d.st.server, d.st.db, doc.ID)
+	rec, err := getRecord(tx, key)
 	if err != nil {
-		return err
+		return outcome{}, fmt.Errorf("docproc: read record of %s/%s: %w", d.st.db, doc.ID, err)
 	}
 	known := Known{Record: rec}
 	if rec != nil && rec.JobID != "" && !doc.Deleted {
-		j, err := d.p.opts.Jobs.Get(ctx, rec.JobID)
+		j, err := jobs.Get(rec.JobID)
 		switch {
 		case errors.Is(err, ErrJobNotFound):
 		case err != nil:
-			return fmt.Errorf("docproc: get job %s: %w", rec.JobID, err)
+			return outcome{}, fmt.Errorf("docproc: get job %s: %w", rec.JobID, err)
 		default:
 			known.JobState = j.State
 		}
 	}
-	dec := Decide(doc, known)
-	log := d.log.With().Str("doc_id", c.ID).Str("rev", doc.Rev).Str("action", dec.Action.String()).Str("why", dec.Why).Logger()
-	var seq couch.Seq
-	if c.Seq != nil {
-		seq = c.Seq
-	}
-	switch dec.Action {
+	o := outcome{doc: doc, dec: Decide(doc, known)}
+	var newRec *DocRecord
+	switch o.dec.Action {
 	case ActionSkip:
-		log.Debug().Msg("document change")
-		return d.st.commit(ctx, "", nil, seq)
+		return o, nil
 	case ActionRemove:
-		if err := d.p.opts.Jobs.Remove(ctx, rec.JobID); err != nil && !errors.Is(err, ErrJobNotFound) {
-			return fmt.Errorf("docproc: remove job %s: %w", rec.JobID, err)
+		o.jobID = rec.JobID
+		if err := jobs.Remove(rec.JobID); err != nil && !errors.Is(err, ErrJobNotFound) {
+			return o, fmt.Errorf("docproc: remove job %s: %w", rec.JobID, err)
 		}
-		log.Info().Str("job_id", rec.JobID).Msg("document deleted: job removed")
-		return d.st.commit(ctx, c.ID, nil, seq)
 	case ActionAdd:
-		jobID, err := d.p.opts.Jobs.AddPersistent(ctx, d.srv.key, d.st.db, c.ID, dec.Body)
-		if err != nil {
-			return fmt.Errorf("docproc: add job for %s: %w", c.ID, err)
+		o.jobID, err = jobs.AddPersistent(d.srv.key, d.st.db, doc.ID, o.dec.Body)
+		if errors.Is(err, ErrInvalidDoc) {
+			o.dec = Decision{Action: ActionFail, Why: strings.TrimPrefix(err.Error(), ErrInvalidDoc.Error()+": "), Fingerprint: o.dec.Fingerprint}
+			break
 		}
-		log.Info().Str("job_id", jobID).Msg("job added")
-		return d.st.commit(ctx, c.ID, &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev}, seq)
-	case ActionFail:
-		// The failed document is recorded as a failed job (replacing any
-		// job it had), so that _scheduler/docs shows it with its reason.
-		jobID, err := d.p.opts.Jobs.AddInvalid(ctx, d.srv.key, d.st.db, c.ID, dec.Body, dec.Why)
 		if err != nil {
-			return fmt.Errorf("docproc: record invalid document %s: %w", c.ID, err)
+			return o, fmt.Errorf("docproc: add job for %s: %w", doc.ID, err)
 		}
-		newRec := &DocRecord{JobID: jobID, Fingerprint: dec.Fingerprint, Rev: doc.Rev, State: repjob.StateFailed}
-		rev, err := d.writeState(ctx, c.ID, dec.Fingerprint, &Job{State: repjob.StateFailed, Reason: dec.Why})
-		if err != nil {
-			log.Warn().Err(err).Msg("writing failed state to invalid document failed")
-		} else if rev != "" {
-			newRec.Rev, newRec.Written = rev, true
-		}
-		log.Info().Msg("invalid document")
-		return d.st.commit(ctx, c.ID, newRec, seq)
+		newRec = &DocRecord{JobID: o.jobID, Fingerprint: o.dec.Fingerprint, Rev: doc.Rev}
 	}
-	return nil
+	if o.dec.Action == ActionFail {
+		// The failed document is recorded as a failed job (replacing any
+		// job it had), so that _scheduler/docs shows it with its reason;
+		// the reason is written to the document after the commit.
+		o.jobID, err = jobs.AddInvalid(d.srv.key, d.st.db, doc.ID, nil, o.dec.Why)
+		if err != nil {
+			return o, fmt.Errorf("docproc: record invalid document %s: %w", doc.ID, err)
+		}
+		newRec = &DocRecord{JobID: o.jobID, Fingerprint: o.dec.Fingerprint, Rev: doc.Rev, State: repjob.StateFailed}
+	}
+	if newRec == nil {
+		tx.Clear(key)
+		return o, nil
+	}
+	v, err := json.Marshal(newRec)
+	if err != nil {
+		return o, fmt.Errorf("docproc: encode record: %w", err)
+	}
+	tx.Set(key, v)
+	return o, nil
 }
 
 func isSpecial(id string) bool {
@@ -197,6 +348,8 @@ func revOf(raw json.RawMessage) string {
 
 // writeBack writes job j's terminal state to document id, once per run.
 func (d *dbProc) writeBack(ctx context.Context, id string, j *Job) error {
+	d.writing.Lock()
+	defer d.writing.Unlock()
 	rec, err := d.st.record(ctx, id)
 	if err != nil || rec == nil || rec.JobID != j.ID || rec.Written {
 		return err

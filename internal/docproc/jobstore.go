@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
@@ -36,14 +37,12 @@ type Job struct {
 // JobStore is the doc processor's view of the replication job store
 // (internal/repjob's Store in a node; a fake in unit tests).
 type JobStore interface {
-	// AddPersistent adds or updates the job of a _replicator document:
-	// unchanged parameters on a pending or running job are a no-op, new
-	// parameters restart it, a finished job runs again. It returns the
-	// job id.
-	AddPersistent(ctx context.Context, server, db, docID string, body json.RawMessage) (jobID string, err error)
-	// AddInvalid records an invalid _replicator document as a failed job
-	// with reason (replacing the job it had), and returns the job id.
-	AddInvalid(ctx context.Context, server, db, docID string, body json.RawMessage, reason string) (jobID string, err error)
+	// InTx returns the job operations inside tx, a transaction of the
+	// doc processor's store (Options.Store), which holds the jobs too: a
+	// batch of documents' jobs, their records and the feed checkpoint
+	// commit together. The operations have no effect outside tx (the
+	// transaction may be retried).
+	InTx(tx kv.Tx) TxJobs
 	// Remove removes a job; an error matching ErrJobNotFound when absent.
 	Remove(ctx context.Context, jobID string) error
 	// Get returns a job; an error matching ErrJobNotFound when absent.
@@ -52,4 +51,25 @@ type JobStore interface {
 	// was called, in commit order, until ctx ends or fn fails. It calls
 	// started (once) as soon as it follows, before any fn.
 	Follow(ctx context.Context, started func(), fn func(*Job) error) error
+}
+
+// ErrInvalidDoc is wrapped by TxJobs.AddPersistent's error for a document
+// the job store refuses (its replication id cannot be computed): the
+// document fails, the rest of its batch goes on.
+var ErrInvalidDoc = errors.New("docproc: invalid replication document")
+
+// TxJobs are a JobStore's operations inside one transaction (InTx).
+type TxJobs interface {
+	// AddPersistent adds or updates the job of a _replicator document:
+	// unchanged parameters on a pending or running job are a no-op, new
+	// parameters restart it, a finished job runs again. It returns the
+	// job id.
+	AddPersistent(server, db, docID string, body json.RawMessage) (jobID string, err error)
+	// AddInvalid records an invalid _replicator document as a failed job
+	// with reason (replacing the job it had), and returns the job id.
+	AddInvalid(server, db, docID string, body json.RawMessage, reason string) (jobID string, err error)
+	// Remove removes a job; an error matching ErrJobNotFound when absent.
+	Remove(jobID string) error
+	// Get returns a job; an error matching ErrJobNotFound when absent.
+	Get(jobID string) (*Job, error)
 }

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -34,6 +35,23 @@ func newFakeJobs() *fakeJobs {
 	return &fakeJobs{jobs: map[string]*Job{}, bodies: map[string]string{}, adds: map[string]int{},
 		removes: map[string]int{}, changes: make(chan *Job, 100)}
 }
+
+func (f *fakeJobs) InTx(kv.Tx) TxJobs { return fakeTx{f} }
+
+// fakeTx is fakeJobs' TxJobs: it applies at once, outside the transaction.
+type fakeTx struct{ f *fakeJobs }
+
+func (t fakeTx) AddPersistent(server, db, docID string, body json.RawMessage) (string, error) {
+	return t.f.AddPersistent(context.Background(), server, db, docID, body)
+}
+
+func (t fakeTx) AddInvalid(server, db, docID string, body json.RawMessage, reason string) (string, error) {
+	return t.f.AddInvalid(context.Background(), server, db, docID, body, reason)
+}
+
+func (t fakeTx) Remove(jobID string) error { return t.f.Remove(context.Background(), jobID) }
+
+func (t fakeTx) Get(jobID string) (*Job, error) { return t.f.Get(context.Background(), jobID) }
 
 func (f *fakeJobs) AddPersistent(_ context.Context, server, db, docID string, body json.RawMessage) (string, error) {
 	f.mu.Lock()
@@ -285,7 +303,7 @@ func indexOf(s, sub string) int {
 	return -1
 }
 
-func couchKey(t *testing.T, u string) string {
+func couchKey(t testing.TB, u string) string {
 	ep, err := couch.ParseEndpoint(u)
 	if err != nil {
 		t.Fatal(err)

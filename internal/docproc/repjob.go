@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
@@ -17,35 +19,60 @@ type RepJobs struct {
 
 var _ JobStore = RepJobs{}
 
-// AddPersistent implements JobStore. repjob leaves a finished job with an
-// unchanged body alone; the doc processor only asks for that when the user
-// removed the document's terminal state to run it again, so such a job is
-// removed and added afresh.
-func (r RepJobs) AddPersistent(ctx context.Context, server, db, docID string, body json.RawMessage) (string, error) {
-	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body)}
-	res, err := r.Store.AddPersistent(ctx, doc)
+// InTx implements JobStore: tx must be a transaction of the repjob store's
+// database, which must have been initialised (repjob.Store.Init).
+func (r RepJobs) InTx(tx kv.Tx) TxJobs { return repTx{s: r.Store, tx: tx} }
+
+// repTx is RepJobs' TxJobs.
+type repTx struct {
+	s  *repjob.Store
+	tx kv.Tx
+}
+
+// AddPersistent implements TxJobs. repjob leaves a finished job with an
+// unchanged body alone unless asked to run it again; the doc processor only
+// adds such a job when the user removed the document's terminal state to run
+// it again.
+func (t repTx) AddPersistent(server, db, docID string, body json.RawMessage) (string, error) {
+	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body), RunAgain: true}
+	res, err := t.s.AddPersistentTx(t.tx, doc)
+	if errors.Is(err, repjob.ErrInvalid) {
+		return "", fmt.Errorf("%w: %s", ErrInvalidDoc, strings.TrimPrefix(err.Error(), repjob.ErrInvalid.Error()+": "))
+	}
 	if err != nil {
 		return "", err
-	}
-	if res.Existed && res.Record != nil && res.Record.State().Terminal() {
-		if err := r.Store.Remove(ctx, res.JobID); err != nil && !errors.Is(err, repjob.ErrNotFound) {
-			return "", err
-		}
-		if res, err = r.Store.AddPersistent(ctx, doc); err != nil {
-			return "", err
-		}
 	}
 	return res.JobID, nil
 }
 
-// AddInvalid implements JobStore.
-func (r RepJobs) AddInvalid(ctx context.Context, server, db, docID string, body json.RawMessage, reason string) (string, error) {
+// AddInvalid implements TxJobs.
+func (t repTx) AddInvalid(server, db, docID string, body json.RawMessage, reason string) (string, error) {
 	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body)}
-	res, err := r.Store.AddInvalid(ctx, doc, reason)
+	res, err := t.s.AddInvalidTx(t.tx, doc, reason)
 	if err != nil {
 		return "", err
 	}
 	return res.JobID, nil
+}
+
+// Remove implements TxJobs.
+func (t repTx) Remove(jobID string) error { return notFound(t.s.RemoveTx(t.tx, jobID)) }
+
+// Get implements TxJobs.
+func (t repTx) Get(jobID string) (*Job, error) {
+	rec, err := t.s.GetTx(t.tx, jobID)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return jobOf(rec), nil
+}
+
+// notFound makes repjob's not-found errors match ErrJobNotFound.
+func notFound(err error) error {
+	if errors.Is(err, repjob.ErrNotFound) {
+		return fmt.Errorf("%w: %w", ErrJobNotFound, err)
+	}
+	return err
 }
 
 // ownerOf is the document's owner: "owner", else user_ctx.name.
@@ -65,21 +92,14 @@ func ownerOf(body json.RawMessage) string {
 
 // Remove implements JobStore.
 func (r RepJobs) Remove(ctx context.Context, jobID string) error {
-	err := r.Store.Remove(ctx, jobID)
-	if errors.Is(err, repjob.ErrNotFound) {
-		return fmt.Errorf("%w: %w", ErrJobNotFound, err)
-	}
-	return err
+	return notFound(r.Store.Remove(ctx, jobID))
 }
 
 // Get implements JobStore.
 func (r RepJobs) Get(ctx context.Context, jobID string) (*Job, error) {
 	rec, err := r.Store.Get(ctx, jobID)
-	if errors.Is(err, repjob.ErrNotFound) {
-		return nil, fmt.Errorf("%w: %w", ErrJobNotFound, err)
-	}
 	if err != nil {
-		return nil, err
+		return nil, notFound(err)
 	}
 	return jobOf(rec), nil
 }

@@ -46,6 +46,10 @@ type PersistentDoc struct {
 	Body []byte
 	// User is the document's owner (user_ctx name), if known.
 	User string
+	// RunAgain makes a finished job with unchanged parameters run again
+	// (the doc processor asks for it when the user removed the document's
+	// terminal state); otherwise such a call is a no-op.
+	RunAgain bool
 }
 
 type newJob struct {
@@ -57,6 +61,7 @@ type newJob struct {
 	repID, base    string
 	shareKey       string
 	transient      bool
+	runAgain       bool
 }
 
 // AddTransient adds the job of a POST /_replicate body for user. The same
@@ -78,14 +83,41 @@ func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (Add
 // replace the job (a running one is stopped: its worker loses its lock).
 // An invalid document gives an error wrapping ErrInvalid and no job.
 func (s *Store) AddPersistent(ctx context.Context, doc PersistentDoc) (AddResult, error) {
+	j, err := persistentJob(doc)
+	if err != nil {
+		return AddResult{}, err
+	}
+	return s.add(ctx, j)
+}
+
+func persistentJob(doc PersistentDoc) (newJob, error) {
 	p, err := replicate.ParseParams(doc.Body)
 	if err != nil {
-		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		return newJob{}, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
-	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
+	return newJob{kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
 		id: PersistentJobID(doc.Server, doc.DB, doc.DocID), server: doc.Server, db: doc.DB, docID: doc.DocID,
-		user: doc.User, body: compact(doc.Body), params: p, shareKey: share.Key(doc.DB, doc.User)}
-	return s.add(ctx, j)
+		user: doc.User, body: compact(doc.Body), params: p, shareKey: share.Key(doc.DB, doc.User), runAgain: doc.RunAgain}, nil
+}
+
+// AddPersistentTx is AddPersistent in the caller's transaction tx, which
+// must be a transaction of the store's database, so that a batch of
+// documents' jobs commits with whatever else tx writes (the doc processor's
+// records and feed checkpoint). Call Init first. An invalid document gives
+// an error wrapping ErrInvalid before tx is touched.
+func (s *Store) AddPersistentTx(tx kv.Tx, doc PersistentDoc) (AddResult, error) {
+	j, err := persistentJob(doc)
+	if err != nil {
+		return AddResult{}, err
+	}
+	if err := s.withRepID(&j); err != nil {
+		return AddResult{}, err
+	}
+	res, err := s.addTx(tx, j)
+	if err != nil {
+		return AddResult{}, fmt.Errorf("repjob: add job %q: %w", j.id, err)
+	}
+	return res, nil
 }
 
 func compact(b []byte) []byte {
@@ -100,67 +132,83 @@ func (s *Store) add(ctx context.Context, j newJob) (AddResult, error) {
 	if err := s.Init(ctx); err != nil {
 		return AddResult{}, err
 	}
-	if base, ext, err := replicate.ID(j.params, s.uuid); err == nil {
-		j.repID, j.base = base+ext, base
-	} else if !errors.Is(err, replicate.ErrFilterCodeNeeded) {
-		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	if err := s.withRepID(&j); err != nil {
+		return AddResult{}, err
 	}
 	var res AddResult
 	err := s.db.Transact(ctx, func(tx kv.Tx) error {
-		res = AddResult{JobID: j.id, RepID: j.repID}
-		now := s.now()
-		info, err := s.q.GetTx(tx, JobType, j.id)
-		switch {
-		case errors.Is(err, jobqueue.ErrNotFound):
-		case err != nil:
-			return err
-		default:
-			old, err := recordFromInfo(info)
-			if err != nil {
-				return err
-			}
-			same := bytes.Equal(old.Body, j.body)
-			live := info.State != jobqueue.StateFinished
-			if (same || j.transient) && (live || !j.transient) {
-				res.Existed, res.Record, res.RepID = true, old, old.RepId
-				return nil
-			}
-			if err := s.retire(tx, old, info.State, now); err != nil {
-				return err
-			}
-		}
-		m := &messages.ReplicationJob{
-			Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
-			Body: j.body, RepId: j.repID, BaseId: j.base, State: StatePending.Proto(),
-			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
-			Continuous: j.params.Continuous, ShareKey: j.shareKey,
-			Source: redact.StripUserinfo(j.params.Source.URL), Target: redact.StripUserinfo(j.params.Target.URL),
-		}
-		if j.repID != "" {
-			if _, err := s.claimIfFree(tx, j.repID, j.id); err != nil {
-				return err
-			}
-		}
-		prio, err := s.ledger(tx).enqueue(j.shareKey, now)
-		if err != nil {
-			return err
-		}
-		data, err := marshal(m)
-		if err != nil {
-			return err
-		}
-		if err := s.q.AddTx(tx, JobType, j.id, jobqueue.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
-			return err
-		}
-		if err := s.noteChange(tx, j.id); err != nil {
-			return err
-		}
-		res.Record = &Record{ReplicationJob: m, QueueState: jobqueue.StatePending, Priority: prio}
-		return nil
+		var err error
+		res, err = s.addTx(tx, j)
+		return err
 	})
 	if err != nil {
 		return AddResult{}, fmt.Errorf("repjob: add job %q: %w", j.id, err)
 	}
+	return res, nil
+}
+
+// withRepID sets j's replication id when it can be computed without the
+// source (no named filter).
+func (s *Store) withRepID(j *newJob) error {
+	if base, ext, err := replicate.ID(j.params, s.uuid); err == nil {
+		j.repID, j.base = base+ext, base
+	} else if !errors.Is(err, replicate.ErrFilterCodeNeeded) {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// addTx is add in the caller's transaction.
+func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
+	res := AddResult{JobID: j.id, RepID: j.repID}
+	now := s.now()
+	info, err := s.q.GetTx(tx, JobType, j.id)
+	switch {
+	case errors.Is(err, jobqueue.ErrNotFound):
+	case err != nil:
+		return res, err
+	default:
+		old, err := recordFromInfo(info)
+		if err != nil {
+			return res, err
+		}
+		same := bytes.Equal(old.Body, j.body)
+		live := info.State != jobqueue.StateFinished
+		if (same || j.transient) && (live || !j.transient && !j.runAgain) {
+			res.Existed, res.Record, res.RepID = true, old, old.RepId
+			return res, nil
+		}
+		if err := s.retire(tx, old, info.State, now); err != nil {
+			return res, err
+		}
+	}
+	m := &messages.ReplicationJob{
+		Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
+		Body: j.body, RepId: j.repID, BaseId: j.base, State: StatePending.Proto(),
+		History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now),
+		Continuous: j.params.Continuous, ShareKey: j.shareKey,
+		Source: redact.StripUserinfo(j.params.Source.URL), Target: redact.StripUserinfo(j.params.Target.URL),
+	}
+	if j.repID != "" {
+		if _, err := s.claimIfFree(tx, j.repID, j.id); err != nil {
+			return res, err
+		}
+	}
+	prio, err := s.ledger(tx).enqueue(j.shareKey, now)
+	if err != nil {
+		return res, err
+	}
+	data, err := marshal(m)
+	if err != nil {
+		return res, err
+	}
+	if err := s.q.AddTx(tx, JobType, j.id, jobqueue.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
+		return res, err
+	}
+	if err := s.noteChange(tx, j.id); err != nil {
+		return res, err
+	}
+	res.Record = &Record{ReplicationJob: m, QueueState: jobqueue.StatePending, Priority: prio}
 	return res, nil
 }
 
@@ -189,48 +237,60 @@ func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string
 	if err := s.Init(ctx); err != nil {
 		return AddResult{}, err
 	}
-	id := PersistentJobID(doc.Server, doc.DB, doc.DocID)
 	var res AddResult
 	err := s.db.Transact(ctx, func(tx kv.Tx) error {
-		now := s.now()
-		info, err := s.q.GetTx(tx, JobType, id)
-		switch {
-		case errors.Is(err, jobqueue.ErrNotFound):
-		case err != nil:
-			return err
-		default:
-			old, err := recordFromInfo(info)
-			if err != nil {
-				return err
-			}
-			if err := s.retire(tx, old, info.State, now); err != nil {
-				return err
-			}
-		}
-		m := &messages.ReplicationJob{
-			Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
-			DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
-			State: StateFailed.Proto(), LastError: reason,
-			History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
-			ShareKey: share.Key(doc.DB, doc.User),
-		}
-		data, err := marshal(m)
-		if err != nil {
-			return err
-		}
-		if err := s.q.AddTx(tx, JobType, id, jobqueue.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
-			return err
-		}
-		if err := s.noteChange(tx, id); err != nil {
-			return err
-		}
-		res = AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}}
-		return nil
+		var err error
+		res, err = s.AddInvalidTx(tx, doc, reason)
+		return err
 	})
+	return res, err
+}
+
+// AddInvalidTx is AddInvalid in the caller's transaction (see
+// AddPersistentTx).
+func (s *Store) AddInvalidTx(tx kv.Tx, doc PersistentDoc, reason string) (AddResult, error) {
+	id := PersistentJobID(doc.Server, doc.DB, doc.DocID)
+	res, err := s.addInvalidTx(tx, id, doc, reason)
 	if err != nil {
 		return AddResult{}, fmt.Errorf("repjob: record invalid document %q: %w", id, err)
 	}
 	return res, nil
+}
+
+func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason string) (AddResult, error) {
+	now := s.now()
+	info, err := s.q.GetTx(tx, JobType, id)
+	switch {
+	case errors.Is(err, jobqueue.ErrNotFound):
+	case err != nil:
+		return AddResult{}, err
+	default:
+		old, err := recordFromInfo(info)
+		if err != nil {
+			return AddResult{}, err
+		}
+		if err := s.retire(tx, old, info.State, now); err != nil {
+			return AddResult{}, err
+		}
+	}
+	m := &messages.ReplicationJob{
+		Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
+		DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
+		State: StateFailed.Proto(), LastError: reason,
+		History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
+		ShareKey: share.Key(doc.DB, doc.User),
+	}
+	data, err := marshal(m)
+	if err != nil {
+		return AddResult{}, err
+	}
+	if err := s.q.AddTx(tx, JobType, id, jobqueue.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
+		return AddResult{}, err
+	}
+	if err := s.noteChange(tx, id); err != nil {
+		return AddResult{}, err
+	}
+	return AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}}, nil
 }
 
 // claimIfFree points repID at id unless another live job owns it; it
@@ -289,6 +349,15 @@ func (s *Store) Remove(ctx context.Context, jobID string) error {
 	return wrapNotFound("remove", jobID, err)
 }
 
+// RemoveTx is Remove in the caller's transaction (see AddPersistentTx).
+func (s *Store) RemoveTx(tx kv.Tx, jobID string) error {
+	info, err := s.q.GetTx(tx, JobType, jobID)
+	if err == nil {
+		err = s.removeTx(tx, info)
+	}
+	return wrapNotFound("remove", jobID, err)
+}
+
 // removeTx is Remove of the job info in the caller's transaction.
 func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
 	rec, err := recordFromInfo(info)
@@ -335,6 +404,15 @@ func (s *Store) Get(ctx context.Context, jobID string) (*Record, error) {
 		return nil, err
 	}
 	info, err := s.q.Get(ctx, JobType, jobID)
+	if err != nil {
+		return nil, wrapNotFound("get", jobID, err)
+	}
+	return recordFromInfo(info)
+}
+
+// GetTx is Get in the caller's transaction (see AddPersistentTx).
+func (s *Store) GetTx(tx kv.ReadTx, jobID string) (*Record, error) {
+	info, err := s.q.GetTx(tx, JobType, jobID)
 	if err != nil {
 		return nil, wrapNotFound("get", jobID, err)
 	}
