@@ -29,8 +29,13 @@ type dbProc struct {
 	writing sync.Mutex
 }
 
-// maxBatch caps the changes processed in one store transaction.
-const maxBatch = 500
+// maxBatch caps the changes processed in one store transaction, and
+// maxBatchBytes the documents' size in it (a transaction writes at most
+// kv.MaxTransactionSize bytes; a job record holds its document's body).
+const (
+	maxBatch      = 500
+	maxBatchBytes = 1 << 20
+)
 
 // follow reads the database's _changes feed from its checkpoint and
 // processes every change, until ctx ends or the database is gone.
@@ -119,7 +124,7 @@ func (d *dbProc) scanUnwritten(ctx context.Context) error {
 
 // readFeed reads one _changes request and processes its rows in batches:
 // the rows that arrived while the previous batch was processed (at most
-// maxBatch, no document twice) are decided and their jobs, records and the
+// maxBatch and maxBatchBytes, no document twice) are decided and their jobs, records and the
 // feed checkpoint committed in one store transaction. committed is called
 // with each batch's checkpoint (nil when no row of it had a seq). It
 // returns the feed's last seq and error once every row read is processed.
@@ -158,18 +163,20 @@ func (d *dbProc) readFeed(ctx context.Context, opts couch.ChangesOptions, commit
 			batch = append(batch, c)
 		}
 		ids := map[string]bool{batch[0].ID: true}
+		size := len(batch[0].Doc)
 	fill:
-		for len(batch) < maxBatch {
+		for len(batch) < maxBatch && size < maxBatchBytes {
 			select {
 			case c, ok := <-rows:
 				if !ok {
 					break fill
 				}
-				if ids[c.ID] { // a document once per transaction
+				if ids[c.ID] || size+len(c.Doc) > maxBatchBytes { // a document once per transaction
 					carry = &c
 					break fill
 				}
 				ids[c.ID] = true
+				size += len(c.Doc)
 				batch = append(batch, c)
 			default:
 				break fill
