@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/mattn/go-isatty"
@@ -180,7 +181,7 @@ func (h slogHandler) WithAttrs(attrs []slog.Attr) slog.Handler {
 	l := h.ctx.Logger()
 	ctx := l.With()
 	for _, a := range attrs {
-		ctx = addContextAttr(ctx, h.prefix, a)
+		ctx = addAttr(ctx, h.prefix, a)
 	}
 	h.ctx = ctx
 	return h
@@ -210,50 +211,26 @@ func zerologLevel(l slog.Level) zerolog.Level {
 	return zerolog.ErrorLevel
 }
 
-// addAttr adds a slog attribute to an event, groups flattened with dots.
-func addAttr(ev *zerolog.Event, prefix string, a slog.Attr) {
-	v := a.Value.Resolve()
-	if a.Equal(slog.Attr{}) {
-		return
-	}
-	key := prefix + a.Key
-	switch v.Kind() {
-	case slog.KindGroup:
-		p := prefix
-		if a.Key != "" {
-			p = key + "."
-		}
-		for _, ga := range v.Group() {
-			addAttr(ev, p, ga)
-		}
-	case slog.KindString:
-		ev.Str(key, v.String())
-	case slog.KindInt64:
-		ev.Int64(key, v.Int64())
-	case slog.KindUint64:
-		ev.Uint64(key, v.Uint64())
-	case slog.KindFloat64:
-		ev.Float64(key, v.Float64())
-	case slog.KindBool:
-		ev.Bool(key, v.Bool())
-	case slog.KindDuration:
-		ev.Dur(key, v.Duration())
-	case slog.KindTime:
-		ev.Time(key, v.Time())
-	default:
-		if err, ok := v.Any().(error); ok {
-			ev.AnErr(key, err)
-		} else {
-			ev.Interface(key, v.Any())
-		}
-	}
+// fields is what a zerolog *Event and a zerolog Context have in common: the
+// typed field adders addAttr uses, each returning the receiver's kind.
+type fields[T any] interface {
+	Str(key, val string) T
+	Int64(key string, i int64) T
+	Uint64(key string, i uint64) T
+	Float64(key string, f float64) T
+	Bool(key string, b bool) T
+	Dur(key string, d time.Duration) T
+	Time(key string, t time.Time) T
+	AnErr(key string, err error) T
+	Interface(key string, i any) T
 }
 
-// addContextAttr is addAttr for a logger context (WithAttrs).
-func addContextAttr(ctx zerolog.Context, prefix string, a slog.Attr) zerolog.Context {
+// addAttr adds a slog attribute to an event (Handle) or a logger context
+// (WithAttrs), groups flattened with dots, and returns the result.
+func addAttr[T fields[T]](f T, prefix string, a slog.Attr) T {
 	v := a.Value.Resolve()
 	if a.Equal(slog.Attr{}) {
-		return ctx
+		return f
 	}
 	key := prefix + a.Key
 	switch v.Kind() {
@@ -263,26 +240,26 @@ func addContextAttr(ctx zerolog.Context, prefix string, a slog.Attr) zerolog.Con
 			p = key + "."
 		}
 		for _, ga := range v.Group() {
-			ctx = addContextAttr(ctx, p, ga)
+			f = addAttr(f, p, ga)
 		}
-		return ctx
+		return f
 	case slog.KindString:
-		return ctx.Str(key, v.String())
+		return f.Str(key, v.String())
 	case slog.KindInt64:
-		return ctx.Int64(key, v.Int64())
+		return f.Int64(key, v.Int64())
 	case slog.KindUint64:
-		return ctx.Uint64(key, v.Uint64())
+		return f.Uint64(key, v.Uint64())
 	case slog.KindFloat64:
-		return ctx.Float64(key, v.Float64())
+		return f.Float64(key, v.Float64())
 	case slog.KindBool:
-		return ctx.Bool(key, v.Bool())
+		return f.Bool(key, v.Bool())
 	case slog.KindDuration:
-		return ctx.Dur(key, v.Duration())
+		return f.Dur(key, v.Duration())
 	case slog.KindTime:
-		return ctx.Time(key, v.Time())
+		return f.Time(key, v.Time())
 	}
 	if err, ok := v.Any().(error); ok {
-		return ctx.AnErr(key, err)
+		return f.AnErr(key, err)
 	}
-	return ctx.Interface(key, v.Any())
+	return f.Interface(key, v.Any())
 }

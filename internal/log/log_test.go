@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/rs/zerolog"
 )
@@ -176,6 +177,55 @@ func TestSlogHandler(t *testing.T) {
 	slog.New(h).Warn("dropped")
 	if buf.Len() != 0 {
 		t.Errorf("wrote %q below the logger's level", buf.String())
+	}
+}
+
+// TestSlogAttrKinds writes one attribute of every slog kind both ways a
+// handler receives attributes (on the record, and through WithAttrs) and
+// expects the same JSON field from each.
+func TestSlogAttrKinds(t *testing.T) {
+	t.Parallel()
+	when := time.Date(2026, 11, 25, 18, 0, 0, 0, time.UTC)
+	tests := []struct {
+		attr slog.Attr
+		key  string
+		want string // the field's JSON
+	}{
+		{slog.String("s", "x"), "s", `"x"`},
+		{slog.Int64("i", -3), "i", `-3`},
+		{slog.Uint64("u", 7), "u", `7`},
+		{slog.Float64("f", 1.5), "f", `1.5`},
+		{slog.Bool("b", true), "b", `true`},
+		{slog.Duration("d", 1500*time.Millisecond), "d", `1500`},
+		{slog.Time("t", when), "t", `"2026-11-25T18:00:00Z"`},
+		{slog.Any("err", errors.New("bad")), "err", `"bad"`},
+		{slog.Any("a", []int{1, 2}), "a", `[1,2]`},
+		{slog.Group("g", slog.Int("n", 1), slog.Group("h", slog.String("m", "y"))), "g.h.m", `"y"`},
+		{slog.Group("", slog.Int("inline", 2)), "inline", `2`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.key, func(t *testing.T) {
+			for _, way := range []string{"record", "WithAttrs"} {
+				var buf bytes.Buffer
+				l, err := New(&buf, "info", "json")
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := slog.New(SlogHandler(l))
+				if way == "record" {
+					s.LogAttrs(t.Context(), slog.LevelWarn, "m", tc.attr)
+				} else {
+					s.With(tc.attr).Warn("m")
+				}
+				var ev map[string]json.RawMessage
+				if err := json.Unmarshal(buf.Bytes(), &ev); err != nil {
+					t.Fatalf("%s: not JSON: %q: %v", way, buf.String(), err)
+				}
+				if got := string(ev[tc.key]); got != tc.want {
+					t.Errorf("%s: %s = %s, want %s (%s)", way, tc.key, got, tc.want, buf.String())
+				}
+			}
+		})
 	}
 }
 
