@@ -41,6 +41,7 @@ import (
 	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -224,16 +225,10 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 	stab := cluster.NewStability(a.opts.Quiet)
 	lastOK := time.Now()
 	var lastForget time.Time
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		t.Reset(a.opts.Interval)
+	// A round is due an interval after the previous one began.
+	for due := time.Now(); pause.For(ctx, time.Until(due)) == nil; {
 		now := time.Now()
+		due = now.Add(a.opts.Interval)
 		// The store is healthy when the heartbeat commits and the
 		// members read back: a store can fail one way only.
 		err := a.checkStore(ctx)

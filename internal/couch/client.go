@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/rs/zerolog"
 )
@@ -316,7 +317,7 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				Str("error", herr.ErrorName).Str("reason", herr.Reason).
 				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := pause.For(ctx, wait); err != nil {
 			return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 		}
 		attempt++
@@ -379,17 +380,6 @@ func (d *DB) send(ctx context.Context, r *request) (*http.Response, int, error) 
 	}
 	resp, err := d.client.Do(req)
 	return resp, epoch, err
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 // drain reads a little of an unwanted body so the connection can be

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -66,22 +67,15 @@ func (q *Queue) NewMonitor(opts MonitorOptions) *Monitor {
 // Run checks every registered type periodically until ctx ends, then
 // returns nil. Failed checks are logged and retried at the next interval.
 func (m *Monitor) Run(ctx context.Context) error {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-timer.C:
-		}
+	for next := time.Duration(0); pause.For(ctx, next) == nil; {
 		if _, err := m.Check(ctx, time.Now()); err != nil && ctx.Err() == nil {
 			m.q.log.Warn().Err(err).Msg("activity monitor check failed")
 		}
 		iv := m.interval()
 		// ±10% jitter so that the monitors of several nodes spread out.
-		iv += time.Duration((mrand.Float64()*0.2 - 0.1) * float64(iv))
-		timer.Reset(iv)
+		next = iv + time.Duration((mrand.Float64()*0.2-0.1)*float64(iv))
 	}
+	return nil
 }
 
 func (m *Monitor) interval() time.Duration {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // KeepLease holds this process's lease on replication jobs until ctx ends:
@@ -30,15 +31,10 @@ func (s *Store) KeepLease(ctx context.Context) {
 			cancel()
 		}
 	}()
-	t := time.NewTimer(0)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		t.Reset(every)
+	// A round is due a third of the timeout (every) after the previous
+	// one began, and at once after the lease was lost.
+	for due := time.Now(); pause.For(ctx, time.Until(due)) == nil; {
+		due = time.Now().Add(every)
 		if l == nil {
 			if err := s.Init(ctx); err != nil {
 				s.log.Warn().Err(err).Msg("repjob: opening a lease")
@@ -59,7 +55,7 @@ func (s *Store) KeepLease(ctx context.Context) {
 			s.log.Warn().Str("lease", l.ID()).Msg("repjob: lease lost (silent for an activity timeout): its jobs stop; opening another")
 			s.lease.Store(nil)
 			l = nil
-			t.Reset(0)
+			due = time.Now()
 		case err != nil && ctx.Err() == nil:
 			s.log.Warn().Err(err).Msg("repjob: renewing the lease")
 		}

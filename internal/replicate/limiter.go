@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // ErrMaxBackoff is the crash reason when an endpoint keeps answering 429
@@ -98,17 +99,7 @@ func (l *RateLimiter) Wait(ctx context.Context, key couch.LimitKey) error {
 	if d >= RateLimitMaxInterval {
 		return ErrMaxBackoff
 	}
-	if d <= 0 {
-		return nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
+	return pause.For(ctx, d)
 }
 
 // sinceMs is CouchDB's Now - Timestamp in whole milliseconds.

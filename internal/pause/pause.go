@@ -1,0 +1,34 @@
+// Package pause waits for a duration or until a context ends, whichever
+// comes first: the one wait behind retry backoffs, rate limits and the
+// periodic loops (heartbeats, lease renewals, the activity monitor). It
+// depends on nothing of ours.
+package pause
+
+import (
+	"context"
+	"time"
+)
+
+// For waits d or until ctx ends. It returns nil when d has passed, else the
+// cause of ctx's end (context.Cause). A d of zero or less does not wait: it
+// returns ctx's cause if ctx has ended already, else nil, so that a loop
+//
+//	for next := time.Duration(0); pause.For(ctx, next) == nil; next = interval {
+//
+// runs its first round at once and stops when ctx ends.
+func For(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
