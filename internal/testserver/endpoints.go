@@ -195,7 +195,7 @@ func StartNginx(t testing.TB, pki *PKI, upstream string) *Nginx {
 		dir := t.TempDir()
 		ports := make([]int, 4)
 		for i := range ports {
-			if ports[i], err = freePort(); err != nil {
+			if ports[i], err = FreePort(); err != nil {
 				return nil, err
 			}
 		}
@@ -325,7 +325,7 @@ func StartTLSProxy(t testing.TB, pki *PKI, p *ForwardProxy) *ForwardProxy {
 	}
 	return retryStart(t, "nginx (TLS proxy front)", func() (*ForwardProxy, error) {
 		dir := t.TempDir()
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -382,7 +382,7 @@ func StartTinyproxy(t testing.TB, user, pass string) *ForwardProxy {
 	bin := binary(t, "tinyproxy")
 	return retryStart(t, "tinyproxy", func() (*ForwardProxy, error) {
 		dir := t.TempDir()
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -415,7 +415,7 @@ func StartMicrosocks(t testing.TB, user, pass string) *ForwardProxy {
 	bin := binary(t, "microsocks")
 	return retryStart(t, "microsocks", func() (*ForwardProxy, error) {
 		dir := t.TempDir()
-		port, err := freePort()
+		port, err := FreePort()
 		if err != nil {
 			return nil, err
 		}

@@ -114,7 +114,7 @@ func StartPouchDB(t testing.TB) *Server {
 }
 
 func start(t testing.TB, bin string) (*Server, error) {
-	port, err := freePort()
+	port, err := FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +160,9 @@ func start(t testing.TB, bin string) (*Server, error) {
 	return s, nil
 }
 
-func freePort() (int, error) {
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
+// a server that takes its port on the command line.
+func FreePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err

@@ -17,7 +17,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -30,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/testserver"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -190,7 +190,7 @@ func StartServer(settings ...string) (*Server, error) {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		s.port, err = freePort()
+		s.port, err = testserver.FreePort()
 		if err == nil {
 			err = s.Start()
 		}
@@ -224,15 +224,6 @@ func (s *Server) command(ctx context.Context, name string, args ...string) *exec
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	}
 	return cmd
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Start starts the server (again, after Stop) and waits until it accepts
