@@ -216,12 +216,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 			return err
 		}
 		begin, end := l.q.keys.leaseKicksRange(l.typ, l.id)
-		it := tx.GetRange(begin, end, kv.RangeOptions{})
-		var keys [][]byte
-		for it.Next() {
-			keys = append(keys, bytes.Clone(it.KeyValue().Key))
-		}
-		if err := it.Err(); err != nil {
+		keys, err := kv.Keys(tx.GetRange(begin, end, kv.RangeOptions{}))
+		if err != nil {
 			return err
 		}
 		for _, key := range keys {
@@ -418,13 +414,10 @@ func (m *Monitor) expireLeases(ctx context.Context, typ string, through [kv.Vers
 	q := m.q
 	var stale [][]byte
 	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
-		stale = stale[:0]
 		begin, end := q.keys.leaseActivityRangeThrough(typ, through)
-		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: m.opts.BatchSize})
-		for it.Next() {
-			stale = append(stale, bytes.Clone(it.KeyValue().Key))
-		}
-		return it.Err()
+		var err error
+		stale, err = kv.Keys(tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: m.opts.BatchSize}))
+		return err
 	})
 	if err != nil {
 		return 0, err

@@ -202,19 +202,15 @@ func (m *Monitor) requeueStale(ctx context.Context, typ string, through [kv.Vers
 		)
 		err := q.db.Transact(ctx, func(tx kv.Tx) error {
 			n, seen, last = 0, 0, nil
-			var entries []kv.KeyValue
-			it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: m.opts.BatchSize})
-			for it.Next() {
-				entries = append(entries, kv.KeyValue{Key: bytes.Clone(it.KeyValue().Key)})
-			}
-			if err := it.Err(); err != nil {
+			keys, err := kv.Keys(tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: m.opts.BatchSize}))
+			if err != nil {
 				return err
 			}
-			seen = len(entries)
+			seen = len(keys)
 			now := q.clock()
-			for _, e := range entries {
-				last = e.Key
-				ok, err := m.requeueEntry(tx, typ, e.Key, through, now)
+			for _, key := range keys {
+				last = key
+				ok, err := m.requeueEntry(tx, typ, key, through, now)
 				if err != nil {
 					return err
 				}
@@ -237,22 +233,10 @@ func (m *Monitor) requeueStale(ctx context.Context, typ string, through [kv.Vers
 
 func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, through [kv.VersionstampLength]byte, now time.Time) (bool, error) {
 	q := m.q
-	stamp, id, err := q.keys.parseActivity(key)
-	if err != nil {
-		q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable activity entry")
-		tx.Clear(key)
-		return false, nil
-	}
-	rec, err := q.loadRecord(tx, typ, id)
-	if errors.Is(err, ErrCorrupt) {
-		tx.Clear(key)
-		q.markCorrupt(tx, typ, id, err)
-		return false, nil
-	}
+	stamp, rec, err := entryRecord(q, tx, typ, "activity", key, q.keys.parseActivity)
 	if err != nil {
 		return false, err
 	}
-	tx.Clear(key)
 	if rec == nil || rec.GetState() != messages.JobState_JOB_STATE_RUNNING ||
 		!bytes.Equal(rec.GetActivityStamp(), stamp[:]) {
 		return false, nil // a leftover entry; the job moved on
@@ -262,7 +246,7 @@ func (m *Monitor) requeueEntry(tx kv.Tx, typ string, key []byte, through [kv.Ver
 		// entry of its own until its next update.
 		return false, err
 	}
-	if err := q.releaseLease(tx, typ, id); err != nil {
+	if err := q.releaseLease(tx, typ, rec.GetId()); err != nil {
 		return false, err
 	}
 	return true, q.requeueRecord(tx, rec, now)

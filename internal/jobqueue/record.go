@@ -2,6 +2,7 @@ package jobqueue
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"time"
 
@@ -91,18 +92,13 @@ func decodeRecord(typ, id string, v []byte) (*messages.JobRecord, error) {
 
 // storeRecord writes rec (not running). It bumps rec.Version.
 func (q *Queue) storeRecord(tx kv.Tx, rec *messages.JobRecord) error {
-	rec.Version++
 	rec.ActivityStamp = nil
-	v, err := marshal(rec)
-	if err != nil {
-		return err
-	}
-	tx.Set(q.keys.dataKey(rec.GetType(), rec.GetId()), v)
-	return nil
+	return q.storeKeepStamp(tx, rec)
 }
 
-// storeKeepStamp rewrites a running rec keeping its activity stamp (and so
-// its activity entry): for changes that are not worker activity.
+// storeKeepStamp rewrites rec keeping its activity stamp (and so a running
+// job's activity entry): for changes that are not worker activity. It bumps
+// rec.Version.
 func (q *Queue) storeKeepStamp(tx kv.Tx, rec *messages.JobRecord) error {
 	rec.Version++
 	v, err := marshal(rec)
@@ -170,6 +166,31 @@ func (q *Queue) dequeue(tx kv.Tx, rec *messages.JobRecord) {
 	if ts := rec.GetScheduledAt(); ts != nil {
 		tx.Clear(q.keys.delayedKey(typ, ts.AsTime(), id))
 	}
+}
+
+// entryRecord parses index entry key of job type typ (a pending, delayed or
+// activity entry, as index says) with parse, reads the record it points at
+// and clears the entry: the caller consumes it either way. An entry that
+// does not parse is dropped and a corrupt record left in place for an
+// operator (marked so); both return a nil record, as a missing one does, so
+// that the entry is not picked again and again.
+func entryRecord[T any](q *Queue, tx kv.Tx, typ, index string, key []byte, parse func([]byte) (T, string, error)) (T, *messages.JobRecord, error) {
+	v, id, err := parse(key)
+	if err != nil {
+		q.log.Error().Err(err).Str("type", typ).Msgf("dropping unparsable %s entry", index)
+		tx.Clear(key)
+		return v, nil, nil
+	}
+	rec, err := q.loadRecord(tx, typ, id)
+	if errors.Is(err, ErrCorrupt) {
+		q.markCorrupt(tx, typ, id, err)
+		rec, err = nil, nil
+	}
+	if err != nil {
+		return v, nil, err
+	}
+	tx.Clear(key)
+	return v, rec, nil
 }
 
 // markCorrupt records that (type, id) failed to decode, for operators.

@@ -169,12 +169,8 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]str
 	snap := tx.Snapshot()
 	for {
 		// Snapshot read: acceptors must not conflict on the whole queue head.
-		var cands [][]byte
-		it := snap.GetRange(begin, end, kv.RangeOptions{Limit: q.spread})
-		for it.Next() {
-			cands = append(cands, bytes.Clone(it.KeyValue().Key))
-		}
-		if err := it.Err(); err != nil {
+		cands, err := kv.Keys(snap.GetRange(begin, end, kv.RangeOptions{Limit: q.spread}))
+		if err != nil {
 			return nil, err
 		}
 		if len(cands) == 0 {
@@ -265,28 +261,14 @@ func (q *Queue) release(claims []string) {
 // entry, and then take does not accept it either. So the record read
 // conflicts whenever the entry could have gone.
 func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time, lease *Lease) (*Job, error) {
-	prio, id, err := q.keys.parseReady(key)
-	if err != nil {
-		q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable pending entry")
-		tx.Clear(key)
-		return nil, nil
-	}
-	rec, err := q.loadRecord(tx, typ, id)
-	if errors.Is(err, ErrCorrupt) {
-		// Keep the record for an operator; take it out of the queue so it
-		// is not picked again and again.
-		tx.Clear(key)
-		q.markCorrupt(tx, typ, id, err)
-		return nil, nil
-	}
+	prio, rec, err := entryRecord(q, tx, typ, "pending", key, q.keys.parseReady)
 	if err != nil {
 		return nil, err
 	}
 	if rec == nil || rec.GetState() != messages.JobState_JOB_STATE_PENDING || rec.GetPriority() != prio {
-		tx.Clear(key)
 		return nil, nil
 	}
-	tx.Clear(key)
+	id := rec.GetId()
 	lock := make([]byte, lockLength)
 	_, _ = rand.Read(lock) // crypto/rand.Read never fails (Go 1.24+)
 	rec.State = messages.JobState_JOB_STATE_RUNNING
@@ -332,34 +314,18 @@ func (q *Queue) promoteDue(typ string, now time.Time) bool {
 // promote moves due DELAYED entries of typ to READY.
 func (q *Queue) promote(tx kv.Tx, typ string, now time.Time) error {
 	begin, end := q.keys.delayedRange(typ, now)
-	it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: promoteBatch})
-	var due [][]byte
-	for it.Next() {
-		due = append(due, bytes.Clone(it.KeyValue().Key))
-	}
-	if err := it.Err(); err != nil {
+	due, err := kv.Keys(tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: promoteBatch}))
+	if err != nil {
 		return err
 	}
 	for _, key := range due {
-		sched, id, err := q.keys.parseDelayed(key)
-		if err != nil {
-			q.log.Error().Err(err).Str("type", typ).Msg("dropping unparsable delayed entry")
-			tx.Clear(key)
-			continue
-		}
-		rec, err := q.loadRecord(tx, typ, id)
-		if errors.Is(err, ErrCorrupt) {
-			tx.Clear(key)
-			q.markCorrupt(tx, typ, id, err)
-			continue
-		}
+		sched, rec, err := entryRecord(q, tx, typ, "delayed", key, q.keys.parseDelayed)
 		if err != nil {
 			return err
 		}
-		tx.Clear(key)
 		if rec != nil && rec.GetState() == messages.JobState_JOB_STATE_PENDING &&
 			tsTime(rec.GetScheduledAt()).UnixNano() == sched.UnixNano() {
-			tx.Set(q.keys.readyKey(typ, rec.GetPriority(), id), nil)
+			tx.Set(q.keys.readyKey(typ, rec.GetPriority(), rec.GetId()), nil)
 		}
 	}
 	return nil
@@ -383,8 +349,9 @@ func (j *Job) lockedRecord(tx kv.Tx) (*messages.JobRecord, error) {
 
 // workerCall runs the lock check and, on a canceled job, finishes it as
 // canceled (in tx) and returns ErrCanceled. Otherwise it clears the job's
-// activity entry and hands the record to fn.
-func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Time) error) error {
+// activity entry, replaces the job's data unless data is nil and hands the
+// record to fn.
+func (j *Job) workerCall(tx kv.Tx, data []byte, fn func(rec *messages.JobRecord, now time.Time) error) error {
 	rec, err := j.lockedRecord(tx)
 	if err != nil {
 		return err
@@ -395,12 +362,11 @@ func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Tim
 	}
 	j.q.clearActivity(tx, rec)
 	if rec.GetCancelRequested() {
-		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+		if err := j.unlock(tx, rec); err != nil {
 			return err
 		}
 		rec.State = messages.JobState_JOB_STATE_FINISHED
 		rec.Canceled = true
-		rec.WorkerLock = nil
 		rec.FinishedAt = timeTS(now)
 		rec.UpdatedAt = timeTS(now)
 		if err := j.q.storeRecord(tx, rec); err != nil {
@@ -410,10 +376,23 @@ func (j *Job) workerCall(tx kv.Tx, fn func(rec *messages.JobRecord, now time.Tim
 		return ErrCanceled
 	}
 	rec.UpdatedAt = timeTS(now)
+	if data != nil {
+		rec.Data = data
+	}
 	if err := fn(rec, now); err != nil {
 		return err
 	}
 	j.info = infoFromRecord(rec)
+	return nil
+}
+
+// unlock ends the worker's hold on rec: the run leaves its lease and the
+// record its lock.
+func (j *Job) unlock(tx kv.Tx, rec *messages.JobRecord) error {
+	if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+		return err
+	}
+	rec.WorkerLock = nil
 	return nil
 }
 
@@ -430,10 +409,7 @@ func (j *Job) Update(ctx context.Context, data []byte) error {
 // anyway records the job as canceled at once; aborting leaves that to the
 // activity monitor.)
 func (j *Job) UpdateTx(tx kv.Tx, data []byte) error {
-	return j.workerCall(tx, func(rec *messages.JobRecord, _ time.Time) error {
-		if data != nil {
-			rec.Data = data
-		}
+	return j.workerCall(tx, data, func(rec *messages.JobRecord, _ time.Time) error {
 		return j.q.storeRunning(tx, rec)
 	})
 }
@@ -447,14 +423,10 @@ func (j *Job) Finish(ctx context.Context, data []byte) error {
 
 // FinishTx is Finish inside the caller's transaction.
 func (j *Job) FinishTx(tx kv.Tx, data []byte) error {
-	return j.workerCall(tx, func(rec *messages.JobRecord, now time.Time) error {
-		if data != nil {
-			rec.Data = data
-		}
-		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+	return j.workerCall(tx, data, func(rec *messages.JobRecord, now time.Time) error {
+		if err := j.unlock(tx, rec); err != nil {
 			return err
 		}
-		rec.WorkerLock = nil
 		if rec.GetResubmitRequested() {
 			rec.ResubmitRequested = false
 			rec.State = messages.JobState_JOB_STATE_PENDING
@@ -477,14 +449,10 @@ func (j *Job) Resubmit(ctx context.Context, data []byte, opts ResubmitOptions) e
 
 // ResubmitTx is Resubmit inside the caller's transaction.
 func (j *Job) ResubmitTx(tx kv.Tx, data []byte, opts ResubmitOptions) error {
-	return j.workerCall(tx, func(rec *messages.JobRecord, now time.Time) error {
-		if data != nil {
-			rec.Data = data
-		}
-		if err := j.q.releaseLease(tx, j.typ, j.id); err != nil {
+	return j.workerCall(tx, data, func(rec *messages.JobRecord, now time.Time) error {
+		if err := j.unlock(tx, rec); err != nil {
 			return err
 		}
-		rec.WorkerLock = nil
 		rec.ResubmitRequested = false
 		rec.State = messages.JobState_JOB_STATE_PENDING
 		applyResubmit(rec, opts, now)
