@@ -9,6 +9,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
 )
 
 // RepJobs adapts internal/repjob's Store to JobStore.
@@ -154,26 +155,28 @@ func jobOf(rec *repjob.Record) *Job {
 		j.StartTime = ts.AsTime()
 	}
 	if st := rec.GetStats(); st != nil {
-		j.Stats = map[string]any{
-			"revisions_checked":       st.GetRevisionsChecked(),
-			"missing_revisions_found": st.GetMissingRevisionsFound(),
-			"docs_read":               st.GetDocsRead(),
-			"docs_written":            st.GetDocsWritten(),
-			"doc_write_failures":      st.GetDocWriteFailures(),
-			"bulk_get_docs":           st.GetBulkGetDocs(),
-			"bulk_get_attempts":       st.GetBulkGetAttempts(),
-		}
-		if st.ChangesPending != nil {
-			j.Stats["changes_pending"] = st.GetChangesPending()
-		}
-		for k, v := range map[string]string{"checkpointed_source_seq": st.GetCheckpointedSourceSeq(),
-			"source_seq": st.GetSourceSeq(), "through_seq": st.GetThroughSeq()} {
-			if v != "" {
-				j.Stats[k] = seqValue(v)
-			}
-		}
+		j.Stats = replicationStats(st)
 	}
 	return j
+}
+
+// replicationStats are a job's stats as _replication_stats holds them:
+// sequences as stored (CouchDB writes its checkpointed_source_seq as is),
+// unknown values left out, and no start_from/start_seq.
+func replicationStats(st *messages.ReplicationStats) map[string]any {
+	m := map[string]any{}
+	for _, s := range repjob.Stats(st) {
+		switch {
+		case s.RunStart || !s.Known:
+		case s.Kind == repjob.StatSeq:
+			m[s.Key] = seqValue(s.Text)
+		case s.Kind == repjob.StatText:
+			m[s.Key] = s.Text
+		default:
+			m[s.Key] = s.Int
+		}
+	}
+	return m
 }
 
 // seqValue is a stored seq (JSON text) as it goes into _replication_stats.

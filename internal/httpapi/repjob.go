@@ -135,6 +135,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 		LastStarted: goTime(m.GetLastStarted()),
 		FinishedAt:  goTime(m.GetFinishedAt()),
 		Result:      m.GetResult(),
+		Stats:       m.GetStats(),
 	}
 	if r.WorkerNode != "" && j.State == repjob.StateRunning {
 		j.Node = r.WorkerNode
@@ -149,31 +150,5 @@ func JobFromRecord(r *repjob.Record) *Job {
 			j.Target = p.Target.URL
 		}
 	}
-	if st := m.GetStats(); st != nil {
-		j.Stats = StatsFromProto(st)
-	}
 	return j
-}
-
-// StatsFromProto translates stored stats.
-func StatsFromProto(st *messages.ReplicationStats) *Stats {
-	s := &Stats{
-		RevisionsChecked:      st.GetRevisionsChecked(),
-		MissingRevisionsFound: st.GetMissingRevisionsFound(),
-		DocsRead:              st.GetDocsRead(),
-		DocsWritten:           st.GetDocsWritten(),
-		DocWriteFailures:      st.GetDocWriteFailures(),
-		BulkGetDocs:           st.GetBulkGetDocs(),
-		BulkGetAttempts:       st.GetBulkGetAttempts(),
-		CheckpointedSourceSeq: st.GetCheckpointedSourceSeq(),
-		SourceSeq:             st.GetSourceSeq(),
-		ThroughSeq:            st.GetThroughSeq(),
-		StartFrom:             st.GetStartFrom(),
-		StartSeq:              st.GetStartSeq(),
-	}
-	if st.ChangesPending != nil {
-		v := st.GetChangesPending()
-		s.ChangesPending = &v
-	}
-	return s
 }

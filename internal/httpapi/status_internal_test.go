@@ -4,13 +4,15 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/couchrep/couchrep/messages"
 )
 
 func TestRateTracker(t *testing.T) {
 	var rt rateTracker
 	t0 := time.Unix(1_000_000, 0)
 	job := func(id string, updated time.Duration, written int64) *Job {
-		return &Job{JobID: id, LastUpdated: t0.Add(updated), Stats: &Stats{DocsWritten: written}}
+		return &Job{JobID: id, LastUpdated: t0.Add(updated), Stats: &messages.ReplicationStats{DocsWritten: written}}
 	}
 	// Reads every 5 s; the job records its stats every 10 s; the counters
 	// go back at 40 s (a restart from an older checkpoint); then the job

@@ -8,6 +8,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
+	"github.com/couchrep/couchrep/messages"
 )
 
 // ErrNotFound is what a Store returns (wrapped or not) for a job that does
@@ -46,8 +47,9 @@ type Job struct {
 	LastError string
 	// ErrorCount counts consecutive crashes.
 	ErrorCount int
-	// Stats are the job's counters; nil before its first run.
-	Stats *Stats
+	// Stats are the job's stored stats (repjob.Stats names them); nil
+	// before its first run.
+	Stats *messages.ReplicationStats
 	// Node runs (or last ran) the job.
 	Node string
 	// CreatedAt, LastUpdated, LastStarted and FinishedAt are zero when
@@ -56,29 +58,6 @@ type Job struct {
 	// Result is CouchDB's POST /_replicate reply of a completed one-shot
 	// replication.
 	Result json.RawMessage
-}
-
-// Stats are a job's counters under CouchDB's _active_tasks names. The
-// sequences are JSON texts (a JSON string, or a number); the API shows
-// them as CouchDB's seq_encode does.
-type Stats struct {
-	RevisionsChecked      int64
-	MissingRevisionsFound int64
-	DocsRead              int64
-	DocsWritten           int64
-	DocWriteFailures      int64
-	BulkGetDocs           int64
-	BulkGetAttempts       int64
-	// ChangesPending is nil when unknown.
-	ChangesPending        *int64
-	CheckpointedSourceSeq string
-	SourceSeq             string
-	ThroughSeq            string
-	// StartFrom is where the run started ("checkpoint",
-	// "couchdb_checkpoint", "since_seq", "zero"; "" unknown), StartSeq
-	// that sequence.
-	StartFrom string
-	StartSeq  string
 }
 
 // Store is what the API needs from the replication job store.

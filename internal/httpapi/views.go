@@ -15,6 +15,7 @@ import (
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
+	"github.com/couchrep/couchrep/messages"
 )
 
 // replicate is POST /_replicate.
@@ -303,26 +304,25 @@ func seqEncode(s string) json.RawMessage {
 	return b
 }
 
-func statsJSON(st *Stats) map[string]any {
+// statsJSON is a job's stats as _scheduler/jobs "info" and _active_tasks
+// show them: an unknown changes_pending is null, sequences are
+// seq_encode'd ("0" when unknown); nil for no stats.
+func statsJSON(st *messages.ReplicationStats) map[string]any {
 	if st == nil {
 		return nil
 	}
-	m := map[string]any{
-		"revisions_checked":       st.RevisionsChecked,
-		"missing_revisions_found": st.MissingRevisionsFound,
-		"docs_read":               st.DocsRead,
-		"docs_written":            st.DocsWritten,
-		"doc_write_failures":      st.DocWriteFailures,
-		"bulk_get_docs":           st.BulkGetDocs,
-		"bulk_get_attempts":       st.BulkGetAttempts,
-		"changes_pending":         st.ChangesPending,
-		"checkpointed_source_seq": seqEncode(st.CheckpointedSourceSeq),
-		"source_seq":              seqEncode(st.SourceSeq),
-		"through_seq":             seqEncode(st.ThroughSeq),
-	}
-	if st.StartFrom != "" {
-		m["start_from"] = st.StartFrom
-		m["start_seq"] = seqEncode(st.StartSeq)
+	m := map[string]any{}
+	for _, s := range repjob.Stats(st) {
+		switch {
+		case s.Kind == repjob.StatSeq:
+			m[s.Key] = seqEncode(s.Text)
+		case s.Kind == repjob.StatText:
+			m[s.Key] = s.Text
+		case s.Known:
+			m[s.Key] = s.Int
+		default:
+			m[s.Key] = nil
+		}
 	}
 	return m
 }
@@ -500,7 +500,7 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 	for _, j := range running {
 		t := statsJSON(j.Stats)
 		if t == nil {
-			t = statsJSON(&Stats{})
+			t = statsJSON(&messages.ReplicationStats{})
 		}
 		t["type"] = "replication"
 		t["user"] = strOrNil(j.User)

@@ -29,6 +29,17 @@
 // duplicate of a persistent job fails. An owner that finished or vanished is
 // usurped.
 //
+// # The job view
+//
+// A job is a Record everywhere: the HTTP API (internal/httpapi's Job), the
+// doc processor (internal/docproc's Job), the admin API
+// (internal/admin.JobSummary) and the job actors read it and map it to
+// their view in one function each. Its state has one type, State, with
+// CouchDB's names (Record.State derives it from the stored state and the
+// queue's own state); its stats have one list of names, Stats, which every
+// view encodes in its own way (seq_encode'd for _scheduler/jobs, as stored
+// for _replication_stats).
+//
 // # Fair share
 //
 // Priorities are share.Account virtual deadlines. The accounts

@@ -344,26 +344,3 @@ func ts(t time.Time) *timestamppb.Timestamp {
 	}
 	return timestamppb.New(t)
 }
-
-// StatsProto converts engine stats to the stored form.
-func StatsProto(st replicate.Stats) *messages.ReplicationStats {
-	m := &messages.ReplicationStats{
-		RevisionsChecked: st.RevisionsChecked, MissingRevisionsFound: st.MissingRevisionsFound,
-		DocsRead: st.DocsRead, DocsWritten: st.DocsWritten, DocWriteFailures: st.DocWriteFailures,
-		BulkGetDocs: st.BulkGetDocs, BulkGetAttempts: st.BulkGetAttempts, ChangesPending: st.ChangesPending,
-	}
-	if st.CheckpointedSourceSeq != nil {
-		m.CheckpointedSourceSeq = string(st.CheckpointedSourceSeq)
-	}
-	if st.SourceSeq != nil {
-		m.SourceSeq = string(st.SourceSeq)
-	}
-	if st.ThroughSeq != nil {
-		m.ThroughSeq = string(st.ThroughSeq)
-	}
-	m.StartFrom = st.StartFrom
-	if st.StartSeq != nil {
-		m.StartSeq = string(st.StartSeq)
-	}
-	return m
-}
