@@ -40,6 +40,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -117,7 +118,10 @@ type Node struct {
 	deps      actors.Deps
 	ownStore  bool
 	jobs      *jobserver.Registry
-	router    *router.Router
+	// feeds are the node's shared changes feeds (nil when
+	// share_changes_feeds is off).
+	feeds  *sharedfeed.Hub
+	router *router.Router
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -143,6 +147,9 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system,
 		stopped: make(chan struct{}), jobs: jobserver.NewRegistry()}
+	if cfg.Replicator.ShareChangesFeeds {
+		n.feeds = sharedfeed.New(sharedfeed.Options{Logger: n.log})
+	}
 	store := o.store
 	if store == nil {
 		db, err := openStore(ctx, cfg.StorePath(), durability(cfg), n.log)
@@ -251,7 +258,7 @@ func (n *Node) spec() supervisor.Spec {
 			pool,               // connection_pool: per-endpoint HTTP connection leases
 			limiter,            // rate_limiter: per-endpoint AIMD intervals on 429s
 			sched,              // scheduler: what should run (rotation, shares, max_jobs)
-			jobserver.Spec(d, jobserver.Wiring{Scheduler: pid(sched), Pool: pid(pool), Limiter: pid(limiter)}, n.jobs),
+			jobserver.Spec(d, jobserver.Wiring{Scheduler: pid(sched), Pool: pid(pool), Limiter: pid(limiter), Feeds: n.feeds}, n.jobs),
 			activitymonitor.Spec(d), // activity_monitor: requeues jobs of silent workers
 			docprocessor.Spec(d),    // doc_processor: _replicator documents -> jobs
 			httpserver.Spec(d),      // http_api: CouchDB's replicator HTTP API

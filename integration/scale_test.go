@@ -204,6 +204,24 @@ func waitFeeds(t testing.TB, node *nodeProc, c *requestCounter, n int, timeout t
 	}
 }
 
+// waitCatchUps waits until n jobs have read their catch-up (a one-shot
+// doc_ids _changes request, POST) at c, failing the test if the node exits
+// or timeout passes.
+func waitCatchUps(t testing.TB, node *nodeProc, c *requestCounter, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for c.kindsNow()["POST _changes"] < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs caught up after %s", c.kindsNow()["POST _changes"], n, timeout)
+		}
+		select {
+		case <-node.exited:
+			t.Fatalf("couchrepd exited (%v)", node.exitErr)
+		case <-time.After(100 * time.Millisecond): // another process's state: poll
+		}
+	}
+}
+
 // docExists reports whether GET dbURL+id answers 200 (dbURL ends in "/").
 func docExists(client *http.Client, dbURL, id string) bool {
 	resp, err := client.Get(dbURL + id)
@@ -218,13 +236,14 @@ func docExists(client *http.Client, dbURL, id string) bool {
 // TestThousandIdleContinuousJobs runs 1,000 continuous replications on one
 // couchrepd against PouchDB Server (one doc_ids job per document, 20 jobs
 // on each of 50 source databases, one target database) and checks,
-// counting at a proxy in front of the server: every job holds one open
-// _changes feed; over a 30 s window with no writes the jobs send no request
-// at all (the feeds carry only the server's heartbeats); then a write
-// reaches the target through each job of a sample, and only the written
-// documents arrive. (PouchDB Server re-reads its changes once per open feed
-// on every write: with 1,000 feeds on one database a write takes it
-// seconds, so the jobs are spread over several sources.)
+// counting at a proxy in front of the server: once every job has caught up
+// (its one-shot doc_ids request), the node holds one open _changes feed per
+// source database, shared by its jobs (share_changes_feeds, the default);
+// over a 30 s window with no writes the jobs send no request at all (the
+// feeds carry only the server's heartbeats); then a write reaches the
+// target through each job of a sample, and only the written documents
+// arrive. (PouchDB Server re-reads its changes once per open feed on every
+// write, which is one reason to share them.)
 func TestThousandIdleContinuousJobs(t *testing.T) {
 	skipShort(t)
 	n, sample, window := 1000, 25, 30*time.Second
@@ -249,8 +268,9 @@ func TestThousandIdleContinuousJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFeeds(t, node, proxy, n, 5*time.Minute)
-	t.Logf("%d jobs submitted in %s, all feeds open after %s", n, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	waitCatchUps(t, node, proxy, n, 5*time.Minute)
+	waitFeeds(t, node, proxy, scaleSources, 5*time.Minute)
+	t.Logf("%d jobs submitted in %s, all caught up and feeds open after %s", n, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
 	before, kinds, beats := proxy.requests.Load(), proxy.kindsNow(), proxy.beats.Load()
 	select {
@@ -261,13 +281,13 @@ func TestThousandIdleContinuousJobs(t *testing.T) {
 	if got := proxy.requests.Load() - before; got != 0 {
 		t.Errorf("%d idle jobs sent %d requests in %s (%s), want none", n, got, window, proxy.kindsSince(kinds))
 	}
-	if open := proxy.open.Load(); open != int64(n) {
-		t.Errorf("%d feeds open after the idle window, want %d", open, n)
+	if open := proxy.open.Load(); open != scaleSources {
+		t.Errorf("%d feeds open after the idle window, want %d (one per source)", open, scaleSources)
 	}
 	// The server heartbeats every feed every 10 s (connection_timeout/3):
 	// every feed stayed alive through the window.
-	if got := proxy.beats.Load() - beats; got < int64(n) {
-		t.Errorf("%d heartbeats passed on in %s on %d feeds, want at least %d", got, window, n, n)
+	if got := proxy.beats.Load() - beats; got < scaleSources {
+		t.Errorf("%d heartbeats passed on in %s on %d feeds, want at least %d", got, window, scaleSources, scaleSources)
 	}
 	t.Logf("%d idle jobs, %s: %d requests, %d heartbeats; load %s", n, window,
 		proxy.requests.Load()-before, proxy.beats.Load()-beats, loadAvg())

@@ -39,6 +39,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -88,6 +89,9 @@ type Options struct {
 	// progress timer and the progress heartbeat of a run without the
 	// node's lease are on it; nil is timerwheel.Default().
 	Timers *timerwheel.Wheel
+	// Feeds, if set, is the node's hub of shared changes feeds
+	// (replicate.Options.Feeds).
+	Feeds *sharedfeed.Hub
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
@@ -389,6 +393,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
+	o.Feeds = a.o.Feeds
 	if a.lease != nil {
 		o.Clients = leaseClients{a}
 	}

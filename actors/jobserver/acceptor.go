@@ -219,6 +219,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		Store: a.deps.RepJobs, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 		Logger: a.deps.Logger, Released: exited, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
 		Endpoints: replicate.EndpointConfigFrom(a.deps.Config.Replicator), Timers: a.deps.Timers,
+		Feeds: a.w.Feeds,
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine

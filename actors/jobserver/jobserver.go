@@ -38,6 +38,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/jobrunner"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -60,6 +61,9 @@ type Wiring struct {
 	Pool *actor.PID
 	// Limiter is the node's rate_limiter; nil: no shared rate limiting.
 	Limiter *actor.PID
+	// Feeds is the node's hub of shared changes feeds ([replicator]
+	// share_changes_feeds); nil: every job reads a feed of its own.
+	Feeds *sharedfeed.Hub
 }
 
 // Options tune the acceptor (tests).

@@ -197,6 +197,11 @@ type Replicator struct {
 	UseCheckpoints bool
 	// UseBulkGet is the per-job default of use_bulk_get (true).
 	UseBulkGet bool
+	// ShareChangesFeeds lets the continuous replications of a node that
+	// read the same source database (same URL, credentials and connection
+	// settings) share one _changes feed (share_changes_feeds, true; a
+	// couchrep key). Jobs with a selector or a named filter never share.
+	ShareChangesFeeds bool
 
 	// ValidEndpointProtocols are the URL schemes accepted for sources and
 	// targets (valid_endpoint_protocols, "http,https").
@@ -388,6 +393,7 @@ func Default() Config {
 			CheckpointInterval: 30000 * time.Millisecond,
 			UseCheckpoints:     true,
 			UseBulkGet:         true,
+			ShareChangesFeeds:  true,
 
 			ValidEndpointProtocols:   []string{"http", "https"},
 			ValidProxyProtocols:      []string{"http", "https", "socks5"},

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
@@ -94,6 +95,11 @@ type Options struct {
 	// ReadTimeout is ignored: every read's deadline is the job's
 	// connection_timeout.
 	Limits couch.Limits
+	// Feeds, when set, is the node's hub of shared changes feeds: a
+	// continuous replication with doc_ids or without a filter follows its
+	// source's shared feed instead of holding a feed of its own
+	// ([replicator] share_changes_feeds).
+	Feeds *sharedfeed.Hub
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was

@@ -102,6 +102,9 @@ func (pg *pager) more(got int) bool {
 // done or a one-shot feed has been read to its end.
 func (s *runState) readChanges(ctx context.Context, bt *batcher) error {
 	cr := newChangesReader(s, bt)
+	if s.r.sharesFeed() {
+		return cr.shared(ctx)
+	}
 	for {
 		if err := cr.request(ctx); err != nil || cr.done {
 			return err

@@ -1,0 +1,393 @@
+// Package sharedfeed shares one continuous _changes feed per source
+// database among the continuous replications of a node: a Hub keeps one
+// feed open per Source (same database, same credentials and connection
+// settings: the Source's Key) and fans its rows out to the subscribed jobs,
+// each of which sees only the rows of its own doc_ids (or all rows).
+//
+// What a subscriber must do to see exactly what a feed of its own would
+// show (package replicate does it): Subscribe first, then read the changes
+// since its own checkpoint with a one-shot request of its own (the
+// catch-up), then follow the subscription, skipping rows the catch-up
+// already delivered. The Hub starts a feed at the source's update_seq read
+// before the first Subscribe returns, and a later subscriber receives every
+// row the feed reads after it subscribed, so catch-up plus subscription
+// miss nothing.
+//
+// The Hub never waits for a subscriber: each has a bounded buffer, and one
+// that falls further behind gets ErrOverflow (it then catches up on its own
+// and subscribes again). When the feed fails, every subscriber gets the
+// error, in order after the rows it already has; the feed is gone, and the
+// next Subscribe opens a new one. A feed without subscribers is closed.
+package sharedfeed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+)
+
+// ErrOverflow is a subscription's error when more rows than the buffer
+// holds were waiting for it: they were dropped, and the subscriber must
+// read them on its own.
+var ErrOverflow = errors.New("sharedfeed: subscriber fell behind the shared feed")
+
+// DefaultBuffer is the rows a subscriber may have waiting (Options.Buffer).
+const DefaultBuffer = 1000
+
+// Options tune a Hub.
+type Options struct {
+	// Logger receives the feeds' logs (never a Source's Key).
+	Logger zerolog.Logger
+	// Buffer is the most rows waiting for one subscriber; zero is
+	// DefaultBuffer.
+	Buffer int
+}
+
+// Source is the feed subscribers share.
+type Source struct {
+	// Key identifies the feed: subscriptions with equal keys share one. It
+	// must cover everything that shapes the request or its connection
+	// (database URL, credentials, headers, proxy, TLS and socket settings,
+	// style, heartbeat), so that jobs with different credentials never
+	// share; a digest keeps credentials out of it. It is never logged.
+	Key string
+	// Name is the database for logs (credentials redacted).
+	Name string
+	// Open returns the database to read the feed from and a function that
+	// releases its connections when the feed ends; called once per feed.
+	Open func(log zerolog.Logger) (db *couch.DB, release func(), err error)
+	// Style is the feed's style= (couch.StyleAllDocs or StyleMainOnly).
+	Style string
+	// Heartbeat is the feed's heartbeat= (and stall detection).
+	Heartbeat time.Duration
+}
+
+// Hub is a node's set of shared feeds. Its zero value is not usable; New
+// returns one. It is safe for concurrent use.
+type Hub struct {
+	log    zerolog.Logger
+	buffer int
+
+	mu    sync.Mutex
+	feeds map[string]*feed
+}
+
+// New returns an empty Hub.
+func New(o Options) *Hub {
+	if o.Buffer <= 0 {
+		o.Buffer = DefaultBuffer
+	}
+	return &Hub{log: o.Logger, buffer: o.Buffer, feeds: map[string]*feed{}}
+}
+
+// Stats are a Hub's counts.
+type Stats struct {
+	// Feeds open or opening, and their subscriptions.
+	Feeds, Subscriptions int
+}
+
+// Stats counts the Hub's feeds and subscriptions.
+func (h *Hub) Stats() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := Stats{Feeds: len(h.feeds)}
+	for _, f := range h.feeds {
+		f.mu.Lock()
+		st.Subscriptions += len(f.subs)
+		f.mu.Unlock()
+	}
+	return st
+}
+
+// Subscribe subscribes to src's shared feed, opening it if none is open,
+// for the rows of docIDs (every row when docIDs is nil). It returns once
+// the feed's start is fixed: every row of a change made after Subscribe
+// returns reaches the subscription (unless it overflows or the feed fails).
+// An error is the feed's failure to start (the source's info could not be
+// read); the caller retries as after a failed request of its own.
+func (h *Hub) Subscribe(ctx context.Context, src Source, docIDs []string) (*Subscription, error) {
+	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer}
+	if docIDs != nil {
+		s.ids = make(map[string]struct{}, len(docIDs))
+		for _, id := range docIDs {
+			s.ids[id] = struct{}{}
+		}
+	}
+	h.mu.Lock()
+	f := h.feeds[src.Key]
+	if f == nil {
+		f = h.newFeed(src)
+		h.feeds[src.Key] = f
+		go f.run()
+	}
+	f.add(s)
+	h.mu.Unlock()
+	select {
+	case <-f.ready:
+	case <-ctx.Done():
+		s.Close()
+		return nil, ctx.Err()
+	}
+	if f.openErr != nil {
+		s.Close()
+		return nil, f.openErr
+	}
+	return s, nil
+}
+
+// feed is one shared continuous feed.
+type feed struct {
+	h      *Hub
+	src    Source
+	log    zerolog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	// ready is closed once the feed's start is fixed, or it failed to
+	// start (openErr, written before).
+	ready   chan struct{}
+	openErr error
+
+	mu    sync.Mutex
+	subs  map[*Subscription]struct{}
+	byID  map[string][]*Subscription
+	all   []*Subscription // subscriptions without doc_ids
+	ended bool
+}
+
+func (h *Hub) newFeed(src Source) *feed {
+	f := &feed{h: h, src: src, log: h.log.With().Str("source", src.Name).Logger(), ready: make(chan struct{}),
+		subs: map[*Subscription]struct{}{}, byID: map[string][]*Subscription{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	return f
+}
+
+// add registers s; h.mu is held and f is in h.feeds (so not ended).
+func (f *feed) add(s *Subscription) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s.f = f
+	f.subs[s] = struct{}{}
+	if s.ids == nil {
+		f.all = append(f.all, s)
+		return
+	}
+	for id := range s.ids {
+		f.byID[id] = append(f.byID[id], s)
+	}
+}
+
+// remove unregisters s and closes the feed when it was the last one.
+func (f *feed) remove(s *Subscription) {
+	h := f.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.subs[s]; !ok {
+		return
+	}
+	delete(f.subs, s)
+	if s.ids == nil {
+		f.all = without(f.all, s)
+	} else {
+		for id := range s.ids {
+			if l := without(f.byID[id], s); len(l) > 0 {
+				f.byID[id] = l
+			} else {
+				delete(f.byID, id)
+			}
+		}
+	}
+	if len(f.subs) == 0 && !f.ended {
+		f.ended = true
+		if h.feeds[f.src.Key] == f {
+			delete(h.feeds, f.src.Key)
+		}
+		f.cancel()
+	}
+}
+
+func without(l []*Subscription, s *Subscription) []*Subscription {
+	for i, x := range l {
+		if x == s {
+			l[i] = l[len(l)-1]
+			l[len(l)-1] = nil
+			return l[:len(l)-1]
+		}
+	}
+	return l
+}
+
+// end takes the feed out of the hub and gives err to every subscriber.
+func (f *feed) end(err error) {
+	h := f.h
+	h.mu.Lock()
+	if h.feeds[f.src.Key] == f {
+		delete(h.feeds, f.src.Key)
+	}
+	f.mu.Lock()
+	f.ended = true
+	subs := make([]*Subscription, 0, len(f.subs))
+	for s := range f.subs {
+		subs = append(subs, s)
+	}
+	f.mu.Unlock()
+	h.mu.Unlock()
+	for _, s := range subs {
+		s.fail(err)
+	}
+	f.cancel()
+}
+
+// reopenPause is the least time between two requests of a feed that the
+// server ends at once without a row.
+var reopenPause = time.Second
+
+// run reads the feed until it fails or its last subscriber leaves.
+func (f *feed) run() {
+	db, release, err := f.src.Open(f.log)
+	if err != nil {
+		f.openErr = fmt.Errorf("sharedfeed: %w", err)
+		close(f.ready)
+		f.end(f.openErr)
+		return
+	}
+	defer release()
+	info, err := db.Info(f.ctx)
+	if err != nil {
+		f.openErr = err
+		close(f.ready)
+		f.end(err)
+		return
+	}
+	since := info.UpdateSeq
+	close(f.ready)
+	f.log.Debug().Str("since", since.String()).Msg("shared feed: open")
+	opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Style: f.src.Style, Heartbeat: f.src.Heartbeat}
+	for {
+		opts.Since = since
+		began := time.Now()
+		rows := 0
+		last, err := db.ReadChanges(f.ctx, &opts, func(c couch.Change) error {
+			rows++
+			f.dispatch(c)
+			return nil
+		})
+		if f.ctx.Err() != nil {
+			f.log.Debug().Msg("shared feed: closed, no subscriber left")
+			return
+		}
+		if last != nil {
+			since = last
+		}
+		if err != nil {
+			f.log.Warn().Err(err).Str("since", since.String()).Msg("shared feed: failed; its subscribers resume on their own")
+			f.end(err)
+			return
+		}
+		// The server ended the feed cleanly: resume from its last seq,
+		// after a pause if it ended at once without a row.
+		if rows == 0 && time.Since(began) < opts.Heartbeat {
+			t := time.NewTimer(reopenPause)
+			select {
+			case <-t.C:
+			case <-f.ctx.Done():
+				t.Stop()
+				return
+			}
+		}
+	}
+}
+
+// dispatch hands c to the subscriptions that want it; it never waits for
+// one.
+func (f *feed) dispatch(c couch.Change) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.byID[c.ID] {
+		s.push(c)
+	}
+	for _, s := range f.all {
+		s.push(c)
+	}
+}
+
+// Subscription is one job's share of a feed: the rows it wants, in feed
+// order, until its error.
+type Subscription struct {
+	f    *feed
+	ids  map[string]struct{} // nil: every row
+	max  int
+	wake chan struct{}
+
+	mu   sync.Mutex
+	rows []couch.Change
+	err  error
+}
+
+func (s *Subscription) push(c couch.Change) {
+	s.mu.Lock()
+	switch {
+	case s.err != nil:
+	case len(s.rows) >= s.max:
+		s.rows, s.err = nil, ErrOverflow
+	default:
+		s.rows = append(s.rows, c)
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *Subscription) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *Subscription) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Next returns the rows waiting, in feed order, waiting for some if there
+// are none; then the subscription's error (ErrOverflow, or the feed's
+// failure) once its rows are taken; or ctx's error.
+func (s *Subscription) Next(ctx context.Context) ([]couch.Change, error) {
+	for {
+		s.mu.Lock()
+		if rows := s.rows; len(rows) > 0 {
+			s.rows = nil
+			s.mu.Unlock()
+			return rows, nil
+		}
+		err := s.err
+		s.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Close ends the subscription; the feed closes with its last one. Closing
+// twice is harmless.
+func (s *Subscription) Close() {
+	if s.f != nil {
+		s.f.remove(s)
+	}
+}
