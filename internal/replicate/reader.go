@@ -99,7 +99,8 @@ func (pg *pager) more(got int) bool {
 // the batcher, which cuts batches of worker_batch_size rows in feed order. A feed's end is
 // marked in the seq tracker after its rows, so through_seq reaches
 // last_seq once every earlier batch is done. It returns nil when ctx is
-// done or a one-shot feed has been read to its end.
+// done or a one-shot feed has been read to its end. A continuous run that
+// shares its source's feed (Options.Feeds) reads it through shared instead.
 func (s *runState) readChanges(ctx context.Context, bt *batcher) error {
 	cr := newChangesReader(s, bt)
 	if s.r.sharesFeed() {
