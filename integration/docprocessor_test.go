@@ -114,6 +114,22 @@ func TestDocProcessor(t *testing.T) {
 		t.Fatalf("invalid document's job: state %s, error %q", rec.State(), rec.GetLastError())
 	}
 
+	// A document too large for one job record (10,000 doc_ids) fails
+	// naming the field to shrink, and its failure is recorded too.
+	ids := make([]string, 10_000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("document-%06d", i)
+	}
+	srv1.Do(t, "PUT", rdb+"huge", map[string]any{"source": src, "target": tgt, "doc_ids": ids}, 201)
+	waitUntil(t, "huge failed", 30*time.Second, func() bool { return docField(t, srv1, "_replicator", "huge", "_replication_state") == "failed" })
+	if r, _ := docField(t, srv1, "_replicator", "huge", "_replication_state_reason").(string); !strings.Contains(r, "too large") || !strings.Contains(r, "`doc_ids`") {
+		t.Fatalf("reason %q does not say doc_ids is too large", r)
+	}
+	waitUntil(t, "failed record of huge", 30*time.Second, exists(server1, "huge"))
+	if rec, _ := job(server1, "huge"); rec.StateName() != "failed" || !strings.Contains(rec.GetLastError(), "`doc_ids`") {
+		t.Fatalf("too large document's job: state %s, error %q", rec.StateName(), rec.GetLastError())
+	}
+
 	// Editing the document updates its job's parameters.
 	var cur map[string]any
 	srv1.GetJSON(t, rdb+"r1", &cur)

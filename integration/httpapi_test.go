@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -92,6 +93,11 @@ func TestHTTPAPIBadInputLeavesNodeUnharmed(t *testing.T) {
 	n := startNode(t, nodeOptions{})
 	addr := n.httpAddr("")
 	ok := `"source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/b"`
+	ids := make([]string, 10_000)
+	for i := range ids {
+		ids[i] = fmt.Sprintf(`"document-%06d"`, i)
+	}
+	manyIDs := "[" + strings.Join(ids, ",") + "]"
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int
@@ -105,6 +111,8 @@ func TestHTTPAPIBadInputLeavesNodeUnharmed(t *testing.T) {
 		{"doc_ids not strings", "POST", "/_replicate", `{` + ok + `,"doc_ids":[1,2]}`, 400, "bad_request", "parameter `doc_ids` must be an array of strings"},
 		{"filter and doc_ids", "POST", "/_replicate", `{` + ok + `,"doc_ids":["a"],"filter":"d/f"}`, 400, "bad_request", "`doc_ids`,`filter`,`selector` are mutually exclusive"},
 		{"cancel not boolean", "POST", "/_replicate", `{` + ok + `,"cancel":"true"}`, 400, "bad_request", "parameter `cancel` must be a boolean"},
+		// More than a job store record holds (FDB's 100 kB value limit).
+		{"10,000 doc_ids", "POST", "/_replicate", `{` + ok + `,"doc_ids":` + manyIDs + `}`, 400, "bad_request", "replication document is too large: 180077 bytes, at most 64000; its largest field `doc_ids` has 180001"},
 		{"proxy", "POST", "/_replicate", `{` + ok + `,"proxy":"http://p:1","target_proxy":"http://q:1"}`, 400, "bad_request", "`proxy` is mutually exclusive with `target_proxy`"},
 		{"unknown endpoint", "GET", "/_all_dbs", "", 404, "not_found", "unknown endpoint /_all_dbs"},
 		{"bad states", "GET", "/_scheduler/docs?states=sleeping", "", 400, "query_parse_error", "Unknown states"},

@@ -275,7 +275,7 @@ func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason stri
 	}
 	m := &messages.ReplicationJob{
 		Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
-		DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: compact(doc.Body),
+		DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: invalidBody(doc.Body),
 		State: StateFailed.Proto(), LastError: reason,
 		History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
 		ShareKey: share.Key(doc.DB, doc.User),
@@ -291,6 +291,17 @@ func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason stri
 		return AddResult{}, err
 	}
 	return AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}}, nil
+}
+
+// invalidBody is the body kept with an invalid document's failed job: the
+// document (compact), or nothing when it is too large to keep (that is
+// then why it failed).
+func invalidBody(doc []byte) []byte {
+	b := compact(doc)
+	if len(b) > replicate.MaxDocumentBytes {
+		return nil
+	}
+	return b
 }
 
 // claimIfFree points repID at id unless another live job owns it; it

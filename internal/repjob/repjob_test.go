@@ -2,10 +2,14 @@ package repjob_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
@@ -512,6 +516,76 @@ func TestAddInvalidRecordsAFailedJob(t *testing.T) {
 		}
 		if rec, _ := e.store.Get(ctx, added.JobID); rec.State() != repjob.StatePending {
 			t.Fatalf("after the valid edit: %v", rec.State())
+		}
+	})
+}
+
+// TestSizeLimits: a replication too large for one job record is refused
+// at Add naming its largest field (transient and persistent), recorded as
+// a failed job when it is an invalid document (without its body), and a
+// job whose errors are long keeps being written (errors clipped, oldest
+// history dropped) instead of failing its writes.
+func TestSizeLimits(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		p := schedpolicy.DefaultPolicy()
+		p.MaxHistory = 1000
+		p.MinBackoff, p.MaxBackoff = time.Second, time.Second
+		e := newEnv(t, func(o *repjob.Options) { o.Policy = p })
+		ids := make([]string, 10_000)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("document-%06d", i)
+		}
+		idsJSON, _ := json.Marshal(ids)
+		big := body("http://a/src", "http://b/tgt", `,"doc_ids":`+string(idsJSON))
+		_, err := e.store.AddTransient(ctx, big, "alice")
+		var pe *replicate.ParamError
+		if !errors.Is(err, repjob.ErrInvalid) || !errors.As(err, &pe) || pe.Field != "doc_ids" {
+			t.Fatalf("AddTransient of 10,000 doc_ids: %v, want ErrInvalid naming doc_ids", err)
+		}
+		doc := repjob.PersistentDoc{Server: "http://couch:5984/", DB: "_replicator", DocID: "big", Body: big}
+		if _, err := e.store.AddPersistent(ctx, doc); !errors.Is(err, repjob.ErrInvalid) || !errors.As(err, &pe) || pe.Field != "doc_ids" {
+			t.Fatalf("AddPersistent of 10,000 doc_ids: %v, want ErrInvalid naming doc_ids", err)
+		}
+		res, err := e.store.AddInvalid(ctx, doc, pe.Reason)
+		if err != nil {
+			t.Fatalf("AddInvalid of a too large document: %v", err)
+		}
+		rec, err := e.store.Get(ctx, res.JobID)
+		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED || rec.GetLastError() != pe.Reason {
+			t.Fatalf("too large document's job: %+v %v", rec, err)
+		}
+
+		// A job crashing 200 times with 5 kB errors, history of up to 1,000.
+		r, err := e.store.AddTransient(ctx, body("http://a/src", "http://b/tgt", `,"continuous":true`), "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		long := strings.Repeat("é", 2_500)
+		for i := range 200 {
+			run, err := e.store.Accept(ctx, false)
+			if err != nil {
+				t.Fatalf("crash %d: accept: %v", i, err)
+			}
+			if err := run.Start(ctx, "n1"); err != nil {
+				t.Fatalf("crash %d: start: %v", i, err)
+			}
+			if _, err := run.Crash(ctx, fmt.Sprint(i, long)); err != nil {
+				t.Fatalf("crash %d: %v", i, err)
+			}
+			e.clock.Advance(time.Second)
+		}
+		rec, err = e.store.Get(ctx, r.JobID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last := rec.GetLastError()
+		if len(last) > 1_000 || !strings.HasPrefix(last, "199é") || !strings.HasSuffix(last, "…") || !utf8.ValidString(last) {
+			t.Fatalf("last error of %d bytes: %.40q…", len(last), last)
+		}
+		events := rec.GetHistory().GetEvents()
+		if len(events) < 20 || len(events) >= 400 || !strings.HasPrefix(events[0].GetReason(), "199é") {
+			t.Fatalf("history of %d events, newest %.20q", len(events), events[0].GetReason())
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/proto"
@@ -291,12 +292,54 @@ func recordFromInfo(info *jobqueue.JobInfo) (*Record, error) {
 		ScheduledAt: info.ScheduledAt, WorkerNode: info.WorkerNode, Canceled: info.Canceled}, nil
 }
 
+// maxRecordBytes bounds the encoded record of a job (its data in the
+// queue): the job store refuses values above kv.MaxValueSize on every
+// backend, and the queue's record adds the job id (at most 1,024 bytes),
+// the node name and a few times. replicate.MaxDocumentBytes keeps the
+// replication body well within it.
+const maxRecordBytes = kv.MaxValueSize - 4_096
+
+// maxReasonBytes bounds an error text kept in a record (the last error, a
+// crash in the history): CouchDB's are a line; ours may quote a server's
+// answer.
+const maxReasonBytes = 1_000
+
+// marshal encodes m to be stored, fitting it in maxRecordBytes: error texts
+// are clipped and, if that is not enough, the oldest history events
+// dropped (m is changed to what is stored). A record that still does not
+// fit is an error wrapping kv.ErrValueTooLarge, never a silent loss.
 func marshal(m *messages.ReplicationJob) ([]byte, error) {
+	m.LastError = clip(m.LastError, maxReasonBytes)
+	h := m.GetHistory()
+	for _, e := range h.GetEvents() {
+		e.Reason = clip(e.Reason, maxReasonBytes)
+	}
 	b, err := proto.Marshal(m)
+	for err == nil && len(b) > maxRecordBytes && len(h.GetEvents()) > 1 {
+		h.Events = h.Events[:len(h.Events)-1] // newest first
+		b, err = proto.Marshal(m)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("repjob: encode job %q: %w", m.GetJobId(), err)
 	}
+	if len(b) > maxRecordBytes {
+		return nil, fmt.Errorf("repjob: job %q: its record is %d bytes, at most %d: %w", m.GetJobId(), len(b), maxRecordBytes, kv.ErrValueTooLarge)
+	}
 	return b, nil
+}
+
+// clip shortens s to at most n bytes (whole UTF-8 characters), marking the
+// cut with "…".
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // TransientJobID is the job id of a POST /_replicate job, as the FDB-era

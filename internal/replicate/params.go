@@ -229,9 +229,44 @@ func boolField(fields map[string]json.RawMessage, name string, dst *bool) error 
 	return nil
 }
 
+// MaxDocumentBytes bounds a replication document (compact JSON): a job
+// keeps it in one job store record, and the store refuses values above
+// FoundationDB's 100,000 bytes on every backend (kv.MaxValueSize); the
+// rest of the record (history, last error, stats) fits in what remains.
+// About 2,500 doc_ids of 20 characters fit.
+const MaxDocumentBytes = 64_000
+
+// checkSize refuses a document above MaxDocumentBytes, naming its largest
+// field (doc_ids, selector, query_params...), the one to shrink.
+func checkSize(fields map[string]json.RawMessage) error {
+	var buf bytes.Buffer
+	// The compact object: braces, and per field its quoted name, a colon,
+	// the value and a comma but for one.
+	total, largest, largestSize := 1, "", 0
+	for name, raw := range fields {
+		buf.Reset()
+		n := len(raw)
+		if json.Compact(&buf, raw) == nil {
+			n = buf.Len()
+		}
+		total += len(name) + 4 + n
+		if n > largestSize || n == largestSize && name < largest {
+			largest, largestSize = name, n
+		}
+	}
+	if total <= MaxDocumentBytes {
+		return nil
+	}
+	return paramErr(largest, "replication document is too large: %d bytes, at most %d; its largest field `%s` has %d",
+		total, MaxDocumentBytes, largest, largestSize)
+}
+
 // parseFields checks every known field; the endpoints only with endpoints.
 func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, error) {
 	p := DefaultParams()
+	if err := checkSize(fields); err != nil {
+		return p, err
+	}
 	var err error
 	srcProxy, tgtProxy, err := parseProxies(fields)
 	if err != nil {

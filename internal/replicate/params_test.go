@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -188,5 +189,53 @@ func TestParseReplicateRequest(t *testing.T) {
 				t.Errorf("source = %q", r.Params.Source.URL)
 			}
 		})
+	}
+}
+
+// TestParseParamsSize: a document above MaxDocumentBytes (it would not fit
+// in a job store record) is refused naming its largest field, by both
+// parsers; one at the limit is accepted.
+func TestParseParamsSize(t *testing.T) {
+	ids := func(n int) string {
+		s := make([]string, n)
+		for i := range s {
+			s[i] = fmt.Sprintf(`"document-%012d"`, i) // 24 bytes with quotes and comma
+		}
+		return "[" + strings.Join(s, ",") + "]"
+	}
+	selector := `{"type":{"$in":` + ids(5000) + `}}`
+	for _, tc := range []struct {
+		name, doc, field string
+	}{
+		{"10,000 doc_ids", `{` + pSrc + `,` + pTgt + `,"doc_ids":` + ids(10000) + `}`, "doc_ids"},
+		{"big selector", `{` + pSrc + `,` + pTgt + `,"selector":` + selector + `}`, "selector"},
+		{"big query_params", `{` + pSrc + `,` + pTgt + `,"filter":"d/f","query_params":{"ids":"` + strings.Repeat("x", 70_000) + `"}}`, "query_params"},
+		{"spread over fields", `{` + pSrc + `,` + pTgt + `,"query_params":{"a":"` + strings.Repeat("a", 33_000) + `"},"create_target_params":{"b":"` + strings.Repeat("b", 32_000) + `"}}`, "query_params"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseParams([]byte(tc.doc))
+			var pe *ParamError
+			if !errors.As(err, &pe) || pe.Field != tc.field || pe.Code != CodeBadRequest ||
+				!strings.HasPrefix(pe.Reason, "replication document is too large: ") || !strings.Contains(pe.Reason, "`"+tc.field+"`") {
+				t.Fatalf("err = %v (%+v), want a bad_request naming `%s`", err, pe, tc.field)
+			}
+			_, err = ParseReplicateRequest([]byte(tc.doc))
+			if !errors.As(err, &pe) || pe.Field != tc.field {
+				t.Fatalf("ParseReplicateRequest err = %v, want one naming `%s`", err, tc.field)
+			}
+		})
+	}
+	// The largest document accepted: exactly MaxDocumentBytes, whitespace
+	// not counted.
+	doc := `{` + pSrc + `,` + pTgt + `,"doc_ids":["` + strings.Repeat("i", 1) + `"]}`
+	doc = strings.Replace(doc, `"i"`, `"`+strings.Repeat("i", MaxDocumentBytes-len(doc)+1)+`"`, 1)
+	if len(doc) != MaxDocumentBytes {
+		t.Fatalf("test document is %d bytes", len(doc))
+	}
+	if _, err := ParseParams([]byte(strings.ReplaceAll(doc, ",", " ,  "))); err != nil {
+		t.Fatalf("a document of exactly %d bytes: %v", MaxDocumentBytes, err)
+	}
+	if _, err := ParseParams([]byte(strings.Replace(doc, `"i`, `"ii`, 1))); err == nil {
+		t.Fatalf("a document of %d bytes was accepted", MaxDocumentBytes+1)
 	}
 }
