@@ -126,8 +126,8 @@ func TestDocProcessor(t *testing.T) {
 		t.Fatalf("reason %q does not say doc_ids is too large", r)
 	}
 	waitUntil(t, "failed record of huge", 30*time.Second, exists(server1, "huge"))
-	if rec, _ := job(server1, "huge"); rec.StateName() != "failed" || !strings.Contains(rec.GetLastError(), "`doc_ids`") {
-		t.Fatalf("too large document's job: state %s, error %q", rec.StateName(), rec.GetLastError())
+	if rec, _ := job(server1, "huge"); rec.State() != repjob.StateFailed || !strings.Contains(rec.GetLastError(), "`doc_ids`") {
+		t.Fatalf("too large document's job: state %s, error %q", rec.State(), rec.GetLastError())
 	}
 
 	// Editing the document updates its job's parameters.

@@ -552,7 +552,7 @@ func TestSizeLimits(t *testing.T) {
 			t.Fatalf("AddInvalid of a too large document: %v", err)
 		}
 		rec, err := e.store.Get(ctx, res.JobID)
-		if err != nil || rec.State() != messages.ReplicationState_REPLICATION_STATE_FAILED || rec.GetLastError() != pe.Reason {
+		if err != nil || rec.State() != repjob.StateFailed || rec.GetLastError() != pe.Reason {
 			t.Fatalf("too large document's job: %+v %v", rec, err)
 		}
 
