@@ -18,6 +18,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/httpapi"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
@@ -176,7 +177,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		}
 	}
 	maxJobs := func() int { return store.Policy().MaxJobs }
-	var retry backoff
+	retry := pause.Backoff{Min: minRetry, Max: maxRetry}
 	for ctx.Err() == nil {
 		release, err := a.reg.acquire(ctx, maxJobs)
 		if err != nil {
@@ -188,12 +189,12 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 			if ctx.Err() != nil {
 				return
 			}
-			if !retry.wait(ctx, a.log, err, "acceptor: accept failed") {
+			if !retryAfter(ctx, &retry, a.log, err, "acceptor: accept failed") {
 				return
 			}
 			continue
 		}
-		retry.reset()
+		retry.Reset()
 		if err := a.startJob(ctx, system, jobsSup, run, release); err != nil {
 			a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
 			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -201,7 +202,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 				a.log.Warn().Err(serr).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
 			}
 			cancel()
-			if errors.Is(err, supervisor.ErrAlreadyStarted) && !sleep(ctx, minRetry) {
+			if errors.Is(err, supervisor.ErrAlreadyStarted) && pause.For(ctx, minRetry) != nil {
 				return
 			}
 		}
@@ -248,19 +249,19 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 // followControls hands the control requests addressed to this node to the
 // actor, now and whenever a new one arrives, until ctx ends.
 func (a *acceptor) followControls(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
-	var retry backoff
+	retry := pause.Backoff{Min: minRetry, Max: maxRetry}
 	for ctx.Err() == nil {
 		cs, w, err := a.deps.RepJobs.Controls(ctx, a.deps.NodeName())
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			if !retry.wait(ctx, a.log, err, "acceptor: reading control requests failed") {
+			if !retryAfter(ctx, &retry, a.log, err, "acceptor: reading control requests failed") {
 				return
 			}
 			continue
 		}
-		retry.reset()
+		retry.Reset()
 		for _, c := range cs {
 			system.Root.Send(self, &controlRequest{c: c})
 		}
@@ -307,7 +308,7 @@ func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
 				clear()
 				return
 			}
-			if sleep(base, controlRetry) {
+			if pause.For(base, controlRetry) == nil {
 				system.Root.Send(self, &controlDone{id: c.GetId()})
 				system.Root.Send(self, &controlRequest{c: c})
 			}
@@ -335,33 +336,16 @@ const (
 	maxRetry = 10 * time.Second
 )
 
-// backoff doubles the delay between retries of a failing store call, from
-// minRetry up to maxRetry; reset starts over after a success.
-type backoff struct{ d time.Duration }
-
-// wait logs err and sleeps the current delay; false if ctx ended.
-func (b *backoff) wait(ctx context.Context, log zerolog.Logger, err error, msg string) bool {
+// retryAfter logs err and waits the next delay of retry (the doubling
+// wait between retries of a failing store call, from minRetry up to
+// maxRetry); false if ctx ended.
+func retryAfter(ctx context.Context, retry *pause.Backoff, log zerolog.Logger, err error, msg string) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	b.d = max(b.d, minRetry)
-	log.Warn().Err(err).Dur("retry_in", b.d).Msg(msg)
-	ok := sleep(ctx, b.d)
-	b.d = min(2*b.d, maxRetry)
-	return ok
-}
-
-func (b *backoff) reset() { b.d = 0 }
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	d := retry.Next()
+	log.Warn().Err(err).Dur("retry_in", d).Msg(msg)
+	return pause.For(ctx, d) == nil
 }
 
 // limitsOf is what a job's endpoints may send, from [replicator].

@@ -35,6 +35,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/couchrep/couchrep/internal/admin"
+	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/messages/messagesconnect"
 )
 
@@ -177,7 +178,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: couchrepctl [flags] %s %s (see --help)\n", cmd.name, cmd.args)
 		return exitUsage
 	}
-	e := &env{g: g, out: stdout, terminal: isTerminal(stdout),
+	e := &env{g: g, out: stdout, terminal: clog.IsTerminal(stdout),
 		client: messagesconnect.NewAdminServiceClient(http.DefaultClient, baseURL(g.node), connect.WithInterceptors(headers(g.token)))}
 	err := noArgs(cmd, cfs.Args())
 	if err == nil {
@@ -307,15 +308,6 @@ func baseURL(node string) string {
 		return strings.TrimSuffix(node, "/")
 	}
 	return "http://" + node
-}
-
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
 // describe turns a transport error into a sentence an operator can act on.

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/replicate"
 )
 
@@ -33,7 +34,7 @@ type progressLine struct {
 // newProgressLine draws on w, or returns nil when no line should be drawn:
 // w is not a terminal, or quiet is set.
 func newProgressLine(w io.Writer, quiet bool) *progressLine {
-	if quiet || !isTerminal(w) {
+	if quiet || !clog.IsTerminal(w) {
 		return nil
 	}
 	return &progressLine{w: w, now: time.Now, start: time.Now()}

@@ -60,14 +60,23 @@ func TestNoProgressLineOffATerminalOrQuiet(t *testing.T) {
 	if p := newProgressLine(&buf, false); p != nil {
 		t.Fatal("a progress line on a buffer (not a terminal)")
 	}
-	// A character device counts as a terminal; --quiet silences it.
-	dev, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	// A terminal (a pseudo-terminal's master side) gets a line, unless
+	// --quiet; /dev/null, a character device but no terminal, gets none.
+	tty, err := os.OpenFile("/dev/ptmx", os.O_RDWR, 0)
+	if err != nil {
+		t.Fatalf("no pseudo-terminal to test with: %v", err)
+	}
+	defer tty.Close()
+	if newProgressLine(tty, false) == nil || newProgressLine(tty, true) != nil {
+		t.Fatal("a terminal gets a line unless --quiet")
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dev.Close()
-	if newProgressLine(dev, false) == nil || newProgressLine(dev, true) != nil {
-		t.Fatal("a terminal gets a line unless --quiet")
+	defer null.Close()
+	if newProgressLine(null, false) != nil {
+		t.Fatal("a progress line on /dev/null")
 	}
 	// A nil line is a no-op.
 	var p *progressLine

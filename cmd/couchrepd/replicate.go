@@ -204,14 +204,3 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	fmt.Fprintf(stdout, "%s\n", out)
 	return 0
 }
-
-// isTerminal reports whether w is a character device (a live progress line
-// makes sense there).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
-}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // A watched server's own replicator (Apache CouchDB's) processes the same
@@ -272,7 +273,7 @@ func (p *Processor) watchCompetition(ctx context.Context, i int) {
 		if status == CheckUnknown {
 			log.Debug().Str("reason", reason).Msg("competing replicator check failed")
 		}
-		if sleep(ctx, p.opts.CompetingInterval) != nil {
+		if pause.For(ctx, p.opts.CompetingInterval) != nil {
 			return
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // errNoDBUpdates: the server has no usable _db_updates (PouchDB Server
@@ -48,7 +49,7 @@ func (p *Processor) discover(ctx context.Context, i int, snaps chan<- snapshot) 
 		}
 	}
 	useUpdates := true
-	backoff := time.Second
+	backoff := pause.Backoff{Min: time.Second, Max: time.Minute}
 	for ctx.Err() == nil {
 		var since couch.Seq
 		if useUpdates {
@@ -63,21 +64,21 @@ func (p *Processor) discover(ctx context.Context, i int, snaps chan<- snapshot) 
 		}
 		dbs, err := p.replicatorDBs(ctx, root)
 		if err != nil {
+			wait := backoff.Next()
 			if ctx.Err() == nil {
-				log.Warn().Err(err).Dur("retry_in", backoff).Msg("listing databases failed")
+				log.Warn().Err(err).Dur("retry_in", wait).Msg("listing databases failed")
 			}
-			if sleep(ctx, backoff) != nil {
+			if pause.For(ctx, wait) != nil {
 				return
 			}
-			backoff = min(2*backoff, time.Minute)
 			continue
 		}
-		backoff = time.Second
+		backoff.Reset()
 		if !send(dbs) {
 			return
 		}
 		if !useUpdates || since == nil {
-			if sleep(ctx, p.opts.PollInterval) != nil {
+			if pause.For(ctx, p.opts.PollInterval) != nil {
 				return
 			}
 			continue
@@ -88,7 +89,7 @@ func (p *Processor) discover(ctx context.Context, i int, snaps chan<- snapshot) 
 			if err != nil {
 				if ctx.Err() == nil {
 					log.Warn().Err(err).Msg("_db_updates failed")
-					_ = sleep(ctx, backoff)
+					_ = pause.For(ctx, backoff.Next())
 				}
 				break
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
@@ -62,7 +63,7 @@ func (d *dbProc) follow(ctx context.Context) error {
 	if err := d.scanUnwritten(ctx); err != nil {
 		return err
 	}
-	backoff := time.Second
+	backoff := pause.Backoff{Min: time.Second, Max: time.Minute}
 	for {
 		opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Since: seq, Timeout: d.p.opts.FeedTimeout,
 			Heartbeat: 10 * time.Second, IncludeDocs: true}
@@ -70,7 +71,7 @@ func (d *dbProc) follow(ctx context.Context) error {
 			if batchSeq != nil {
 				seq = batchSeq
 			}
-			backoff = time.Second
+			backoff.Reset()
 		})
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
@@ -87,11 +88,11 @@ func (d *dbProc) follow(ctx context.Context) error {
 		if errors.Is(err, couch.ErrNotFound) {
 			return errDBDeleted
 		}
-		d.log.Warn().Err(err).Stringer("since", seq).Dur("retry_in", backoff).Msg("_changes feed failed")
-		if err := sleep(ctx, backoff); err != nil {
+		wait := backoff.Next()
+		d.log.Warn().Err(err).Stringer("since", seq).Dur("retry_in", wait).Msg("_changes feed failed")
+		if err := pause.For(ctx, wait); err != nil {
 			return err
 		}
-		backoff = min(2*backoff, time.Minute)
 	}
 }
 
@@ -379,7 +380,7 @@ func (d *dbProc) writeBack(ctx context.Context, id string, j *Job) error {
 // revision, or "" when the document changed, vanished or the server
 // refused the write (all logged, as CouchDB does).
 func (d *dbProc) writeState(ctx context.Context, id, fp string, j *Job) (string, error) {
-	wait := 50 * time.Millisecond
+	backoff := pause.Backoff{Min: 50 * time.Millisecond, Max: 6400 * time.Millisecond} // 8 retries
 	for attempt := 0; ; attempt++ {
 		raw, err := d.db.GetDoc(ctx, id, nil)
 		if errors.Is(err, couch.ErrNotFound) {
@@ -407,10 +408,9 @@ func (d *dbProc) writeState(ctx context.Context, id, fp string, j *Job) (string,
 		case r.Error == "":
 			return r.Rev, nil
 		case r.Error == "conflict" && attempt < 8:
-			if err := sleep(ctx, wait); err != nil {
+			if err := pause.For(ctx, backoff.Next()); err != nil {
 				return "", err
 			}
-			wait *= 2
 		default:
 			d.log.Warn().Str("doc_id", id).Str("error", r.Error).Str("reason", r.Reason).Msg("document refused the terminal state")
 			return "", nil

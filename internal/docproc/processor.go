@@ -13,6 +13,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // Defaults for Options.
@@ -290,7 +291,7 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 			}
 			log.Info().Err(err).Msg("stopped following")
 		}
-		if sleep(ctx, retry) != nil {
+		if pause.For(ctx, retry) != nil {
 			if errors.Is(context.Cause(ctx), errDBDeleted) {
 				p.dbDeleted(srv, st, log)
 			}
@@ -350,7 +351,7 @@ func (p *Processor) leasedRun(ctx context.Context, srv server, st *state, log ze
 	go func() {
 		defer close(renewed)
 		last := p.opts.Clock()
-		for sleep(lctx, p.opts.LeaseTTL/3) == nil {
+		for pause.For(lctx, p.opts.LeaseTTL/3) == nil {
 			ok, err := st.acquire(lctx, p.opts.Node, p.opts.Clock(), p.opts.LeaseTTL)
 			switch {
 			case err == nil && ok:
@@ -404,17 +405,5 @@ func (p *Processor) onJobChange(ctx context.Context) func(*Job) error {
 			d.log.Warn().Err(err).Str("doc_id", j.DocID).Msg("writing terminal state failed")
 		}
 		return nil
-	}
-}
-
-// sleep waits d or until ctx ends (returning its cause).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
 	}
 }

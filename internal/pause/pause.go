@@ -32,3 +32,24 @@ func For(ctx context.Context, d time.Duration) error {
 		return context.Cause(ctx)
 	}
 }
+
+// Backoff is the doubling wait between retries of a failing call: the
+// first Next is Min, each later one twice the one before, at most Max;
+// Reset (after a success) starts over at Min. Set Min and Max; the zero
+// Backoff's waits are all zero.
+type Backoff struct {
+	// Min is the first wait, Max the longest.
+	Min, Max time.Duration
+	d        time.Duration
+}
+
+// Next returns the wait before the next retry (wait it with For) and
+// doubles the one after it.
+func (b *Backoff) Next() time.Duration {
+	d := max(b.d, b.Min)
+	b.d = min(2*d, b.Max)
+	return d
+}
+
+// Reset makes the next wait Min again.
+func (b *Backoff) Reset() { b.d = 0 }
