@@ -207,28 +207,17 @@ func IsAlive(rec *messages.NodeRecord, now time.Time) bool {
 func (r *Registry) Forget(ctx context.Context, age time.Duration) (int, error) {
 	n := 0
 	err := r.db.Transact(ctx, func(tx kv.Tx) error {
-		n = 0
 		now := r.clock()
 		begin, end := r.nodes.Range()
-		it := tx.GetRange(begin, end, kv.RangeOptions{})
-		var drop [][]byte
-		for it.Next() {
+		var err error
+		n, err = kv.ClearWhere(tx, begin, end, kv.RangeOptions{}, func(e kv.KeyValue) (bool, error) {
 			rec := &messages.NodeRecord{}
-			if err := proto.Unmarshal(it.KeyValue().Value, rec); err != nil {
-				continue // an operator's problem; never delete what we cannot read
+			if err := proto.Unmarshal(e.Value, rec); err != nil {
+				return false, nil // an operator's problem; never delete what we cannot read
 			}
-			if !IsAlive(rec, now) && now.Sub(rec.GetHeartbeat().AsTime()) > age {
-				drop = append(drop, slices.Clone(it.KeyValue().Key))
-			}
-		}
-		if err := it.Err(); err != nil {
-			return err
-		}
-		for _, k := range drop {
-			tx.Clear(k)
-		}
-		n = len(drop)
-		return nil
+			return !IsAlive(rec, now) && now.Sub(rec.GetHeartbeat().AsTime()) > age, nil
+		})
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("cluster: forget old nodes: %w", err)

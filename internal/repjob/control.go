@@ -263,32 +263,16 @@ func (s *Store) CleanupControls(ctx context.Context) (int, error) {
 	}
 	n := 0
 	err := s.db.Transact(ctx, func(tx kv.Tx) error {
-		n = 0
 		begin, end := s.k.control.Range()
-		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: 1000})
-		var drop [][]byte
-		for it.Next() {
+		var err error
+		n, err = kv.ClearWhere(tx, begin, end, kv.RangeOptions{Limit: 1000}, func(e kv.KeyValue) (bool, error) {
 			c := &messages.JobControl{}
-			if err := proto.Unmarshal(it.KeyValue().Value, c); err != nil {
-				drop = append(drop, bytes.Clone(it.KeyValue().Key))
-				continue
+			if err := proto.Unmarshal(e.Value, c); err != nil {
+				return true, nil
 			}
-			stale, err := s.staleTx(tx, c)
-			if err != nil {
-				return err
-			}
-			if stale {
-				drop = append(drop, bytes.Clone(it.KeyValue().Key))
-			}
-		}
-		if err := it.Err(); err != nil {
-			return err
-		}
-		for _, k := range drop {
-			tx.Clear(k)
-		}
-		n = len(drop)
-		return nil
+			return s.staleTx(tx, c)
+		})
+		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("repjob: clean up control requests: %w", err)
