@@ -65,7 +65,13 @@ func Props(producer actor.Producer, opts ...Option) *actor.Props {
 	return actor.PropsFromProducer(producer, append([]actor.PropsOption{mw}, c.props...)...)
 }
 
-// middleware handles Ask and *messages.KillRequest for every actor.
+// Failed is what an actor's background goroutine sends its actor when the
+// work it does for the actor failed for good (a server stopped serving, the
+// store stayed unreachable): the middleware makes the actor exit with Err,
+// so that its supervisor applies its restart strategy.
+type Failed struct{ Err error }
+
+// middleware handles Ask, *messages.KillRequest and *Failed for every actor.
 func middleware(handles map[protoreflect.FullName]bool) actor.ReceiverMiddleware {
 	return func(next actor.ReceiverFunc) actor.ReceiverFunc {
 		return func(c actor.ReceiverContext, env *actor.MessageEnvelope) {
@@ -90,8 +96,12 @@ func middleware(handles map[protoreflect.FullName]bool) actor.ReceiverMiddleware
 				next(c, &actor.MessageEnvelope{Header: env.Header, Message: ask.Msg, Sender: env.Sender})
 				return
 			}
-			if req, isKill := msg.(*messages.KillRequest); isKill {
-				kill(ctx, env.Sender, req)
+			switch m := msg.(type) {
+			case *messages.KillRequest:
+				kill(ctx, env.Sender, m)
+				return
+			case *Failed:
+				supervisor.Exit(ctx, m.Err)
 				return
 			}
 			next(c, env)

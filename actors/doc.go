@@ -10,7 +10,10 @@
 //     `couchrepctl kill` sends);
 //   - an Ask (how the admin endpoint delivers a protobuf request to a named
 //     actor) is unwrapped for the actor if it declared the message type with
-//     Handles, and answered with an error wrapping ErrUnhandled otherwise.
+//     Handles, and answered with an error wrapping ErrUnhandled otherwise;
+//   - a *Failed, which an actor's background goroutine sends its actor when
+//     its work failed for good, makes the actor exit with that error, so its
+//     supervisor applies its restart strategy.
 //
 // Actors never block in Receive: I/O runs in goroutines under a context that
 // is cancelled when the actor stops, and results come back to the actor as

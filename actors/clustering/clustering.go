@@ -118,19 +118,14 @@ type clustering struct {
 	unstable bool
 }
 
-type storeFailed struct{ err error }
-
 func (a *clustering) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+	switch ctx.Message().(type) {
 	case *actor.Started:
 		if err := a.start(ctx); err != nil {
 			supervisor.Exit(ctx, err)
 		}
 	case *actor.Stopping:
 		a.stop()
-	case *storeFailed:
-		a.log.Error().Err(m.err).Dur("failing_for", a.opts.FailAfter).Msg("clustering: the job store stays unavailable; stopping")
-		supervisor.Exit(ctx, m.err)
 	case *messages.NodesRequest:
 		if ctx.Sender() == nil {
 			return
@@ -250,7 +245,9 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 			// Other nodes take this node's jobs after the activity timeout
 			// anyway if they can reach the store and it cannot.
 			if now.Sub(lastOK) >= a.opts.FailAfter && !errors.Is(err, kv.ErrUnavailable) {
-				system.Root.Send(self, &storeFailed{err: fmt.Errorf("%w: no heartbeat for %s: %w", ErrStoreUnavailable, now.Sub(lastOK).Round(time.Millisecond), err)})
+				err = fmt.Errorf("%w: no heartbeat for %s: %w", ErrStoreUnavailable, now.Sub(lastOK).Round(time.Millisecond), err)
+				a.log.Error().Err(err).Dur("failing_for", a.opts.FailAfter).Msg("clustering: the job store stays unavailable; stopping")
+				system.Root.Send(self, &actors.Failed{Err: err})
 				return
 			}
 			continue

@@ -42,9 +42,6 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 	})}
 }
 
-// processorFailed tells the actor its processor returned an error.
-type processorFailed struct{ err error }
-
 type docProcessor struct {
 	deps actors.Deps
 	log  zerolog.Logger
@@ -52,13 +49,11 @@ type docProcessor struct {
 }
 
 func (a *docProcessor) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+	switch ctx.Message().(type) {
 	case *actor.Started:
 		a.start(ctx)
 	case *actor.Stopping:
 		a.stop()
-	case *processorFailed:
-		supervisor.Exit(ctx, m.err)
 	}
 }
 
@@ -111,7 +106,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 			err = p.Run(runCtx)
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
-			root.Send(self, &processorFailed{err: err})
+			root.Send(self, &actors.Failed{Err: err})
 		}
 	})
 	watch := make([]string, len(cfg.Couchrep.Watch))

@@ -54,9 +54,6 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 	})}
 }
 
-// serveFailed tells the actor its server stopped on its own.
-type serveFailed struct{ err error }
-
 type httpAPI struct {
 	deps     actors.Deps
 	log      zerolog.Logger
@@ -67,15 +64,13 @@ type httpAPI struct {
 }
 
 func (a *httpAPI) Receive(ctx actor.Context) {
-	switch m := ctx.Message().(type) {
+	switch ctx.Message().(type) {
 	case *actor.Started:
 		if err := a.start(ctx); err != nil {
 			supervisor.Exit(ctx, err)
 		}
 	case *actor.Stopping:
 		a.stop()
-	case *serveFailed:
-		supervisor.Exit(ctx, m.err)
 	}
 }
 
@@ -142,7 +137,7 @@ func (a *httpAPI) start(ctx actor.Context) error {
 	go func() {
 		err := srv.Serve(ln)
 		if !stopping.Load() && !errors.Is(err, http.ErrServerClosed) {
-			root.Send(self, &serveFailed{err: fmt.Errorf("http api: %w", err)})
+			root.Send(self, &actors.Failed{Err: fmt.Errorf("http api: %w", err)})
 		}
 	}()
 	addr := ln.Addr().String()
