@@ -144,17 +144,10 @@ _couchrepctl() {
   if [[ "$cur" == -* ]]; then
     case "$cmd $sub" in
 `, strings.Join(valueFlags(infos, global), "|"), strings.Join(valueFlags(infos, global), "|"))
-	for _, c := range infos {
-		pattern := casePattern(c.words)
-		fmt.Fprintf(w, "      %s) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n", pattern, strings.Join(sortedFlags(merge(global, c.flags), false), " "))
-	}
+	flagBranches(w, infos, global, "      %s) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n")
 	fmt.Fprintf(w, "      *) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n    esac\n    return 0\n  fi\n", strings.Join(sortedFlags(global, false), " "))
 	fmt.Fprintf(w, "  case ${#args[@]} in\n    0) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n    1)\n      case \"$cmd\" in\n", strings.Join(words, " "))
-	for _, g := range sortedKeys(subs) {
-		fmt.Fprintf(w, "        %s) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n", g, strings.Join(subs[g], " "))
-	}
-	fmt.Fprintf(w, "        completion) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n", strings.Join(completionShells, " "))
-	fmt.Fprintf(w, "        help) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n", strings.Join(sortedKeys(subs), " "))
+	wordBranches(w, subs, "        %s) COMPREPLY=($(compgen -W %q -- \"$cur\")) ;;\n")
 	fmt.Fprint(w, "      esac ;;\n  esac\n}\ncomplete -F _couchrepctl couchrepctl\n")
 }
 
@@ -181,21 +174,14 @@ _couchrepctl() {
   if [[ $PREFIX == -* ]]; then
     case "${args[1]} ${args[2]}" in
 `, strings.Join(valueFlags(infos, global), "|"), strings.Join(valueFlags(infos, global), "|"))
-	for _, c := range infos {
-		pattern := casePattern(c.words)
-		fmt.Fprintf(w, "      %s) compadd -- %s ;;\n", pattern, strings.Join(sortedFlags(merge(global, c.flags), false), " "))
-	}
+	flagBranches(w, infos, global, "      %s) compadd -- %s ;;\n")
 	fmt.Fprintf(w, "      *) compadd -- %s ;;\n    esac\n    return\n  fi\n", strings.Join(sortedFlags(global, false), " "))
 	fmt.Fprint(w, "  case ${#args} in\n    0)\n      cmds=(\n")
 	for _, word := range words {
 		fmt.Fprintf(w, "        '%s:%s'\n", word, firstLine(help[word]))
 	}
 	fmt.Fprint(w, "      )\n      _describe 'command' cmds ;;\n    1)\n      case ${args[1]} in\n")
-	for _, g := range sortedKeys(subs) {
-		fmt.Fprintf(w, "        %s) compadd -- %s ;;\n", g, strings.Join(subs[g], " "))
-	}
-	fmt.Fprintf(w, "        completion) compadd -- %s ;;\n", strings.Join(completionShells, " "))
-	fmt.Fprintf(w, "        help) compadd -- %s ;;\n", strings.Join(sortedKeys(subs), " "))
+	wordBranches(w, subs, "        %s) compadd -- %s ;;\n")
 	fmt.Fprint(w, "      esac ;;\n  esac\n}\nif [[ $zsh_eval_context[-1] == loadautofunc ]]; then\n  _couchrepctl \"$@\"\nelse\n  compdef _couchrepctl couchrepctl\nfi\n")
 }
 
@@ -241,6 +227,27 @@ func writeFish(w io.Writer, infos []cmdInfo, global map[string]bool) {
 			fmt.Fprintf(w, "complete -c couchrepctl -n '%s' -l %s%s\n", cond, n, r)
 		}
 	}
+}
+
+// flagBranches writes the bash or zsh script's case branch of each command
+// that completes its flags (the global ones included), through reply: a
+// format taking the branch's pattern and the space-separated flags.
+func flagBranches(w io.Writer, infos []cmdInfo, global map[string]bool, reply string) {
+	for _, c := range infos {
+		fmt.Fprintf(w, reply, casePattern(c.words), strings.Join(sortedFlags(merge(global, c.flags), false), " "))
+	}
+}
+
+// wordBranches writes the bash or zsh script's case branch of each first
+// word that takes a second one (a group's subcommands, completion's shells,
+// help's groups), through reply: a format taking the first word and the
+// space-separated second words.
+func wordBranches(w io.Writer, subs map[string][]string, reply string) {
+	for _, g := range sortedKeys(subs) {
+		fmt.Fprintf(w, reply, g, strings.Join(subs[g], " "))
+	}
+	fmt.Fprintf(w, reply, "completion", strings.Join(completionShells, " "))
+	fmt.Fprintf(w, reply, "help", strings.Join(sortedKeys(subs), " "))
 }
 
 // casePattern matches "$cmd $sub" in the scripts' case statements: the
