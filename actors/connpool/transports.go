@@ -1,9 +1,10 @@
 package connpool
 
 import (
+	"maps"
 	"net/http"
 	"net/url"
-	"sort"
+	"slices"
 	"sync"
 
 	"github.com/couchrep/couchrep/internal/couch"
@@ -61,12 +62,7 @@ func (t *transports) get(u *url.URL, o couch.TransportOptions) (*http.Transport,
 func (t *transports) keys() []string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := make([]string, 0, len(t.m))
-	for k := range t.m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(t.m))
 }
 
 // closeIdle closes every transport's idle connections.

@@ -2,6 +2,7 @@ package jobserver
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 
@@ -70,12 +71,7 @@ func (r *Registry) Running() int {
 func (r *Registry) Jobs() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ids := make([]string, 0, len(r.jobs))
-	for id := range r.jobs {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	return ids
+	return slices.Sorted(maps.Keys(r.jobs))
 }
 
 // Draining reports whether the node was drained: it hands out no slots.

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -201,7 +203,7 @@ func writeFish(w io.Writer, infos []cmdInfo, global map[string]bool) {
 	for _, word := range words {
 		fmt.Fprintf(w, "complete -c couchrepctl -n __fish_use_subcommand -a %s -d '%s'\n", word, firstLine(help[word]))
 	}
-	for _, g := range sortedKeys(subs) {
+	for _, g := range slices.Sorted(maps.Keys(subs)) {
 		for _, c := range infos {
 			if len(c.words) == 2 && c.words[0] == g {
 				fmt.Fprintf(w, "complete -c couchrepctl -n '__fish_seen_subcommand_from %s; and not __fish_seen_subcommand_from %s' -a %s -d '%s'\n",
@@ -243,11 +245,11 @@ func flagBranches(w io.Writer, infos []cmdInfo, global map[string]bool, reply st
 // help's groups), through reply: a format taking the first word and the
 // space-separated second words.
 func wordBranches(w io.Writer, subs map[string][]string, reply string) {
-	for _, g := range sortedKeys(subs) {
+	for _, g := range slices.Sorted(maps.Keys(subs)) {
 		fmt.Fprintf(w, reply, g, strings.Join(subs[g], " "))
 	}
 	fmt.Fprintf(w, reply, "completion", strings.Join(completionShells, " "))
-	fmt.Fprintf(w, reply, "help", strings.Join(sortedKeys(subs), " "))
+	fmt.Fprintf(w, reply, "help", strings.Join(slices.Sorted(maps.Keys(subs)), " "))
 }
 
 // casePattern matches "$cmd $sub" in the scripts' case statements: the
@@ -261,20 +263,7 @@ func casePattern(words []string) string {
 
 func merge(a, b map[string]bool) map[string]bool {
 	out := make(map[string]bool, len(a)+len(b))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
+	maps.Copy(out, a)
+	maps.Copy(out, b)
 	return out
 }

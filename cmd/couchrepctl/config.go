@@ -7,7 +7,8 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -22,11 +23,7 @@ func runSharesGet(ctx context.Context, e *env, _ []string) error {
 }
 
 func printShares(w io.Writer, shares map[string]uint32, def uint32) error {
-	keys := make([]string, 0, len(shares))
-	for k := range shares {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(shares))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tSHARES")
 	for _, k := range keys {

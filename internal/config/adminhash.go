@@ -2,8 +2,10 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -27,7 +29,7 @@ func (c *Config) HashAdmins(hash func(password string) (string, error)) (names, 
 		name, plain, hashed string
 	}
 	edits := map[string][]edit{}
-	for _, name := range sortedKeys(c.Admins) {
+	for _, name := range slices.Sorted(maps.Keys(c.Admins)) {
 		plain := c.Admins[name]
 		if plain == "" || IsPasswordHash(plain) {
 			continue
@@ -42,7 +44,7 @@ func (c *Config) HashAdmins(hash func(password string) (string, error)) (names, 
 			edits[o.file] = append(edits[o.file], edit{o.line, name, plain, h})
 		}
 	}
-	for _, file := range sortedKeys(edits) {
+	for _, file := range slices.Sorted(maps.Keys(edits)) {
 		data, err := os.ReadFile(file)
 		if err != nil {
 			return names, files, fmt.Errorf("config: rewriting %s with hashed [admins] passwords: %w", file, err)

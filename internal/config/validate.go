@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -24,7 +25,7 @@ func (c Config) Validate() error {
 			fail(s.section, s.key, s.v.expected(), s.v.get(&c))
 		}
 	}
-	for _, db := range sortedKeys(c.Shares) {
+	for _, db := range slices.Sorted(maps.Keys(c.Shares)) {
 		n := c.Shares[db]
 		switch {
 		case !validShareDB(db):
@@ -33,7 +34,7 @@ func (c Config) Validate() error {
 			fail(SectionShares, db, expectedShare, strconv.Itoa(n))
 		}
 	}
-	for _, name := range sortedKeys(c.Admins) {
+	for _, name := range slices.Sorted(maps.Keys(c.Admins)) {
 		if name == "" || strings.ContainsAny(name, "=\n") {
 			fail(SectionAdmins, name, "a user name without \"=\"", name)
 		} else if c.Admins[name] == "" {
@@ -83,13 +84,4 @@ func IsLoopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

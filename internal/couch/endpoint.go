@@ -4,11 +4,13 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"github.com/couchrep/couchrep/internal/redact"
+	"maps"
 	"net/http"
 	"net/url"
-	"sort"
+	"slices"
 	"strings"
+
+	"github.com/couchrep/couchrep/internal/redact"
 )
 
 // Endpoint is one database as a replication names it: its URL, extra
@@ -137,12 +139,7 @@ func endpointFromParts(raw string, headers map[string]string, basic *[2]string) 
 	}
 	ep := Endpoint{Headers: http.Header{}}
 	// Lowest precedence first; later sources overwrite.
-	keys := make([]string, 0, len(headers))
-	for k := range headers {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(headers)) {
 		v := headers[k]
 		if http.CanonicalHeaderKey(k) == "Authorization" {
 			if user, pass, ok := parseBasicAuth(v); ok {
