@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -40,11 +41,11 @@ func setupJobs(fs *flag.FlagSet) runFunc {
 			if s == "" {
 				continue
 			}
-			v, ok := messages.JobStatus_value["JOB_STATUS_"+strings.ToUpper(s)]
-			if !ok || v == 0 {
+			st, err := admin.ParseStatus(strings.ToLower(s))
+			if err != nil {
 				return usagef("unknown state %q (pending, running, crashing, completed, failed)", s)
 			}
-			req.States = append(req.States, messages.JobStatus(v))
+			req.States = append(req.States, st)
 		}
 		if !watch {
 			resp, err := ask(ctx, e, e.client.ListJobs, req)
@@ -147,7 +148,7 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 		if node == "" {
 			node = "-"
 		}
-		cols := []string{j.GetId(), lower("JOB_STATUS_", j.GetStatus()), node, fmt.Sprint(j.GetStats().GetDocsWritten())}
+		cols := []string{j.GetId(), admin.StatusName(j.GetStatus()), node, fmt.Sprint(j.GetStats().GetDocsWritten())}
 		if prev != nil {
 			rate := "-"
 			if before, ok := prev[j.GetId()]; ok && elapsed > 0 && j.GetStats().GetDocsWritten() >= before {
@@ -177,7 +178,7 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	row("id", j.GetId())
 	row("replication_id", j.GetReplicationId())
-	row("state", lower("JOB_STATUS_", j.GetStatus()))
+	row("state", admin.StatusName(j.GetStatus()))
 	row("kind", j.GetKind())
 	if j.GetDatabase() != "" {
 		row("database", j.GetDatabase())
@@ -241,7 +242,7 @@ func runJobRestart(ctx context.Context, e *env, args []string) error {
 
 // printJobNow prints what was done to job j and its new state.
 func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
-	_, err := fmt.Fprintf(w, "%s job %s: now %s\n", done, j.GetId(), lower("JOB_STATUS_", j.GetStatus()))
+	_, err := fmt.Fprintf(w, "%s job %s: now %s\n", done, j.GetId(), admin.StatusName(j.GetStatus()))
 	return err
 }
 

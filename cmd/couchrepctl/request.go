@@ -97,7 +97,7 @@ func oneID(name string, args []string) (string, error) {
 	return args[0], nil
 }
 
-// lower turns an enum value name into its short form: ("JOB_STATUS_", X) -> "x".
+// lower turns an enum value name into its short form: ("CHILD_STATE_", X) -> "x".
 func lower(prefix string, v fmt.Stringer) string {
 	return strings.ToLower(strings.TrimPrefix(v.String(), prefix))
 }

@@ -27,6 +27,20 @@ func jobStatus(st repjob.State) messages.JobStatus { return messages.JobStatus(s
 // stateOf is the job state an admin API status names.
 func stateOf(s messages.JobStatus) repjob.State { return repjob.State(s) }
 
+// StatusName is a job status's CouchDB name ("running"), as couchrepctl
+// shows it.
+func StatusName(s messages.JobStatus) string { return stateOf(s).String() }
+
+// ParseStatus returns the job status CouchDB's name name stands for; an
+// error naming it otherwise.
+func ParseStatus(name string) (messages.JobStatus, error) {
+	st, err := repjob.ParseState(name)
+	if err != nil {
+		return 0, err
+	}
+	return jobStatus(st), nil
+}
+
 // JobSummary is the admin view of a stored job; withHistory adds its
 // scheduler history (newest first).
 func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {

@@ -33,6 +33,15 @@ func TestJobStatusMapping(t *testing.T) {
 		if back := stateOf(s); back != st {
 			t.Errorf("%s -> %s -> %s", st, s, back)
 		}
+		if name := StatusName(s); name != st.String() {
+			t.Errorf("StatusName(%s) = %q", s, name)
+		}
+		if back, err := ParseStatus(st.String()); err != nil || back != s {
+			t.Errorf("ParseStatus(%q) = %s, %v", st.String(), back, err)
+		}
+	}
+	if s, err := ParseStatus("asleep"); err == nil || !strings.Contains(err.Error(), `"asleep"`) {
+		t.Errorf("ParseStatus(asleep) = %s, %v", s, err)
 	}
 	for v := range messages.JobStatus_name {
 		if v == 0 {

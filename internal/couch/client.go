@@ -246,7 +246,8 @@ func jsonBody(v any) (func() io.Reader, int64, error) {
 // transport error. The caller closes the body.
 func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 	key := LimitKey{Endpoint: d.red, Method: r.method}
-	wait := d.opts.RetryBackoff
+	backoff := pause.Backoff{Min: d.opts.RetryBackoff, Max: d.opts.MaxRetryBackoff}
+	wait := backoff.Next()
 	retries := d.opts.Retries
 	if r.noRetry {
 		retries = 0
@@ -321,7 +322,7 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 			return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 		}
 		attempt++
-		wait = min(wait*2, d.opts.MaxRetryBackoff)
+		wait = backoff.Next()
 	}
 }
 

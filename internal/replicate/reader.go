@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // batchIdle flushes a partial batch when the feed has been quiet this long
@@ -122,18 +123,18 @@ type changesReader struct {
 	since    couch.Seq
 	pages    pager
 	failures int
-	firstErr time.Time // first failure of the current run of failures
-	wait     time.Duration
-	got      int       // rows of the current request
-	began    time.Time // when the current request was sent
-	done     bool      // the reader has nothing more to do
+	firstErr time.Time     // first failure of the current run of failures
+	backoff  pause.Backoff // between re-opens of a feed: doubling, up to 5 minutes
+	got      int           // rows of the current request
+	began    time.Time     // when the current request was sent
+	done     bool          // the reader has nothing more to do
 	onRow    func(couch.Change) error
 }
 
 //go:noinline
 func newChangesReader(s *runState, bt *batcher) *changesReader {
 	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
-	cr.wait = cr.firstWait()
+	cr.backoff = pause.Backoff{Min: cr.firstWait(), Max: 5 * time.Minute}
 	cr.onRow = func(c couch.Change) error {
 		cr.got++
 		return cr.bt.add(c)
@@ -174,11 +175,11 @@ func (cr *changesReader) request(ctx context.Context) error {
 		// feeds): re-open it after a pause, not in a tight loop.
 		return cr.pause(ctx)
 	}
-	cr.wait = cr.firstWait()
+	cr.backoff.Reset()
 	return nil
 }
 
-// firstWait is the first pause before re-opening a feed (doubling).
+// firstWait is the first pause before re-opening a feed.
 func (cr *changesReader) firstWait() time.Duration {
 	if w := cr.s.r.o.RetryBackoff; w > 0 {
 		return w
@@ -186,17 +187,11 @@ func (cr *changesReader) firstWait() time.Duration {
 	return couch.DefaultRetryBackoff
 }
 
-// pause waits cr.wait (doubling it, up to 5 minutes) or until ctx is done.
+// pause waits the next backoff or until ctx is done.
 func (cr *changesReader) pause(ctx context.Context) error {
-	t := time.NewTimer(cr.wait)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	if pause.For(ctx, cr.backoff.Next()) != nil {
 		cr.done = true
-		return nil
 	}
-	cr.wait = min(cr.wait*2, 5*time.Minute)
 	return nil
 }
 
@@ -214,7 +209,7 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 		// heartbeats kept it open for twice the client's stall window,
 		// 2×heartbeat+5 s): a fresh failure.
 		cr.failures = 0
-		cr.wait = cr.firstWait()
+		cr.backoff.Reset()
 	}
 	if cr.failures == 0 {
 		cr.firstErr = time.Now()
