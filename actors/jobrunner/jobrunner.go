@@ -37,6 +37,7 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
@@ -200,14 +201,8 @@ func (a *jobActor) Receive(ctx actor.Context) {
 // ended and returns only store errors that could not be recorded.
 func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
 	run := a.run
-	if a.o.StartupDelay > 0 {
-		t := time.NewTimer(a.o.StartupDelay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
-		case <-t.C:
-		}
+	if a.o.StartupDelay > 0 && pause.For(ctx, a.o.StartupDelay) != nil {
+		return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
 	}
 	if err := run.Start(ctx, a.o.Node); err != nil {
 		if repjob.IsLost(err) {

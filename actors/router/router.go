@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -138,12 +139,8 @@ func (r *Router) Ask(ctx context.Context, name string, msg proto.Message) (proto
 		}
 		if errors.Is(err, actor.ErrDeadLetter) {
 			// Between incarnations: wait for the next one.
-			t := time.NewTimer(retryEvery)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if pause.For(ctx, retryEvery) != nil {
 				return nil, fmt.Errorf("couchrep: %s is not running: %w", name, ctx.Err())
-			case <-t.C:
 			}
 			continue
 		}

@@ -28,6 +28,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/share"
@@ -204,15 +205,8 @@ func toU32(m map[string]int) map[string]uint32 {
 
 // timer sends Tick every interval (re-read each time: it can change).
 func (a *schedActor) timer(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
-	for {
-		t := time.NewTimer(a.store.Policy().Interval)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-			system.Root.Send(self, Tick{})
-		}
+	for pause.For(ctx, a.store.Policy().Interval) == nil {
+		system.Root.Send(self, Tick{})
 	}
 }
 

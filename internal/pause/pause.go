@@ -1,7 +1,8 @@
 // Package pause waits for a duration or until a context ends, whichever
 // comes first: the one wait behind retry backoffs, rate limits and the
-// periodic loops (heartbeats, lease renewals, the activity monitor). It
-// depends on nothing of ours.
+// periodic loops (heartbeats, lease renewals, the activity monitor, the
+// scheduler's tick), and Backoff, the one doubling wait between retries.
+// It depends on nothing of ours.
 package pause
 
 import (
