@@ -161,10 +161,7 @@ func RunMultiProcess(t *testing.T, db kv.Database, location string) {
 	t.Run("Counter", func(t *testing.T) {
 		s := newSpace(t)
 		const n = 300
-		env := []string{envPrefix + "=" + prefixHex(s), envCount + "=" + strconv.Itoa(n)}
-		a, b := StartChild(t, "counter", location, env...), StartChild(t, "counter", location, env...)
-		a.Wait(t)
-		b.Wait(t)
+		runTwo(t, "counter", location, s, n)
 		if got := kv.Int64LE(get(t, db, k(s, "counter"))); got != 2*n {
 			t.Fatalf("counter = %d after 2×%d increments from two processes", got, n)
 		}
@@ -172,10 +169,7 @@ func RunMultiProcess(t *testing.T, db kv.Database, location string) {
 	t.Run("Versionstamps", func(t *testing.T) {
 		s := newSpace(t)
 		const n = 200
-		env := []string{envPrefix + "=" + prefixHex(s), envCount + "=" + strconv.Itoa(n)}
-		a, b := StartChild(t, "stamps", location, env...), StartChild(t, "stamps", location, env...)
-		a.Wait(t)
-		b.Wait(t)
+		runTwo(t, "stamps", location, s, n)
 		if err := checkStampLog(testCtx(t), db, s, 2*n); err != nil {
 			t.Fatal(err)
 		}
@@ -191,6 +185,16 @@ func RunMultiProcess(t *testing.T, db kv.Database, location string) {
 			t.Fatalf("watch on a key another process changed: %v", err)
 		}
 	})
+}
+
+// runTwo runs role n times on subspace s in two child processes at once
+// and waits for both.
+func runTwo(t *testing.T, role, location string, s tuple.Subspace, n int) {
+	t.Helper()
+	env := []string{envPrefix + "=" + prefixHex(s), envCount + "=" + strconv.Itoa(n)}
+	a, b := StartChild(t, role, location, env...), StartChild(t, role, location, env...)
+	a.Wait(t)
+	b.Wait(t)
 }
 
 // prefixHex and parsePrefix move a subspace to child processes.
