@@ -105,13 +105,7 @@ func encodeTerm(b *bytes.Buffer, t any) error {
 		writeU32(b, len(v))
 		b.WriteString(string(v))
 	case etfTuple:
-		if len(v) <= etfSmallTupleMax {
-			b.WriteByte(etfSmallTupleExt)
-			b.WriteByte(byte(len(v)))
-		} else {
-			b.WriteByte(etfLargeTupleExt)
-			writeU32(b, len(v))
-		}
+		writeSized(b, len(v), etfSmallTupleMax, etfSmallTupleExt, etfLargeTupleExt)
 		for _, e := range v {
 			if err := encodeTerm(b, e); err != nil {
 				return err
@@ -164,13 +158,7 @@ func encodeInt(b *bytes.Buffer, n *big.Int) {
 		}
 	}
 	mag := new(big.Int).Abs(n).Bytes() // big-endian
-	if len(mag) <= etfSmallBigMaxLen {
-		b.WriteByte(etfSmallBigExt)
-		b.WriteByte(byte(len(mag)))
-	} else {
-		b.WriteByte(etfLargeBigExt)
-		writeU32(b, len(mag))
-	}
+	writeSized(b, len(mag), etfSmallBigMaxLen, etfSmallBigExt, etfLargeBigExt)
 	if n.Sign() < 0 {
 		b.WriteByte(1)
 	} else {
@@ -185,6 +173,19 @@ func writeU16(b *bytes.Buffer, n int) {
 	var w [2]byte
 	binary.BigEndian.PutUint16(w[:], uint16(n))
 	b.Write(w[:])
+}
+
+// writeSized writes the tag and size of a term that has a small form (size
+// up to smallMax, in one byte) and a large one (in four bytes): tuples and
+// bignums.
+func writeSized(b *bytes.Buffer, n, smallMax int, smallTag, largeTag byte) {
+	if n <= smallMax {
+		b.WriteByte(smallTag)
+		b.WriteByte(byte(n))
+		return
+	}
+	b.WriteByte(largeTag)
+	writeU32(b, n)
 }
 
 func writeU32(b *bytes.Buffer, n int) {

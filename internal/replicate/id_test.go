@@ -3,6 +3,7 @@ package replicate
 import (
 	"encoding/base64"
 	"errors"
+	"math/big"
 	"strings"
 	"testing"
 )
@@ -177,6 +178,31 @@ func TestTermToBinary(t *testing.T) {
 	}
 	if string(got) != string(want) {
 		t.Errorf("termToBinary:\n got %v\nwant %v", got, want)
+	}
+	// The large forms, from the ETF specification: LARGE_TUPLE_EXT (105)
+	// with a four-byte arity past 255 elements, LARGE_BIG_EXT (111) with a
+	// four-byte length past 255 bytes of magnitude (sign, then little-endian
+	// digits).
+	tuple := make(etfTuple, 256)
+	wantTuple := []byte{131, 105, 0, 0, 1, 0}
+	for i := range tuple {
+		tuple[i] = 7
+		wantTuple = append(wantTuple, 97, 7)
+	}
+	huge := new(big.Int).Lsh(big.NewInt(1), 8*255) // 256 bytes of magnitude
+	wantBig := append([]byte{131, 111, 0, 0, 1, 0, 1}, make([]byte, 255)...)
+	wantBig = append(wantBig, 1)
+	for _, tc := range []struct {
+		name string
+		term any
+		want []byte
+	}{
+		{"large tuple", tuple, wantTuple},
+		{"large negative bignum", new(big.Int).Neg(huge), wantBig},
+	} {
+		if got, err := termToBinary(tc.term); err != nil || string(got) != string(tc.want) {
+			t.Errorf("%s: termToBinary = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
 	}
 	if _, err := termToBinary(struct{}{}); err == nil || !strings.Contains(err.Error(), "unsupported") {
 		t.Errorf("unsupported type: err = %v", err)
