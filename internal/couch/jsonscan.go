@@ -452,60 +452,50 @@ func scanNumber(b []byte, i int) (int, error) {
 // objectMembers calls fn for each member of the checked JSON object obj
 // (keys still quoted); values are slices of obj.
 func objectMembers(obj []byte, fn func(key, val []byte) error) error {
-	i := skipWS(obj, 0)
-	if i >= len(obj) || obj[i] != '{' {
-		return fmt.Errorf("not an object: %.100s", obj)
-	}
-	i++
-	for {
-		i = skipWS(obj, i)
-		if i >= len(obj) {
-			return fmt.Errorf("object truncated: %.100s", obj)
-		}
-		switch obj[i] {
-		case '}':
-			return nil
-		case ',':
-			i++
-			continue
-		}
+	return jsonItems(obj, '{', '}', "object", func(i int) (int, error) {
 		kEnd := skipValue(obj, i)
-		key := obj[i:kEnd]
-		i = skipWS(obj, kEnd)
-		if i >= len(obj) || obj[i] != ':' {
-			return fmt.Errorf("object malformed: %.100s", obj)
+		j := skipWS(obj, kEnd)
+		if j >= len(obj) || obj[j] != ':' {
+			return j, fmt.Errorf("object malformed: %.100s", obj)
 		}
-		vStart := skipWS(obj, i+1)
-		i = skipValue(obj, vStart)
-		if err := fn(key, obj[vStart:i]); err != nil {
-			return err
-		}
-	}
+		vStart := skipWS(obj, j+1)
+		vEnd := skipValue(obj, vStart)
+		return vEnd, fn(obj[i:kEnd], obj[vStart:vEnd])
+	})
 }
 
 // arrayElements calls fn for each element of the checked JSON array arr.
 func arrayElements(arr []byte, fn func(val []byte) error) error {
-	i := skipWS(arr, 0)
-	if i >= len(arr) || arr[i] != '[' {
-		return fmt.Errorf("not an array: %.100s", arr)
+	return jsonItems(arr, '[', ']', "array", func(i int) (int, error) {
+		end := skipValue(arr, i)
+		return end, fn(arr[i:end])
+	})
+}
+
+// jsonItems walks the checked JSON object or array b (what names it), which
+// opens with open and closes with closing: item is called at the start of
+// each member or element and returns where it ends.
+func jsonItems(b []byte, open, closing byte, what string, item func(i int) (int, error)) error {
+	i := skipWS(b, 0)
+	if i >= len(b) || b[i] != open {
+		return fmt.Errorf("not an %s: %.100s", what, b)
 	}
 	i++
 	for {
-		i = skipWS(arr, i)
-		if i >= len(arr) {
-			return fmt.Errorf("array truncated: %.100s", arr)
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return fmt.Errorf("%s truncated: %.100s", what, b)
 		}
-		switch arr[i] {
-		case ']':
+		switch b[i] {
+		case closing:
 			return nil
 		case ',':
 			i++
 			continue
 		}
-		end := skipValue(arr, i)
-		if err := fn(arr[i:end]); err != nil {
+		var err error
+		if i, err = item(i); err != nil {
 			return err
 		}
-		i = end
 	}
 }

@@ -3,6 +3,7 @@ package couch
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -144,4 +145,60 @@ func FuzzScanValue(f *testing.F) {
 			t.Fatalf("%q: scanValue %v (end %d, %v), json.Valid %v", b, got, end, err, want)
 		}
 	})
+}
+
+// TestObjectMembersArrayElements walks objects and arrays member by member
+// and element by element, and names what is wrong with a bad one.
+func TestObjectMembersArrayElements(t *testing.T) {
+	t.Parallel()
+	stop := errors.New("stop")
+	tests := []struct {
+		name, in string
+		array    bool
+		stopAt   string // fn fails at this key or element
+		want     string // the items seen, then "|" and the error
+	}{
+		{"object", ` { "a" : 1 , "b":[1,{"c":2}] ,"d":"x"} `, false, "", `"a"=1 "b"=[1,{"c":2}] "d"="x" |<nil>`},
+		{"empty object", `{}`, false, "", `|<nil>`},
+		{"array", `[1, "two" ,{"three":3}, [4]]`, true, "", `1 "two" {"three":3} [4] |<nil>`},
+		{"empty array", ` [ ] `, true, "", `|<nil>`},
+		{"not an object", `[1]`, false, "", `|not an object: [1]`},
+		{"not an array", `{}`, true, "", `|not an array: {}`},
+		{"object truncated", `{"a":1,`, false, "", `"a"=1 |object truncated: {"a":1,`},
+		{"array truncated", `[1`, true, "", `1 |array truncated: [1`},
+		{"object malformed", `{"a" 1}`, false, "", `|object malformed: {"a" 1}`},
+		{"fn fails in object", `{"a":1,"b":2,"c":3}`, false, `"b"`, `"a"=1 "b"=2 |stop`},
+		{"fn fails in array", `[1,2,3]`, true, `2`, `1 2 |stop`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var seen []string
+			var err error
+			if tc.array {
+				err = arrayElements([]byte(tc.in), func(v []byte) error {
+					seen = append(seen, string(v))
+					if string(v) == tc.stopAt {
+						return stop
+					}
+					return nil
+				})
+			} else {
+				err = objectMembers([]byte(tc.in), func(k, v []byte) error {
+					seen = append(seen, string(k)+"="+string(v))
+					if string(k) == tc.stopAt {
+						return stop
+					}
+					return nil
+				})
+			}
+			got := ""
+			for _, s := range seen {
+				got += s + " "
+			}
+			got += "|" + fmt.Sprint(err)
+			if got != tc.want {
+				t.Errorf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
 }
