@@ -125,18 +125,28 @@ func (d *DB) Close() error {
 	return nil
 }
 
-// run creates a transaction that is cancelled if ctx ends.
-func (d *DB) run(ctx context.Context, fn func(fdb.Transaction) error) error {
+// begin creates a transaction that is cancelled if ctx ends; end releases
+// it.
+func (d *DB) begin(ctx context.Context) (tr fdb.Transaction, end func(), err error) {
 	if d.isClosed() {
-		return kv.ErrClosed
+		return tr, nil, kv.ErrClosed
 	}
-	tr, err := d.db.CreateTransaction()
+	tr, err = d.db.CreateTransaction()
 	if err != nil {
-		return fmt.Errorf("fdb: create transaction: %w", err)
+		return tr, nil, fmt.Errorf("fdb: create transaction: %w", err)
 	}
-	defer tr.Cancel()
 	stop := context.AfterFunc(ctx, tr.Cancel)
-	defer stop()
+	return tr, func() { stop(); tr.Cancel() }, nil
+}
+
+// run runs fn in a transaction (see begin), again after each retryable FDB
+// error, up to Options.MaxAttempts.
+func (d *DB) run(ctx context.Context, fn func(fdb.Transaction) error) error {
+	tr, end, err := d.begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer end()
 	for attempt := 1; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -184,16 +194,11 @@ func (d *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
 	// fn runs exactly once (the kv contract: callers collect what it
 	// reads); a retryable FDB error, such as transaction_too_old on a long
 	// read, is returned rather than retried.
-	if d.isClosed() {
-		return kv.ErrClosed
-	}
-	tr, err := d.db.CreateTransaction()
+	tr, end, err := d.begin(ctx)
 	if err != nil {
-		return fmt.Errorf("fdb: create transaction: %w", err)
+		return err
 	}
-	defer tr.Cancel()
-	stop := context.AfterFunc(ctx, tr.Cancel)
-	defer stop()
+	defer end()
 	t := &tx{tr: tr, rt: tr}
 	err = fn(t)
 	t.finish(err)
