@@ -125,6 +125,20 @@ func dialable(addr string) func() error {
 	}
 }
 
+// retryOnPort is retryStart for a server on one loopback port: each try
+// gets a fresh directory and a port that was free, and its address.
+func retryOnPort[T any](t testing.TB, what string, start func(dir string, port int, addr string) (T, error)) T {
+	t.Helper()
+	return retryStart(t, what, func() (T, error) {
+		port, err := FreePort()
+		if err != nil {
+			var zero T
+			return zero, err
+		}
+		return start(t.TempDir(), port, "127.0.0.1:"+strconv.Itoa(port))
+	})
+}
+
 // retryStart tries start three times: a port found free may be taken by
 // someone else before the server binds it.
 func retryStart[T any](t testing.TB, what string, start func() (T, error)) T {
@@ -323,12 +337,7 @@ func StartTLSProxy(t testing.TB, pki *PKI, p *ForwardProxy) *ForwardProxy {
 	if _, err := os.Stat(StreamModule); err != nil {
 		t.Fatalf("testserver: %s is missing: run `make testdeps` (it installs Debian's libnginx-mod-stream)", StreamModule)
 	}
-	return retryStart(t, "nginx (TLS proxy front)", func() (*ForwardProxy, error) {
-		dir := t.TempDir()
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
+	return retryOnPort(t, "nginx (TLS proxy front)", func(dir string, port int, addr string) (*ForwardProxy, error) {
 		conf := fmt.Sprintf(`load_module %s;
 daemon off;
 master_process off;
@@ -349,7 +358,6 @@ stream {
 		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 			return nil, err
 		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
 		front, err := startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"),
 			[]string{"-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log")}, dialable(addr))
 		if err != nil {
@@ -380,12 +388,7 @@ type ForwardProxy struct {
 func StartTinyproxy(t testing.TB, user, pass string) *ForwardProxy {
 	t.Helper()
 	bin := binary(t, "tinyproxy")
-	return retryStart(t, "tinyproxy", func() (*ForwardProxy, error) {
-		dir := t.TempDir()
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
+	return retryOnPort(t, "tinyproxy", func(dir string, port int, addr string) (*ForwardProxy, error) {
 		logPath := filepath.Join(dir, "tinyproxy.log")
 		conf := fmt.Sprintf("Port %d\nListen 127.0.0.1\nTimeout 600\nLogFile %q\nLogLevel Connect\nPidFile %q\nMaxClients 200\nAllow 127.0.0.1\nDisableViaHeader Yes\n",
 			port, logPath, filepath.Join(dir, "tinyproxy.pid"))
@@ -396,7 +399,6 @@ func StartTinyproxy(t testing.TB, user, pass string) *ForwardProxy {
 		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 			return nil, err
 		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
 		p, err := startProc(t, "tinyproxy", bin, dir, filepath.Join(dir, "stderr.log"), []string{"-d", "-c", confPath}, dialable(addr))
 		if err != nil {
 			return nil, err
@@ -413,17 +415,11 @@ func StartTinyproxy(t testing.TB, user, pass string) *ForwardProxy {
 func StartMicrosocks(t testing.TB, user, pass string) *ForwardProxy {
 	t.Helper()
 	bin := binary(t, "microsocks")
-	return retryStart(t, "microsocks", func() (*ForwardProxy, error) {
-		dir := t.TempDir()
-		port, err := FreePort()
-		if err != nil {
-			return nil, err
-		}
+	return retryOnPort(t, "microsocks", func(dir string, port int, addr string) (*ForwardProxy, error) {
 		args := []string{"-i", "127.0.0.1", "-p", strconv.Itoa(port)}
 		if user != "" {
 			args = append(args, "-u", user, "-P", pass)
 		}
-		addr := "127.0.0.1:" + strconv.Itoa(port)
 		p, err := startProc(t, "microsocks", bin, dir, filepath.Join(dir, "microsocks.log"), args, dialable(addr))
 		if err != nil {
 			return nil, err
