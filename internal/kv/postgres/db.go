@@ -140,6 +140,10 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	if rp["application_name"] == "" {
 		rp["application_name"] = "couchrep"
 	}
+	// Every statement of this package has an index to use; a generic
+	// plan made while a table was small would scan it whole for good
+	// (the commit's validation of the clears log did: schema 3).
+	rp["enable_seqscan"] = "off"
 	if opts.Durability == DurabilityNormal {
 		rp["synchronous_commit"] = "off"
 	}
@@ -334,10 +338,19 @@ const (
 	getSQL   = "SELECT k, v FROM couchrep_kv WHERE k = $1"
 	fwdSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
 	revSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k DESC LIMIT $3"
+	// The first read of a transaction: the read and the snapshot's commit
+	// version in one statement (one row without a key when nothing is
+	// found).
+	firstGetSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + getSQL + ") q ON true WHERE m.id = 1"
+	firstFwdSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + fwdSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k"
+	firstRevSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + revSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k DESC"
 	// applySQL validates and applies one transaction of a commit batch
 	// (schema.go, commit.go).
 	applySQL = "SELECT o_ok, o_xv FROM couchrep_kv_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"
 )
+
+// firstSQL maps each read to its first-read form.
+var firstSQL = map[string]string{getSQL: firstGetSQL, fwdSQL: firstFwdSQL, revSQL: firstRevSQL}
 
 // errNotSent marks a commit that failed before its statement reached the
 // server (pgconn.SafeToRetry): running the transaction again is safe.

@@ -110,9 +110,10 @@ func (t *tx) query(sql string, args ...any) ([]row, error) {
 			b.Queue("ROLLBACK")
 		}
 		b.Queue(beginSQL)
-		b.Queue(snapSQL)
-		if sql != "" {
-			b.Queue(sql, args...)
+		if sql == "" {
+			b.Queue(snapSQL)
+		} else {
+			b.Queue(firstSQL[sql], args...)
 		}
 		br := t.conn.SendBatch(t.ctx, b)
 		var out []row
@@ -122,13 +123,13 @@ func (t *tx) query(sql string, args ...any) ([]row, error) {
 		if err == nil {
 			_, err = br.Exec()
 		}
-		if err == nil {
+		if err == nil && sql == "" {
 			err = br.QueryRow().Scan(&t.snap)
 		}
 		if err == nil && sql != "" {
 			var rows pgx.Rows
 			if rows, err = br.Query(); err == nil {
-				out, err = collectRows(rows)
+				out, err = collectFirstRows(rows, &t.snap)
 			}
 		}
 		if cerr := br.Close(); err == nil {
@@ -147,6 +148,26 @@ func (t *tx) query(sql string, args ...any) ([]row, error) {
 		}
 	}
 	return nil, err
+}
+
+// collectFirstRows is collectRows for a firstSQL query: each row also
+// carries the snapshot's commit version (snap), and a lone row without a
+// key says the read found nothing.
+func collectFirstRows(rows pgx.Rows, snap *int64) ([]row, error) {
+	defer rows.Close()
+	var out []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(snap, &r.k, &r.v); err != nil {
+			return nil, err
+		}
+		if r.k == nil {
+			continue
+		}
+		r.v = kvbuf.NonNil(r.v)
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }
 
 func collectRows(rows pgx.Rows) ([]row, error) {
