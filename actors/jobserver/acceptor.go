@@ -186,9 +186,6 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		run, err := store.Accept(ctx, true)
 		if err != nil {
 			release()
-			if ctx.Err() != nil {
-				return
-			}
 			if !retryAfter(ctx, &retry, a.log, err, "acceptor: accept failed") {
 				return
 			}
@@ -253,9 +250,6 @@ func (a *acceptor) followControls(ctx context.Context, system *actor.ActorSystem
 	for ctx.Err() == nil {
 		cs, w, err := a.deps.RepJobs.Controls(ctx, a.deps.NodeName())
 		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
 			if !retryAfter(ctx, &retry, a.log, err, "acceptor: reading control requests failed") {
 				return
 			}
@@ -338,7 +332,8 @@ const (
 
 // retryAfter logs err and waits the next delay of retry (the doubling
 // wait between retries of a failing store call, from minRetry up to
-// maxRetry); false if ctx ended.
+// maxRetry); false, without a word, if ctx ended (the error is then the
+// shutdown's).
 func retryAfter(ctx context.Context, retry *pause.Backoff, log zerolog.Logger, err error, msg string) bool {
 	if ctx.Err() != nil {
 		return false

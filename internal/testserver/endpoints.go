@@ -213,12 +213,7 @@ func StartNginx(t testing.TB, pki *PKI, upstream string) *Nginx {
 				return nil, err
 			}
 		}
-		conf := fmt.Sprintf(`daemon off;
-master_process off;
-worker_processes 1;
-pid %[1]s/nginx.pid;
-error_log %[1]s/error.log info;
-events { worker_connections 1024; }
+		args, err := nginxConf(dir, "", fmt.Sprintf(`events { worker_connections 1024; }
 http {
 	map $http_cookie $auth_cookie { ~AuthSession= cookie; default ""; }
 	map $http_authorization $auth_basic { ~^Basic basic; default ""; }
@@ -264,9 +259,8 @@ http {
 		location / { proxy_pass http://pouchdb; }
 	}
 }
-`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3])
-		confPath := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3]))
+		if err != nil {
 			return nil, err
 		}
 		n := &Nginx{
@@ -285,8 +279,7 @@ http {
 			return nil
 		}
 		n.start = func() (*Proc, error) {
-			return startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"),
-				[]string{"-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log")}, ready)
+			return startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"), args, ready)
 		}
 		p, err := n.start()
 		if err != nil {
@@ -338,28 +331,20 @@ func StartTLSProxy(t testing.TB, pki *PKI, p *ForwardProxy) *ForwardProxy {
 		t.Fatalf("testserver: %s is missing: run `make testdeps` (it installs Debian's libnginx-mod-stream)", StreamModule)
 	}
 	return retryOnPort(t, "nginx (TLS proxy front)", func(dir string, port int, addr string) (*ForwardProxy, error) {
-		conf := fmt.Sprintf(`load_module %s;
-daemon off;
-master_process off;
-worker_processes 1;
-pid %[2]s/nginx.pid;
-error_log %[2]s/error.log info;
-events { worker_connections 256; }
+		args, err := nginxConf(dir, "load_module "+StreamModule+";\n", fmt.Sprintf(`events { worker_connections 256; }
 stream {
 	server {
-		listen 127.0.0.1:%[3]d ssl;
-		ssl_certificate %[4]s;
-		ssl_certificate_key %[5]s;
-		proxy_pass %[6]s;
+		listen 127.0.0.1:%d ssl;
+		ssl_certificate %s;
+		ssl_certificate_key %s;
+		proxy_pass %s;
 	}
 }
-`, StreamModule, dir, port, pki.ServerCert, pki.ServerKey, p.Addr)
-		confPath := filepath.Join(dir, "nginx.conf")
-		if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
+`, port, pki.ServerCert, pki.ServerKey, p.Addr))
+		if err != nil {
 			return nil, err
 		}
-		front, err := startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"),
-			[]string{"-p", dir, "-c", confPath, "-e", filepath.Join(dir, "error.log")}, dialable(addr))
+		front, err := startProc(t, "nginx", bin, dir, filepath.Join(dir, "error.log"), args, dialable(addr))
 		if err != nil {
 			return nil, err
 		}
@@ -369,6 +354,19 @@ stream {
 		return &ForwardProxy{Proc: &Proc{Name: "tinyproxy behind nginx", LogPath: p.LogPath, cmd: front.cmd, exited: front.exited},
 			URL: u.String(), Addr: addr}, nil
 	})
+}
+
+// nginxConf writes dir/nginx.conf for an nginx run in dir: modules (load_module
+// lines), the main context every nginx here shares (in the foreground, one
+// process, its pid file and error log in dir), then body. It returns nginx's
+// command-line arguments.
+func nginxConf(dir, modules, body string) ([]string, error) {
+	conf := modules + fmt.Sprintf("daemon off;\nmaster_process off;\nworker_processes 1;\npid %[1]s/nginx.pid;\nerror_log %[1]s/error.log info;\n", dir) + body
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		return nil, err
+	}
+	return []string{"-p", dir, "-c", path, "-e", filepath.Join(dir, "error.log")}, nil
 }
 
 // ForwardProxy is a real proxy process (tinyproxy or microsocks).
