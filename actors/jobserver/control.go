@@ -65,6 +65,22 @@ func (s *server) handle(ctx context.Context, msg proto.Message) (proto.Message, 
 
 func (s *server) list(ctx context.Context, req *messages.ListJobsRequest) (*messages.ListJobsResponse, error) {
 	resp := &messages.ListJobsResponse{}
+	if len(req.GetStates()) == 0 && req.GetDatabase() == "" && req.GetNode() == "" {
+		// No filter: the store reads only the page.
+		limit := -1
+		if req.GetLimit() > 0 {
+			limit = int(req.GetLimit())
+		}
+		p, err := s.store.Jobs(ctx, 0, limit)
+		if err != nil {
+			return nil, fmt.Errorf("couchrep: list jobs: %w", err)
+		}
+		resp.Total = uint32(p.Total)
+		for _, r := range p.Jobs {
+			resp.Jobs = append(resp.Jobs, admin.JobSummary(r, false))
+		}
+		return resp, nil
+	}
 	err := s.store.Each(ctx, admin.JobFilter(req), func(r *repjob.Record) error {
 		resp.Total++
 		if req.GetLimit() == 0 || uint32(len(resp.Jobs)) < req.GetLimit() {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -87,6 +88,42 @@ func (m *memStore) List(context.Context) ([]*httpapi.Job, error) {
 		out = append(out, &c)
 	}
 	return out, nil
+}
+
+// SchedulerJobs pages List's unfinished jobs sorted by shown id.
+func (m *memStore) SchedulerJobs(ctx context.Context, skip, limit int) ([]*httpapi.Job, int, error) {
+	return m.page(ctx, skip, limit, func(j *httpapi.Job) bool { return !j.State.Terminal() }, func(j *httpapi.Job) string {
+		if j.RepID != "" {
+			return j.RepID
+		}
+		return j.JobID
+	})
+}
+
+// SchedulerDocs pages List's persistent jobs sorted by database and doc id.
+func (m *memStore) SchedulerDocs(ctx context.Context, db string, skip, limit int) ([]*httpapi.Job, int, error) {
+	return m.page(ctx, skip, limit, func(j *httpapi.Job) bool { return !j.Transient && (db == "" || j.Database == db) },
+		func(j *httpapi.Job) string { return j.Database + "\x00" + j.DocID })
+}
+
+func (m *memStore) page(ctx context.Context, skip, limit int, keep func(*httpapi.Job) bool, key func(*httpapi.Job) string) ([]*httpapi.Job, int, error) {
+	all, err := m.List(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []*httpapi.Job
+	for _, j := range all {
+		if keep(j) {
+			out = append(out, j)
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return key(out[a]) < key(out[b]) })
+	total := len(out)
+	out = out[min(skip, total):]
+	if limit >= 0 && limit < len(out) {
+		out = out[:limit]
+	}
+	return out, total, nil
 }
 
 func (m *memStore) Remove(_ context.Context, id string) error {

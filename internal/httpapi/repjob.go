@@ -83,6 +83,27 @@ func (a *RepjobStore) List(ctx context.Context) ([]*Job, error) {
 	return out, nil
 }
 
+// SchedulerJobs implements Store with repjob's listing index: it reads the
+// page, not every job.
+func (a *RepjobStore) SchedulerJobs(ctx context.Context, skip, limit int) ([]*Job, int, error) {
+	p, err := a.store.SchedulerJobs(ctx, skip, limit)
+	return jobsOf(p), p.Total, err
+}
+
+// SchedulerDocs implements Store with repjob's listing index.
+func (a *RepjobStore) SchedulerDocs(ctx context.Context, db string, skip, limit int) ([]*Job, int, error) {
+	p, err := a.store.SchedulerDocs(ctx, db, skip, limit)
+	return jobsOf(p), p.Total, err
+}
+
+func jobsOf(p repjob.Page) []*Job {
+	out := make([]*Job, len(p.Jobs))
+	for i, r := range p.Jobs {
+		out[i] = JobFromRecord(r)
+	}
+	return out
+}
+
 // Remove implements Store (transient jobs: POST /_replicate cancel). A
 // running job is removed together with a cancel request to the node running
 // it, whose job server stops it at once (repjob.Store.Cancel).

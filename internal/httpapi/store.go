@@ -77,6 +77,16 @@ type Store interface {
 	FindByRepID(ctx context.Context, repID string) (*Job, error)
 	// List returns every job, in no particular order.
 	List(ctx context.Context) ([]*Job, error)
+	// SchedulerJobs returns the jobs _scheduler/jobs lists (every job not
+	// finished) in its order (the shown id: replication id once known,
+	// else job id), from the skip-th on, at most limit (negative: no
+	// limit), and how many there are.
+	SchedulerJobs(ctx context.Context, skip, limit int) (jobs []*Job, total int, err error)
+	// SchedulerDocs returns the jobs of _replicator documents (of
+	// database db, or all when db is empty) in _scheduler/docs order
+	// (database, document id), from the skip-th on, at most limit
+	// (negative: no limit), and how many there are.
+	SchedulerDocs(ctx context.Context, db string, skip, limit int) (jobs []*Job, total int, err error)
 	// Remove deletes a job, stopping it if it runs.
 	Remove(ctx context.Context, jobID string) error
 	// Wait blocks until done returns true for the job's current state (it is

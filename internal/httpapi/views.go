@@ -206,23 +206,17 @@ func (s *Server) schedulerJobs(w http.ResponseWriter, r *http.Request, rest stri
 	if err != nil {
 		return err
 	}
-	all, err := s.store.List(r.Context())
+	// CouchDB sorts the jobs by id and pages with skip and limit; the
+	// store reads only the page.
+	page, total, err := s.store.SchedulerJobs(r.Context(), pg.skip, pg.limit)
 	if err != nil {
 		return err
 	}
-	var live []*Job
-	for _, j := range all {
-		if !j.State.Terminal() {
-			live = append(live, j)
-		}
-	}
-	sort.Slice(live, func(a, b int) bool { return shownID(live[a]) < shownID(live[b]) })
-	lo, hi := pg.apply(len(live))
-	out := make([]jobJSON, 0, hi-lo)
-	for _, j := range live[lo:hi] {
+	out := make([]jobJSON, 0, len(page))
+	for _, j := range page {
 		out = append(out, jobView(j))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"total_rows": len(live), "offset": lo, "jobs": out})
+	writeJSON(w, http.StatusOK, map[string]any{"total_rows": total, "offset": min(pg.skip, total), "jobs": out})
 	return nil
 }
 
@@ -406,6 +400,19 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 	states, err := parseStates(r.URL.Query())
 	if err != nil {
 		return err
+	}
+	if docID == "" && states == nil {
+		// The store reads only the page.
+		page, total, err := s.store.SchedulerDocs(r.Context(), db, pg.skip, pg.limit)
+		if err != nil {
+			return err
+		}
+		out := make([]map[string]any, 0, len(page))
+		for _, j := range page {
+			out = append(out, docView(j))
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"total_rows": total, "offset": min(pg.skip, total), "docs": out})
+		return nil
 	}
 	all, err := s.store.List(r.Context())
 	if err != nil {

@@ -78,7 +78,14 @@ func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobCont
 			return err
 		}
 		if rec.Kind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
-			return s.q.CancelTx(tx, JobType, jobID)
+			if err := s.q.CancelTx(tx, JobType, jobID); err != nil {
+				return err
+			}
+			if info.State != jobqueue.StatePending {
+				return nil
+			}
+			// The pending job finished (canceled).
+			return s.relist(tx, jobID, &Record{ReplicationJob: rec.ReplicationJob, QueueState: jobqueue.StateFinished})
 		}
 		return s.removeTx(tx, info)
 	})

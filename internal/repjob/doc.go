@@ -81,4 +81,11 @@
 //	(EXPIRE, finished_ns, id)      = ""    finished transient jobs
 //	(CONTROL, node, id)            = JobControl   stop/restart/cancel for node
 //	(CONTROL_WATCH, node)          = counter bumped with every new request
+//	(SCHED, shown_id, id)          = ""    jobs not finished, _scheduler/jobs order
+//	(DOCS, db, doc_id, id)         = ""    jobs of documents, _scheduler/docs order
+//	(LISTED, id)                   = the job's SCHED and DOCS keys (every job)
+//	(COUNT, name)                  = entries of SCHED, DOCS and LISTED
+//	(LISTING_BUILT)                = set once the jobs before these indexes are in
+//
+// The last five make listings page without reading every job (listing.go).
 package repjob

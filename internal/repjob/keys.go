@@ -28,7 +28,8 @@ const (
 
 type keys struct {
 	repIDs, shares, changes, lastChange, expire, control, controlWatch tuple.Subspace
-	frontier, changesWatch                                             []byte
+	sched, docs, listed, counts                                        tuple.Subspace
+	frontier, changesWatch, listingBuilt                               []byte
 }
 
 func newKeys(prefix []byte) keys {
@@ -43,8 +44,15 @@ func newKeys(prefix []byte) keys {
 		controlWatch: root.Sub(tagControlWatch),
 		frontier:     root.Pack(tuple.Tuple{tagFrontier}),
 		changesWatch: root.Pack(tuple.Tuple{tagChangesWatch}),
+		sched:        root.Sub(tagSched),
+		docs:         root.Sub(tagDocs),
+		listed:       root.Sub(tagListed),
+		counts:       root.Sub(tagCount),
+		listingBuilt: root.Pack(tuple.Tuple{tagListingBuilt}),
 	}
 }
+
+func (k keys) count(name string) []byte { return k.counts.Pack(tuple.Tuple{name}) }
 
 func (k keys) repIDKey(repID string) []byte { return k.repIDs.Pack(tuple.Tuple{repID}) }
 func (k keys) shareKey(key string) []byte   { return k.shares.Pack(tuple.Tuple{key}) }
@@ -164,7 +172,10 @@ func (s *Store) frontierTx(tx kv.ReadTx) (uint64, error) {
 // noteChange records that job id changed state in this transaction: its
 // previous entry in the changes index is replaced by one at this
 // transaction's versionstamp.
-func (s *Store) noteChange(tx kv.Tx, id string) error {
+//
+// It also brings the job's listing entries up to date (relist; known as
+// there).
+func (s *Store) noteChange(tx kv.Tx, id string, known *Record) error {
 	lk := s.k.lastChangeKey(id)
 	old, err := tx.Get(lk)
 	if err != nil {
@@ -186,5 +197,5 @@ func (s *Store) noteChange(tx kv.Tx, id string) error {
 		return err
 	}
 	tx.Add(s.k.changesWatch, 1)
-	return nil
+	return s.relist(tx, id, known)
 }

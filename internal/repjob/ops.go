@@ -205,10 +205,10 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 	if err := s.q.AddTx(tx, JobType, j.id, jobqueue.AddOptions{Priority: prio, Data: data, Replace: true}); err != nil {
 		return res, err
 	}
-	if err := s.noteChange(tx, j.id); err != nil {
+	res.Record = &Record{ReplicationJob: m, QueueState: jobqueue.StatePending, Priority: prio}
+	if err := s.noteChange(tx, j.id, res.Record); err != nil {
 		return res, err
 	}
-	res.Record = &Record{ReplicationJob: m, QueueState: jobqueue.StatePending, Priority: prio}
 	return res, nil
 }
 
@@ -287,10 +287,11 @@ func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason stri
 	if err := s.q.AddTx(tx, JobType, id, jobqueue.AddOptions{Data: data, Replace: true, Finished: true}); err != nil {
 		return AddResult{}, err
 	}
-	if err := s.noteChange(tx, id); err != nil {
+	rec := &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}
+	if err := s.noteChange(tx, id, rec); err != nil {
 		return AddResult{}, err
 	}
-	return AddResult{JobID: id, Record: &Record{ReplicationJob: m, QueueState: jobqueue.StateFinished}}, nil
+	return AddResult{JobID: id, Record: rec}, nil
 }
 
 // invalidBody is the body kept with an invalid document's failed job: the
@@ -395,7 +396,7 @@ func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
 	if err := s.q.RemoveTx(tx, JobType, info.ID); err != nil {
 		return err
 	}
-	return s.noteChange(tx, info.ID)
+	return s.noteChange(tx, info.ID, nil)
 }
 
 func wrapNotFound(op, id string, err error) error {
@@ -725,7 +726,7 @@ func (s *Store) CleanupTransient(ctx context.Context) (int, error) {
 			if err := s.q.RemoveTx(tx, JobType, ids[i]); err != nil {
 				return err
 			}
-			if err := s.noteChange(tx, ids[i]); err != nil {
+			if err := s.noteChange(tx, ids[i], nil); err != nil {
 				return err
 			}
 			n++

@@ -90,8 +90,14 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 		if err := op(tx, data); err != nil {
 			return err
 		}
-		if change {
-			return r.s.noteChange(tx, r.j.ID())
+		// The queue record is stamped at commit: the listing gets the job
+		// as written.
+		known := &Record{ReplicationJob: next, QueueState: r.j.Info().State}
+		switch {
+		case change:
+			return r.s.noteChange(tx, r.j.ID(), known)
+		case next.GetRepId() != r.m.GetRepId(): // the id _scheduler/jobs sorts by
+			return r.s.relist(tx, r.j.ID(), known)
 		}
 		return nil
 	})

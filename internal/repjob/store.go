@@ -228,6 +228,9 @@ func (s *Store) Init(ctx context.Context) error {
 	if err := s.q.SetTypeTimeout(ctx, JobType, s.timeout); err != nil {
 		return fmt.Errorf("repjob: register job type: %w", err)
 	}
+	if err := s.buildListing(ctx); err != nil {
+		return fmt.Errorf("repjob: index jobs for listing: %w", err)
+	}
 	s.mu.Lock()
 	s.typeDone = true
 	s.mu.Unlock()
