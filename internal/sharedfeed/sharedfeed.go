@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -74,8 +75,9 @@ type Hub struct {
 	log    zerolog.Logger
 	buffer int
 
-	mu    sync.Mutex
-	feeds map[string]*feed
+	mu        sync.Mutex
+	feeds     map[string]*feed
+	overflows atomic.Uint64
 }
 
 // New returns an empty Hub.
@@ -90,13 +92,16 @@ func New(o Options) *Hub {
 type Stats struct {
 	// Feeds open or opening, and their subscriptions.
 	Feeds, Subscriptions int
+	// Overflows counts the subscriptions that fell behind (ErrOverflow)
+	// since the Hub was made.
+	Overflows uint64
 }
 
 // Stats counts the Hub's feeds and subscriptions.
 func (h *Hub) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st := Stats{Feeds: len(h.feeds)}
+	st := Stats{Feeds: len(h.feeds), Overflows: h.overflows.Load()}
 	for _, f := range h.feeds {
 		f.mu.Lock()
 		st.Subscriptions += len(f.subs)
@@ -337,6 +342,7 @@ func (s *Subscription) push(c couch.Change) {
 	case s.err != nil:
 	case len(s.rows) >= s.max:
 		s.rows, s.err = nil, ErrOverflow
+		s.f.h.overflows.Add(1)
 	default:
 		s.rows = append(s.rows, c)
 	}

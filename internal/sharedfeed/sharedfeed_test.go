@@ -98,6 +98,9 @@ func TestHub(t *testing.T) {
 	if _, err := slow.Next(ctx); !errors.Is(err, sharedfeed.ErrOverflow) {
 		t.Errorf("slow subscriber: %v, want ErrOverflow", err)
 	}
+	if n := hub.Stats().Overflows; n != 1 {
+		t.Errorf("Overflows = %d, want 1", n)
+	}
 	slow.Close()
 	slow.Close()
 
@@ -107,11 +110,11 @@ func TestHub(t *testing.T) {
 	}
 	all.Close()
 	a.Close()
-	if st := hub.Stats(); st != (sharedfeed.Stats{Feeds: 1, Subscriptions: 1}) {
+	if st := hub.Stats(); st != (sharedfeed.Stats{Feeds: 1, Subscriptions: 1, Overflows: 1}) {
 		t.Errorf("after closing every subscription of a feed: %+v, want 1 feed, 1 subscription", st)
 	}
 	sub2.Close()
-	if st := hub.Stats(); st != (sharedfeed.Stats{}) {
+	if st := hub.Stats(); st != (sharedfeed.Stats{Overflows: 1}) {
 		t.Errorf("after closing all: %+v", st)
 	}
 
@@ -120,7 +123,7 @@ func TestHub(t *testing.T) {
 	if _, err := hub.Subscribe(ctx, bad, nil); !errors.Is(err, couch.ErrNotFound) {
 		t.Errorf("Subscribe to a missing database: %v, want ErrNotFound", err)
 	}
-	if st := hub.Stats(); st != (sharedfeed.Stats{}) {
+	if st := hub.Stats(); st != (sharedfeed.Stats{Overflows: 1}) {
 		t.Errorf("after a failed start: %+v", st)
 	}
 }
