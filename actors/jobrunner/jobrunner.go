@@ -388,7 +388,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
-	o.Feeds = a.o.Feeds
+	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
 	if a.lease != nil {
 		o.Clients = leaseClients{a}
 	}

@@ -100,6 +100,9 @@ type Options struct {
 	// source's shared feed instead of holding a feed of its own
 	// ([replicator] share_changes_feeds).
 	Feeds *sharedfeed.Hub
+	// FeedTransport, if set, wraps the transport of a shared feed's
+	// connections (the node's request metrics).
+	FeedTransport func(http.RoundTripper) http.RoundTripper
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was

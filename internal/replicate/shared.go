@@ -74,7 +74,11 @@ func openFeedDB(p Params, o Options, log zerolog.Logger) (*couch.DB, func(), err
 			return nil, nil, err
 		}
 		tr.MaxConnsPerHost = 2
-		client, release = &http.Client{Transport: tr}, tr.CloseIdleConnections
+		var rt http.RoundTripper = tr
+		if o.FeedTransport != nil {
+			rt = o.FeedTransport(tr)
+		}
+		client, release = &http.Client{Transport: rt}, tr.CloseIdleConnections
 	}
 	lim := o.Limiter
 	if lim == nil {
