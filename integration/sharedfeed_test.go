@@ -9,7 +9,6 @@ import (
 	"reflect"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,21 +287,38 @@ func TestSharedFeedFailure(t *testing.T) {
 	hub := sharedfeed.New(sharedfeed.Options{})
 
 	const perSource = 4
-	var failures atomic.Int64
-	o := replicate.Options{Feeds: hub, RetryBackoff: 50 * time.Millisecond,
-		Endpoints: replicate.EndpointConfig{ErrorBudget: -1},
-		OnEvent: func(e replicate.Event) {
-			if e == replicate.EventChangesReadFailed {
-				failures.Add(1)
+	// failures counts each job's changes-feed failures, by doc id.
+	var fmu sync.Mutex
+	failures := map[string]int{}
+	failed := func(prefix string) (jobs int) {
+		fmu.Lock()
+		defer fmu.Unlock()
+		for i := range perSource {
+			if failures[fmt.Sprintf("%s%d", prefix, i)] > 0 {
+				jobs++
 			}
-		}}
+		}
+		return jobs
+	}
+	options := func(id string) replicate.Options {
+		return replicate.Options{Feeds: hub, RetryBackoff: 50 * time.Millisecond,
+			Endpoints: replicate.EndpointConfig{ErrorBudget: -1},
+			OnEvent: func(e replicate.Event) {
+				if e == replicate.EventChangesReadFailed {
+					fmu.Lock()
+					failures[id]++
+					fmu.Unlock()
+				}
+			}}
+	}
 	doc := func(source string, id string) map[string]any {
 		return map[string]any{"source": source, "target": tgt, "doc_ids": []any{id}, "retries_per_request": 3}
 	}
 	start := func(source, prefix string) []*runningJob {
 		var jobs []*runningJob
 		for i := range perSource {
-			jobs = append(jobs, startJob(t, doc(source, fmt.Sprintf("%s%d", prefix, i)), o))
+			id := fmt.Sprintf("%s%d", prefix, i)
+			jobs = append(jobs, startJob(t, doc(source, id), options(id)))
 		}
 		return jobs
 	}
@@ -330,15 +346,18 @@ func TestSharedFeedFailure(t *testing.T) {
 	// resumes; nothing ends.
 	cut.cut(false)
 	deadline := time.Now().Add(time.Minute)
-	for failures.Load() < perSource {
+	for failed("a") < perSource {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d changes-feed failures after the cut, want %d (one per job of the source)", failures.Load(), perSource)
+			t.Fatalf("%d of the source's %d jobs saw the feed fail after the cut", failed("a"), perSource)
 		}
 		time.Sleep(20 * time.Millisecond) // the jobs' state: poll
 	}
 	awaitSubscriptions(t, hub, 2*perSource)
 	write(s1, s1.DBURL("src"), "a", 2)
 	awaitLeaves(t, ts, tgt, all(), time.Minute)
+	if n := failed("b"); n != 0 {
+		t.Errorf("%d jobs of the other source saw a feed failure", n)
+	}
 	for _, j := range append(jobs1, jobs2...) {
 		if j.ended() {
 			t.Fatalf("a job ended after a transient cut: %v", j.err)
