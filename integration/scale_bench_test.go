@@ -106,7 +106,21 @@ func benchScale(b *testing.B, n int) {
 		}
 	}
 	allRunning := time.Since(start)
-	time.Sleep(20 * time.Second) // let the last feeds open and the start-up work drain
+	// Running in the store is not started at the source: wait until the
+	// jobs' start-up requests (checkpoints, catch-ups, feeds) are done,
+	// i.e. the node has had no request in flight and sent none for 5 s.
+	for last, quiet := -1.0, time.Now(); time.Since(quiet) < 5*time.Second; {
+		sent, answered := replicationRequests(b, addr)
+		if sent != last || answered < sent {
+			last, quiet = sent, time.Now()
+		}
+		if time.Since(start) > 30*time.Minute {
+			b.Fatalf("jobs still starting after 30 minutes (%.0f requests, %.0f answered)", sent, answered)
+		}
+		time.Sleep(500 * time.Millisecond) // another process's state: poll
+	}
+	settled := time.Since(start)
+	time.Sleep(20 * time.Second) // let the start-up work drain
 	load0 := loadAvg()
 	nodeCPU, srvCPU := procCPU(nodePID), procCPU(srvPID)
 	const idle = 60 * time.Second
@@ -148,11 +162,11 @@ func benchScale(b *testing.B, n int) {
 	b.ReportMetric(p99.Seconds()*1000, "prop-p99-ms")
 	b.ReportMetric(schedJobs.Seconds()*1000, "sched-jobs-ms")
 	b.ReportMetric(ctlJobs.Seconds()*1000, "ctl-jobs-ms")
-	b.Logf("jobs=%d: submit POST %.0f/s, _replicator %.0f/s; all running %s after the last submission; "+
+	b.Logf("jobs=%d: submit POST %.0f/s, _replicator %.0f/s; all running %s after the last submission, started at the source after %s; "+
 		"idle 60 s: couchrepd %.2f%% of a core (%.2f%% per 1,000 jobs), pouchdb-server %.2f%% (%.2f%% per 1,000); "+
 		"RSS couchrepd %.1f MB (%.1f MB per 1,000), pouchdb-server %.1f MB; fds couchrepd %d, pouchdb-server %d; "+
 		"_scheduler/jobs?limit=100 %s, couchrepctl jobs --limit 100 %s; propagation p50 %s p99 %s; load %s -> %s",
-		n, postRate, docsRate, allRunning.Round(time.Second), nodeIdle, per(nodeIdle), srvIdle, per(srvIdle),
+		n, postRate, docsRate, allRunning.Round(time.Second), settled.Round(time.Second), nodeIdle, per(nodeIdle), srvIdle, per(srvIdle),
 		float64(nodeRSS)/(1<<20), per(float64(nodeRSS)/(1<<20)), float64(srvRSS)/(1<<20), nodeFDs, srvFDs,
 		schedJobs.Round(time.Millisecond), ctlJobs.Round(time.Millisecond), p50.Round(time.Millisecond),
 		p99.Round(time.Millisecond), load0, load1)
@@ -212,6 +226,35 @@ func runningJobs(b *testing.B, addr string) int {
 		total += int(v)
 	}
 	return total
+}
+
+// replicationRequests reads couchrep_replication_requests_total (summed
+// over methods) and couchrep_replication_responses_total (over outcomes)
+// from the node's /metrics: requests its jobs sent, and those answered (a
+// continuous feed counts as answered once its headers arrived).
+func replicationRequests(b *testing.B, addr string) (sent, answered float64) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		switch {
+		case strings.HasPrefix(line, "couchrep_replication_requests_total{"):
+			sent += v
+		case strings.HasPrefix(line, "couchrep_replication_responses_total{"):
+			answered += v
+		}
+	}
+	return sent, answered
 }
 
 // medianLatency runs fn k times and returns the median duration.
