@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -176,7 +178,10 @@ func startIdleCouch(b *testing.B) string {
 // memNow is this process's memory after a full collection.
 type memNow struct {
 	heapInuse, stackInuse, heapAlloc, rss uint64
-	goroutines                            int
+	// runtime is what the Go runtime holds beside heap spans and stacks:
+	// span and GC metadata, profiling buckets and the rest of OtherSys.
+	runtime    uint64
+	goroutines int
 }
 
 func measureMem() memNow {
@@ -185,7 +190,8 @@ func measureMem() memNow {
 	debug.FreeOSMemory()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return memNow{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, heapAlloc: ms.HeapAlloc,
+	meta := ms.MSpanInuse + ms.MCacheInuse + ms.GCSys + ms.BuckHashSys + ms.OtherSys
+	return memNow{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, heapAlloc: ms.HeapAlloc, runtime: meta,
 		rss: vmRSS(), goroutines: runtime.NumGoroutine()}
 }
 
@@ -306,9 +312,62 @@ func benchIdleJobs(b *testing.B, n int) {
 	b.ReportMetric(per(after.stackInuse, before.stackInuse), "stack-B/job")
 	b.ReportMetric(per(after.rss, before.rss), "RSS-B/job")
 	b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "goroutines/job")
-	b.Logf("jobs=%d: heap in use %d -> %d, stacks %d -> %d, RSS %d -> %d, goroutines %d -> %d; load %s",
-		n, before.heapInuse, after.heapInuse, before.stackInuse, after.stackInuse, before.rss, after.rss,
-		before.goroutines, after.goroutines, loadAvg())
+	b.ReportMetric(per(after.runtime, before.runtime), "runtime-B/job")
+	b.Logf("jobs=%d: goroutines by where they wait (groups of at least %d): %s", n, n/10, goroutineGroups(b, n/10))
+	b.Logf("jobs=%d: heap in use %d -> %d, stacks %d -> %d, runtime metadata %d -> %d, RSS %d -> %d, goroutines %d -> %d; load %s",
+		n, before.heapInuse, after.heapInuse, before.stackInuse, after.stackInuse, before.runtime, after.runtime,
+		before.rss, after.rss, before.goroutines, after.goroutines, loadAvg())
+}
+
+// goroutineGroups is this process's goroutines grouped by what they are:
+// the outermost frame of ours (the function the goroutine runs), else the
+// innermost of net/http; the groups of at least min goroutines, largest
+// first.
+func goroutineGroups(b *testing.B, min int) string {
+	var buf strings.Builder
+	if err := pprof.Lookup("goroutine").WriteTo(&buf, 1); err != nil {
+		b.Fatal(err)
+	}
+	_, profile, _ := strings.Cut(buf.String(), "\n") // "goroutine profile: total N"
+	counts := map[string]int{}
+	for block := range strings.SplitSeq(profile, "\n\n") {
+		var n int
+		if _, err := fmt.Sscanf(block, "%d @", &n); err != nil {
+			continue
+		}
+		var ours, nethttp string
+		for line := range strings.SplitSeq(block, "\n") {
+			f := strings.Fields(line)
+			if len(f) < 3 || f[0] != "#" {
+				continue
+			}
+			fn, _, _ := strings.Cut(f[2], "+")
+			switch {
+			case strings.Contains(fn, "couchrep/couchrep"):
+				ours = strings.TrimPrefix(fn, "github.com/couchrep/couchrep/")
+			case nethttp == "" && strings.HasPrefix(fn, "net/http."):
+				nethttp = fn
+			}
+		}
+		where := cmp.Or(ours, nethttp, "other")
+		counts[where] += n
+	}
+	type group struct {
+		where string
+		n     int
+	}
+	var groups []group
+	for w, n := range counts {
+		if n >= min {
+			groups = append(groups, group{w, n})
+		}
+	}
+	slices.SortFunc(groups, func(a, b group) int { return b.n - a.n })
+	var out []string
+	for _, g := range groups {
+		out = append(out, fmt.Sprintf("%d %s", g.n, g.where))
+	}
+	return strings.Join(out, ", ")
 }
 
 // writeIdleProfiles writes the heap and goroutine profiles of the idle node

@@ -130,6 +130,7 @@ func benchScale(b *testing.B, n int) {
 	load1 := loadAvg()
 	nodeRSS, srvRSS := procRSS(nodePID), procRSS(srvPID)
 	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
+	b.Logf("jobs=%d: couchrepd's Go memory after 60 s idle (RSS %.1f MB): %s", n, float64(nodeRSS)/(1<<20), goMemory(b, addr))
 
 	schedJobs := medianLatency(10, func() error {
 		resp, err := http.Get("http://" + addr + "/_scheduler/jobs?limit=100")
@@ -203,6 +204,31 @@ func submitDocs(ctx context.Context, b *testing.B, srv *testserver.Server, addr 
 		}
 		time.Sleep(100 * time.Millisecond) // another process's state: poll
 	}
+}
+
+// goMemory is the Go runtime's memory figures of the node at addr, from
+// its /metrics (the Go collector): live heap, heap spans in use, free heap
+// not yet returned to the OS, goroutine stacks, the next GC's heap goal,
+// everything the runtime holds, and goroutines.
+func goMemory(b *testing.B, addr string) string {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	v := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 2 && (strings.HasPrefix(f[0], "go_memstats_") || f[0] == "go_goroutines") {
+			v[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	mb := func(k string) float64 { return v["go_memstats_"+k] / (1 << 20) }
+	return fmt.Sprintf("heap alloc %.1f MB, in use %.1f MB, idle not released %.1f MB, stacks %.1f MB, next GC %.1f MB, sys %.1f MB; %.0f goroutines",
+		mb("heap_alloc_bytes"), mb("heap_inuse_bytes"), mb("heap_idle_bytes")-mb("heap_released_bytes"),
+		mb("stack_inuse_bytes"), mb("next_gc_bytes"), mb("sys_bytes"), v["go_goroutines"])
 }
 
 // runningJobs sums couchrep_replication_jobs{state="running"} from the
