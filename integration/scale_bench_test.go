@@ -123,6 +123,7 @@ func benchScale(b *testing.B, n int) {
 	time.Sleep(20 * time.Second) // let the start-up work drain
 	load0 := loadAvg()
 	nodeCPU, srvCPU := procCPU(nodePID), procCPU(srvPID)
+	mem0 := goMetrics(b, addr)
 	const idle = 60 * time.Second
 	time.Sleep(idle)
 	nodeIdle := float64(procCPU(nodePID)-nodeCPU) / float64(idle) * 100
@@ -130,7 +131,10 @@ func benchScale(b *testing.B, n int) {
 	load1 := loadAvg()
 	nodeRSS, srvRSS := procRSS(nodePID), procRSS(srvPID)
 	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
-	b.Logf("jobs=%d: couchrepd's Go memory after 60 s idle (RSS %.1f MB): %s", n, float64(nodeRSS)/(1<<20), goMemory(b, addr))
+	mem1 := goMetrics(b, addr)
+	b.Logf("jobs=%d: couchrepd's Go memory after 60 s idle (RSS %.1f MB): %s; in the idle minute it allocated %.1f MB and ran %.0f GCs",
+		n, float64(nodeRSS)/(1<<20), goMemory(mem1), (mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
+		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"])
 
 	schedJobs := medianLatency(10, func() error {
 		resp, err := http.Get("http://" + addr + "/_scheduler/jobs?limit=100")
@@ -206,11 +210,9 @@ func submitDocs(ctx context.Context, b *testing.B, srv *testserver.Server, addr 
 	}
 }
 
-// goMemory is the Go runtime's memory figures of the node at addr, from
-// its /metrics (the Go collector): live heap, heap spans in use, free heap
-// not yet returned to the OS, goroutine stacks, the next GC's heap goal,
-// everything the runtime holds, and goroutines.
-func goMemory(b *testing.B, addr string) string {
+// goMetrics is the Go collector's figures from the /metrics of the node at
+// addr (go_memstats_*, go_goroutines, go_gc_duration_seconds_count).
+func goMetrics(b *testing.B, addr string) map[string]float64 {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		b.Fatal(err)
@@ -221,10 +223,18 @@ func goMemory(b *testing.B, addr string) string {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) == 2 && (strings.HasPrefix(f[0], "go_memstats_") || f[0] == "go_goroutines") {
+		if len(f) == 2 && (strings.HasPrefix(f[0], "go_memstats_") || f[0] == "go_goroutines" || f[0] == "go_gc_duration_seconds_count") {
 			v[f[0]], _ = strconv.ParseFloat(f[1], 64)
 		}
 	}
+	return v
+}
+
+// goMemory describes the node's Go memory from goMetrics: live heap (and
+// garbage not yet collected), heap spans in use, free heap not returned to
+// the OS, goroutine stacks, the next GC's heap goal, everything the runtime
+// holds, and goroutines.
+func goMemory(v map[string]float64) string {
 	mb := func(k string) float64 { return v["go_memstats_"+k] / (1 << 20) }
 	return fmt.Sprintf("heap alloc %.1f MB, in use %.1f MB, idle not released %.1f MB, stacks %.1f MB, next GC %.1f MB, sys %.1f MB; %.0f goroutines",
 		mb("heap_alloc_bytes"), mb("heap_inuse_bytes"), mb("heap_idle_bytes")-mb("heap_released_bytes"),
