@@ -37,6 +37,7 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/internal/couch"
+	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -111,8 +112,9 @@ func Name(jobID string) string {
 
 // Props returns the props of the actor running run.
 func Props(run *repjob.Run, o Options) *actor.Props {
+	// Every incarnation shares the one copy of o (the closure's).
 	return actors.Props(func() actor.Actor {
-		return &jobActor{run: run, o: o, log: o.Logger.With().Str("job_id", run.ID()).Logger()}
+		return &jobActor{run: run, o: &o, log: clog.With(o.Logger, "job_id", run.ID())}
 	})
 }
 
@@ -124,7 +126,7 @@ type jobActor struct {
 	// job goroutine uses it.
 	client  *http.Client
 	run     *repjob.Run
-	o       Options
+	o       *Options // read only
 	log     zerolog.Logger
 	cancel  context.CancelFunc
 	done    chan struct{}

@@ -110,6 +110,21 @@ func New(w io.Writer, level, format string) (zerolog.Logger, error) {
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger(), nil
 }
 
+// With returns l with key=value added to every event it logs, as
+// l.With().Str(key, value).Logger() does, but holding a few dozen bytes
+// where zerolog's With allocates a 500-byte context buffer: for the loggers
+// of long-lived objects there are thousands of (one per running job). The
+// field comes after the event's own fields, before the message.
+func With(l zerolog.Logger, key, value string) zerolog.Logger {
+	return l.Hook(strField{key, value})
+}
+
+// strField is With's hook.
+type strField struct{ key, value string }
+
+// Run implements zerolog.Hook.
+func (f strField) Run(e *zerolog.Event, _ zerolog.Level, _ string) { e.Str(f.key, f.value) }
+
 // IsTerminal reports whether w is a terminal (a character device that is a
 // TTY), the test FormatAuto uses.
 func IsTerminal(w io.Writer) bool {

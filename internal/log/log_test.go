@@ -66,6 +66,45 @@ func TestNewJSON(t *testing.T) {
 	}
 }
 
+// TestWith: a logger from With adds its field to every event (also through
+// a child's own With, and beside zerolog's context), and costs one small
+// allocation, not zerolog's 500-byte context buffer.
+func TestWith(t *testing.T) {
+	var buf bytes.Buffer
+	base, err := New(&buf, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := With(With(base, "job_id", "j1"), "replication_id", "r1")
+	l.Info().Int("n", 3).Msg("one")
+	child := l.With().Str("actor", "a").Logger()
+	child.Warn().Msg("two")
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("got %d lines, want 2:\n%s", len(lines), buf.String())
+	}
+	for i, want := range []map[string]any{
+		{"job_id": "j1", "replication_id": "r1", "n": 3.0, "message": "one"},
+		{"job_id": "j1", "replication_id": "r1", "actor": "a", "message": "two"},
+	} {
+		var ev map[string]any
+		if err := json.Unmarshal([]byte(lines[i]), &ev); err != nil {
+			t.Fatalf("not JSON: %q: %v", lines[i], err)
+		}
+		for k, v := range want {
+			if ev[k] != v {
+				t.Errorf("line %d: %s = %v, want %v", i+1, k, ev[k], v)
+			}
+		}
+		if _, ok := ev["time"]; !ok {
+			t.Errorf("line %d: no time field (the base logger's context)", i+1)
+		}
+	}
+	if a := testing.AllocsPerRun(100, func() { _ = With(base, "job_id", "j1") }); a > 1 {
+		t.Errorf("With allocates %.0f times, want at most 1 (the hook slice)", a)
+	}
+}
+
 func TestNewConsole(t *testing.T) {
 	t.Parallel()
 	var buf bytes.Buffer

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 )
@@ -354,7 +355,7 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 	if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
 		return nil, err
 	}
-	log := r.log.With().Str("replication_id", r.base+r.ext).Logger()
+	log := clog.With(r.log, "replication_id", r.base+r.ext)
 	r.log = log
 	localID := "_local/" + r.base
 
