@@ -371,19 +371,28 @@ func goroutineGroups(b *testing.B, min int) string {
 }
 
 // writeIdleProfiles writes the heap and goroutine profiles of the idle node
-// to prefix.heap and prefix.goroutines (COUCHREP_IDLE_PROFILE=prefix).
+// to prefix.heap and prefix.goroutines (COUCHREP_IDLE_PROFILE=prefix), and
+// two more heap profiles 20 s (the jobs' first progress reports are
+// written in between) and 50 s later to prefix.settled.heap and
+// prefix.idle.heap: what the idle jobs allocate is the alloc_space of the
+// last less the one before (go tool pprof -sample_index=alloc_space -base
+// prefix.settled.heap prefix.idle.heap).
 func writeIdleProfiles(b *testing.B, prefix string) {
-	for _, p := range []struct {
-		name, file string
-		debug      int
-	}{{"heap", prefix + ".heap", 0}, {"goroutine", prefix + ".goroutines", 1}} {
-		f, err := os.Create(p.file)
+	write := func(name, file string, debug int) {
+		f, err := os.Create(file)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := pprof.Lookup(p.name).WriteTo(f, p.debug); err != nil {
+		defer f.Close()
+		if err := pprof.Lookup(name).WriteTo(f, debug); err != nil {
 			b.Fatal(err)
 		}
-		f.Close()
+	}
+	write("heap", prefix+".heap", 0)
+	write("goroutine", prefix+".goroutines", 1)
+	for _, name := range []string{".settled.heap", ".idle.heap"} {
+		time.Sleep(map[string]time.Duration{".settled.heap": 20 * time.Second, ".idle.heap": 30 * time.Second}[name])
+		runtime.GC() // the heap profile is as of the last GC
+		write("heap", prefix+name, 0)
 	}
 }

@@ -157,6 +157,7 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error 
 	if every := watchdogInterval(); every > 0 {
 		go watchdog(wdCtx, node, every, logger)
 	}
+	go governGC(wdCtx, cfg.Couchrep.IdleGCPercent, logger)
 
 	var runErr error
 	select {

@@ -81,6 +81,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"couchrep.heartbeat_interval":              "5000",
 		"couchrep.cluster_quiet_period":            "15",
 		"couchrep.run_log":                         "false",
+		"couchrep.idle_gc_percent":                 "25",
 		"couchrep.allow_admin_party":               "false",
 		"replicator.max_document_bytes":            "33554432",
 		"replicator.max_changes_row_bytes":         "8388608",

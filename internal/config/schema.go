@@ -67,6 +67,7 @@ var schema = []*setting{
 	{section: SectionCouchrep, key: "heartbeat_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.HeartbeatInterval }, unit: time.Millisecond, min: 10 * time.Millisecond}},
 	{section: SectionCouchrep, key: "cluster_quiet_period", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.ClusterQuietPeriod }, unit: time.Second}},
 	{section: SectionCouchrep, key: "run_log", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.RunLog }}},
+	{section: SectionCouchrep, key: "idle_gc_percent", v: intValue{p: func(c *Config) *int { return &c.Couchrep.IdleGCPercent }, min: 0, max: 100}},
 	{section: SectionCouchrep, key: "allow_admin_party", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.AllowAdminParty }}},
 
 	// [replicator], CouchDB 3.x main.
