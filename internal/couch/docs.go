@@ -126,6 +126,19 @@ func (e callerError) Error() string { return e.err.Error() }
 
 func (e callerError) Unwrap() error { return e.err }
 
+// deliver hands the document body to fn; fn's error comes back as
+// callerError.
+func deliver(body []byte, fn func(Doc) error) error {
+	doc, err := newDoc(body)
+	if err != nil {
+		return err
+	}
+	if err := fn(doc); err != nil {
+		return callerError{err}
+	}
+	return nil
+}
+
 // readBulkGet reads {"results":[{"id":…,"docs":[{"ok":doc}|{"error":…}|
 // {"missing":…}|{}, …]}, …]} and calls fn for every "ok" document, whose
 // Body is a slice of the stream's buffers (no copy).
@@ -176,14 +189,7 @@ func bulkGetResult(res []byte, fn func(Doc) error) error {
 				if string(key) != `"ok"` || val[0] != '{' {
 					return nil // {"error":...}, {"missing":...} (PouchDB) or {} (PouchDB, unknown doc)
 				}
-				doc, err := newDoc(val)
-				if err != nil {
-					return err
-				}
-				if err := fn(doc); err != nil {
-					return callerError{err}
-				}
-				return nil
+				return deliver(val, fn)
 			})
 		})
 	})
@@ -465,14 +471,7 @@ func readOpenRevs(contentType string, body io.Reader, maxDoc int64, fn func(Doc)
 			if ok == nil {
 				return nil // {"missing": rev}
 			}
-			doc, err := newDoc(ok)
-			if err != nil {
-				return err
-			}
-			if err := fn(doc); err != nil {
-				return callerError{err}
-			}
-			return nil
+			return deliver(ok, fn)
 		})
 		if err != nil {
 			return err
