@@ -113,15 +113,9 @@ func (q *Queue) Get(ctx context.Context, typ, id string) (*JobInfo, error) {
 
 // GetTx is Get inside the caller's transaction (the read adds a conflict).
 func (q *Queue) GetTx(tx kv.ReadTx, typ, id string) (*JobInfo, error) {
-	if err := q.checkArgs(tx, typ, id); err != nil {
-		return nil, err
-	}
-	rec, err := q.loadRecord(tx, typ, id)
+	rec, err := q.existing(tx, typ, id)
 	if err != nil {
 		return nil, err
-	}
-	if rec == nil {
-		return nil, fmt.Errorf("%w: %q/%q", ErrNotFound, typ, id)
 	}
 	return infoFromRecord(rec), nil
 }
@@ -176,15 +170,9 @@ func (q *Queue) Resubmit(ctx context.Context, typ, id string, opts ResubmitOptio
 
 // ResubmitTx is Resubmit inside the caller's transaction.
 func (q *Queue) ResubmitTx(tx kv.Tx, typ, id string, opts ResubmitOptions) error {
-	if err := q.checkArgs(tx, typ, id); err != nil {
-		return err
-	}
-	rec, err := q.loadRecord(tx, typ, id)
+	rec, err := q.existing(tx, typ, id)
 	if err != nil {
 		return err
-	}
-	if rec == nil {
-		return fmt.Errorf("%w: %q/%q", ErrNotFound, typ, id)
 	}
 	now := q.clock()
 	if rec.GetState() == messages.JobState_JOB_STATE_PENDING {
@@ -226,15 +214,9 @@ func (q *Queue) Cancel(ctx context.Context, typ, id string) error {
 
 // CancelTx is Cancel inside the caller's transaction.
 func (q *Queue) CancelTx(tx kv.Tx, typ, id string) error {
-	if err := q.checkArgs(tx, typ, id); err != nil {
-		return err
-	}
-	rec, err := q.loadRecord(tx, typ, id)
+	rec, err := q.existing(tx, typ, id)
 	if err != nil {
 		return err
-	}
-	if rec == nil {
-		return fmt.Errorf("%w: %q/%q", ErrNotFound, typ, id)
 	}
 	now := q.clock()
 	switch rec.GetState() {
@@ -385,6 +367,22 @@ func (q *Queue) WaitState(ctx context.Context, typ, id string, states ...State) 
 		}
 		after = info.Version
 	}
+}
+
+// existing checks the arguments and reads job (typ, id), which must exist
+// (else ErrNotFound).
+func (q *Queue) existing(tx kv.ReadTx, typ, id string) (*messages.JobRecord, error) {
+	if err := q.checkArgs(tx, typ, id); err != nil {
+		return nil, err
+	}
+	rec, err := q.loadRecord(tx, typ, id)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, fmt.Errorf("%w: %q/%q", ErrNotFound, typ, id)
+	}
+	return rec, nil
 }
 
 func (q *Queue) checkArgs(tx kv.ReadTx, typ, id string) error {
