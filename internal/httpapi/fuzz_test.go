@@ -40,20 +40,21 @@ func (m *memStore) TransientJobID(body []byte, user string) (string, error) {
 	return repjob.TransientJobID(p, user, uuid), nil
 }
 
-func (m *memStore) AddTransient(_ context.Context, body []byte, user string) (string, error) {
+func (m *memStore) AddTransient(_ context.Context, body []byte, user string) (*httpapi.Job, error) {
 	if m.down {
-		return "", errStoreDown
+		return nil, errStoreDown
 	}
 	p, err := replicate.ParseParams(body)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	id := repjob.TransientJobID(p, user, uuid)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.jobs[id] = &httpapi.Job{JobID: id, RepID: id + "+x", Transient: true, User: user, Source: p.Source.URL,
 		Target: p.Target.URL, State: repjob.StateCompleted, Continuous: p.Continuous, CreatedAt: time.Unix(1, 0)}
-	return id, nil
+	c := *m.jobs[id]
+	return &c, nil
 }
 
 func (m *memStore) Get(_ context.Context, id string) (*httpapi.Job, error) {

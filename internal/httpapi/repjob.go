@@ -35,12 +35,12 @@ func notFound(err error) error {
 }
 
 // AddTransient implements Store.
-func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string) (string, error) {
+func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string) (*Job, error) {
 	res, err := a.store.AddTransient(ctx, body, user)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	return res.JobID, nil
+	return JobFromRecord(res.Record), nil
 }
 
 // TransientJobID implements Store.

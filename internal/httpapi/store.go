@@ -63,10 +63,10 @@ type Job struct {
 // Store is what the API needs from the replication job store.
 type Store interface {
 	// AddTransient adds the transient replication described by body (a
-	// valid POST /_replicate body) for user and returns its job id. Adding
-	// a replication identical to a pending or running one is a no-op that
-	// returns the existing job's id.
-	AddTransient(ctx context.Context, body []byte, user string) (string, error)
+	// valid POST /_replicate body) for user and returns the job as stored
+	// (no second read). Adding a replication identical to a pending or
+	// running one is a no-op that returns the existing job.
+	AddTransient(ctx context.Context, body []byte, user string) (*Job, error)
 	// TransientJobID derives, without network calls, the job id
 	// AddTransient gives body and user.
 	TransientJobID(body []byte, user string) (string, error)

@@ -32,16 +32,20 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if req.Cancel {
 		return s.cancel(w, r, req, body, user)
 	}
-	jobID, err := s.store.AddTransient(ctx, body, user)
+	added, err := s.store.AddTransient(ctx, body, user)
 	if err != nil {
 		return err
 	}
+	jobID := added.JobID
 	if req.Params.Continuous {
 		// 202 at once, as CouchDB does; only a replication whose id needs
 		// the source's filter code waits until the job computed it.
-		job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.RepID != "" || j.State.Terminal() || j.State == repjob.StateCrashing })
-		if err != nil {
-			return err
+		started := func(j *Job) bool { return j.RepID != "" || j.State.Terminal() || j.State == repjob.StateCrashing }
+		job := added
+		if !started(job) {
+			if job, err = s.store.Wait(ctx, jobID, started); err != nil {
+				return err
+			}
 		}
 		if job.RepID == "" {
 			return startError(job)
