@@ -84,7 +84,11 @@ func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *
 			path = srv.NewDatabase(b)
 			benchPGPid = srv.PID()
 		}
-		db, err = postgres.Open(context.Background(), path, postgres.Options{MaxConns: 32})
+		opts := postgres.Options{MaxConns: 32}
+		if d == sqlite.DurabilityFull {
+			opts.Durability = postgres.DurabilityFull // synchronous_commit as the server says (on)
+		}
+		db, err = postgres.Open(context.Background(), path, opts)
 	} else {
 		db, err = sqlite.Open(context.Background(), path, sqlite.Options{Durability: d})
 	}
@@ -221,6 +225,7 @@ func BenchmarkCycle(b *testing.B) {
 	for _, procs := range []int{1, 3} {
 		variants = append(variants, variant{"store=postgres/durability=normal", "postgres-cycle", sqlite.DurabilityNormal, procs})
 	}
+	variants = append(variants, variant{"store=postgres/durability=full", "postgres-cycle-full", sqlite.DurabilityFull, 1})
 	for _, v := range variants {
 		procs := v.procs
 		for _, workers := range []int{1, 8} {
