@@ -4,7 +4,8 @@ import "errors"
 
 // Sentinel errors of admin requests, whichever actor answers them; the root
 // package exports the same values (couchrep.ErrJobNotFound, ...) and maps
-// them to the admin protocol's codes.
+// them to the admin protocol's codes. These are about the request itself;
+// the next ones about the job it names.
 var (
 	// ErrUnknownActor: the request names an actor the node does not have.
 	ErrUnknownActor = errors.New("couchrep: unknown actor")
@@ -15,6 +16,10 @@ var (
 	// ErrInvalidRequest: the request's fields are wrong (an invalid
 	// replication, max_jobs 0, ...).
 	ErrInvalidRequest = errors.New("couchrep: invalid request")
+)
+
+// Sentinel errors of admin requests about the job they name.
+var (
 	// ErrJobNotFound: no job has that job id or replication id.
 	ErrJobNotFound = errors.New("couchrep: job not found")
 	// ErrJobNotRunning: stopping a job that is not running.
