@@ -147,9 +147,6 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: o.logger.With().Str("node", cfg.Couchrep.NodeName).Logger(), system: o.system,
 		stopped: make(chan struct{}), jobs: jobserver.NewRegistry()}
-	if cfg.Replicator.ShareChangesFeeds {
-		n.feeds = sharedfeed.New(sharedfeed.Options{Logger: n.log})
-	}
 	store := o.store
 	if store == nil {
 		db, err := openStore(ctx, cfg.StorePath(), durability(cfg), n.log)
@@ -173,6 +170,10 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		n.ownSystem = true
 	}
 	metrics := httpapi.NewMetrics(nil)
+	if cfg.Replicator.ShareChangesFeeds {
+		n.feeds = sharedfeed.New(sharedfeed.Options{Logger: n.log})
+		metrics.ObserveSharedFeeds(n.feeds.Stats)
+	}
 	store = timedStore{Database: store, m: metrics}
 	n.deps = actors.Deps{
 		Config:  cfg,

@@ -244,24 +244,38 @@ func goMemory(v map[string]float64) string {
 // runningJobs sums couchrep_replication_jobs{state="running"} from the
 // node's /metrics.
 func runningJobs(b *testing.B, addr string) int {
+	return int(metricSum(b, addr, func(line string) bool {
+		return strings.HasPrefix(line, "couchrep_replication_jobs{") && strings.Contains(line, `state="running"`)
+	}))
+}
+
+// metricSum sums the values of the lines of the node's /metrics that match.
+func metricSum(tb testing.TB, addr string, match func(line string) bool) float64 {
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	defer resp.Body.Close()
-	total := 0
+	total := 0.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "couchrep_replication_jobs{") || !strings.Contains(line, `state="running"`) {
+		f := strings.Fields(line)
+		if len(f) < 2 || !match(line) {
 			continue
 		}
-		f := strings.Fields(line)
 		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-		total += int(v)
+		total += v
 	}
 	return total
+}
+
+// metricPrefix matches the lines of one metric name.
+func metricPrefix(name string) func(string) bool {
+	return func(line string) bool {
+		return strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ")
+	}
 }
 
 // replicationRequests reads couchrep_replication_requests_total (summed
@@ -269,28 +283,8 @@ func runningJobs(b *testing.B, addr string) int {
 // from the node's /metrics: requests its jobs sent, and those answered (a
 // continuous feed counts as answered once its headers arrived).
 func replicationRequests(b *testing.B, addr string) (sent, answered float64) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-		switch {
-		case strings.HasPrefix(line, "couchrep_replication_requests_total{"):
-			sent += v
-		case strings.HasPrefix(line, "couchrep_replication_responses_total{"):
-			answered += v
-		}
-	}
-	return sent, answered
+	return metricSum(b, addr, metricPrefix("couchrep_replication_requests_total")),
+		metricSum(b, addr, metricPrefix("couchrep_replication_responses_total"))
 }
 
 // medianLatency runs fn k times and returns the median duration.

@@ -289,6 +289,10 @@ func TestThousandIdleContinuousJobs(t *testing.T) {
 	if got := proxy.beats.Load() - beats; got < scaleSources {
 		t.Errorf("%d heartbeats passed on in %s on %d feeds, want at least %d", got, window, scaleSources, scaleSources)
 	}
+	if feeds, subs := metricSum(t, addr, metricPrefix("couchrep_shared_feeds")),
+		metricSum(t, addr, metricPrefix("couchrep_shared_feed_subscriptions")); feeds != scaleSources || subs != float64(n) {
+		t.Errorf("/metrics: %v shared feeds, %v subscriptions; want %d and %d", feeds, subs, scaleSources, n)
+	}
 	t.Logf("%d idle jobs, %s: %d requests, %d heartbeats; load %s", n, window,
 		proxy.requests.Load()-before, proxy.beats.Load()-beats, loadAvg())
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -113,6 +114,22 @@ func (n *nodeMetrics) clusterAndCheck() (Cluster, func(context.Context) error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.cluster, n.check
+}
+
+// ObserveSharedFeeds makes scrapes report the node's shared changes feeds
+// (sharedfeed.Hub.Stats): couchrep_shared_feeds, the jobs subscribed to
+// them and the subscriptions that fell behind. Call it once.
+func (m *Metrics) ObserveSharedFeeds(stats func() sharedfeed.Stats) {
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_shared_feeds",
+			Help: "Continuous _changes feeds this node's jobs share (one per source database and credentials)."},
+			func() float64 { return float64(stats().Feeds) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_shared_feed_subscriptions",
+			Help: "Replication jobs following a shared feed."},
+			func() float64 { return float64(stats().Subscriptions) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "couchrep_shared_feed_overflows_total",
+			Help: "Jobs that fell more rows behind a shared feed than it buffers and caught up on their own."},
+			func() float64 { return float64(stats().Overflows) }))
 }
 
 // ObserveEngine counts a replication run's event (replication.Options.OnEvent).

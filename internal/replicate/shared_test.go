@@ -11,7 +11,7 @@ import (
 // continuous runs with doc_ids or no filter share; two runs share exactly
 // when everything that shapes the feed's request and connection is equal
 // (not the doc_ids or the target), so different credentials never share;
-// the key holds no credential.
+// neither the key nor the feed's name in logs holds a credential.
 func TestFeedSharing(t *testing.T) {
 	const src = "http://u:secret@127.0.0.1:5984/db"
 	hub := sharedfeed.New(sharedfeed.Options{})
@@ -26,9 +26,13 @@ func TestFeedSharing(t *testing.T) {
 	if !base.sharesFeed() {
 		t.Fatal("a continuous doc_ids run does not share")
 	}
-	key := base.feedSource().Key
+	fs := base.feedSource()
+	key := fs.Key
 	if strings.Contains(key, "secret") || strings.Contains(key, "127.0.0.1") {
 		t.Errorf("key %q shows the source", key)
+	}
+	if strings.Contains(fs.Name, "secret") || !strings.Contains(fs.Name, "127.0.0.1:5984/db") {
+		t.Errorf("feed name for logs %q: want the database without its password", fs.Name)
 	}
 	for _, c := range []struct {
 		name, extra, source string
