@@ -98,8 +98,9 @@ func subset(all map[string][]map[string]any, ids ...string) map[string][]map[str
 // against PouchDB Server, once on feeds of their own and once on one shared
 // feed, and checks that both give the same targets, exactly the source's
 // leaves (conflicts and deletions included): doc_ids jobs (several to one
-// target) and an unfiltered job, some started before any write, some while
-// documents are being written, updated, deleted and made to conflict. The
+// target) and unfiltered jobs, some started before any write, some while
+// documents are being written, updated, deleted and made to conflict, one
+// after everything (it catches up in pages). The
 // shared jobs talk to the server through a counting proxy, which sees one
 // continuous feed for all of them.
 func TestSharedFeedEquivalence(t *testing.T) {
@@ -118,6 +119,7 @@ func TestSharedFeedEquivalence(t *testing.T) {
 	for _, m := range modes {
 		s.CreateDB(t, "ids-"+m)
 		s.CreateDB(t, "all-"+m)
+		s.CreateDB(t, "late-"+m)
 	}
 	start := func(k int) {
 		for _, m := range modes {
@@ -126,10 +128,13 @@ func TestSharedFeedEquivalence(t *testing.T) {
 				source, o.Feeds = psrc, hub
 			}
 			doc := map[string]any{"source": source, "target": s.DBURL("ids-" + m)}
-			if k >= 0 {
+			switch {
+			case k >= 0:
 				doc["doc_ids"] = []any{id(2 * k), id(2*k + 1)}
-			} else {
+			case k == -1:
 				doc["target"] = s.DBURL("all-" + m)
+			default: // joins last, catching up in pages of 3 rows
+				doc["target"], doc["worker_batch_size"] = s.DBURL("late-"+m), 3
 			}
 			startJob(t, doc, o)
 		}
@@ -174,6 +179,7 @@ func TestSharedFeedEquivalence(t *testing.T) {
 		burst = append(burst, testserver.Doc(fmt.Sprintf("burst%02d", i), []string{"1-b"}, map[string]any{"i": i}))
 	}
 	s.PutRevs(t, src, burst...)
+	start(-2)
 
 	want := leaves(t, s, src)
 	var ids []string
@@ -183,13 +189,14 @@ func TestSharedFeedEquivalence(t *testing.T) {
 	for _, m := range modes {
 		awaitLeaves(t, s, s.DBURL("ids-"+m), subset(want, ids...), 2*time.Minute)
 		awaitLeaves(t, s, s.DBURL("all-"+m), want, 2*time.Minute)
+		awaitLeaves(t, s, s.DBURL("late-"+m), want, 2*time.Minute)
 	}
 	if got := leaves(t, s, s.DBURL("ids-shared")); !reflect.DeepEqual(got, leaves(t, s, s.DBURL("ids-own"))) {
 		t.Errorf("doc_ids targets differ: shared %v", got)
 	}
 	st := hub.Stats()
-	if st.Feeds != 1 || st.Subscriptions != docs/2+1 {
-		t.Errorf("hub: %+v, want 1 feed with %d subscriptions", st, docs/2+1)
+	if st.Feeds != 1 || st.Subscriptions != docs/2+2 {
+		t.Errorf("hub: %+v, want 1 feed with %d subscriptions", st, docs/2+2)
 	}
 	t.Logf("%d subscriptions fell behind and caught up on their own", st.Overflows)
 	if open := proxy.open.Load(); open != 1 {

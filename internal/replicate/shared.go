@@ -122,18 +122,8 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 	}
 	defer sub.Close()
 
-	r.changesOptions(&cr.opts, cr.since)
-	cr.opts.Feed, cr.opts.Heartbeat = couch.FeedNormal, 0
-	last, err := r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
-	if ctx.Err() != nil {
-		cr.done = true
-		return nil
-	}
-	if last != nil {
-		cr.since = last
-	}
-	if err != nil {
-		return cr.failed(ctx, err)
+	if caught, err := cr.catchUp(ctx); !caught {
+		return err // join again (after failed's pause), stop, or give up
 	}
 	caughtUp := cr.since
 	cr.got, cr.began = 0, time.Now()
@@ -162,6 +152,39 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 			if c.Seq != nil {
 				cr.since = c.Seq
 			}
+		}
+	}
+}
+
+// catchUp reads the changes since cr.since with one-shot requests of the
+// job's own: one for doc_ids (which may be filtered here, where limit=
+// would count unfiltered rows), pages as a one-shot replication's
+// otherwise (a server that builds the whole answer first, as PouchDB Server
+// does, would make a long first catch-up one huge response). It reports
+// whether it read up to the end; if not, the error is failed's.
+func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
+	r := cr.s.r
+	pages := pager{}
+	if r.p.DocIDs == nil {
+		pages = pager{limit: r.p.WorkerBatchSize, max: r.p.WorkerBatchSize * pageMaxBatches}
+	}
+	for {
+		r.changesOptions(&cr.opts, cr.since)
+		cr.opts.Feed, cr.opts.Heartbeat, cr.opts.Limit = couch.FeedNormal, 0, pages.limit
+		got := cr.got
+		last, err := r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
+		if ctx.Err() != nil {
+			cr.done = true
+			return false, nil
+		}
+		if last != nil {
+			cr.since = last
+		}
+		if err != nil {
+			return false, cr.failed(ctx, err)
+		}
+		if !pages.more(cr.got - got) {
+			return true, nil
 		}
 	}
 }
