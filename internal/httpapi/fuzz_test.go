@@ -107,6 +107,20 @@ func (m *memStore) SchedulerDocs(ctx context.Context, db string, skip, limit int
 		func(j *httpapi.Job) string { return j.Database + "\x00" + j.DocID })
 }
 
+// SchedulerDoc finds the document's job in List.
+func (m *memStore) SchedulerDoc(ctx context.Context, db, docID string) (*httpapi.Job, error) {
+	all, _, err := m.SchedulerDocs(ctx, db, 0, -1)
+	if err != nil {
+		return nil, err
+	}
+	for _, j := range all {
+		if j.DocID == docID {
+			return j, nil
+		}
+	}
+	return nil, httpapi.ErrNotFound
+}
+
 func (m *memStore) page(ctx context.Context, skip, limit int, keep func(*httpapi.Job) bool, key func(*httpapi.Job) string) ([]*httpapi.Job, int, error) {
 	all, err := m.List(ctx)
 	if err != nil {

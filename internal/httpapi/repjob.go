@@ -96,6 +96,15 @@ func (a *RepjobStore) SchedulerDocs(ctx context.Context, db string, skip, limit 
 	return jobsOf(p), p.Total, err
 }
 
+// SchedulerDoc implements Store with repjob's listing index.
+func (a *RepjobStore) SchedulerDoc(ctx context.Context, db, docID string) (*Job, error) {
+	rec, err := a.store.SchedulerDoc(ctx, db, docID)
+	if err != nil {
+		return nil, notFound(err)
+	}
+	return JobFromRecord(rec), nil
+}
+
 func jobsOf(p repjob.Page) []*Job {
 	out := make([]*Job, len(p.Jobs))
 	for i, r := range p.Jobs {

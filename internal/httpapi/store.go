@@ -87,6 +87,9 @@ type Store interface {
 	// (database, document id), from the skip-th on, at most limit
 	// (negative: no limit), and how many there are.
 	SchedulerDocs(ctx context.Context, db string, skip, limit int) (jobs []*Job, total int, err error)
+	// SchedulerDoc returns the job of document docID in database db, or
+	// an error wrapping ErrNotFound.
+	SchedulerDoc(ctx context.Context, db, docID string) (*Job, error)
 	// Remove deletes a job, stopping it if it runs.
 	Remove(ctx context.Context, jobID string) error
 	// Wait blocks until done returns true for the job's current state (it is

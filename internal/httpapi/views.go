@@ -405,7 +405,18 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 	if err != nil {
 		return err
 	}
-	if docID == "" && states == nil {
+	if docID != "" {
+		j, err := s.store.SchedulerDoc(r.Context(), db, docID)
+		if errors.Is(err, ErrNotFound) {
+			return errorf(http.StatusNotFound, "not_found", "no replication document %s in %s", docID, db)
+		}
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, docView(j))
+		return nil
+	}
+	if states == nil {
 		// The store reads only the page.
 		page, total, err := s.store.SchedulerDocs(r.Context(), db, pg.skip, pg.limit)
 		if err != nil {
@@ -418,36 +429,17 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 		writeJSON(w, http.StatusOK, map[string]any{"total_rows": total, "offset": min(pg.skip, total), "docs": out})
 		return nil
 	}
-	all, err := s.store.List(r.Context())
+	// A state filter reads every document's job (in order), then pages.
+	all, _, err := s.store.SchedulerDocs(r.Context(), db, 0, -1)
 	if err != nil {
 		return err
 	}
 	var docs []*Job
 	for _, j := range all {
-		if j.Transient || (db != "" && j.Database != db) {
-			continue
+		if states[j.State] {
+			docs = append(docs, j)
 		}
-		if docID != "" {
-			if j.DocID == docID {
-				writeJSON(w, http.StatusOK, docView(j))
-				return nil
-			}
-			continue
-		}
-		if states != nil && !states[j.State] {
-			continue
-		}
-		docs = append(docs, j)
 	}
-	if docID != "" {
-		return errorf(http.StatusNotFound, "not_found", "no replication document %s in %s", docID, db)
-	}
-	sort.Slice(docs, func(a, b int) bool {
-		if docs[a].Database != docs[b].Database {
-			return docs[a].Database < docs[b].Database
-		}
-		return docs[a].DocID < docs[b].DocID
-	})
 	lo, hi := pg.apply(len(docs))
 	out := make([]map[string]any, 0, hi-lo)
 	for _, j := range docs[lo:hi] {

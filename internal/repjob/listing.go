@@ -215,6 +215,23 @@ func (s *Store) SchedulerDocs(ctx context.Context, db string, skip, limit int) (
 	})
 }
 
+// SchedulerDoc returns the job of document docID in database db (the first
+// in job id order if several watched servers have one), or an error
+// wrapping ErrNotFound.
+func (s *Store) SchedulerDoc(ctx context.Context, db, docID string) (*Record, error) {
+	p, err := s.page(ctx, s.k.docs.Sub(db, docID), "", 0, 1, func(r *Record, key []byte) bool {
+		_, docs := s.listingKeys(r)
+		return bytes.Equal(docs, key)
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(p.Jobs) == 0 {
+		return nil, fmt.Errorf("repjob: no job for document %q in %q: %w", docID, db, ErrNotFound)
+	}
+	return p.Jobs[0], nil
+}
+
 // Jobs returns the jobs in job id order from the skip-th on, at most limit
 // (negative: no limit), and how many jobs there are.
 func (s *Store) Jobs(ctx context.Context, skip, limit int) (Page, error) {

@@ -2,6 +2,7 @@ package repjob_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -156,6 +157,19 @@ func checkListings(t *testing.T, store *repjob.Store) {
 			docs("other/_replicator"), docKey},
 		{"jobs", func(s, l int) (repjob.Page, error) { return store.Jobs(ctx, s, l) },
 			func(*repjob.Record) bool { return true }, func(r *repjob.Record) []string { return []string{r.GetJobId()} }},
+	}
+	// Each document's job by database and document id.
+	for _, r := range all {
+		if r.Kind != messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
+			continue
+		}
+		got, err := store.SchedulerDoc(ctx, r.GetDbName(), r.GetDocId())
+		if err != nil || got.GetJobId() != r.GetJobId() {
+			t.Fatalf("SchedulerDoc(%s, %s) = %v, %v; want %s", r.GetDbName(), r.GetDocId(), got, err, r.GetJobId())
+		}
+	}
+	if _, err := store.SchedulerDoc(ctx, "_replicator", "doc0"); !errors.Is(err, repjob.ErrNotFound) {
+		t.Fatalf("SchedulerDoc of a missing document: %v", err)
 	}
 	for _, l := range listings {
 		_, n := wantPage(all, l.keep, l.key, 0, -1)
