@@ -24,6 +24,7 @@ import (
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -95,7 +96,8 @@ func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs i
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	n := &node{name: name, system: system, reg: jobserver.NewRegistry(), sched: make(chan any, 1000)}
-	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: s.db, Jobs: q, RepJobs: store}
+	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: s.db, Jobs: q, RepJobs: store,
+		Timers: timerwheel.New()}
 	rec := recorder(n.sched)
 	n.start(t, deps, rec)
 	return n
@@ -109,7 +111,12 @@ func (n *node) start(t *testing.T, deps actors.Deps, rec recorder) {
 		Children: []supervisor.ChildSpec{
 			{Name: scheduler.Name, Props: actor.PropsFromProducer(func() actor.Actor { return rec })},
 			jobserver.Spec(deps, jobserver.Wiring{Scheduler: schedPID}, n.reg, jobserver.Options{
-				NoJitter: true, JobOptions: func(o *jobrunner.Options) { o.Engine = engine },
+				NoJitter: true, JobOptions: func(o *jobrunner.Options) {
+					if o.Timers != deps.Timers {
+						t.Error("a job's timers are not on the node's wheel (Deps.Timers)")
+					}
+					o.Engine = engine
+				},
 			}),
 		},
 	})
