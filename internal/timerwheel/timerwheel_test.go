@@ -46,7 +46,13 @@ func TestEveryTimerFiresOnceNotEarly(t *testing.T) {
 			wg.Done()
 		})
 	}
-	wg.Wait()
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		t.Fatal("not every timer fired within a minute")
+	}
 	for i := range n {
 		if got := fired[i].Load(); got != 1 {
 			t.Errorf("timer %d fired %d times", i, got)
