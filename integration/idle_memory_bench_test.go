@@ -59,8 +59,9 @@ func TestIdleFeedServerProcess(t *testing.T) {
 // never change: GET /db answers like CouchDB 3.x for an empty database,
 // _local documents do not exist, and a longpoll or continuous _changes feed
 // stays open without a row until its timeout= and then ends with last_seq,
-// as CouchDB does (sending a newline every heartbeat= meanwhile). GET
-// /_idle_feeds counts the feeds open now.
+// as CouchDB does (sending a newline every heartbeat= meanwhile); a
+// checkpoint PUT is accepted (and forgotten). GET /_idle_feeds counts the
+// feeds open now.
 type idleCouch struct {
 	open atomic.Int64
 }
@@ -81,6 +82,11 @@ func (c *idleCouch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case len(parts) == 1 && r.Method == http.MethodPut:
 		w.WriteHeader(http.StatusPreconditionFailed)
 		io.WriteString(w, `{"error":"file_exists","reason":"The database could not be created, the file already exists."}`)
+	case len(parts) >= 2 && parts[1] == "_local" && r.Method == http.MethodPut:
+		// A checkpoint (a feed that ended moved through_seq to its
+		// last_seq): accepted, never stored.
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"ok":true,"id":%q,"rev":"0-1"}`, strings.Join(parts[1:], "/"))
 	case len(parts) >= 2 && parts[1] == "_local":
 		w.WriteHeader(http.StatusNotFound)
 		io.WriteString(w, `{"error":"not_found","reason":"missing"}`)
