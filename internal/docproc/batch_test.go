@@ -187,5 +187,5 @@ func BenchmarkDocSubmission(b *testing.B) {
 	took := time.Since(start)
 	b.ReportMetric(float64(b.N)/took.Seconds(), "docs/s")
 	b.ReportMetric(float64(b.N)/written.Seconds(), "written-docs/s")
-	b.ReportMetric((took - written).Seconds()*1000, "lag-ms")
+	b.ReportMetric((took-written).Seconds()*1000, "lag-ms")
 }
