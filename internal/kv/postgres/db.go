@@ -46,6 +46,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/kvbuf"
 	"github.com/couchrep/couchrep/internal/redact"
 )
 
@@ -238,17 +239,11 @@ func (db *DB) isClosed() bool {
 func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 	var last error
 	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
-		if err := ctx.Err(); err != nil {
+		if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
 			return err
 		}
-		if db.isClosed() {
-			return kv.ErrClosed
-		}
 		t := newTx(ctx, db, false)
-		err := fn(t)
-		if err == nil {
-			err = t.err
-		}
+		err := t.Result(fn(t))
 		if err == nil {
 			err = ctx.Err() // never commit what a cancelled caller asked
 		}
@@ -284,17 +279,11 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 // ReadTransact implements kv.Database: fn runs once on one REPEATABLE
 // READ, READ ONLY snapshot.
 func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
 		return err
 	}
-	if db.isClosed() {
-		return kv.ErrClosed
-	}
 	t := newTx(ctx, db, true)
-	err := fn(t)
-	if err == nil {
-		err = t.err
-	}
+	err := t.Result(fn(t))
 	t.finish(err)
 	return err
 }

@@ -17,57 +17,33 @@ import (
 	"github.com/couchrep/couchrep/internal/kv/kvbuf"
 )
 
-// span is a key range [begin, end).
-type span struct{ begin, end []byte }
-
 // tx is one attempt of a transaction (or a ReadTransact).
 type tx struct {
+	kvbuf.Tx // the buffered writes, the first internal error, done
 	db       *DB
 	ctx      context.Context
 	readOnly bool
-	err      error // first internal error; fails the commit
-	done     bool
 
 	conn  *pgxpool.Conn // held from the first read to the end
 	open  bool          // the snapshot transaction is open on conn
 	dirty bool          // conn may still be in an earlier snapshot: send ROLLBACK first
 	snap  int64         // the snapshot's commit version
 
-	buf kvbuf.Buffer // the buffered writes
-
-	readKeys [][]byte   // validated point reads (and read conflict keys)
-	reads    []*rangeRd // validated range reads
+	readKeys [][]byte      // validated point reads (and read conflict keys)
+	reads    []*kvbuf.Span // validated range reads
 
 	watches []*watch
-	stamps  []*kvbuf.StampFuture
 }
 
-// rangeRd is a validated range read; while its iterator runs, it is
-// narrowed to what the caller consumed when the transaction ends.
-type rangeRd struct {
-	span
-	it *iterator
-}
-
-var _ kv.Tx = (*tx)(nil)
+var (
+	_ kv.Tx       = (*tx)(nil)
+	_ kvbuf.Store = (*tx)(nil)
+)
 
 func newTx(ctx context.Context, db *DB, readOnly bool) *tx {
-	return &tx{db: db, ctx: ctx, readOnly: readOnly, buf: kvbuf.New()}
-}
-
-func (t *tx) fail(err error) {
-	if t.err == nil {
-		t.err = err
-	}
-}
-
-// failSize fails the transaction with err if it is a write beyond kv's
-// size limits (other errors leave it usable), and returns err.
-func (t *tx) failSize(err error) error {
-	if kv.IsTooLarge(err) {
-		t.fail(err)
-	}
-	return err
+	t := &tx{db: db, ctx: ctx, readOnly: readOnly}
+	t.Init(t)
+	return t
 }
 
 // begin opens the snapshot on first use (see query).
@@ -83,8 +59,8 @@ func (t *tx) begin() error {
 // (k, v). The first read of a transaction also opens the snapshot, a
 // REPEATABLE READ, READ ONLY transaction, and reads its commit version, in
 // the same round trip. sql "" only opens the snapshot.
-func (t *tx) query(sql string, args ...any) ([]row, error) {
-	if t.done {
+func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
+	if t.Done {
 		return nil, kv.ErrTxDone
 	}
 	if t.open {
@@ -116,7 +92,7 @@ func (t *tx) query(sql string, args ...any) ([]row, error) {
 			b.Queue(firstSQL[sql], args...)
 		}
 		br := t.conn.SendBatch(t.ctx, b)
-		var out []row
+		var out []kvbuf.Row
 		if t.dirty {
 			_, err = br.Exec()
 		}
@@ -153,32 +129,32 @@ func (t *tx) query(sql string, args ...any) ([]row, error) {
 // collectFirstRows is collectRows for a firstSQL query: each row also
 // carries the snapshot's commit version (snap), and a lone row without a
 // key says the read found nothing.
-func collectFirstRows(rows pgx.Rows, snap *int64) ([]row, error) {
+func collectFirstRows(rows pgx.Rows, snap *int64) ([]kvbuf.Row, error) {
 	defer rows.Close()
-	var out []row
+	var out []kvbuf.Row
 	for rows.Next() {
-		var r row
-		if err := rows.Scan(snap, &r.k, &r.v); err != nil {
+		var r kvbuf.Row
+		if err := rows.Scan(snap, &r.K, &r.V); err != nil {
 			return nil, err
 		}
-		if r.k == nil {
+		if r.K == nil {
 			continue
 		}
-		r.v = kvbuf.NonNil(r.v)
+		r.V = kvbuf.NonNil(r.V)
 		out = append(out, r)
 	}
 	return out, rows.Err()
 }
 
-func collectRows(rows pgx.Rows) ([]row, error) {
+func collectRows(rows pgx.Rows) ([]kvbuf.Row, error) {
 	defer rows.Close()
-	var out []row
+	var out []kvbuf.Row
 	for rows.Next() {
-		var r row
-		if err := rows.Scan(&r.k, &r.v); err != nil {
+		var r kvbuf.Row
+		if err := rows.Scan(&r.K, &r.V); err != nil {
 			return nil, err
 		}
-		r.v = kvbuf.NonNil(r.v)
+		r.V = kvbuf.NonNil(r.V)
 		out = append(out, r)
 	}
 	return out, rows.Err()
@@ -200,39 +176,16 @@ func (t *tx) end() {
 	t.conn, t.open, t.dirty = nil, false, false
 }
 
-// Get implements kv.ReadTx.
-func (t *tx) Get(key []byte) ([]byte, error) { return t.get(key, false) }
-
-func (t *tx) get(key []byte, snapshot bool) ([]byte, error) {
-	if t.done {
-		return nil, kv.ErrTxDone
-	}
-	if o, ok := t.buf.Writes[string(key)]; ok {
-		var base []byte
-		if o.Kind == kvbuf.Add {
-			var err error
-			if base, err = t.stored(key, snapshot); err != nil {
-				return nil, err
-			}
-		}
-		return o.Merge(key, base)
-	}
-	if t.buf.Cleared(key) {
-		return nil, nil
-	}
-	return t.stored(key, snapshot)
-}
-
-// stored reads key from the snapshot, adding it to the read set unless
+// ReadStored implements kvbuf.Store: it reads key from the snapshot, adding it to the read set unless
 // snapshot.
-func (t *tx) stored(key []byte, snapshot bool) ([]byte, error) {
+func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 	rows, err := t.query(getSQL, key)
 	if err != nil {
 		return nil, t.db.errorf(fmt.Sprintf("get %x", key), err)
 	}
 	var v []byte
 	if len(rows) > 0 {
-		v = rows[0].v
+		v = rows[0].V
 	}
 	if !snapshot && !t.readOnly {
 		t.readKeys = append(t.readKeys, slices.Clone(key))
@@ -240,80 +193,12 @@ func (t *tx) stored(key []byte, snapshot bool) ([]byte, error) {
 	return v, nil
 }
 
-// Snapshot implements kv.ReadTx.
-func (t *tx) Snapshot() kv.ReadTx { return snapshotTx{t} }
-
-type snapshotTx struct{ t *tx }
-
-func (s snapshotTx) Get(key []byte) ([]byte, error) { return s.t.get(key, true) }
-func (s snapshotTx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator {
-	return s.t.getRange(begin, end, opts, true)
-}
-func (s snapshotTx) Snapshot() kv.ReadTx { return s }
-
-// writable reports whether a write may be buffered, failing the
-// transaction if it is finished.
-func (t *tx) writable() bool {
-	if t.done {
-		t.fail(kv.ErrTxDone)
-		return false
-	}
-	return true
-}
-
-// Set implements kv.Tx.
-func (t *tx) Set(key, value []byte) {
-	if t.writable() {
-		t.fail(t.buf.Set(key, value))
-	}
-}
-
-// Clear implements kv.Tx.
-func (t *tx) Clear(key []byte) {
-	if t.writable() {
-		t.fail(t.buf.Clear(key))
-	}
-}
-
-// ClearRange implements kv.Tx.
-func (t *tx) ClearRange(begin, end []byte) {
-	if t.writable() {
-		t.fail(t.buf.ClearRange(begin, end))
-	}
-}
-
-// Add implements kv.Tx: the delta is applied at commit, inside the
-// serialized commit statement, without reading the key into the read set.
-func (t *tx) Add(key []byte, delta int64) {
-	if t.writable() {
-		if err := t.buf.Add(key, delta); err != nil {
-			t.fail(err)
-		}
-	}
-}
-
-// SetVersionstampedKey implements kv.Tx.
-func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
-	if t.done {
-		return kv.ErrTxDone
-	}
-	return t.failSize(t.buf.SetVersionstampedKey(key, offset, value))
-}
-
-// SetVersionstampedValue implements kv.Tx.
-func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
-	if t.done {
-		return kv.ErrTxDone
-	}
-	return t.failSize(t.buf.SetVersionstampedValue(key, value, offset))
-}
-
 // AddReadConflictKey implements kv.Tx: FDB's meaning, the transaction
 // conflicts with any commit after its snapshot that writes key.
 func (t *tx) AddReadConflictKey(key []byte) {
-	if t.writable() {
+	if t.Writable() {
 		if err := t.begin(); err != nil { // fixes the snapshot version
-			t.fail(err)
+			t.Fail(err)
 			return
 		}
 		t.readKeys = append(t.readKeys, slices.Clone(key))
@@ -322,20 +207,20 @@ func (t *tx) AddReadConflictKey(key []byte) {
 
 // AddReadConflictRange implements kv.Tx, for every key in [begin, end).
 func (t *tx) AddReadConflictRange(begin, end []byte) {
-	if !t.writable() || bytes.Compare(begin, end) >= 0 {
+	if !t.Writable() || bytes.Compare(begin, end) >= 0 {
 		return
 	}
 	if err := t.begin(); err != nil {
-		t.fail(err)
+		t.Fail(err)
 		return
 	}
-	t.reads = append(t.reads, &rangeRd{span: span{slices.Clone(begin), slices.Clone(end)}})
+	t.reads = append(t.reads, &kvbuf.Span{Range: kvbuf.Range{Begin: slices.Clone(begin), End: slices.Clone(end)}})
 }
 
 // Watch implements kv.Tx.
 func (t *tx) Watch(key []byte) kv.Watch {
 	w := newWatch(t.db.watches, key)
-	if t.done {
+	if t.Done {
 		w.fail(kv.ErrTxDone)
 		return w
 	}
@@ -343,22 +228,11 @@ func (t *tx) Watch(key []byte) kv.Watch {
 	return w
 }
 
-// Versionstamp implements kv.Tx.
-func (t *tx) Versionstamp() kv.VersionstampFuture {
-	f := kvbuf.NewStampFuture()
-	if t.done {
-		f.Resolve([kv.VersionstampLength]byte{}, kv.ErrTxDone)
-		return f
-	}
-	t.stamps = append(t.stamps, f)
-	return f
-}
-
 // finish ends the attempt: the snapshot is released; with err, its
 // watches and stamps fail.
 func (t *tx) finish(err error) {
 	t.closeReads()
-	t.done = true
+	t.Finish(err)
 	t.end()
 	if err == nil {
 		return
@@ -366,17 +240,12 @@ func (t *tx) finish(err error) {
 	for _, w := range t.watches {
 		w.fail(err)
 	}
-	for _, f := range t.stamps {
-		f.Resolve([kv.VersionstampLength]byte{}, err)
-	}
 }
 
 // closeReads narrows the range reads still iterated to what was consumed.
 func (t *tx) closeReads() {
 	for _, r := range t.reads {
-		if r.it != nil {
-			r.it.closeSpan()
-		}
+		r.Close()
 	}
 }
 
@@ -388,16 +257,16 @@ func (t *tx) commit() error {
 	// sees it (read without conflict); keys with a versionstamped value
 	// get theirs from the commit.
 	for _, w := range t.watches {
-		if o, ok := t.buf.Writes[string(w.key)]; ok && o.Kind == kvbuf.SetVSV {
+		if o, ok := t.Buf.Writes[string(w.key)]; ok && o.Kind == kvbuf.SetVSV {
 			continue
 		}
-		v, err := t.get(w.key, true)
+		v, err := t.Read(w.key, true)
 		if err != nil {
 			return err
 		}
 		w.armed, w.present = v, v != nil
 	}
-	if !t.buf.HasWrites() && len(t.stamps) == 0 {
+	if !t.HasWrites() {
 		t.finish(nil)
 		t.armWatches(nil)
 		return nil
@@ -411,9 +280,7 @@ func (t *tx) commit() error {
 	binary.BigEndian.PutUint64(stamp[:8], uint64(version))
 	binary.BigEndian.PutUint16(stamp[8:], uint16(order))
 	t.finish(nil)
-	for _, f := range t.stamps {
-		f.Resolve(stamp, nil)
-	}
+	t.Resolve(stamp)
 	vsv := map[string][]byte{}
 	for i, k := range a.xk {
 		if i < len(xv) {
@@ -455,20 +322,20 @@ func (t *tx) commitArgs() *commitArgs {
 		a.rk = e()
 	}
 	for _, r := range t.reads {
-		if bytes.Compare(r.begin, r.end) < 0 {
-			a.rb, a.re = append(a.rb, r.begin), append(a.re, r.end)
+		if bytes.Compare(r.Begin, r.End) < 0 {
+			a.rb, a.re = append(a.rb, r.Begin), append(a.re, r.End)
 		}
 	}
-	for _, c := range t.buf.Clears {
+	for _, c := range t.Buf.Clears {
 		a.cb, a.ce = append(a.cb, c.Begin), append(a.ce, c.End)
 	}
-	keys := make([]string, 0, len(t.buf.Writes))
-	for k := range t.buf.Writes {
+	keys := make([]string, 0, len(t.Buf.Writes))
+	for k := range t.Buf.Writes {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys) // a stable order of row locks
 	for _, k := range keys {
-		o := t.buf.Writes[k]
+		o := t.Buf.Writes[k]
 		switch o.Kind {
 		case kvbuf.Clear:
 			a.ck = append(a.ck, []byte(k))
@@ -482,7 +349,7 @@ func (t *tx) commitArgs() *commitArgs {
 	}
 	// Two versionstamped keys that would become the same key: the last wins.
 	seen := map[string]int{}
-	for _, w := range t.buf.VSKeys {
+	for _, w := range t.Buf.VSKeys {
 		id := fmt.Sprintf("%d:%x", w.Offset, w.Key)
 		if i, ok := seen[id]; ok {
 			a.vv[i] = w.Value

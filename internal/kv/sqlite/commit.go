@@ -28,19 +28,13 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 	}()
 	classic := false // see read.go
 	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
-		if err := ctx.Err(); err != nil {
+		if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
 			return err
-		}
-		if db.isClosed() {
-			return kv.ErrClosed
 		}
 		t = newTx(ctx, db, classic)
 		db.inflight.Add(1)
 		t.inflight = true
-		err := fn(t)
-		if err == nil {
-			err = t.err
-		}
+		err := t.Result(fn(t))
 		if err != nil && isMoved(t, err) {
 			// The attempt's reads were not consistent: whatever fn
 			// concluded is void. Run it again on a reader snapshot.
@@ -85,21 +79,15 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 
 // ReadTransact implements kv.Database.
 func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error {
-	if err := ctx.Err(); err != nil {
+	if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
 		return err
-	}
-	if db.isClosed() {
-		return kv.ErrClosed
 	}
 	// A read-only transaction runs fn exactly once, on a reader snapshot:
 	// reads through the writer connection may have to be run again when a
 	// commit moves them (see read.go), and callers of ReadTransact collect
 	// what fn reads (List, Fold) without expecting a second run.
 	t := newTx(ctx, db, true)
-	err := fn(t)
-	if err == nil {
-		err = t.err
-	}
+	err := t.Result(fn(t))
 	t.finish(err)
 	return err
 }
@@ -140,10 +128,10 @@ func (r *commitReq) finish(err error) {
 // commit validates and writes t. A transaction without writes commits at
 // its snapshot: it only arms its watches.
 func (db *DB) commit(ctx context.Context, t *tx) error {
-	if !t.hasWrites() {
+	if !t.HasWrites() {
 		var armed []armedWatch
 		for _, w := range t.watches {
-			v, err := t.get(w.key, true)
+			v, err := t.Read(w.key, true)
 			if err != nil {
 				return err
 			}
@@ -210,9 +198,7 @@ wait:
 		return req.err
 	}
 	t.finish(nil)
-	for _, f := range t.stamps {
-		f.Resolve(req.stamp, nil)
-	}
+	t.Resolve(req.stamp)
 	db.watches.arm(req.armed)
 	return nil
 }
@@ -391,12 +377,12 @@ func (db *DB) validate(t *tx) (bool, error) {
 		}
 	}
 	for _, rr := range t.ranges {
-		if bytes.Compare(rr.begin, rr.end) >= 0 {
+		if bytes.Compare(rr.Begin, rr.End) >= 0 {
 			continue
 		}
 		var h maphash.Hash
 		h.SetSeed(db.seed)
-		if err := digestRange(w.stmts, rr.begin, rr.end, rr.reverse, &h); err != nil {
+		if err := digestRange(w.stmts, rr.Begin, rr.End, rr.reverse, &h); err != nil {
 			return false, fmt.Errorf("sqlite: validate range: %w", err)
 		}
 		if h.Sum64() != rr.h.Sum64() {
@@ -410,13 +396,13 @@ func (db *DB) validate(t *tx) (bool, error) {
 // write to a cleared key came after the clear.
 func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKeys) error {
 	w := db.writer
-	for _, r := range t.buf.Clears {
+	for _, r := range t.Buf.Clears {
 		if err := run(w.delRange, [][]byte{r.Begin, r.End}); err != nil {
 			return fmt.Errorf("sqlite: clear range: %w", err)
 		}
 		touched.ranges = append(touched.ranges, r)
 	}
-	for k, o := range t.buf.Writes {
+	for k, o := range t.Buf.Writes {
 		key := []byte(k)
 		var err error
 		switch o.Kind {
@@ -440,7 +426,7 @@ func (db *DB) apply(t *tx, stamp [kv.VersionstampLength]byte, touched *touchedKe
 		}
 		touched.keys = append(touched.keys, key)
 	}
-	for _, vk := range t.buf.VSKeys {
+	for _, vk := range t.Buf.VSKeys {
 		key := bytes.Clone(vk.Key)
 		copy(key[vk.Offset:], stamp[:])
 		if err := run(w.set, [][]byte{key, vk.Value}); err != nil {

@@ -1,5 +1,7 @@
 package sqlite
 
+import "github.com/couchrep/couchrep/internal/kv/kvbuf"
+
 const (
 	qGet       = "SELECT v FROM kv WHERE k = ?"
 	qRangeFwd  = "SELECT k, v FROM kv WHERE k >= ? AND k < ? ORDER BY k LIMIT ?"
@@ -46,7 +48,7 @@ func (s stmts) getValue(key []byte) ([]byte, bool, error) {
 }
 
 // page reads up to n rows of [begin, end) in key order (or reverse).
-func (s stmts) page(begin, end []byte, reverse bool, n int, out []kvPair) ([]kvPair, error) {
+func (s stmts) page(begin, end []byte, reverse bool, n int, out []kvbuf.Row) ([]kvbuf.Row, error) {
 	st := s.fwd
 	if reverse {
 		st = s.rev
@@ -60,18 +62,8 @@ func (s stmts) page(begin, end []byte, reverse bool, n int, out []kvPair) ([]kvP
 		if err != nil || !row {
 			return out, err
 		}
-		out = append(out, kvPair{k: st.blob(0), v: st.blob(1)})
+		out = append(out, kvbuf.Row{K: st.blob(0), V: st.blob(1)})
 	}
-}
-
-type kvPair struct{ k, v []byte }
-
-// nonNil makes sure an empty key binds as an empty BLOB, not NULL.
-func nonNil(b []byte) []byte {
-	if b == nil {
-		return []byte{}
-	}
-	return b
 }
 
 // readerConn is a pooled connection used for snapshot reads.

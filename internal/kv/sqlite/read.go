@@ -75,7 +75,7 @@ func (t *tx) read(f func(s stmts) error) error {
 		t.wgen, t.wver = db.wgen, db.wver
 	default:
 		t.moved = true
-		t.fail(errMoved)
+		t.Fail(errMoved)
 		return errMoved
 	}
 	return nil

@@ -20,28 +20,25 @@ type pointRead struct {
 }
 
 // rangeRead is a validated range read: the span whose stored rows were
-// consumed, in which direction, and a digest of those rows.
+// consumed (narrowed by its iterator), in which direction, and a digest
+// of those rows.
 type rangeRead struct {
-	begin, end []byte
-	reverse    bool
-	h          maphash.Hash
-	it         *iterator // while still iterating, the iterator that owns the span
-	snap       bool      // a snapshot read: its span is tracked, not validated
+	kvbuf.Span
+	reverse bool
+	h       maphash.Hash
+	snap    bool // a snapshot read: its span is tracked, not validated
 }
 
 // tx is one attempt of a logical transaction.
 type tx struct {
-	db     *DB
-	ctx    context.Context
-	reader *readerConn // the snapshot; nil until the first read
-	err    error       // first internal error, fails the commit
+	kvbuf.Tx // the buffered writes, the first internal error, done
+	db       *DB
+	ctx      context.Context
+	reader   *readerConn // the snapshot; nil until the first read
 
-	buf     kvbuf.Buffer // the buffered writes
 	points  []pointRead
 	ranges  []*rangeRead
 	watches []*watch
-	stamps  []*kvbuf.StampFuture
-	done    bool
 	// snapVersion is a lower bound of the snapshot's commit version
 	// (db.committed before the read transaction began); see validateKnown.
 	snapVersion int64
@@ -71,28 +68,16 @@ func (t *tx) leaveInflight() {
 	}
 }
 
-var _ kv.Tx = (*tx)(nil)
+var (
+	_ kv.Tx       = (*tx)(nil)
+	_ kvbuf.Store = (*tx)(nil)
+)
 
 func newTx(ctx context.Context, db *DB, classic bool) *tx {
-	return &tx{db: db, ctx: ctx, buf: kvbuf.New(), classic: classic}
+	t := &tx{db: db, ctx: ctx, classic: classic}
+	t.Init(t)
+	return t
 }
-
-func (t *tx) fail(err error) {
-	if t.err == nil {
-		t.err = err
-	}
-}
-
-// failSize fails the transaction with err if it is a write beyond kv's
-// size limits (other errors leave it usable), and returns err.
-func (t *tx) failSize(err error) error {
-	if kv.IsTooLarge(err) {
-		t.fail(err)
-	}
-	return err
-}
-
-func (t *tx) hasWrites() bool { return t.buf.HasWrites() || len(t.stamps) > 0 }
 
 // snapshot starts the read transaction on first use.
 func (t *tx) snapshot() (*readerConn, error) {
@@ -125,31 +110,9 @@ func (t *tx) endSnapshot() {
 	t.reader = nil
 }
 
-// Get implements kv.ReadTx.
-func (t *tx) Get(key []byte) ([]byte, error) { return t.get(key, false) }
-
-func (t *tx) get(key []byte, snapshot bool) ([]byte, error) {
-	if t.done {
-		return nil, kv.ErrTxDone
-	}
-	if o, ok := t.buf.Writes[string(key)]; ok {
-		var base []byte
-		if o.Kind == kvbuf.Add {
-			var err error
-			if base, err = t.readStored(key, snapshot); err != nil {
-				return nil, err
-			}
-		}
-		return o.Merge(key, base)
-	}
-	if t.buf.Cleared(key) {
-		return nil, nil
-	}
-	return t.readStored(key, snapshot)
-}
-
-// readStored reads key from the snapshot, recording it unless snapshot.
-func (t *tx) readStored(key []byte, snapshot bool) ([]byte, error) {
+// ReadStored implements kvbuf.Store: it reads key from the snapshot,
+// recording it unless snapshot.
+func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 	var v []byte
 	var present bool
 	if err := t.read(func(s stmts) error {
@@ -168,95 +131,25 @@ func (t *tx) readStored(key []byte, snapshot bool) ([]byte, error) {
 	return slices.Clone(v), nil
 }
 
-// GetRange implements kv.ReadTx.
-func (t *tx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator {
-	return t.getRange(begin, end, opts, false)
-}
-
-// Snapshot implements kv.ReadTx.
-func (t *tx) Snapshot() kv.ReadTx { return snapshotTx{t} }
-
-type snapshotTx struct{ t *tx }
-
-func (s snapshotTx) Get(key []byte) ([]byte, error) { return s.t.get(key, true) }
-func (s snapshotTx) GetRange(begin, end []byte, opts kv.RangeOptions) kv.RangeIterator {
-	return s.t.getRange(begin, end, opts, true)
-}
-func (s snapshotTx) Snapshot() kv.ReadTx { return s }
-
-func (t *tx) checkWrite() bool {
-	if t.done {
-		t.fail(kv.ErrTxDone)
-		return false
-	}
-	return true
-}
-
-// Set implements kv.Tx.
-func (t *tx) Set(key, value []byte) {
-	if t.checkWrite() {
-		t.fail(t.buf.Set(key, value))
-	}
-}
-
-// Clear implements kv.Tx.
-func (t *tx) Clear(key []byte) {
-	if t.checkWrite() {
-		t.fail(t.buf.Clear(key))
-	}
-}
-
-// ClearRange implements kv.Tx.
-func (t *tx) ClearRange(begin, end []byte) {
-	if t.checkWrite() {
-		t.fail(t.buf.ClearRange(begin, end))
-	}
-}
-
-// Add implements kv.Tx.
-func (t *tx) Add(key []byte, delta int64) {
-	if t.checkWrite() {
-		if err := t.buf.Add(key, delta); err != nil {
-			t.fail(err)
-		}
-	}
-}
-
-// SetVersionstampedKey implements kv.Tx.
-func (t *tx) SetVersionstampedKey(key []byte, offset int, value []byte) error {
-	if t.done {
-		return kv.ErrTxDone
-	}
-	return t.failSize(t.buf.SetVersionstampedKey(key, offset, value))
-}
-
-// SetVersionstampedValue implements kv.Tx.
-func (t *tx) SetVersionstampedValue(key, value []byte, offset int) error {
-	if t.done {
-		return kv.ErrTxDone
-	}
-	return t.failSize(t.buf.SetVersionstampedValue(key, value, offset))
-}
-
 // AddReadConflictKey implements kv.Tx.
 func (t *tx) AddReadConflictKey(key []byte) {
-	if !t.checkWrite() {
+	if !t.Writable() {
 		return
 	}
-	if _, err := t.readStored(key, false); err != nil {
-		t.fail(err)
+	if _, err := t.ReadStored(key, false); err != nil {
+		t.Fail(err)
 	}
 }
 
 // AddReadConflictRange implements kv.Tx.
 func (t *tx) AddReadConflictRange(begin, end []byte) {
-	if !t.checkWrite() || bytes.Compare(begin, end) >= 0 {
+	if !t.Writable() || bytes.Compare(begin, end) >= 0 {
 		return
 	}
-	rr := &rangeRead{begin: slices.Clone(begin), end: slices.Clone(end)}
+	rr := &rangeRead{Span: kvbuf.Span{Range: kvbuf.Range{Begin: slices.Clone(begin), End: slices.Clone(end)}}}
 	rr.h.SetSeed(t.db.seed)
-	if err := t.read(func(s stmts) error { return digestRange(s, rr.begin, rr.end, false, &rr.h) }); err != nil {
-		t.fail(fmt.Errorf("sqlite: read conflict range: %w", err))
+	if err := t.read(func(s stmts) error { return digestRange(s, rr.Begin, rr.End, false, &rr.h) }); err != nil {
+		t.Fail(fmt.Errorf("sqlite: read conflict range: %w", err))
 		return
 	}
 	t.ranges = append(t.ranges, rr)
@@ -264,7 +157,7 @@ func (t *tx) AddReadConflictRange(begin, end []byte) {
 
 // digestRange hashes every stored row in [begin, end), streaming by pages.
 func digestRange(s stmts, begin, end []byte, reverse bool, h *maphash.Hash) error {
-	var buf []kvPair
+	var buf []kvbuf.Row
 	var err error
 	for {
 		buf, err = s.page(begin, end, reverse, rangePageMax, buf[:0])
@@ -272,12 +165,12 @@ func digestRange(s stmts, begin, end []byte, reverse bool, h *maphash.Hash) erro
 			return err
 		}
 		for _, p := range buf {
-			hashPair(h, p.k, p.v)
+			hashPair(h, p.K, p.V)
 		}
 		if len(buf) < rangePageMax {
 			return nil
 		}
-		last := buf[len(buf)-1].k
+		last := buf[len(buf)-1].K
 		if reverse {
 			end = last
 		} else {
@@ -298,7 +191,7 @@ func hashPair(h *maphash.Hash, k, v []byte) {
 // Watch implements kv.Tx.
 func (t *tx) Watch(key []byte) kv.Watch {
 	w := newWatch(t.db, key)
-	if t.done {
+	if t.Done {
 		w.fail(kv.ErrTxDone)
 		return w
 	}
@@ -306,43 +199,25 @@ func (t *tx) Watch(key []byte) kv.Watch {
 	return w
 }
 
-// Versionstamp implements kv.Tx.
-func (t *tx) Versionstamp() kv.VersionstampFuture {
-	f := kvbuf.NewStampFuture()
-	if t.done {
-		f.Resolve([kv.VersionstampLength]byte{}, kv.ErrTxDone)
-		return f
-	}
-	t.stamps = append(t.stamps, f)
-	return f
-}
-
 // finishReads closes the spans of range reads still being iterated.
 func (t *tx) finishReads() {
 	for _, rr := range t.ranges {
-		if rr.it != nil {
-			rr.it.closeSpan()
-		}
+		rr.Close()
 	}
 	for _, rr := range t.snapRanges {
-		if rr.it != nil {
-			rr.it.closeSpan()
-		}
+		rr.Close()
 	}
 }
 
 // finish fails the attempt's watches and stamps with err (nil: they were
 // handled by the commit) and marks the tx done.
 func (t *tx) finish(err error) {
-	t.done = true
+	t.Finish(err)
 	t.endSnapshot()
 	if err == nil {
 		return
 	}
 	for _, w := range t.watches {
 		w.fail(err)
-	}
-	for _, f := range t.stamps {
-		f.Resolve([kv.VersionstampLength]byte{}, err)
 	}
 }

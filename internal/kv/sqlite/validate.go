@@ -109,7 +109,7 @@ func readSetTouched(tpoints []pointRead, tranges []*rangeRead, w *touchedKeys) b
 			}
 		}
 		for _, rr := range tranges {
-			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(k, rr.begin) >= 0 && bytes.Compare(k, rr.end) < 0 {
+			if bytes.Compare(rr.Begin, rr.End) < 0 && bytes.Compare(k, rr.Begin) >= 0 && bytes.Compare(k, rr.End) < 0 {
 				return true
 			}
 		}
@@ -121,7 +121,7 @@ func readSetTouched(tpoints []pointRead, tranges []*rangeRead, w *touchedKeys) b
 			}
 		}
 		for _, rr := range tranges {
-			if bytes.Compare(rr.begin, rr.end) < 0 && bytes.Compare(c.Begin, rr.end) < 0 && bytes.Compare(rr.begin, c.End) < 0 {
+			if bytes.Compare(rr.Begin, rr.End) < 0 && bytes.Compare(c.Begin, rr.End) < 0 && bytes.Compare(rr.Begin, c.End) < 0 {
 				return true
 			}
 		}
