@@ -1,10 +1,20 @@
-// Package kvbuf is the client-side write buffer of a kv.Tx, shared by the
-// backends that hold a transaction's writes until its commit (sqlite,
-// postgres): the final state of every key written (set, cleared, an
-// atomic add pending on the stored value, a versionstamped value), the
-// cleared ranges, the versionstamped keys, and how a read merges them with
-// the stored value (read-your-writes). It also has the versionstamp future
-// those backends resolve at commit.
+// Package kvbuf is what the backends that hold a transaction's writes
+// until its commit (sqlite, postgres) share of a transaction attempt:
+//
+//   - Buffer, the client-side write buffer: the final state of every key
+//     written (set, cleared, an atomic add pending on the stored value, a
+//     versionstamped value), the cleared ranges, the versionstamped keys,
+//     and how a read merges them with the stored value (read-your-writes);
+//   - Tx, the attempt's kv.Tx front over the backend's stored reads
+//     (Store): the buffer, reads through it, the first internal error,
+//     the versionstamp futures (StampFuture) resolved at commit;
+//   - Iterator, a range read merging the stored rows, which the backend
+//     fetches in pages (Rows), with the buffered writes, and narrowing the
+//     read's conflict span (Span) to what the caller consumed;
+//   - Retry, the Transact loop around a backend's attempt.
+//
+// The backends keep their snapshots, read sets, validation, watches and
+// commits.
 package kvbuf
 
 import (

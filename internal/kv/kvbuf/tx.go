@@ -2,6 +2,7 @@ package kvbuf
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/couchrep/couchrep/internal/kv"
 )
@@ -202,4 +203,38 @@ func Usable(ctx context.Context, closed bool) error {
 		return kv.ErrClosed
 	}
 	return nil
+}
+
+// Outcome is how an attempt of Retry ended.
+type Outcome int
+
+// The outcomes of an attempt.
+const (
+	Stop     Outcome = iota // Retry returns the attempt's error (nil: committed)
+	Again                   // run again after kv.RetryBackoff
+	AgainNow                // run again at once
+)
+
+// Retry is a backend's Transact loop: it runs attempt (given how many ran
+// before) until it stops, ctx ends, the database is closed (closed), or
+// maxAttempts ran; then the error says that backend gave up and wraps the
+// last attempt's.
+func Retry(ctx context.Context, backend string, maxAttempts int, closed func() bool, attempt func(n int) (Outcome, error)) error {
+	var last error
+	for n := 0; n < maxAttempts; n++ {
+		if err := Usable(ctx, closed()); err != nil {
+			return err
+		}
+		o, err := attempt(n)
+		if o == Stop {
+			return err
+		}
+		last = err
+		if o == Again {
+			if err := kv.RetryBackoff(ctx, n); err != nil {
+				return err
+			}
+		}
+	}
+	return fmt.Errorf("%s: gave up after %d attempts: %w", backend, maxAttempts, last)
 }

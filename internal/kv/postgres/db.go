@@ -237,11 +237,7 @@ func (db *DB) isClosed() bool {
 
 // Transact implements kv.Database.
 func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
-	var last error
-	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
-		if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
-			return err
-		}
+	return kvbuf.Retry(ctx, "postgres", db.opts.MaxAttempts, db.isClosed, func(attempt int) (kvbuf.Outcome, error) {
 		t := newTx(ctx, db, false)
 		err := t.Result(fn(t))
 		if err == nil {
@@ -252,28 +248,23 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			if connLost(err) && attempt+1 < db.opts.MaxAttempts && ctx.Err() == nil && !db.isClosed() {
 				// A read found the connection gone: nothing was written,
 				// the function may run again (on a new connection).
-				last = err
 				if err := kv.RetryBackoff(ctx, attempt+1); err != nil {
-					return err
+					return kvbuf.Stop, err
 				}
-				continue
+				return kvbuf.AgainNow, err
 			}
-			return err
+			return kvbuf.Stop, err
 		}
 		err = t.commit()
 		if err == nil {
-			return nil
+			return kvbuf.Stop, nil
 		}
 		t.finish(err)
 		if !errors.Is(err, kv.ErrConflict) && !(errors.Is(err, errNotSent) && connLost(err)) {
-			return err
+			return kvbuf.Stop, err
 		}
-		last = err
-		if err := kv.RetryBackoff(ctx, attempt); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("postgres: gave up after %d attempts: %w", db.opts.MaxAttempts, last)
+		return kvbuf.Again, err
+	})
 }
 
 // ReadTransact implements kv.Database: fn runs once on one REPEATABLE

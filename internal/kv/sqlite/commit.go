@@ -19,7 +19,6 @@ var errRetry = errors.New("sqlite: store busy")
 
 // Transact implements kv.Database.
 func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
-	var last error
 	var t *tx
 	defer func() {
 		if t != nil {
@@ -27,10 +26,7 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 		}
 	}()
 	classic := false // see read.go
-	for attempt := 0; attempt < db.opts.MaxAttempts; attempt++ {
-		if err := kvbuf.Usable(ctx, db.isClosed()); err != nil {
-			return err
-		}
+	return kvbuf.Retry(ctx, "sqlite", db.opts.MaxAttempts, db.isClosed, func(int) (kvbuf.Outcome, error) {
 		t = newTx(ctx, db, classic)
 		db.inflight.Add(1)
 		t.inflight = true
@@ -42,24 +38,23 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			t.finish(errMoved)
 			db.moves.Add(1)
 			classic = true
-			last = errMoved
-			continue
+			return kvbuf.AgainNow, errMoved
 		}
 		if err != nil {
 			t.leaveInflight()
 			t.finish(err)
-			return err
+			return kvbuf.Stop, err
 		}
 		t.finishReads()
 		if err := ctx.Err(); err != nil {
 			t.leaveInflight()
 			t.finish(err)
-			return err // never committed
+			return kvbuf.Stop, err // never committed
 		}
 		err = db.commit(ctx, t)
 		t.leaveInflight()
 		if err == nil {
-			return nil
+			return kvbuf.Stop, nil
 		}
 		t.finish(err)
 		if isMoved(t, err) {
@@ -67,14 +62,10 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 			classic = true
 		}
 		if !errors.Is(err, kv.ErrConflict) && !errors.Is(err, errRetry) {
-			return err
+			return kvbuf.Stop, err
 		}
-		last = err
-		if err := kv.RetryBackoff(ctx, attempt); err != nil {
-			return err
-		}
-	}
-	return fmt.Errorf("sqlite: gave up after %d attempts: %w", db.opts.MaxAttempts, last)
+		return kvbuf.Again, err
+	})
 }
 
 // ReadTransact implements kv.Database.
