@@ -452,26 +452,30 @@ type progressWriter struct {
 	every     time.Duration
 	cancelRun context.CancelFunc
 
-	mu        sync.Mutex
-	last      replicate.Stats
-	written   *messages.ReplicationStats // last written (leased runs)
-	stopped   bool
-	lost      bool
-	beat      *timerwheel.Timer // runs without a lease
+	mu      sync.Mutex
+	last    replicate.Stats
+	written *messages.ReplicationStats // last written (leased runs)
+	stopped bool
+	lost    bool
+	beat    *timerwheel.Timer // runs without a lease
+	timers  *timerwheel.Wheel
+	// retry writes the last report again after a failed write (leased
+	// runs: the engine reports only changes).
+	retry     *timerwheel.Timer
 	stopWatch func()
 }
 
 func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration,
 	cancelRun context.CancelFunc, timers *timerwheel.Wheel) *progressWriter {
-	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun}
+	if timers == nil {
+		timers = timerwheel.Default()
+	}
+	w := &progressWriter{ctx: ctx, run: run, log: log, every: every, cancelRun: cancelRun, timers: timers}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	stop, leased := run.Watch(w.kick, w.leaseLost)
 	w.stopWatch = stop
 	if !leased {
-		if timers == nil {
-			timers = timerwheel.Default()
-		}
 		// The wheel's goroutine must not wait for the store.
 		w.beat = timers.AfterFunc(every, func() { go w.heartbeat() })
 	}
@@ -539,6 +543,15 @@ func (w *progressWriter) writeLocked() {
 	default:
 		w.written = nil // try again at the next report
 		w.log.Warn().Err(err).Msg("replication job: progress update failed")
+		if w.beat == nil {
+			// Leased: the engine reports only changes, which may not come;
+			// the last report is written again after every.
+			if w.retry == nil {
+				w.retry = w.timers.AfterFunc(w.every, func() { go w.heartbeat() })
+			} else {
+				w.retry.Reset(w.every)
+			}
+		}
 	}
 }
 
@@ -549,6 +562,9 @@ func (w *progressWriter) stop() (lost bool) {
 	w.stopped = true
 	if w.beat != nil {
 		w.beat.Stop()
+	}
+	if w.retry != nil {
+		w.retry.Stop()
 	}
 	lost = w.lost
 	w.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -183,5 +184,102 @@ func waitEvent(t *testing.T, events <-chan *messages.ReplicationJobEvent, st rep
 			t.Fatalf("no %s event", st)
 			return nil
 		}
+	}
+}
+
+// flakyDB fails every read-write transaction while fail is set.
+type flakyDB struct {
+	kv.Database
+	fail atomic.Bool
+}
+
+var errFlaky = errors.New("flaky store: write refused")
+
+func (d *flakyDB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
+	if d.fail.Load() {
+		return errFlaky
+	}
+	return d.Database.Transact(ctx, fn)
+}
+
+// TestProgressRetriedAfterFailedWrite: a run under the node's lease writes
+// only the engine's reports, and the engine reports only changes; when a
+// report's write fails, the job actor writes it again by itself (after half
+// the activity timeout), so the store does not keep stale stats until the
+// next change.
+func TestProgressRetriedAfterFailedWrite(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sdb, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sdb.Close()
+	db := &flakyDB{Database: sdb}
+	q := jobqueue.New(db, jobqueue.Options{NodeName: "n1"})
+	store := repjob.New(q, db, repjob.Options{ServerUUID: "u", Policy: schedpolicy.DefaultPolicy(), ActivityTimeout: 2 * time.Second})
+	added, err := store.AddTransient(ctx, []byte(`{"source":"http://a/s","target":"http://b/t","continuous":true}`), "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseCtx, stopLease := context.WithCancel(ctx)
+	defer stopLease()
+	go store.KeepLease(leaseCtx)
+	var run *repjob.Run
+	for run == nil { // until the node's lease is open: a run accepted under it
+		r, err := store.Accept(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop, leased := r.Watch(func() {}, func() {})
+		stop()
+		if leased {
+			run = r
+			break
+		}
+		if err := r.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond) // the lease is another goroutine's: poll
+	}
+	if err := run.Start(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	reported := make(chan struct{})
+	engine := func(ectx context.Context, _ replicate.Params, o replicate.Options) (replicate.Result, error) {
+		o.OnProgress(replicate.Stats{DocsWritten: 1})
+		db.fail.Store(true)
+		o.OnProgress(replicate.Stats{DocsWritten: 2}) // its write fails; no further report comes
+		db.fail.Store(false)
+		close(reported)
+		<-ectx.Done()
+		return replicate.Result{}, nil
+	}
+	system := actor.NewActorSystem()
+	defer system.Shutdown()
+	sup, err := supervisor.Start(ctx, system, "jobs_sup", supervisor.Spec{Strategy: supervisor.SimpleOneForOne,
+		MaxRestarts: 10, Period: time.Second, Children: []supervisor.ChildSpec{{Name: "job", Restart: supervisor.Temporary}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sup.Stop(context.Background()) }()
+	o := jobrunner.Options{Store: store, Node: "n1", ServerUUID: "u", Logger: zerolog.Nop(), Engine: engine}
+	if _, err := supervisor.StartChild(ctx, system, sup.PID(), jobrunner.Name(added.JobID), jobrunner.Props(run, o)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-reported:
+	case <-ctx.Done():
+		t.Fatal("the engine did not report")
+	}
+	for {
+		rec, err := store.Get(ctx, added.JobID)
+		if err == nil && rec.Stats.GetDocsWritten() == 2 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the failed report was not written again within a minute (stats %v, %v)", rec.GetStats(), err)
+		}
+		time.Sleep(20 * time.Millisecond) // the store: poll
 	}
 }
