@@ -298,7 +298,7 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replicate.Params) (repl
 	if p.Filter == "" || strings.HasPrefix(p.Filter, "_") {
 		return p, nil
 	}
-	raw, err := json.Marshal(endpointJSON(p.Source))
+	raw, err := json.Marshal(p.Source.Object())
 	if err != nil {
 		return p, err
 	}
@@ -352,21 +352,6 @@ func (s leaseClients) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Cli
 	}
 	c.Transport = s.a.o.Transport(c.Transport)
 	return c, nil
-}
-
-func endpointJSON(ep replicate.EndpointParams) map[string]any {
-	m := map[string]any{"url": ep.URL}
-	if len(ep.Headers) > 0 {
-		h := map[string]any{}
-		for _, x := range ep.Headers {
-			h[x.Name] = x.Value
-		}
-		m["headers"] = h
-	}
-	if ep.HasBasic {
-		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
-	}
-	return m
 }
 
 // replicate starts the engine and hands the job over to it (it returns

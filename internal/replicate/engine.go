@@ -164,18 +164,7 @@ func New(p Params, o Options) *Replication {
 }
 
 func endpointOf(ep EndpointParams) (couch.Endpoint, error) {
-	m := map[string]any{"url": ep.URL}
-	if len(ep.Headers) > 0 {
-		h := map[string]any{}
-		for _, x := range ep.Headers {
-			h[x.Name] = x.Value
-		}
-		m["headers"] = h
-	}
-	if ep.HasBasic {
-		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
-	}
-	return couch.ParseEndpoint(m)
+	return couch.ParseEndpoint(ep.Object())
 }
 
 func newSessionID() string {

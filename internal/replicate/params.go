@@ -80,6 +80,24 @@ type EndpointParams struct {
 	Proxy string
 }
 
+// Object is the endpoint as the JSON object of a replication document
+// ({"url", "headers", "auth": {"basic"}}); the proxy is not part of it.
+// It holds the credentials: redact before showing it.
+func (ep EndpointParams) Object() map[string]any {
+	m := map[string]any{"url": ep.URL}
+	if len(ep.Headers) > 0 {
+		h := map[string]any{}
+		for _, x := range ep.Headers {
+			h[x.Name] = x.Value
+		}
+		m["headers"] = h
+	}
+	if ep.HasBasic {
+		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
+	}
+	return m
+}
+
 // Params is a parsed replication document / POST /_replicate body with
 // CouchDB's defaults filled in. JSON-valued options are kept as the raw bytes
 // the user sent, because their exact form (key order, number spelling) feeds
