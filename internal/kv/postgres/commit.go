@@ -20,10 +20,11 @@ import (
 // before it, and on a loaded machine a lock holder that the OS deschedules
 // stalls everyone. So the transactions of one DB that want to commit at
 // the same time go together: the first becomes the leader and sends, in
-// one round trip on its connection, BEGIN, couchrep_kv_lock, one
+// one round trip on its connection, couchrep_kv_lock and one
 // couchrep_kv_apply per transaction (each validates against everything
 // committed before it, the earlier ones of the batch included, and
-// returns false on a conflict without writing) and COMMIT. Transactions
+// returns false on a conflict without writing), as one implicit
+// transaction committed by the pipeline's Sync. Transactions
 // arriving meanwhile queue for the next batch, led by the first of them.
 // They share the commit version; their versionstamps are ordered by their
 // place in the batch (FDB's batch order).
@@ -142,16 +143,19 @@ func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
 	if rollback {
 		b.Queue("ROLLBACK") // the leader's snapshot (or the connection's last one)
 	}
-	b.Queue("BEGIN")
+	// No BEGIN and COMMIT: the statements of a pipeline up to its Sync
+	// (pgx sends one per batch) run in one implicit transaction, which
+	// commits at the Sync, or rolls back, with every statement after the
+	// failed one skipped, on an error. Two statements fewer per batch for
+	// both sides, and a failed batch leaves its connection usable.
 	b.Queue(lockSQL)
 	for i, r := range batch {
 		if r.args.fast() {
-			b.Queue(fastApplySQL, append([]any{int32(i)}, r.args.fastArgs()...)...)
+			b.Queue(fastApplySQL, r.args.fastArgs(int32(i))...)
 		} else {
 			b.Queue(applySQL, append([]any{int32(i)}, r.args.args()...)...)
 		}
 	}
-	b.Queue("COMMIT")
 	db.rt.Add(1)
 	br := t.conn.SendBatch(ctx, b)
 	var err error
@@ -159,9 +163,6 @@ func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
 	if rollback {
 		_, err = br.Exec()
 		t.open, t.dirty = false, false
-	}
-	if err == nil {
-		_, err = br.Exec()
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&version)
@@ -176,9 +177,6 @@ func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
 		} else {
 			err = br.QueryRow().Scan(&r.ok, &r.xv)
 		}
-	}
-	if err == nil {
-		_, err = br.Exec()
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -349,7 +347,7 @@ FROM ok`
 // fast reports whether the transaction's commit can take fastApplySQL.
 func (a *commitArgs) fast() bool { return len(a.cb) == 0 && len(a.ak) == 0 }
 
-// fastArgs are fastApplySQL's parameters after the order.
-func (a *commitArgs) fastArgs() []any {
-	return []any{a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
+// fastArgs are fastApplySQL's parameters, the order in the batch first.
+func (a *commitArgs) fastArgs(order int32) []any {
+	return []any{order, a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
 }

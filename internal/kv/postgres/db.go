@@ -10,13 +10,14 @@
 //   - A transaction's reads run in a REPEATABLE READ, READ ONLY
 //     transaction: one consistent snapshot, whose commit version (snap) is
 //     read with it. Writes are buffered in the client (reads see them).
-//   - The commit is one round trip: BEGIN, couchrep_kv_lock (the next
+//   - The commit is one round trip, one implicit transaction (the
+//     pipeline's statements up to its Sync): couchrep_kv_lock (the next
 //     commit version, from a one-row table whose row lock orders commits
 //     across all nodes), one couchrep_kv_apply per transaction of the
 //     batch (the transactions of this DB committing at the same time go
 //     together; each fails, writing nothing, when a commit after its
 //     snapshot wrote a key in its read set, as the rows' ver and a log of
-//     recent clears say), COMMIT. The writes' keys are sent on NOTIFY. The
+//     recent clears say). The writes' keys are sent on NOTIFY. The
 //     outcome is FDB's: strictly serializable, in commit order, with
 //     conflicts only on what was read without Snapshot, and atomic Add
 //     free of conflicts.
