@@ -5,10 +5,8 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"slices"
-	"sort"
-	"strings"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -333,7 +331,7 @@ func (t *tx) commitArgs() *commitArgs {
 	for k := range t.Buf.Writes {
 		keys = append(keys, k)
 	}
-	sort.Strings(keys) // a stable order of row locks
+	slices.Sort(keys) // a stable order of row locks
 	for _, k := range keys {
 		o := t.Buf.Writes[k]
 		switch o.Kind {
@@ -348,14 +346,19 @@ func (t *tx) commitArgs() *commitArgs {
 		}
 	}
 	// Two versionstamped keys that would become the same key: the last wins.
-	seen := map[string]int{}
+	var seen map[string]int
+	if len(t.Buf.VSKeys) > 1 {
+		seen = make(map[string]int, len(t.Buf.VSKeys))
+	}
 	for _, w := range t.Buf.VSKeys {
-		id := fmt.Sprintf("%d:%x", w.Offset, w.Key)
-		if i, ok := seen[id]; ok {
-			a.vv[i] = w.Value
-			continue
+		if seen != nil {
+			id := strconv.Itoa(w.Offset) + ":" + string(w.Key)
+			if i, ok := seen[id]; ok {
+				a.vv[i] = w.Value
+				continue
+			}
+			seen[id] = len(a.vk)
 		}
-		seen[id] = len(a.vk)
 		a.vk, a.vo, a.vv = append(a.vk, w.Key), append(a.vo, int32(w.Offset)), append(a.vv, w.Value)
 	}
 	a.note = t.note(a)
@@ -377,19 +380,32 @@ func (t *tx) note(a *commitArgs) *string {
 	if len(a.cb) > 0 || len(a.vk) > 0 || n*16 > maxNote {
 		return &all
 	}
-	var sb strings.Builder
-	sb.Grow(n * 16)
+	b := make([]byte, 0, n*16)
 	for _, ks := range [][][]byte{a.ck, a.sk, a.ak, a.xk} {
 		for _, k := range ks {
-			fmt.Fprintf(&sb, "%016x", keyHash(k))
+			b = appendHex16(b, keyHash(k))
 		}
 	}
-	s := sb.String()
+	s := string(b)
 	return &s
 }
 
+// appendHex16 appends x as 16 lower-case hex digits (fmt's %016x).
+func appendHex16(b []byte, x uint64) []byte {
+	const digits = "0123456789abcdef"
+	for shift := 60; shift >= 0; shift -= 4 {
+		b = append(b, digits[x>>uint(shift)&0xf])
+	}
+	return b
+}
+
+// keyHash is the 64-bit FNV-1a hash of k (hash/fnv's New64a, without its
+// allocation).
 func keyHash(k []byte) uint64 {
-	h := fnv.New64a()
-	h.Write(k)
-	return h.Sum64()
+	h := uint64(14695981039346656037)
+	for _, c := range k {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return h
 }

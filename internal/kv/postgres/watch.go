@@ -36,6 +36,7 @@ type watchHub struct {
 
 	mu      sync.Mutex
 	byKey   map[string]map[*watch]struct{}
+	hashes  map[uint64]int      // the hashes of byKey's keys: how many keys have each
 	pending map[uint64]struct{} // key hashes to look at again
 	all     bool                // look at every watched key again
 	wake    chan struct{}
@@ -46,7 +47,7 @@ type watchHub struct {
 func newWatchHub(db *DB, cfg *pgx.ConnConfig) *watchHub {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &watchHub{db: db, cfg: cfg, ctx: ctx, cancel: cancel,
-		byKey: map[string]map[*watch]struct{}{}, pending: map[uint64]struct{}{}, wake: make(chan struct{}, 1)}
+		byKey: map[string]map[*watch]struct{}{}, hashes: map[uint64]int{}, pending: map[uint64]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
 func (h *watchHub) poke() {
@@ -72,6 +73,7 @@ func (h *watchHub) arm(w *watch) {
 	if set == nil {
 		set = map[*watch]struct{}{}
 		h.byKey[string(w.key)] = set
+		h.hashes[keyHash(w.key)]++
 	}
 	set[w] = struct{}{}
 	h.pending[keyHash(w.key)] = struct{}{}
@@ -85,27 +87,42 @@ func (h *watchHub) remove(w *watch) {
 		delete(set, w)
 		if len(set) == 0 {
 			delete(h.byKey, string(w.key))
+			x := keyHash(w.key)
+			if h.hashes[x]--; h.hashes[x] <= 0 {
+				delete(h.hashes, x)
+			}
 		}
 	}
 }
 
-// notified records a notification's payload.
+// notified records a notification's payload. It wakes the dispatcher
+// only when the payload may name a watched key: most commits (every job
+// cycle's, on a node that watches a few keys) write none, and the
+// dispatcher's wake-up is a goroutine hand-off per commit batch. A watch
+// armed after the notification misses nothing: arming reads its key too.
 func (h *watchHub) notified(payload string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if len(h.byKey) == 0 {
+		return
+	}
 	if payload == "*" || len(payload)%16 != 0 {
 		h.all = true
-	} else {
-		for i := 0; i < len(payload); i += 16 {
-			x, err := strconv.ParseUint(payload[i:i+16], 16, 64)
-			if err != nil {
-				h.all = true
-				break
-			}
+		h.poke()
+		return
+	}
+	for i := 0; i < len(payload); i += 16 {
+		x, err := strconv.ParseUint(payload[i:i+16], 16, 64)
+		if err != nil {
+			h.all = true
+			h.poke()
+			return
+		}
+		if h.hashes[x] > 0 {
 			h.pending[x] = struct{}{}
+			h.poke()
 		}
 	}
-	h.poke()
 }
 
 // listen keeps one LISTEN connection until the hub closes.
