@@ -33,6 +33,8 @@ type hostileServer struct {
 	// "longline" _changes row.
 	bigDoc, longLine int
 	requests         atomic.Int64
+	// slowbody counts the requests of the "slowbody" endpoint.
+	slowbody atomic.Int64
 }
 
 func startHostile(t *testing.T) *hostileServer {
@@ -130,6 +132,22 @@ func (h *hostileServer) serve(c net.Conn) {
 			}
 		}
 		return
+	case "slowbody":
+		// Headers at once, then a space of JSON whitespace every 200 ms,
+		// forever: each read delivers well inside connection_timeout, so
+		// only request_timeout can end the request.
+		h.slowbody.Add(1)
+		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n{\"db_name\":\"slowbody\"")
+		for {
+			select {
+			case <-h.done:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			if _, err := c.Write([]byte(" ")); err != nil {
+				return
+			}
+		}
 	case "hugelength":
 		fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10737418240\r\n\r\n{\"db_name\":\"hugelength\"")
 		h.hold(c)
@@ -434,4 +452,57 @@ func waitDocs(t *testing.T, u string, want int) {
 		n, err := dbDocCount(u)
 		return err == nil && n == want
 	})
+}
+
+// TestRequestTimeoutEndpoint: with [replicator] request_timeout set, a
+// source whose answer trickles forever (a byte every 200 ms, far inside
+// connection_timeout) is sent the request again (retries_per_request),
+// then the job crashes with a reason naming request_timeout and the
+// endpoint, never its password; `couchrepd replicate --config` fails the
+// same way. Without request_timeout such a job would stay running forever.
+func TestRequestTimeoutEndpoint(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDB(t)
+	h := startHostile(t)
+	cfg := filepath.Join(t.TempDir(), "couchrep.ini")
+	if err := os.WriteFile(cfg, []byte("[replicator]\nrequest_timeout = 1500\nmin_backoff_penalty_sec = 2\nstartup_jitter = 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, nodeOptions{config: cfg})
+	addr := n.httpAddr("")
+	endpoint := strings.TrimPrefix(h.dbURL("slowbody"), "http://hostile:hunter2@")
+	const cause = "no complete response within 1.5s (in the response body; request_timeout)"
+
+	body := fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,"create_target":true,"connection_timeout":10000,"retries_per_request":1}`,
+		h.dbURL("slowbody"), srv.DBURL("tgtslow"))
+	r := api(t, addr, "POST", "/_replicate", body)
+	if r.status != http.StatusAccepted {
+		t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
+	}
+	job := waitJobState(t, addr, r.obj(t)["_local_id"].(string), "crashing")
+	info, _ := job["info"].(map[string]any)
+	msg, _ := info["error"].(string)
+	t.Logf("crashing: %s (%d requests to the endpoint)", msg, h.slowbody.Load())
+	if !strings.Contains(msg, cause) || !strings.Contains(msg, endpoint) {
+		t.Fatalf("error %q does not name the endpoint %s and the cause %q", msg, endpoint, cause)
+	}
+	if got := h.slowbody.Load(); got < 2 {
+		t.Fatalf("%d requests to the endpoint before the crash, want the request sent again (>= 2)", got)
+	}
+
+	before := h.slowbody.Load()
+	res := runCmd(t, filepath.Join(binDir, "couchrepd"), "replicate", "--config", cfg, "--retries-per-request", "1",
+		"--connection-timeout", "10000", h.dbURL("slowbody"), srv.DBURL("tgtslowcli"))
+	if res.code != 1 || !strings.Contains(res.stderr, "request_timeout") || !strings.Contains(res.stderr, endpoint) {
+		t.Fatalf("couchrepd replicate: exit %d, stderr %q; want 1 and an error naming request_timeout and %s", res.code, res.stderr, endpoint)
+	}
+	if got := h.slowbody.Load() - before; got < 2 {
+		t.Fatalf("couchrepd replicate sent %d requests, want the request sent again (>= 2)", got)
+	}
+
+	all := api(t, addr, "GET", "/_scheduler/jobs", "")
+	if bytes.Contains(all.body, []byte("hunter2")) || strings.Contains(n.logs.String(), "hunter2") ||
+		strings.Contains(res.stderr+res.stdout, "hunter2") {
+		t.Fatalf("the endpoint's password leaked into _scheduler/jobs, the node's logs or couchrepd replicate's output")
+	}
 }

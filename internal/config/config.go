@@ -241,8 +241,10 @@ type Replicator struct {
 	// CACertReloadInterval is how often the system CA pool is re-read
 	// (cacert_reload_interval_hours, 24 h).
 	CACertReloadInterval time.Duration
-	// RequestTimeout bounds every request except _changes
-	// (request_timeout, infinity). Zero means no timeout.
+	// RequestTimeout bounds every request except _changes feeds, from
+	// sending it to the end of its response body (request_timeout,
+	// infinity); an attempt it ends is retried like a connection error.
+	// Zero means no timeout.
 	RequestTimeout time.Duration
 	// ConnectionCloseInterval closes idle pooled connections after this
 	// long (connection_close_interval, 90000 ms).

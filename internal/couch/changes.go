@@ -457,7 +457,7 @@ func changesRequest(o ChangesOptions) (*request, map[string]struct{}, error) {
 	if o.IncludeDocs {
 		q = append(q, "include_docs", "true")
 	}
-	r := &request{method: http.MethodGet, path: "_changes"}
+	r := &request{method: http.MethodGet, path: "_changes", feed: true}
 	switch {
 	case o.DocIDs != nil:
 		q = append(q, "filter", "_doc_ids")

@@ -69,6 +69,14 @@ type Options struct {
 	// Limits bound what is read from the server: a read deadline and the
 	// largest document, _changes row and whole response (see Limits).
 	Limits Limits
+	// RequestTimeout is request_timeout: it bounds each attempt of every
+	// request except a _changes feed, from sending it until its whole
+	// response body has been read (as ibrowse's request timeout in
+	// couch_replicator_httpc:send_ibrowse_req). An attempt it ends fails
+	// with an error matching ErrRequestTimeout and is retried like a
+	// connection error (a response read whole is sent again as well).
+	// Zero means no bound (CouchDB's infinity).
+	RequestTimeout time.Duration
 }
 
 // LimitKey identifies what a Limiter limits: CouchDB keys its rate limiter
@@ -204,6 +212,8 @@ type request struct {
 	okStatus func(int) bool
 	// noRetry disables retries (streaming feeds handle their own).
 	noRetry bool
+	// feed marks a _changes request: request_timeout does not bound it.
+	feed bool
 }
 
 func (r *request) url(d *DB) string {
@@ -245,12 +255,37 @@ func jsonBody(v any) (func() io.Reader, int64, error) {
 // (or accepted by r.okStatus); otherwise an *HTTPError or a wrapped
 // transport error. The caller closes the body.
 func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
+	return d.exchange(ctx, r, nil)
+}
+
+// doRead sends r with retries like do and hands a successful response to
+// read, which consumes and closes it. When request_timeout ends the read
+// (read's error matches ErrRequestTimeout and is not a finalError) the
+// request is sent again, within the same retries and error budget.
+func (d *DB) doRead(ctx context.Context, r *request, read func(*http.Response) error) error {
+	_, err := d.exchange(ctx, r, read)
+	return err
+}
+
+// finalError is a read error that must not be retried (the caller was
+// already handed part of the answer).
+type finalError struct{ err error }
+
+func (f finalError) Error() string { return f.err.Error() }
+func (f finalError) Unwrap() error { return f.err }
+
+// exchange is do (read nil) and doRead.
+func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response) error) (*http.Response, error) {
 	key := LimitKey{Endpoint: d.red, Method: r.method}
 	backoff := pause.Backoff{Min: d.opts.RetryBackoff, Max: d.opts.MaxRetryBackoff}
 	wait := backoff.Next()
 	retries := d.opts.Retries
 	if r.noRetry {
 		retries = 0
+	}
+	total := d.opts.RequestTimeout
+	if r.feed {
+		total = 0
 	}
 	var firstErr time.Time
 	authRetries := 0
@@ -260,17 +295,17 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
 		}
-		rctx, dl := arm(ctx, d.lim.ReadTimeout)
+		rctx, dl := arm(ctx, d.lim.ReadTimeout, total)
 		resp, epoch, err := d.send(rctx, r)
 		if err != nil {
 			if ctx.Err() != nil {
 				dl.release()
 				return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), context.Cause(ctx))
 			}
-			stall := stalled(rctx)
+			derr := dl.err(rctx, r.method, r.redactedURL(d), "waiting for the response headers")
 			dl.release()
-			if stall {
-				err = stallError(r.method, r.redactedURL(d), d.lim.ReadTimeout, "waiting for the response headers")
+			if derr != nil {
+				err = derr
 			} else {
 				if ce, ok := AsCertificateError(err); ok {
 					return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), ce)
@@ -307,16 +342,32 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 				if dl != nil {
 					resp.Body = &guardedBody{rc: resp.Body, ctx: rctx, dl: dl, method: r.method, url: r.redactedURL(d)}
 				}
-				return resp, nil
+				if read == nil {
+					return resp, nil
+				}
+				err := read(resp)
+				_ = resp.Body.Close()
+				var final finalError
+				switch {
+				case err == nil:
+					return nil, nil
+				case errors.As(err, &final):
+					return nil, final.err
+				case !errors.Is(err, ErrRequestTimeout) || ctx.Err() != nil || attempt >= retries || d.overBudget(&firstErr):
+					return nil, err
+				}
+				d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).
+					Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
+			} else {
+				herr := readHTTPError(resp, r.method, r.redactedURL(d))
+				dl.release()
+				if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries || d.overBudget(&firstErr) {
+					return nil, herr
+				}
+				d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Int("status", code).
+					Str("error", herr.ErrorName).Str("reason", herr.Reason).
+					Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
 			}
-			herr := readHTTPError(resp, r.method, r.redactedURL(d))
-			dl.release()
-			if !(retryableStatus(code) || code == http.StatusTooManyRequests) || attempt >= retries || d.overBudget(&firstErr) {
-				return nil, herr
-			}
-			d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Int("status", code).
-				Str("error", herr.ErrorName).Str("reason", herr.Reason).
-				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
 		}
 		if err := pause.For(ctx, wait); err != nil {
 			return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
@@ -417,10 +468,20 @@ func readHTTPError(resp *http.Response, method, u string) *HTTPError {
 	return e
 }
 
-// decodeBody decodes a whole JSON response (at most Limits.MaxBodyBytes)
-// into v and closes it.
-func decodeBody(resp *http.Response, r *request, d *DB, v any) error {
-	return decodeLimited(resp, r, d, v, d.lim.MaxBodyBytes, "response body")
+// getJSON sends r (retried per Options, request_timeout included) and
+// decodes its whole JSON answer of at most limit bytes (what names it in
+// errors); each attempt decodes into a fresh T.
+func getJSON[T any](ctx context.Context, d *DB, r *request, limit int64, what string) (T, error) {
+	var out T
+	err := d.doRead(ctx, r, func(resp *http.Response) error {
+		var v T
+		if err := decodeLimited(resp, r, d, &v, limit, what); err != nil {
+			return err
+		}
+		out = v
+		return nil
+	})
+	return out, err
 }
 
 // decodeLimited decodes a whole JSON response of at most limit bytes
@@ -439,11 +500,11 @@ func decodeLimited(resp *http.Response, r *request, d *DB, v any, limit int64, w
 
 // badResponse is the error for an answer that could not be read: a
 // malformed one (ErrBadResponse), one beyond a size limit
-// (ErrResponseTooLarge) or a stalled one (ErrStalled, already naming the
-// request).
+// (ErrResponseTooLarge) or a stalled or timed-out one (ErrStalled,
+// ErrRequestTimeout, already naming the request).
 func badResponse(r *request, d *DB, err error) error {
 	switch {
-	case errors.Is(err, ErrStalled):
+	case errors.Is(err, ErrStalled), errors.Is(err, ErrRequestTimeout):
 		return err
 	case errors.Is(err, ErrResponseTooLarge):
 		return fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)

@@ -28,11 +28,7 @@ type ServerInfo struct {
 // segment) who it is.
 func (d *DB) ServerInfo(ctx context.Context) (ServerInfo, error) {
 	r := &request{method: http.MethodGet, root: true}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return ServerInfo{}, err
-	}
-	var body struct {
+	body, err := getJSON[struct {
 		CouchDB  string          `json:"couchdb"`
 		Version  json.RawMessage `json:"version"`
 		UUID     string          `json:"uuid"`
@@ -41,8 +37,8 @@ func (d *DB) ServerInfo(ctx context.Context) (ServerInfo, error) {
 			Name    json.RawMessage `json:"name"`
 			Version json.RawMessage `json:"version"`
 		} `json:"vendor"`
-	}
-	if err := decodeBody(resp, r, d, &body); err != nil {
+	}](ctx, d, r, d.lim.MaxBodyBytes, "response body")
+	if err != nil {
 		return ServerInfo{}, err
 	}
 	return ServerInfo{
@@ -84,18 +80,14 @@ type DBInfo struct {
 // and instance_start_time in the answer.
 func (d *DB) Info(ctx context.Context) (DBInfo, error) {
 	r := &request{method: http.MethodGet}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return DBInfo{}, err
-	}
-	var body struct {
+	body, err := getJSON[struct {
 		DBName            string          `json:"db_name"`
 		UpdateSeq         Seq             `json:"update_seq"`
 		DocCount          int64           `json:"doc_count"`
 		DocDelCount       int64           `json:"doc_del_count"`
 		InstanceStartTime json.RawMessage `json:"instance_start_time"`
-	}
-	if err := decodeBody(resp, r, d, &body); err != nil {
+	}](ctx, d, r, d.lim.MaxBodyBytes, "response body")
+	if err != nil {
 		return DBInfo{}, err
 	}
 	if body.UpdateSeq == nil || body.InstanceStartTime == nil {
@@ -125,14 +117,10 @@ func (d *DB) Create(ctx context.Context, params url.Values) error {
 func (d *DB) EnsureFullCommit(ctx context.Context) (instanceStartTime string, err error) {
 	body, n := bytesBody([]byte("{}"))
 	r := &request{method: http.MethodPost, path: "_ensure_full_commit", body: body, bodyLen: n, contentType: "application/json"}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return "", err
-	}
-	var out struct {
+	out, err := getJSON[struct {
 		InstanceStartTime json.RawMessage `json:"instance_start_time"`
-	}
-	if err := decodeBody(resp, r, d, &out); err != nil {
+	}](ctx, d, r, d.lim.MaxBodyBytes, "response body")
+	if err != nil {
 		return "", err
 	}
 	return scalarString(out.InstanceStartTime), nil
@@ -155,14 +143,10 @@ func (d *DB) GetLocal(ctx context.Context, id string) (json.RawMessage, error) {
 func (d *DB) PutLocal(ctx context.Context, id string, body json.RawMessage) (rev string, err error) {
 	b, n := bytesBody(body)
 	r := &request{method: http.MethodPut, path: localPath(id), body: b, bodyLen: n, contentType: "application/json"}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return "", err
-	}
-	var out struct {
+	out, err := getJSON[struct {
 		Rev string `json:"rev"`
-	}
-	if err := decodeBody(resp, r, d, &out); err != nil {
+	}](ctx, d, r, d.lim.MaxBodyBytes, "response body")
+	if err != nil {
 		return "", err
 	}
 	return out.Rev, nil
@@ -175,15 +159,7 @@ func (d *DB) GetDoc(ctx context.Context, id string, query url.Values) (json.RawM
 }
 
 func (d *DB) getRaw(ctx context.Context, r *request) (json.RawMessage, error) {
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	var out json.RawMessage
-	if err := decodeLimited(resp, r, d, &out, d.lim.MaxDocumentBytes, "document"); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return getJSON[json.RawMessage](ctx, d, r, d.lim.MaxDocumentBytes, "document")
 }
 
 // RevsDiff is the target's answer for one document in _revs_diff.
@@ -204,13 +180,5 @@ func (d *DB) RevsDiff(ctx context.Context, revs map[string][]string) (map[string
 		return nil, err
 	}
 	r := &request{method: http.MethodPost, path: "_revs_diff", body: body, bodyLen: n, contentType: "application/json"}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]RevsDiff, len(revs))
-	if err := decodeBody(resp, r, d, &out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return getJSON[map[string]RevsDiff](ctx, d, r, d.lim.MaxBodyBytes, "response body")
 }

@@ -424,24 +424,32 @@ func urlQueryEscape(b []byte) string {
 	return sb.String()
 }
 
+// openRevs sends one open_revs request. A request request_timeout ends is
+// sent again only while fn has not been handed a revision yet.
 func (d *DB) openRevs(ctx context.Context, r *request, fn func(Doc) error) error {
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	body, err := wholeBody(resp, d.lim.MaxBodyBytes, "open_revs response")
-	if err == nil {
-		err = readOpenRevs(resp.Header.Get("Content-Type"), body, d.lim.MaxDocumentBytes, fn)
-	}
-	var ce callerError
-	if errors.As(err, &ce) {
-		return ce.err
-	}
-	if err != nil {
-		return badResponse(r, d, err)
-	}
-	return nil
+	return d.doRead(ctx, r, func(resp *http.Response) error {
+		defer drain(resp)
+		delivered := false
+		body, err := wholeBody(resp, d.lim.MaxBodyBytes, "open_revs response")
+		if err == nil {
+			err = readOpenRevs(resp.Header.Get("Content-Type"), body, d.lim.MaxDocumentBytes, func(doc Doc) error {
+				delivered = true
+				return fn(doc)
+			})
+		}
+		var ce callerError
+		if errors.As(err, &ce) {
+			return finalError{ce.err}
+		}
+		if err != nil {
+			err = badResponse(r, d, err)
+			if delivered {
+				return finalError{err}
+			}
+			return err
+		}
+		return nil
+	})
 }
 
 // readOpenRevs reads an open_revs answer of the given content type: a
@@ -680,15 +688,7 @@ func (d *DB) BulkDocs(ctx context.Context, docs []json.RawMessage, newEdits bool
 		body:     buffersBody(pieces),
 		okStatus: func(code int) bool { return code == http.StatusExpectationFailed },
 	}
-	resp, err := d.do(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	var out []DocResult
-	if err := decodeBody(resp, r, d, &out); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return getJSON[[]DocResult](ctx, d, r, d.lim.MaxBodyBytes, "response body")
 }
 
 var (

@@ -67,6 +67,10 @@ var (
 	// ErrStalled: the server sent nothing (no response headers, or no
 	// byte of the body) for longer than Limits.ReadTimeout.
 	ErrStalled = errors.New("couch: endpoint stalled")
+	// ErrRequestTimeout: a request (other than a _changes feed) got no
+	// complete response, body included, within Options.RequestTimeout
+	// (CouchDB's request_timeout; ibrowse's req_timedout).
+	ErrRequestTimeout = errors.New("couch: request timed out")
 	// ErrResponseTooLarge: a response, a document or a _changes row
 	// exceeds one of Limits' sizes (or declares a Content-Length above it).
 	ErrResponseTooLarge = errors.New("couch: response too large")
@@ -94,55 +98,102 @@ func (e *TooLargeError) Error() string {
 // Is matches ErrResponseTooLarge.
 func (e *TooLargeError) Is(target error) bool { return target == ErrResponseTooLarge }
 
-// deadline is one request's read deadline: armed when the request is sent,
-// pushed back by every read that delivers bytes, and when it fires it
-// cancels the request's context with errStallCause.
+// deadline bounds one request: a read deadline, armed when the request is
+// sent and pushed back by every read that delivers bytes, and a whole
+// request deadline (request_timeout) that nothing pushes back. When either
+// fires it cancels the request's context with its cause (errStallCause,
+// errRequestTimeoutCause).
 type deadline struct {
-	after  time.Duration
-	timer  *time.Timer
+	after time.Duration // read deadline; 0: none
+	timer *time.Timer
+	total time.Duration // request_timeout; 0: none
+	whole *time.Timer
+	// cancel ends the request's context.
 	cancel context.CancelCauseFunc
 	once   sync.Once
 }
 
-// errStallCause cancels a stalled request's context.
-var errStallCause = errors.New("couch: read deadline reached")
+var (
+	// errStallCause cancels a stalled request's context.
+	errStallCause = errors.New("couch: read deadline reached")
+	// errRequestTimeoutCause cancels the context of a request that took
+	// longer than request_timeout.
+	errRequestTimeoutCause = errors.New("couch: request_timeout reached")
+)
 
-// arm derives the request context and starts the deadline; with no
-// ReadTimeout it returns ctx and a nil deadline.
-func arm(ctx context.Context, after time.Duration) (context.Context, *deadline) {
-	if after <= 0 {
+// arm derives the request context and starts its deadlines: read (the
+// per-read idle deadline) and total (the whole request, headers and body,
+// until the body is closed). With neither it returns ctx and a nil
+// deadline.
+func arm(ctx context.Context, read, total time.Duration) (context.Context, *deadline) {
+	if read <= 0 && total <= 0 {
 		return ctx, nil
 	}
 	rctx, cancel := context.WithCancelCause(ctx)
-	dl := &deadline{after: after, cancel: cancel}
-	dl.timer = time.AfterFunc(after, func() { cancel(errStallCause) })
+	dl := &deadline{after: read, total: total, cancel: cancel}
+	if read > 0 {
+		dl.timer = time.AfterFunc(read, func() { cancel(errStallCause) })
+	}
+	if total > 0 {
+		dl.whole = time.AfterFunc(total, func() { cancel(errRequestTimeoutCause) })
+	}
 	return rctx, dl
 }
 
-// stalled reports whether the deadline fired.
+// stalled reports whether the read deadline fired.
 func stalled(ctx context.Context) bool {
 	return ctx.Err() != nil && errors.Is(context.Cause(ctx), errStallCause)
 }
 
-// release stops the timer and frees the context.
+// timedOut reports whether the whole-request deadline fired.
+func timedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), errRequestTimeoutCause)
+}
+
+// release stops the timers and frees the context.
 func (dl *deadline) release() {
 	if dl == nil {
 		return
 	}
 	dl.once.Do(func() {
-		dl.timer.Stop()
+		if dl.timer != nil {
+			dl.timer.Stop()
+		}
+		if dl.whole != nil {
+			dl.whole.Stop()
+		}
 		dl.cancel(nil)
 	})
 }
 
-// stallError describes a request the deadline ended.
+// stallError describes a request the read deadline ended.
 func stallError(method, url string, after time.Duration, phase string) error {
 	return fmt.Errorf("%w: %s %s: nothing received for %s (%s; connection_timeout)", ErrStalled, method, url, after, phase)
 }
 
-// guardedBody is a response body under a read deadline: every read that
-// delivers bytes pushes the deadline back; a read the deadline ended
-// returns an error matching ErrStalled; Close releases the deadline.
+// requestTimeoutError describes a request the whole-request deadline ended.
+func requestTimeoutError(method, url string, after time.Duration, phase string) error {
+	return fmt.Errorf("%w: %s %s: no complete response within %s (%s; request_timeout)", ErrRequestTimeout, method, url, after, phase)
+}
+
+// err is the error of a request one of dl's deadlines ended
+// (ctx is the request's), or nil when neither fired.
+func (dl *deadline) err(ctx context.Context, method, url, phase string) error {
+	switch {
+	case dl == nil:
+		return nil
+	case timedOut(ctx):
+		return requestTimeoutError(method, url, dl.total, phase)
+	case stalled(ctx):
+		return stallError(method, url, dl.after, phase)
+	}
+	return nil
+}
+
+// guardedBody is a response body under a deadline: every read that
+// delivers bytes pushes the read deadline back; a read a deadline ended
+// returns an error matching ErrStalled or ErrRequestTimeout; Close
+// releases the deadline.
 type guardedBody struct {
 	rc     io.ReadCloser
 	ctx    context.Context
@@ -153,11 +204,13 @@ type guardedBody struct {
 
 func (g *guardedBody) Read(p []byte) (int, error) {
 	n, err := g.rc.Read(p)
-	if n > 0 {
+	if n > 0 && g.dl.timer != nil {
 		g.dl.timer.Reset(g.dl.after)
 	}
-	if err != nil && err != io.EOF && stalled(g.ctx) {
-		err = stallError(g.method, g.url, g.dl.after, "in the response body")
+	if err != nil && err != io.EOF {
+		if derr := g.dl.err(g.ctx, g.method, g.url, "in the response body"); derr != nil {
+			err = derr
+		}
 	}
 	return n, err
 }

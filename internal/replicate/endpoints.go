@@ -51,6 +51,10 @@ type EndpointConfig struct {
 	IdleTimeout time.Duration
 	// ConnectTo are connect_to's overrides ("host:port:target:port").
 	ConnectTo []string
+	// RequestTimeout is request_timeout: it bounds every request except
+	// _changes feeds, response body included (couch.Options.RequestTimeout);
+	// zero is CouchDB's infinity.
+	RequestTimeout time.Duration
 }
 
 // EndpointConfigFrom reads the [replicator] keys of c.
@@ -70,6 +74,7 @@ func EndpointConfigFrom(c config.Replicator) EndpointConfig {
 		ErrorBudget:      c.HealthThreshold / 2,
 		IdleTimeout:      c.ConnectionCloseInterval,
 		ConnectTo:        c.ConnectTo,
+		RequestTimeout:   c.RequestTimeout,
 	}
 }
 

@@ -219,7 +219,7 @@ func (r *Replication) openDBs() error {
 	limits.ReadTimeout = r.p.ConnectionTimeout
 	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
 		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.Endpoints.sessionOptions(),
-		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits}
+		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits, RequestTimeout: r.o.Endpoints.RequestTimeout}
 	srcOpts, tgtOpts := opts, opts
 	srcOpts.HTTPClient, tgtOpts.HTTPClient = srcClient, tgtClient
 	r.src, r.tgt = couch.NewDB(srcEp, srcOpts), couch.NewDB(tgtEp, tgtOpts)

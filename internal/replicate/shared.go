@@ -88,7 +88,7 @@ func openFeedDB(p Params, o Options, log zerolog.Logger) (*couch.DB, func(), err
 	limits.ReadTimeout = p.ConnectionTimeout
 	return couch.NewDB(ep, couch.Options{Logger: log, Retries: p.RetriesPerRequest, RetryBackoff: o.RetryBackoff,
 		Limiter: lim, Session: o.Endpoints.sessionOptions(), ErrorBudget: o.Endpoints.errorBudget(),
-		Limits: limits, HTTPClient: client}), release, nil
+		Limits: limits, HTTPClient: client, RequestTimeout: o.Endpoints.RequestTimeout}), release, nil
 }
 
 // shared reads the changes through the node's shared feed: join, then
