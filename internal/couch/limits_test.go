@@ -1,11 +1,9 @@
 package couch
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"net/url"
 	"strings"
 	"testing"
@@ -17,32 +15,11 @@ import (
 // on command). It returns the database URL.
 func rawServer(t *testing.T, reply func(c net.Conn)) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	t.Cleanup(func() { close(done); ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				_ = req.Body.Close()
-				reply(c)
-				<-done // hold the connection open until the test ends
-			}()
-		}
-	}()
-	return "http://u:secret@" + ln.Addr().String() + "/db/"
+	u, _ := attemptServer(t, func(_ int64, c net.Conn, done <-chan struct{}) {
+		reply(c)
+		<-done // hold the connection open until the test ends
+	})
+	return u
 }
 
 func TestLimits(t *testing.T) {
