@@ -193,9 +193,7 @@ func (p *packer) int(i int64) {
 	n := byteLen(u)
 	p.buf = append(p.buf, byte(intZeroCode-n))
 	// One's complement of the magnitude in n bytes.
-	var s [8]byte
-	binary.BigEndian.PutUint64(s[:], ^u)
-	p.buf = append(p.buf, s[8-n:]...)
+	p.bigEndian(^u, n)
 }
 
 func (p *packer) uint(u uint64) {
@@ -205,6 +203,18 @@ func (p *packer) uint(u uint64) {
 	}
 	n := byteLen(u)
 	p.buf = append(p.buf, byte(intZeroCode+n))
+	p.bigEndian(u, n)
+}
+
+// float appends code and the n-byte IEEE bits of a float in sorting order
+// (see floatOrder).
+func (p *packer) float(code byte, bits uint64, n int) {
+	p.buf = append(p.buf, code)
+	p.bigEndian(floatOrder(bits, n, false), n)
+}
+
+// bigEndian appends the low n bytes of u, most significant first.
+func (p *packer) bigEndian(u uint64, n int) {
 	var s [8]byte
 	binary.BigEndian.PutUint64(s[:], u)
 	p.buf = append(p.buf, s[8-n:]...)
@@ -219,15 +229,16 @@ func byteLen(u uint64) int {
 	return n
 }
 
-// floatBits applies the order-preserving transform to big-endian IEEE bits.
-func floatBits(b []byte) {
-	if b[0]&0x80 != 0 {
-		for i := range b {
-			b[i] ^= 0xff
-		}
-	} else {
-		b[0] ^= 0x80
+// floatOrder transforms the n-byte IEEE bits of a float so that they sort as
+// the numbers do: a negative number gets every bit flipped, any other only
+// its sign bit. With stored, bits are transformed ones and are turned back
+// (a stored negative number has its sign bit clear).
+func floatOrder(bits uint64, n int, stored bool) uint64 {
+	sign := uint64(1) << (8*n - 1)
+	if negative := (bits&sign != 0) != stored; negative {
+		return ^bits & byteMask(n)
 	}
+	return bits ^ sign
 }
 
 func (p *packer) tuple(t Tuple, nested bool) error {
@@ -264,17 +275,9 @@ func (p *packer) tuple(t Tuple, nested bool) error {
 		case uint64:
 			p.uint(v)
 		case float32:
-			var s [4]byte
-			binary.BigEndian.PutUint32(s[:], math.Float32bits(v))
-			floatBits(s[:])
-			p.buf = append(p.buf, floatCode)
-			p.buf = append(p.buf, s[:]...)
+			p.float(floatCode, uint64(math.Float32bits(v)), 4)
 		case float64:
-			var s [8]byte
-			binary.BigEndian.PutUint64(s[:], math.Float64bits(v))
-			floatBits(s[:])
-			p.buf = append(p.buf, doubleCode)
-			p.buf = append(p.buf, s[:]...)
+			p.float(doubleCode, math.Float64bits(v), 8)
 		case bool:
 			if v {
 				p.buf = append(p.buf, trueCode)
@@ -336,12 +339,48 @@ func unescape(b []byte) []byte {
 	return out
 }
 
+// fixedSize returns the size of the element that follows type code when
+// the code fixes it (0 for any other), and the element's name for errors.
+func fixedSize(code byte) (int, string) {
+	switch {
+	case code >= negIntStart && code <= posIntEnd:
+		if code < intZeroCode {
+			return intZeroCode - int(code), "integer"
+		}
+		return int(code) - intZeroCode, "integer"
+	case code == floatCode:
+		return 4, "float"
+	case code == doubleCode:
+		return 8, "double"
+	case code == uuidCode:
+		return 16, "UUID"
+	case code == versionstampCode:
+		return 12, "versionstamp"
+	}
+	return 0, ""
+}
+
+// byteMask has the low n bytes' bits set (n from 0 to 8).
+func byteMask(n int) uint64 { return 1<<(8*uint(n)) - 1 } // 1<<64 is 0: all bits for n = 8
+
+// bigEndianUint reads b (at most 8 bytes) as an unsigned number, most
+// significant byte first.
+func bigEndianUint(b []byte) uint64 {
+	var s [8]byte
+	copy(s[8-len(b):], b)
+	return binary.BigEndian.Uint64(s[:])
+}
+
 func decode(b []byte, nested bool) (Tuple, int, error) {
 	t := Tuple{}
 	i := 0
 	for i < len(b) {
 		code := b[i]
 		rest := b[i+1:]
+		n, what := fixedSize(code)
+		if len(rest) < n {
+			return nil, 0, fmt.Errorf("%w: short %s at %d", ErrInvalidEncoding, what, i)
+		}
 		switch {
 		case code == nullCode:
 			if nested {
@@ -367,17 +406,8 @@ func decode(b []byte, nested bool) (Tuple, int, error) {
 			}
 			i += end + 2
 		case code >= negIntStart && code <= posIntEnd:
-			n := int(code) - intZeroCode
-			neg := n < 0
-			if neg {
-				n = -n
-			}
-			if len(rest) < n {
-				return nil, 0, fmt.Errorf("%w: short integer at %d", ErrInvalidEncoding, i)
-			}
-			var s [8]byte
-			copy(s[8-n:], rest[:n])
-			u := binary.BigEndian.Uint64(s[:])
+			neg := code < intZeroCode
+			u := bigEndianUint(rest[:n])
 			switch {
 			case !neg && u > math.MaxInt64:
 				t = append(t, u)
@@ -385,11 +415,7 @@ func decode(b []byte, nested bool) (Tuple, int, error) {
 				t = append(t, int64(u))
 			default:
 				// The stored bytes are the one's complement of the magnitude.
-				var mask uint64 = math.MaxUint64
-				if n < 8 {
-					mask = 1<<(8*uint(n)) - 1
-				}
-				mag := ^u & mask
+				mag := ^u & byteMask(n)
 				if mag > 1<<63 {
 					return nil, 0, fmt.Errorf("%w: integer below MinInt64 at %d", ErrInvalidEncoding, i)
 				}
@@ -397,23 +423,11 @@ func decode(b []byte, nested bool) (Tuple, int, error) {
 			}
 			i += 1 + n
 		case code == floatCode:
-			if len(rest) < 4 {
-				return nil, 0, fmt.Errorf("%w: short float at %d", ErrInvalidEncoding, i)
-			}
-			var s [4]byte
-			copy(s[:], rest[:4])
-			unfloatBits(s[:])
-			t = append(t, math.Float32frombits(binary.BigEndian.Uint32(s[:])))
-			i += 5
+			t = append(t, math.Float32frombits(uint32(floatOrder(bigEndianUint(rest[:n]), n, true))))
+			i += 1 + n
 		case code == doubleCode:
-			if len(rest) < 8 {
-				return nil, 0, fmt.Errorf("%w: short double at %d", ErrInvalidEncoding, i)
-			}
-			var s [8]byte
-			copy(s[:], rest[:8])
-			unfloatBits(s[:])
-			t = append(t, math.Float64frombits(binary.BigEndian.Uint64(s[:])))
-			i += 9
+			t = append(t, math.Float64frombits(floatOrder(bigEndianUint(rest[:n]), n, true)))
+			i += 1 + n
 		case code == falseCode:
 			t = append(t, false)
 			i++
@@ -421,29 +435,23 @@ func decode(b []byte, nested bool) (Tuple, int, error) {
 			t = append(t, true)
 			i++
 		case code == uuidCode:
-			if len(rest) < 16 {
-				return nil, 0, fmt.Errorf("%w: short UUID at %d", ErrInvalidEncoding, i)
-			}
 			var u UUID
 			copy(u[:], rest)
 			t = append(t, u)
-			i += 17
+			i += 1 + n
 		case code == versionstampCode:
-			if len(rest) < 12 {
-				return nil, 0, fmt.Errorf("%w: short versionstamp at %d", ErrInvalidEncoding, i)
-			}
 			var v Versionstamp
 			copy(v.TransactionVersion[:], rest)
 			v.UserVersion = binary.BigEndian.Uint16(rest[10:12])
 			t = append(t, v)
-			i += 13
+			i += 1 + n
 		case code == nestedCode:
-			sub, n, err := decode(rest, true)
+			sub, used, err := decode(rest, true)
 			if err != nil {
 				return nil, 0, err
 			}
 			t = append(t, sub)
-			i += 1 + n
+			i += 1 + used
 		default:
 			return nil, 0, fmt.Errorf("%w: unknown type code 0x%02x at %d", ErrInvalidEncoding, code, i)
 		}
@@ -452,14 +460,4 @@ func decode(b []byte, nested bool) (Tuple, int, error) {
 		return nil, 0, fmt.Errorf("%w: unterminated nested tuple", ErrInvalidEncoding)
 	}
 	return t, i, nil
-}
-
-func unfloatBits(b []byte) {
-	if b[0]&0x80 == 0 {
-		for i := range b {
-			b[i] ^= 0xff
-		}
-	} else {
-		b[0] ^= 0x80
-	}
 }
