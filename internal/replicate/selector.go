@@ -104,6 +104,24 @@ func mapList(v any, f func(any) (any, error)) (etfList, error) {
 	return out, nil
 }
 
+// wrap returns {k: f(arg)}.
+func wrap(k, arg any, f func(any) (any, error)) (any, error) {
+	c, err := f(arg)
+	if err != nil {
+		return nil, err
+	}
+	return obj1(k, c), nil
+}
+
+// wrapEach returns {k: [f(e) for each e of the list arg]}.
+func wrapEach(k, arg any, f func(any) (any, error)) (any, error) {
+	l, err := mapList(arg, f)
+	if err != nil {
+		return nil, err
+	}
+	return obj1(k, l), nil
+}
+
 func normOps(v any) (any, error) {
 	props, isObj := objProps(v)
 	if isObj && len(props) >= 2 {
@@ -122,11 +140,7 @@ func normOps(v any) (any, error) {
 	}
 	op, isOp := opName(k)
 	if !isOp {
-		c, err := normOps(arg)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, c), nil
+		return wrap(k, arg, normOps)
 	}
 	bad := func() (any, error) { return nil, selErr("bad argument for %s", op) }
 	switch op {
@@ -140,11 +154,7 @@ func normOps(v any) (any, error) {
 		if _, ok := objProps(arg); !ok {
 			return bad()
 		}
-		c, err := normOps(arg)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, c), nil
+		return wrap(k, arg, normOps)
 	case "$in", "$nin", "$all":
 		if _, ok := arg.(etfList); !ok {
 			return bad()
@@ -208,19 +218,12 @@ func normFieldsAt(v any, path fieldPath) (any, error) {
 		return nil, selErr("bad field")
 	}
 	if op, isOp := opName(k); isOp {
+		atPath := func(a any) (any, error) { return normFieldsAt(a, path) }
 		switch op {
 		case "$and", "$or", "$nor":
-			l, err := mapList(arg, func(a any) (any, error) { return normFieldsAt(a, path) })
-			if err != nil {
-				return nil, err
-			}
-			return obj1(k, l), nil
+			return wrapEach(k, arg, atPath)
 		case "$not":
-			c, err := normFieldsAt(arg, path)
-			if err != nil {
-				return nil, err
-			}
-			return obj1(k, c), nil
+			return wrap(k, arg, atPath)
 		case "$elemMatch", "$allMatch", "$keyMapMatch":
 			c, err := normFields(arg)
 			if err != nil {
@@ -287,23 +290,11 @@ func normNegations(v any) (any, error) {
 	case "$not":
 		return negate(arg)
 	case "$nor":
-		l, err := mapList(arg, negate)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(etfBinary("$and"), l), nil
+		return wrapEach(etfBinary("$and"), arg, negate)
 	case "$and", "$or":
-		l, err := mapList(arg, normNegations)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, l), nil
+		return wrapEach(k, arg, normNegations)
 	case "$elemMatch", "$allMatch", "$keyMapMatch":
-		c, err := normNegations(arg)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, c), nil
+		return wrap(k, arg, normNegations)
 	}
 	return v, nil
 }
@@ -320,31 +311,19 @@ func negate(v any) (any, error) {
 	}
 	op, isOp := opName(k)
 	if !isOp {
-		c, err := negate(arg)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, c), nil
+		return wrap(k, arg, negate)
 	}
 	switch op {
 	case "$not":
 		return normNegations(arg)
 	case "$nor":
-		l, err := mapList(arg, normNegations)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(etfBinary("$or"), l), nil
+		return wrapEach(etfBinary("$or"), arg, normNegations)
 	case "$and", "$or":
-		l, err := mapList(arg, negate)
-		if err != nil {
-			return nil, err
-		}
 		other := etfBinary("$or")
 		if op == "$or" {
 			other = "$and"
 		}
-		return obj1(other, l), nil
+		return wrapEach(other, arg, negate)
 	case "$default":
 		return nil, selErr("bad argument for $not")
 	case "$exists":
