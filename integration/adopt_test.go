@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,13 +24,7 @@ func TestAdoptUUIDResumesFromCouchDBCheckpoints(t *testing.T) {
 	skipShort(t)
 	srv := testserver.StartPouchDB(t)
 	root := strings.TrimSuffix(srv.URL, "/")
-	var welcome struct {
-		UUID string `json:"uuid"`
-	}
-	srv.GetJSON(t, srv.URL, &welcome)
-	if welcome.UUID == "" {
-		t.Fatalf("pouchdb-server's GET / has no uuid")
-	}
+	uuid := serverUUIDOf(t, srv)
 	src := srv.CreateDB(t, "src")
 	tgt := srv.CreateDB(t, "tgt")
 	put := func(ids ...string) {
@@ -41,10 +36,10 @@ func TestAdoptUUIDResumesFromCouchDBCheckpoints(t *testing.T) {
 
 	dir := t.TempDir()
 	n := startNode(t, nodeOptions{name: "adopter", dataDir: dir, extra: []string{"--adopt-uuid", root}})
-	if b, err := os.ReadFile(filepath.Join(dir, "couchdb_uuid")); err != nil || strings.TrimSpace(string(b)) != welcome.UUID {
-		t.Fatalf("<data>/couchdb_uuid = %q, %v; want the server's %q", b, err, welcome.UUID)
+	if b, err := os.ReadFile(filepath.Join(dir, "couchdb_uuid")); err != nil || strings.TrimSpace(string(b)) != uuid {
+		t.Fatalf("<data>/couchdb_uuid = %q, %v; want the server's %q", b, err, uuid)
 	}
-	if len(n.logLines("adopted the server uuid", welcome.UUID)) != 1 {
+	if len(n.logLines("adopted the server uuid", uuid)) != 1 {
 		t.Fatalf("no log line for the adopted uuid")
 	}
 	addr := n.httpAddr("")
@@ -53,7 +48,7 @@ func TestAdoptUUIDResumesFromCouchDBCheckpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	base, ext, err := replicate.ID(p, welcome.UUID)
+	base, ext, err := replicate.ID(p, uuid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,4 +125,114 @@ func TestAdoptUUIDResumesFromCouchDBCheckpoints(t *testing.T) {
 	if replicated["doc_count"] != 6.0 {
 		t.Fatalf("target has %v docs, want 6", replicated["doc_count"])
 	}
+}
+
+// TestAdoptUUIDOverTLS: --adopt-uuid reaches a CouchDB behind TLS with a
+// private CA and a required client certificate (nginx in front of PouchDB
+// Server) with the [replicator] TLS settings replication jobs use
+// (verify_ssl_certificates, ssl_trusted_certificates_file, cert_file,
+// key_file, password), for the node and for `couchrepd replicate`; a CA
+// that does not sign the server's certificate is a clear error. No
+// credential — the endpoint's password, the key's password — appears in
+// any output.
+func TestAdoptUUIDOverTLS(t *testing.T) {
+	skipShort(t)
+	pki := testserver.NewPKI(t)
+	srv := testserver.StartPouchDB(t)
+	nginx := testserver.StartNginx(t, pki, srv.URL)
+	uuid := serverUUIDOf(t, srv)
+	src := srv.CreateDB(t, "src")
+	srv.Do(t, "PUT", src+"a", map[string]any{"v": 1}, 201)
+	const user, pass = "adopter", "adopt-secret-pw"
+	srv.AddAdmin(t, user, pass)
+	u, err := url.Parse(nginx.ClientCertURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, pass)
+	adoptURL := u.String()
+	secrets := []string{pass, pki.ClientKeyPassword}
+	writeConfig := func(ca string) string {
+		path := filepath.Join(t.TempDir(), "couchrep.ini")
+		ini := fmt.Sprintf("[replicator]\nverify_ssl_certificates = true\nssl_trusted_certificates_file = %s\ncert_file = %s\nkey_file = %s\npassword = %s\n",
+			ca, pki.ClientCert, pki.ClientKeyEncrypted, pki.ClientKeyPassword)
+		if err := os.WriteFile(path, []byte(ini), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	noSecrets := func(what, s string) {
+		t.Helper()
+		for _, secret := range secrets {
+			if strings.Contains(s, secret) {
+				t.Fatalf("%s shows a credential (%q):\n%s", what, secret, s)
+			}
+		}
+	}
+
+	// The node adopts the uuid through nginx's client-certificate server.
+	cfg := writeConfig(pki.CAFile)
+	dir := t.TempDir()
+	n := startNode(t, nodeOptions{name: "tls-adopter", dataDir: dir, config: cfg, extra: []string{"--adopt-uuid", adoptURL}})
+	if b, err := os.ReadFile(filepath.Join(dir, "couchdb_uuid")); err != nil || strings.TrimSpace(string(b)) != uuid {
+		t.Fatalf("<data>/couchdb_uuid = %q, %v; want the server's %q", b, err, uuid)
+	}
+	if len(n.logLines("adopted the server uuid", uuid)) != 1 {
+		t.Fatalf("no log line for the adopted uuid")
+	}
+	noSecrets("the node's log", n.logs.String())
+
+	// couchrepd replicate --adopt-uuid: the checkpoint is under the
+	// replication id made with the server's uuid. (The endpoints carry the
+	// admin's credentials: an anonymous PUT /db kills pouchdb-server once
+	// an admin exists.)
+	withCreds := func(raw string) string {
+		v, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.User = url.UserPassword(user, pass)
+		return v.String()
+	}
+	src, tgt := withCreds(src), withCreds(srv.DBURL("tgt"))
+	res := runCmd(t, filepath.Join(binDir, "couchrepd"), "replicate", "--config", cfg, "--adopt-uuid", adoptURL, "--create-target", src, tgt)
+	if res.code != 0 {
+		t.Fatalf("couchrepd replicate --adopt-uuid: exit %d, stderr %s", res.code, res.stderr)
+	}
+	noSecrets("couchrepd replicate's output", res.stdout+res.stderr)
+	p, err := replicate.ParseParams([]byte(fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true}`, src, tgt)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, _, err := replicate.ID(p, uuid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ckpt map[string]any
+	srv.GetJSON(t, srv.DBURL("tgt")+"_local/"+base, &ckpt)
+	if ckpt["session_id"] == nil {
+		t.Fatalf("target checkpoint _local/%s: %v, want the one of the adopted uuid's replication id", base, ckpt)
+	}
+
+	// A CA that did not sign the server's certificate: a certificate
+	// error naming the server, and no node.
+	res = runCmd(t, filepath.Join(binDir, "couchrepd"), "--data", t.TempDir(), "--config", writeConfig(pki.OtherCAFile), "--adopt-uuid", adoptURL)
+	want := "--adopt-uuid: GET https://" + u.Host + "/"
+	if res.code != 1 || !strings.Contains(res.stderr, want) || !strings.Contains(res.stderr, "certificate") {
+		t.Fatalf("untrusted server: exit %d, stderr %q; want 1 and a certificate error after %q", res.code, res.stderr, want)
+	}
+	noSecrets("couchrepd's error", res.stdout+res.stderr)
+}
+
+// serverUUIDOf is the uuid of srv's GET /.
+func serverUUIDOf(t *testing.T, srv *testserver.Server) string {
+	t.Helper()
+	var welcome struct {
+		UUID string `json:"uuid"`
+	}
+	srv.GetJSON(t, srv.URL, &welcome)
+	if welcome.UUID == "" {
+		t.Fatalf("pouchdb-server's GET / has no uuid")
+	}
+	return welcome.UUID
 }

@@ -10,19 +10,27 @@ import (
 
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // serverUUID asks the CouchDB server at rawURL (its root; a database URL
 // also works) for its uuid: GET / answers {"couchdb":"Welcome","uuid":...}
-// on CouchDB 2 and later (and PouchDB Server).
-func serverUUID(ctx context.Context, rawURL string) (string, error) {
+// on CouchDB 2 and later (and PouchDB Server). The request is made as a
+// replication job's would be under rc's [replicator] settings (TLS
+// verification, CA file, client certificate, auth plugins), so a server
+// behind TLS with a private CA can be adopted.
+func serverUUID(ctx context.Context, rawURL string, rc config.Replicator, logger zerolog.Logger) (string, error) {
 	ep, err := couch.ParseEndpoint(rawURL)
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	db := couch.NewDB(ep, couch.Options{Retries: 2})
+	db, release, err := replicate.EndpointConfigFrom(rc).ServerDB(ep, 2, logger)
+	if err != nil {
+		return "", fmt.Errorf("GET %s: %w", ep.Redacted(), err)
+	}
+	defer release()
 	raw, err := db.GetDoc(ctx, "", nil)
 	if err != nil {
 		return "", fmt.Errorf("GET %s: %w", ep.Redacted(), err)
@@ -40,7 +48,7 @@ func serverUUID(ctx context.Context, rawURL string) (string, error) {
 // in the data directory (later starts without the flag keep it); the node
 // records it in the job store at start (config.CouchDB.Adopted).
 func adoptUUID(ctx context.Context, cfg *config.Config, rawURL string, logger zerolog.Logger) error {
-	uuid, err := serverUUID(ctx, rawURL)
+	uuid, err := serverUUID(ctx, rawURL, cfg.Replicator, logger)
 	if err != nil {
 		return err
 	}

@@ -158,18 +158,6 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 		return 2
 	}
 
-	if *adoptFrom != "" {
-		if *uuid != "" {
-			fmt.Fprintln(stderr, "couchrepd replicate: --uuid and --adopt-uuid are mutually exclusive")
-			return 2
-		}
-		u, err := serverUUID(ctx, *adoptFrom)
-		if err != nil {
-			fmt.Fprintf(stderr, "couchrepd replicate: --adopt-uuid: %v\n", err)
-			return 1
-		}
-		*uuid = u
-	}
 	cfg := config.Default()
 	if *configPath != "" {
 		if cfg, err = config.Load(*configPath); err != nil {
@@ -184,6 +172,18 @@ func runReplicate(ctx context.Context, args []string, stdout, stderr io.Writer, 
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "couchrepd replicate: %v\n", err)
 		return 2
+	}
+	if *adoptFrom != "" {
+		if *uuid != "" {
+			fmt.Fprintln(stderr, "couchrepd replicate: --uuid and --adopt-uuid are mutually exclusive")
+			return 2
+		}
+		u, err := serverUUID(ctx, *adoptFrom, cfg.Replicator, logger)
+		if err != nil {
+			fmt.Fprintf(stderr, "couchrepd replicate: --adopt-uuid: %v\n", err)
+			return 1
+		}
+		*uuid = u
 	}
 	progress := newProgressLine(stderr, *quiet)
 	opts := replicate.Options{ServerUUID: *uuid, Logger: logger, Endpoints: replicate.EndpointConfigFrom(cfg.Replicator)}

@@ -118,6 +118,24 @@ func (c EndpointConfig) sessionOptions() *couch.SessionOptions {
 	return &couch.SessionOptions{Fallback: ni > si, RefreshInterval: c.SessionRefresh, MinUpdateInterval: c.SessionMinUpdate}
 }
 
+// ServerDB is a client for the server or database at ep with the
+// settings a replication job's endpoint gets from c — TLS (CA file,
+// verification, client certificate), socket_options, connect_to,
+// auth_plugins, request_timeout — and the default connection_timeout, for
+// requests made outside a job (couchrepd --adopt-uuid); retries is
+// retries_per_request. release closes its connections.
+func (c EndpointConfig) ServerDB(ep couch.Endpoint, retries int, log zerolog.Logger) (db *couch.DB, release func(), err error) {
+	tr, err := couch.NewTransport(couch.TransportOptions{TLS: c.TLS, ConnectTimeout: DefaultConnectionTimeout,
+		Socket: c.Socket, IdleTimeout: c.IdleTimeout, ConnectTo: c.ConnectTo})
+	if err != nil {
+		return nil, nil, err
+	}
+	db = couch.NewDB(ep, couch.Options{HTTPClient: &http.Client{Transport: tr}, Logger: log,
+		Retries: retries, Session: c.sessionOptions(), ErrorBudget: c.errorBudget(),
+		RequestTimeout: c.RequestTimeout, Limits: couch.Limits{ReadTimeout: DefaultConnectionTimeout}})
+	return db, tr.CloseIdleConnections, nil
+}
+
 // errorBudget is c's error budget for couch.Options.
 func (c EndpointConfig) errorBudget() time.Duration {
 	switch {
