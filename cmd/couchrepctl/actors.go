@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -24,7 +23,7 @@ func runTree(ctx context.Context, e *env, _ []string) error {
 		if st := r.GetStore(); st != "" {
 			fmt.Fprintf(w, "store %s\n", st)
 		}
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		tw := newTable(w)
 		fmt.Fprintln(tw, "ACTOR\tKIND\tSTATE\tRESTARTS\tINCARNATION\tUP\tPID")
 		printTree(tw, r.GetRoot(), "", "", time.Now())
 		return tw.Flush()

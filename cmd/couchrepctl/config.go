@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/couchrep/couchrep/messages"
 )
@@ -24,7 +23,7 @@ func runSharesGet(ctx context.Context, e *env, _ []string) error {
 
 func printShares(w io.Writer, shares map[string]uint32, def uint32) error {
 	keys := slices.Sorted(maps.Keys(shares))
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "KEY\tSHARES")
 	for _, k := range keys {
 		fmt.Fprintf(tw, "%s\t%d\n", k, shares[k])

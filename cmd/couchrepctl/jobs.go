@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -133,7 +132,7 @@ func startedFrom(st *messages.JobStats) string {
 // printJobs prints the job table; with prev (docs written per job at the
 // last refresh, elapsed ago) it adds each job's write rate.
 func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uint64, elapsed time.Duration, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	header := "ID\tSTATE\tNODE\tDOCS_WRITTEN\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
 	if prev != nil {
 		header = "ID\tSTATE\tNODE\tDOCS_WRITTEN\tDOCS/S\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
@@ -174,7 +173,7 @@ func runJobShow(ctx context.Context, e *env, args []string) error {
 
 func printJob(w io.Writer, j *messages.JobSummary) error {
 	now := time.Now()
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	row := func(k string, v any) { fmt.Fprintf(tw, "%s\t%v\n", k, v) }
 	row("id", j.GetId())
 	row("replication_id", j.GetReplicationId())
@@ -220,7 +219,7 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 		return nil
 	}
 	fmt.Fprintf(w, "\nhistory (newest first):\n")
-	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw = newTable(w)
 	fmt.Fprintln(tw, "  TIME\tEVENT\tREASON")
 	for _, h := range j.GetHistory() {
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", h.GetTimestamp().AsTime().UTC().Format(time.RFC3339), lower("JOB_EVENT_TYPE_", h.GetType()), h.GetReason())

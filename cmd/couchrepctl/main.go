@@ -29,7 +29,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
@@ -260,7 +259,7 @@ func interleave(fs *flag.FlagSet, args []string) []string {
 
 func usage(w io.Writer, fs *flag.FlagSet, group string) {
 	fmt.Fprintf(w, "Usage: couchrepctl [flags] COMMAND [ARGS]\n\ncouchrepctl drives a running couchrep node through its admin endpoint.\n\nCommands:\n")
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	for _, c := range commands {
 		if group == "" || strings.HasPrefix(c.name, group+" ") || c.name == group {
 			fmt.Fprintf(tw, "  %s %s\t%s\n", c.name, c.args, c.help)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/couchrep/couchrep/messages"
@@ -46,7 +45,7 @@ func runNodes(ctx context.Context, e *env, _ []string) error {
 // printNodes prints the node table, the cluster's stability and the
 // competing-replicator checks.
 func printNodes(w io.Writer, r *messages.NodesResponse, now time.Time) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	tw := newTable(w)
 	fmt.Fprintln(tw, "NODE\tTYPES\tALIVE\tDRAINING\tJOBS\tHEARTBEAT\tADMIN\tHTTP")
 	dash := func(s string) string {
 		if s == "" {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
@@ -70,6 +71,10 @@ func send(ctx context.Context, e *env, actor string, msg, reply proto.Message) e
 	}
 	return r.UnmarshalTo(reply)
 }
+
+// newTable returns the writer of a command's aligned text table: columns
+// two spaces apart; Flush writes it.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
 var jsonOut = protojson.MarshalOptions{Multiline: true, Indent: "  ", UseProtoNames: true, EmitUnpopulated: true}
 
