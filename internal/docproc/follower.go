@@ -334,11 +334,9 @@ func (d *dbProc) decideTx(tx kv.Tx, jobs TxJobs, doc Doc) (outcome, error) {
 		tx.Clear(key)
 		return o, nil
 	}
-	v, err := json.Marshal(newRec)
-	if err != nil {
+	if err := setJSON(tx, key, newRec); err != nil {
 		return o, fmt.Errorf("docproc: encode record: %w", err)
 	}
-	tx.Set(key, v)
 	return o, nil
 }
 

@@ -106,6 +106,16 @@ func getRecord(tx kv.ReadTx, key []byte) (*DocRecord, error) {
 	return &rec, nil
 }
 
+// setJSON sets key to v encoded as JSON.
+func setJSON(tx kv.Tx, key []byte, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	tx.Set(key, b)
+	return nil
+}
+
 // commit stores a document's new record (nil clears it) and, when seq is
 // not nil, the feed checkpoint, in one transaction.
 func (s *state) commit(ctx context.Context, id string, rec *DocRecord, seq couch.Seq) error {
@@ -148,11 +158,9 @@ func (s *state) update(ctx context.Context, id, fp string, fn func(*DocRecord)) 
 			return err
 		}
 		fn(rec)
-		v, err := json.Marshal(rec)
-		if err != nil {
+		if err := setJSON(tx, k, rec); err != nil {
 			return err
 		}
-		tx.Set(k, v)
 		done = true
 		return nil
 	})
@@ -221,11 +229,9 @@ func (s *state) acquire(ctx context.Context, owner string, now time.Time, ttl ti
 				return nil
 			}
 		}
-		nv, err := json.Marshal(lease{Owner: owner, Expires: now.Add(ttl).UnixNano()})
-		if err != nil {
+		if err := setJSON(tx, k, lease{Owner: owner, Expires: now.Add(ttl).UnixNano()}); err != nil {
 			return err
 		}
-		tx.Set(k, nv)
 		ok = true
 		return nil
 	})
