@@ -359,11 +359,7 @@ func joinKeys(v any) any {
 		return etfTuple{out}
 	}
 	if l, ok := v.(etfList); ok {
-		out := make(etfList, len(l))
-		for i, e := range l {
-			out[i] = joinKeys(e)
-		}
-		return out
+		return each(l, joinKeys)
 	}
 	return pathTerms(v)
 }
@@ -378,11 +374,7 @@ func pathTerms(v any) any {
 		}
 		return l
 	case etfTuple:
-		out := make(etfTuple, len(t))
-		for i, e := range t {
-			out[i] = pathTerms(e)
-		}
-		return out
+		return each(t, pathTerms)
 	}
 	return v
 }
@@ -408,13 +400,18 @@ func ejsort(v any) any {
 		}
 	}
 	if l, ok := v.(etfList); ok {
-		out := make(etfList, len(l))
-		for i, e := range l {
-			out[i] = ejsort(e)
-		}
-		return out
+		return each(l, ejsort)
 	}
 	return v
+}
+
+// each returns a list or tuple of f applied to every element of s.
+func each[S etfList | etfTuple](s S, f func(any) any) S {
+	out := make(S, len(s))
+	for i, e := range s {
+		out[i] = f(e)
+	}
+	return out
 }
 
 // termLess orders object keys; after join_keys they are binaries.
