@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -138,48 +137,43 @@ func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
 		}
 		t.conn, t.dirty = c, dirty
 	}
-	rollback := t.open || t.dirty
-	b := &pgx.Batch{}
-	if rollback {
-		b.Queue("ROLLBACK") // the leader's snapshot (or the connection's last one)
+	calls := make([]call, 0, len(batch)+2)
+	if t.open || t.dirty {
+		calls = append(calls, call{sql: "ROLLBACK"}) // the leader's snapshot (or the connection's last one)
 	}
-	// No BEGIN and COMMIT: the statements of a pipeline up to its Sync
-	// (pgx sends one per batch) run in one implicit transaction, which
-	// commits at the Sync, or rolls back, with every statement after the
-	// failed one skipped, on an error. Two statements fewer per batch for
-	// both sides, and a failed batch leaves its connection usable.
-	b.Queue(lockSQL)
+	// No BEGIN and COMMIT: the statements of a batch up to its Sync (one
+	// per round trip) run in one implicit transaction, which commits at
+	// the Sync, or rolls back, with every statement after the failed one
+	// skipped, on an error. Two statements fewer per batch for both
+	// sides, and a failed batch leaves its connection usable.
+	var version int64
+	calls = append(calls, call{sql: lockSQL, row: func(vals [][]byte) (err error) {
+		version, err = decodeInt8(vals[0])
+		return err
+	}})
+	results := 0
 	for i, r := range batch {
+		sql, args := fastApplySQL, []any(nil)
 		if r.args.fast() {
-			b.Queue(fastApplySQL, r.args.fastArgs(int32(i))...)
+			args = r.args.fastArgs(int32(i))
 		} else {
-			b.Queue(applySQL, append([]any{int32(i)}, r.args.args()...)...)
+			sql, args = applySQL, append([]any{int32(i)}, r.args.args()...)
 		}
+		calls = append(calls, call{sql: sql, args: args, row: func(vals [][]byte) (err error) {
+			results++
+			if r.ok, err = decodeBool(vals[0]); err == nil {
+				r.xv, err = decodeByteaArray(vals[1])
+			}
+			return err
+		}})
 	}
 	db.rt.Add(1)
-	br := t.conn.SendBatch(ctx, b)
-	var err error
-	var version int64
-	if rollback {
-		_, err = br.Exec()
-		t.open, t.dirty = false, false
-	}
+	err := run(ctx, t.conn.Conn(), calls)
 	if err == nil {
-		err = br.QueryRow().Scan(&version)
-	}
-	for _, r := range batch {
-		if err != nil {
-			break
+		t.open, t.dirty = false, false
+		if results != len(batch) {
+			err = fmt.Errorf("postgres: %d apply results for %d transactions", results, len(batch))
 		}
-		if r.args.fast() {
-			var notified bool
-			err = br.QueryRow().Scan(&r.ok, &r.xv, &notified)
-		} else {
-			err = br.QueryRow().Scan(&r.ok, &r.xv)
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
 	}
 	if err != nil {
 		for _, r := range batch {

@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/couchrep/couchrep/internal/kv"
@@ -63,11 +63,11 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 	}
 	if t.open {
 		t.db.rt.Add(1)
-		rows, err := t.conn.Query(t.ctx, sql, args...)
-		if err != nil {
-			return nil, err
-		}
-		return collectRows(rows)
+		var out []kvbuf.Row
+		err := run(t.ctx, t.conn.Conn(), []call{{sql: sql, args: args, row: func(vals [][]byte) error {
+			return appendRow(&out, vals[0], vals[1])
+		}}})
+		return out, err
 	}
 	var err error
 	for try := 0; try < 3; try++ {
@@ -79,35 +79,33 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 			t.conn, t.dirty = c, dirty
 		}
 		t.db.rt.Add(1)
-		b := &pgx.Batch{}
+		calls := make([]call, 0, 3)
 		if t.dirty {
-			b.Queue("ROLLBACK")
+			calls = append(calls, call{sql: "ROLLBACK"})
 		}
-		b.Queue(beginSQL)
-		if sql == "" {
-			b.Queue(snapSQL)
-		} else {
-			b.Queue(firstSQL[sql], args...)
-		}
-		br := t.conn.SendBatch(t.ctx, b)
+		calls = append(calls, call{sql: beginSQL})
 		var out []kvbuf.Row
-		if t.dirty {
-			_, err = br.Exec()
+		snapRead := false
+		if sql == "" {
+			calls = append(calls, call{sql: snapSQL, row: func(vals [][]byte) (err error) {
+				t.snap, err = decodeInt8(vals[0])
+				snapRead = true
+				return err
+			}})
+		} else {
+			// Each row also carries the snapshot's commit version; a lone
+			// row without a key says the read found nothing.
+			calls = append(calls, call{sql: firstSQL[sql], args: args, row: func(vals [][]byte) (err error) {
+				snapRead = true
+				if t.snap, err = decodeInt8(vals[0]); err != nil || vals[1] == nil {
+					return err
+				}
+				return appendRow(&out, vals[1], vals[2])
+			}})
 		}
-		if err == nil {
-			_, err = br.Exec()
-		}
-		if err == nil && sql == "" {
-			err = br.QueryRow().Scan(&t.snap)
-		}
-		if err == nil && sql != "" {
-			var rows pgx.Rows
-			if rows, err = br.Query(); err == nil {
-				out, err = collectFirstRows(rows, &t.snap)
-			}
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
+		err = run(t.ctx, t.conn.Conn(), calls)
+		if err == nil && !snapRead {
+			err = errors.New("postgres: no row in couchrep_kv_meta")
 		}
 		if err == nil {
 			t.open, t.dirty = true, false
@@ -124,38 +122,14 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 	return nil, err
 }
 
-// collectFirstRows is collectRows for a firstSQL query: each row also
-// carries the snapshot's commit version (snap), and a lone row without a
-// key says the read found nothing.
-func collectFirstRows(rows pgx.Rows, snap *int64) ([]kvbuf.Row, error) {
-	defer rows.Close()
-	var out []kvbuf.Row
-	for rows.Next() {
-		var r kvbuf.Row
-		if err := rows.Scan(snap, &r.K, &r.V); err != nil {
-			return nil, err
-		}
-		if r.K == nil {
-			continue
-		}
-		r.V = kvbuf.NonNil(r.V)
-		out = append(out, r)
+// appendRow appends the row (k, v) of a read, copying both (the values
+// are the connection's buffer).
+func appendRow(out *[]kvbuf.Row, k, v []byte) error {
+	if k == nil {
+		return fmt.Errorf("postgres: a row without a key")
 	}
-	return out, rows.Err()
-}
-
-func collectRows(rows pgx.Rows) ([]kvbuf.Row, error) {
-	defer rows.Close()
-	var out []kvbuf.Row
-	for rows.Next() {
-		var r kvbuf.Row
-		if err := rows.Scan(&r.K, &r.V); err != nil {
-			return nil, err
-		}
-		r.V = kvbuf.NonNil(r.V)
-		out = append(out, r)
-	}
-	return out, rows.Err()
+	*out = append(*out, kvbuf.Row{K: append([]byte{}, k...), V: append([]byte{}, v...)})
+	return nil
 }
 
 // end closes the snapshot and returns the connection to the pool.
