@@ -104,6 +104,12 @@ func (db *DB) lead(t *tx, mine *commitReq) {
 	db.cmu.Unlock()
 
 	version, err := db.sendBatch(t, batch)
+	// In commit order, before anyone learns the outcome (cache.go).
+	if err != nil {
+		db.cache.purge()
+	} else {
+		db.cache.committed(version, batch)
+	}
 	for i, r := range batch {
 		r.version, r.order, r.err = version, i, err
 	}

@@ -92,6 +92,7 @@ type DB struct {
 
 	watches *watchHub
 	rt      atomic.Int64 // round trips of transactions (RoundTrips)
+	cache   *commitCache // values of this DB's commits (cache.go)
 
 	// Group commit (commit.go).
 	cmu     sync.Mutex
@@ -164,6 +165,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		where:  fmt.Sprintf("%s@%s:%d/%s", cfg.ConnConfig.User, cfg.ConnConfig.Host, cfg.ConnConfig.Port, cfg.ConnConfig.Database),
 		closed: make(chan struct{}),
 		parked: make(chan parkedConn, cfg.MaxConns),
+		cache:  newCommitCache(),
 	}
 	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -251,9 +253,18 @@ func (db *DB) Transact(ctx context.Context, fn func(kv.Tx) error) error {
 		err := t.Result(fn(t))
 		if err == nil {
 			err = ctx.Err() // never commit what a cancelled caller asked
+		} else if verr := t.validateCached(); verr != nil && !t.conflict {
+			// An error result must not rest on an unvalidated cached
+			// read either; a failed check (not a conflict) is the error.
+			err = verr
 		}
 		if err != nil {
 			t.finish(err)
+			if t.conflict {
+				// A value read from the commit cache had changed: the
+				// function saw an outdated state; run it again.
+				return kvbuf.Again, err
+			}
 			if connLost(err) && attempt+1 < db.opts.MaxAttempts && ctx.Err() == nil && !db.isClosed() {
 				// A read found the connection gone: nothing was written,
 				// the function may run again (on a new connection).
@@ -333,6 +344,9 @@ const (
 	firstGetSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + getSQL + ") q ON true WHERE m.id = 1"
 	firstFwdSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + fwdSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k"
 	firstRevSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + revSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k DESC"
+	// cacheCheckSQL counts the keys read from the commit cache that still
+	// have the version they were read at (cache.go).
+	cacheCheckSQL = "SELECT count(*) FROM couchrep_kv WHERE k = ANY ($1) AND ver = $2"
 	// applySQL validates and applies one transaction of a commit batch
 	// (schema.go, commit.go).
 	applySQL = "SELECT o_ok, o_xv FROM couchrep_kv_apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)"

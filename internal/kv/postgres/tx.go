@@ -30,6 +30,12 @@ type tx struct {
 	readKeys [][]byte      // validated point reads (and read conflict keys)
 	reads    []*kvbuf.Span // validated range reads
 
+	// Reads served from the commit cache (cache.go) before a snapshot was
+	// opened, all at version snap; conflict: one of them had changed when
+	// a snapshot was opened (the attempt must run again).
+	cached   [][]byte
+	conflict bool
+
 	watches []*watch
 }
 
@@ -103,12 +109,26 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 				return appendRow(&out, vals[1], vals[2])
 			}})
 		}
+		same := int64(-1)
+		if len(t.cached) > 0 {
+			// The values served from the commit cache must be the
+			// snapshot's too (cache.go).
+			calls = append(calls, call{sql: cacheCheckSQL, args: []any{t.cached, t.snap}, row: func(vals [][]byte) (err error) {
+				same, err = decodeInt8(vals[0])
+				return err
+			}})
+		}
 		err = run(t.ctx, t.conn.Conn(), calls)
 		if err == nil && !snapRead {
 			err = errors.New("postgres: no row in couchrep_kv_meta")
 		}
 		if err == nil {
 			t.open, t.dirty = true, false
+			if len(t.cached) > 0 && same != int64(len(t.cached)) {
+				t.db.cache.drop(t.cached)
+				t.conflict = true
+				return nil, fmt.Errorf("postgres: a value read from the commit cache changed: %w", kv.ErrConflict)
+			}
 			return out, nil
 		}
 		// A pooled connection the server closed (it restarted): the pool
@@ -151,6 +171,11 @@ func (t *tx) end() {
 // ReadStored implements kvbuf.Store: it reads key from the snapshot, adding it to the read set unless
 // snapshot.
 func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
+	if !snapshot && !t.readOnly && !t.open && !t.Done {
+		if v, ok := t.readCached(key); ok {
+			return v, nil
+		}
+	}
 	rows, err := t.query(getSQL, key)
 	if err != nil {
 		return nil, t.db.errorf(fmt.Sprintf("get %x", key), err)
@@ -163,6 +188,34 @@ func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 		t.readKeys = append(t.readKeys, slices.Clone(key))
 	}
 	return v, nil
+}
+
+// readCached serves a validated read from the commit cache (cache.go) if
+// key is there at the version of the attempt's earlier cached reads (or
+// this is the first): it becomes the attempt's snapshot version until a
+// snapshot is opened.
+func (t *tx) readCached(key []byte) ([]byte, bool) {
+	v, ver, ok := t.db.cache.get(key)
+	if !ok || (len(t.cached) > 0 && ver != t.snap) {
+		return nil, false
+	}
+	t.snap = ver
+	k := slices.Clone(key)
+	if !slices.ContainsFunc(t.cached, func(c []byte) bool { return bytes.Equal(c, k) }) {
+		t.cached = append(t.cached, k)
+	}
+	t.readKeys = append(t.readKeys, k)
+	return v, true
+}
+
+// validateCached checks, by opening a snapshot, that the values the
+// attempt read from the commit cache are current, when nothing else will:
+// before a commit without writes or an error result goes to the caller.
+func (t *tx) validateCached() error {
+	if len(t.cached) == 0 || t.open || t.Done {
+		return nil
+	}
+	return t.begin()
 }
 
 // AddReadConflictKey implements kv.Tx: FDB's meaning, the transaction
@@ -239,6 +292,9 @@ func (t *tx) commit() error {
 		w.armed, w.present = v, v != nil
 	}
 	if !t.HasWrites() {
+		if err := t.validateCached(); err != nil {
+			return err
+		}
 		t.finish(nil)
 		t.armWatches(nil)
 		return nil
@@ -279,6 +335,7 @@ type commitArgs struct {
 	vo, xo                                                 []int32
 	snapVersion                                            int64
 	note                                                   *string
+	cached                                                 [][]byte // read from the commit cache
 }
 
 func (a *commitArgs) args() []any {
@@ -289,7 +346,7 @@ func (a *commitArgs) args() []any {
 func (t *tx) commitArgs() *commitArgs {
 	e := func() [][]byte { return [][]byte{} }
 	a := &commitArgs{rk: t.readKeys, rb: e(), re: e(), cb: e(), ce: e(), ck: e(), sk: e(), sv: e(), ak: e(), ad: e(),
-		vk: e(), vv: e(), xk: e(), xv: e(), vo: []int32{}, xo: []int32{}, snapVersion: t.snap}
+		vk: e(), vv: e(), xk: e(), xv: e(), vo: []int32{}, xo: []int32{}, snapVersion: t.snap, cached: t.cached}
 	if a.rk == nil {
 		a.rk = e()
 	}

@@ -36,7 +36,7 @@ var stmtNames = map[string]string{}
 
 func init() {
 	for i, sql := range []string{"ROLLBACK", beginSQL, snapSQL, getSQL, fwdSQL, revSQL,
-		firstGetSQL, firstFwdSQL, firstRevSQL, lockSQL, fastApplySQL, applySQL} {
+		firstGetSQL, firstFwdSQL, firstRevSQL, lockSQL, fastApplySQL, applySQL, cacheCheckSQL} {
 		stmtNames[sql] = "couchrep_" + strconv.Itoa(i)
 	}
 }
