@@ -44,6 +44,13 @@ func (c *child) alive() bool {
 
 func (c *child) isSupervisor() bool { return c.spec.Supervisor != nil }
 
+// leaving reports whether c is on its way out: its actor terminated (the
+// exit not yet handled), the supervisor is stopping or killing it, or it
+// stopped itself (Exit, a panic) and has not terminated yet.
+func (c *child) leaving() bool {
+	return !c.alive() || c.stopping || c.killReason != "" || (c.cell != nil && c.cell.leaving())
+}
+
 // stepKind names one step of a supervisor's work queue.
 type stepKind int
 
@@ -93,6 +100,9 @@ type supervisorActor struct {
 	restarts []time.Time
 	queue    []*step
 	cur      *step
+	// waiting are StartChild requests for a name whose previous child is
+	// still leaving; they are looked at again after every message.
+	waiting []*startChildRequest
 }
 
 // Ensure the supervisor handles failures that escape the child middleware.
@@ -146,6 +156,13 @@ func (a *supervisorActor) Receive(ctx actor.Context) {
 		a.onTerminateChild(ctx, msg)
 	case *killRequest:
 		msg.reply <- a.onKill(ctx, msg)
+	}
+	if len(a.waiting) > 0 {
+		waiting := a.waiting
+		a.waiting = nil
+		for _, m := range waiting {
+			a.onStartChild(ctx, m)
+		}
 	}
 }
 
@@ -558,8 +575,20 @@ func (a *supervisorActor) onStartChild(ctx actor.Context, m *startChildRequest) 
 	case a.mode != modeRunning && a.mode != modeInit:
 		reply(nil, ErrStopped)
 		return
-	case a.byName(m.name) != nil:
-		reply(nil, fmt.Errorf("%w: %s/%s", ErrAlreadyStarted, a.id, m.name))
+	}
+	if old := a.byName(m.name); old != nil {
+		if !old.leaving() {
+			reply(nil, fmt.Errorf("%w: %s/%s", ErrAlreadyStarted, a.id, m.name))
+			return
+		}
+		// The previous child of that name is exiting (it stopped itself, or
+		// is being stopped) but its exit is not handled yet: start the new
+		// one once it is, rather than fail a start that is bound to work.
+		if !m.waits {
+			m.waits = true
+			a.log.Info().Str("child", m.name).Msg("supervisor: start waits for the previous child of that name to exit")
+		}
+		a.waiting = append(a.waiting, m)
 		return
 	}
 	cs := a.spec.Children[0]

@@ -22,6 +22,7 @@ type cell struct {
 	mu       sync.Mutex
 	acked    bool
 	exited   bool
+	stopping bool // the actor received Stopping
 	reason   string
 	normal   bool
 	stack    string
@@ -85,6 +86,14 @@ func (c *cell) hasExited() bool {
 	return c.exited
 }
 
+// leaving reports whether the actor is on its way out: it recorded an
+// exit reason or began stopping.
+func (c *cell) leaving() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.exited || c.stopping
+}
+
 func (c *cell) hasPanicked() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -124,7 +133,12 @@ func (c *cell) middleware(next actor.ReceiverFunc) actor.ReceiverFunc {
 			if c.invoke(ctx, env, next, true) && !c.deferAck && !c.hasExited() {
 				c.ack()
 			}
-		case *actor.Stopping, *actor.Restarting:
+		case *actor.Stopping:
+			c.mu.Lock()
+			c.stopping = true
+			c.mu.Unlock()
+			c.invoke(ctx, env, next, false)
+		case *actor.Restarting:
 			c.invoke(ctx, env, next, false)
 		case *actor.Stopped:
 			c.invoke(ctx, env, next, false)

@@ -72,6 +72,9 @@
 //     RestForOne does so for the children started after it;
 //     SimpleOneForOne has only dynamic children of one template spec, added
 //     with StartChild and removed with TerminateChild, each restarted alone.
+//     A StartChild for the name of a child that is on its way out (its
+//     exit not yet handled) waits for that exit instead of failing with
+//     ErrAlreadyStarted.
 //   - Intensity: every restart (including a normal exit's restart and a
 //     failed restart) counts for the supervisor as a whole; more than
 //     MaxRestarts within Period make it give up: it stops all its children in

@@ -155,6 +155,9 @@ type worker struct {
 	// gate, if set, blocks the Started handler until it is closed;
 	// entered is closed when it begins to wait.
 	gate, entered chan struct{}
+	// stopGate, if set, blocks the Stopping handler until it is closed;
+	// stopEntered is closed when it begins to wait.
+	stopGate, stopEntered chan struct{}
 }
 
 func (w *worker) Receive(ctx actor.Context) {
@@ -172,6 +175,10 @@ func (w *worker) Receive(ctx actor.Context) {
 		w.tr.add("start:" + w.name)
 	case *actor.Stopping:
 		w.tr.add("stop:" + w.name)
+		if w.stopEntered != nil {
+			close(w.stopEntered)
+			<-w.stopGate
+		}
 	case panicMsg:
 		panic(m.value)
 	case exitMsg:

@@ -24,6 +24,9 @@ type startChildRequest struct {
 	name  string
 	props *actor.Props
 	reply chan startChildReply
+	// waits: the request waits for the previous child of that name to
+	// exit (logged once).
+	waits bool
 }
 
 type startChildReply struct {

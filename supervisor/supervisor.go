@@ -139,9 +139,11 @@ func Which(ctx context.Context, system *actor.ActorSystem, sup *actor.PID) (*Tre
 
 // StartChild starts a dynamic child named name under the SimpleOneForOne
 // supervisor sup, with props (nil: the template's props), and returns its
-// PID once the child has acknowledged its start. It fails with ErrNotSimple,
-// ErrAlreadyStarted (a child of that name exists), ErrStartFailed or
-// ErrNotFound.
+// PID once the child has acknowledged its start. When a child of that name
+// is on its way out (it stopped itself, panicked, or is being stopped or
+// killed) but its exit is not handled yet, the start waits for that exit.
+// It fails with ErrNotSimple, ErrAlreadyStarted (a child of that name
+// runs), ErrStartFailed or ErrNotFound.
 func StartChild(ctx context.Context, system *actor.ActorSystem, sup *actor.PID, name string, props *actor.Props) (*actor.PID, error) {
 	if err := validName(name); err != nil {
 		return nil, err

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"github.com/couchrep/couchrep/supervisor"
@@ -800,5 +802,111 @@ func TestStartCanceled(t *testing.T) {
 	events.await(t, 0, "a stopped", is(supervisor.ChildExited, "top", "a"))
 	if got, want := tr.since(0), []string{"start:a", "start:b", "stop:b", "stop:a"}; !equal(got, want) {
 		t.Fatalf("trace %v, want %v", got, want)
+	}
+}
+
+// signalWriter closes seen when a log line containing what is written.
+type signalWriter struct {
+	what string
+	once sync.Once
+	seen chan struct{}
+}
+
+func (w *signalWriter) Write(p []byte) (int, error) {
+	if strings.Contains(string(p), w.what) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}
+
+// TestStartChildWaitsForTheLeavingChild: a StartChild for the name of a
+// dynamic child that is exiting — it stopped itself (Exit), or is being
+// killed, but its Stopping handler still runs, so the supervisor has not
+// seen it terminate — waits for that exit and then starts the new child,
+// instead of failing with ErrAlreadyStarted (a job taken again before its
+// old actor has exited). The old child's stop is held until the test has
+// seen the supervisor take the request.
+func TestStartChildWaitsForTheLeavingChild(t *testing.T) {
+	tests := []struct {
+		name  string
+		leave func(t *testing.T, system *actor.ActorSystem, pid *actor.PID)
+	}{
+		{"exit", func(_ *testing.T, system *actor.ActorSystem, pid *actor.PID) {
+			system.Root.Send(pid, exitMsg{})
+		}},
+		{"kill", func(t *testing.T, system *actor.ActorSystem, pid *actor.PID) {
+			if err := supervisor.Kill(testContext(t), system, pid, "chaos"); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			system := newSystem(t)
+			events := watchEvents(t, system)
+			tr := &trace{}
+			w := &signalWriter{what: "start waits for the previous child", seen: make(chan struct{})}
+			log := zerolog.New(w)
+			startTree(t, system, "top", supervisor.Spec{Strategy: supervisor.OneForOne, MaxRestarts: 10, Period: time.Hour,
+				Children: []supervisor.ChildSpec{
+					{Name: "jobs", Supervisor: &supervisor.Spec{Strategy: supervisor.SimpleOneForOne, MaxRestarts: 10, Period: time.Hour,
+						Logger: &log, Children: []supervisor.ChildSpec{{Name: "job", Restart: supervisor.Temporary}}}},
+				}})
+			ctx := testContext(t)
+			jobs := actor.NewPID("nonhost", "top/jobs")
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(gate) }) }
+			t.Cleanup(release) // before the tree stops, should the test fail
+			old, err := supervisor.StartChild(ctx, system, jobs, "j", actor.PropsFromProducer(func() actor.Actor {
+				return &worker{name: "old", tr: tr, stopEntered: entered, stopGate: gate}
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			from := events.mark()
+			tc.leave(t, system, old)
+			select {
+			case <-entered:
+			case <-ctx.Done():
+				t.Fatal("the old child never began to stop")
+			}
+			type result struct {
+				pid *actor.PID
+				err error
+			}
+			started := make(chan result, 1)
+			go func() {
+				pid, err := supervisor.StartChild(ctx, system, jobs, "j", workerProps(tr, "new"))
+				started <- result{pid, err}
+			}()
+			select {
+			case <-w.seen: // the supervisor holds the request until the old child has exited
+			case r := <-started:
+				t.Fatalf("StartChild while the old child is stopping returned %v, %v; want it to wait for the exit", r.pid, r.err)
+			case <-ctx.Done():
+				t.Fatal("the supervisor never took the StartChild request")
+			}
+			release()
+			var r result
+			select {
+			case r = <-started:
+			case <-ctx.Done():
+				t.Fatal("StartChild did not return after the old child exited")
+			}
+			if r.err != nil || r.pid == nil || r.pid.Id != "top/jobs/j" {
+				t.Fatalf("StartChild after the old child exited: %v, %v", r.pid, r.err)
+			}
+			if got, want := tr.since(0), []string{"start:old", "stop:old", "start:new"}; !equal(got, want) {
+				t.Fatalf("trace %v, want %v", got, want)
+			}
+			exited, _ := events.await(t, from, "the old child's exit", is(supervisor.ChildExited, "top/jobs", "j"))
+			if begun, _ := events.await(t, from, "the new child's start", is(supervisor.ChildStarted, "top/jobs", "j")); begun < exited {
+				t.Fatalf("the new child started before the old one exited:\n%s", formatEvents(events.since(from)))
+			}
+			if n := which(t, system, jobs); len(n.Children) != 1 || n.Children[0].State != supervisor.Running {
+				t.Fatalf("jobs has %d children, want the new one running: %+v", len(n.Children), n.Children)
+			}
+		})
 	}
 }

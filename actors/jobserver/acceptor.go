@@ -210,6 +210,21 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 // it; the actor leaves the registry and gives its slot back when it stops.
 func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, run *repjob.Run, release func()) error {
 	name := jobrunner.Name(run.ID())
+	if old := a.reg.lookup(run.ID()); old != nil {
+		// The job was taken again before its previous actor exited (a stop
+		// or restart in quick succession: the actor hands the job back
+		// before it stops; or a lost lease re-acquired). The store gave this
+		// node a new run, so the old one is over: stop its actor and start
+		// the new one once it has exited (jobs_sup, in turn, waits for the
+		// exit it has not handled yet), rather than fail the start.
+		a.log.Info().Str("job_id", run.ID()).Uint64("old_run", old.run).Uint64("run", run.Generation()).
+			Msg("acceptor: job taken again before its previous actor exited; waiting for it")
+		select {
+		case <-a.reg.stop(system, old, "superseded"):
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}
 	e, remove := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
 		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name))
 	exited := func() { remove(); release() }

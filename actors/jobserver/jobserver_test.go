@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +43,10 @@ type shared struct {
 	db      *sqlite.DB
 	cluster *cluster.Registry
 	store   *repjob.Store // the test's own view
+	// log, if set, is the nodes' logger (supervisors included); jobOptions
+	// adjusts each job actor's options after the test engine is set.
+	log        *zerolog.Logger
+	jobOptions func(*jobrunner.Options)
 }
 
 func newShared(t *testing.T) *shared {
@@ -96,18 +103,22 @@ func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs i
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	n := &node{name: name, system: system, reg: jobserver.NewRegistry(), sched: make(chan any, 1000)}
-	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: s.db, Jobs: q, RepJobs: store,
+	log := zerolog.Nop()
+	if s.log != nil {
+		log = *s.log
+	}
+	deps := actors.Deps{Config: cfg, Logger: log, System: system, Store: s.db, Jobs: q, RepJobs: store,
 		Timers: timerwheel.New()}
 	rec := recorder(n.sched)
-	n.start(t, deps, rec)
+	n.start(t, deps, rec, s.jobOptions)
 	return n
 }
 
-func (n *node) start(t *testing.T, deps actors.Deps, rec recorder) {
+func (n *node) start(t *testing.T, deps actors.Deps, rec recorder, jobOptions func(*jobrunner.Options)) {
 	t.Helper()
 	schedPID := actor.NewPID(n.system.Address(), actors.RootName+"/"+scheduler.Name)
 	sup, err := supervisor.Start(context.Background(), n.system, actors.RootName, supervisor.Spec{
-		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
+		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second, Logger: &deps.Logger,
 		Children: []supervisor.ChildSpec{
 			{Name: scheduler.Name, Props: actor.PropsFromProducer(func() actor.Actor { return rec })},
 			jobserver.Spec(deps, jobserver.Wiring{Scheduler: schedPID}, n.reg, jobserver.Options{
@@ -116,6 +127,9 @@ func (n *node) start(t *testing.T, deps actors.Deps, rec recorder) {
 						t.Error("a job's timers are not on the node's wheel (Deps.Timers)")
 					}
 					o.Engine = engine
+					if jobOptions != nil {
+						jobOptions(o)
+					}
 				},
 			}),
 		},
@@ -338,7 +352,7 @@ func TestDrainPersists(t *testing.T) {
 	q := jobqueue.New(s.db, jobqueue.Options{NodeName: "n1"})
 	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: n.system, Store: s.db, Jobs: q,
 		RepJobs: repjob.New(q, s.db, repjob.Options{ServerUUID: "u", Policy: schedpolicy.DefaultPolicy()})}
-	again.start(t, deps, recorder(again.sched))
+	again.start(t, deps, recorder(again.sched), nil)
 	waitFor(t, "the restarted job server drained", again.reg.Draining)
 	if got := s.runningOn(t, "n1"); len(got) != 0 || again.reg.Running() != 0 {
 		t.Fatalf("a drained node took jobs: %v", got)
@@ -347,5 +361,135 @@ func TestDrainPersists(t *testing.T) {
 	waitFor(t, "the jobs running again", func() bool { return len(s.runningOn(t, "n1")) == 3 })
 	if drained, err := s.cluster.Draining(ctx, "n1"); err != nil || drained || again.reg.Draining() {
 		t.Fatalf("record after undrain: %v %v", drained, err)
+	}
+}
+
+// logWatch is a log writer that keeps every line; seen(text) is closed the
+// first time a line contains text (one of those it was made with).
+type logWatch struct {
+	mu     sync.Mutex
+	lines  strings.Builder
+	chans  map[string]chan struct{}
+	closed map[string]bool
+}
+
+func newLogWatch(texts ...string) *logWatch {
+	w := &logWatch{chans: map[string]chan struct{}{}, closed: map[string]bool{}}
+	for _, s := range texts {
+		w.chans[s] = make(chan struct{})
+	}
+	return w
+}
+
+func (w *logWatch) seen(text string) <-chan struct{} { return w.chans[text] }
+
+func (w *logWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.lines.Write(p)
+	for s, ch := range w.chans {
+		if !w.closed[s] && strings.Contains(string(p), s) {
+			close(ch)
+			w.closed[s] = true
+		}
+	}
+	return len(p), nil
+}
+
+func (w *logWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.lines.String()
+}
+
+// TestRestartBeforeTheOldActorExited: a restart hands the job back to the
+// queue before its actor has exited, so the acceptor takes it again while
+// the old actor still stops. The new actor must start once the old one has
+// exited — never "supervisor: already started" and a job bounced back to
+// the queue. The old actor's exit is held in its Stopped handler (where it
+// releases the job's slot) until the test has seen the wait: before it
+// leaves the registry (the acceptor waits for it), and after (jobs_sup
+// waits for the exit it has not handled yet).
+func TestRestartBeforeTheOldActorExited(t *testing.T) {
+	const (
+		acceptorWaits = "job taken again before its previous actor exited"
+		supWaits      = "start waits for the previous child of that name to exit"
+	)
+	tests := []struct {
+		name string
+		// registered: the old actor is held while still in the registry.
+		registered bool
+		wait       string
+	}{
+		{"held in the registry", true, acceptorWaits},
+		{"held after leaving the registry", false, supWaits},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShared(t)
+			logs := newLogWatch(tc.wait, "already started", "could not start the job actor")
+			log := zerolog.New(logs)
+			s.log = &log
+			var actors atomic.Int32
+			entered, gate := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			release := func() { once.Do(func() { close(gate) }) }
+			s.jobOptions = func(o *jobrunner.Options) {
+				if actors.Add(1) != 1 {
+					return // only the first actor's exit is held
+				}
+				released := o.Released
+				o.Released = func() {
+					if !tc.registered {
+						released()
+					}
+					close(entered)
+					<-gate
+					released()
+				}
+			}
+			n := s.startNode(t, "worker", true, 10)
+			t.Cleanup(release) // before the node stops, should the test fail
+			ctx := context.Background()
+			id := s.add(t, n, 0)
+			waitFor(t, "the job running", func() bool { return slices.Contains(s.runningOn(t, "worker"), id) })
+			first, err := s.store.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			restarted := make(chan error, 1)
+			go func() {
+				_, err := ask[*messages.RestartJobResponse](t, n, &messages.RestartJobRequest{Id: id})
+				restarted <- err
+			}()
+			deadline := time.After(time.Minute) // a deadlock guard only
+			select {
+			case <-entered:
+			case <-deadline:
+				t.Fatal("the old actor never exited")
+			}
+			select {
+			case <-logs.seen(tc.wait):
+			case <-logs.seen("already started"):
+				t.Fatalf("the new actor's start failed while the old one stopped:\n%s", logs)
+			case <-logs.seen("could not start the job actor"):
+				t.Fatalf("the job went back to the queue while the old actor stopped:\n%s", logs)
+			case <-deadline:
+				t.Fatalf("the job was not taken again while the old actor stopped:\n%s", logs)
+			}
+			release()
+			if err := <-restarted; err != nil {
+				t.Fatalf("restart: %v", err)
+			}
+			waitFor(t, "the job running again under a new actor", func() bool {
+				r, err := s.store.Get(ctx, id)
+				return err == nil && r.State() == repjob.StateRunning && r.WorkerNode == "worker" &&
+					r.GetLastStarted().AsTime().After(first.GetLastStarted().AsTime()) &&
+					slices.Contains(n.reg.Jobs(), id) && actors.Load() == 2
+			})
+			if out := logs.String(); strings.Contains(out, "already started") || strings.Contains(out, "could not start the job actor") {
+				t.Fatalf("the restart failed a start on the way:\n%s", out)
+			}
+		})
 	}
 }
