@@ -79,6 +79,12 @@ type Options struct {
 	// Released is called once when the actor has stopped (the job
 	// server's registry).
 	Released func()
+	// Claim, if set, is called when the actor starts, before it touches
+	// the run: false means whoever started it has given the run up (its
+	// start was reported failed, and the run handed back), and the actor
+	// exits at once. The job server and the actor thus never both act on
+	// the run.
+	Claim func() bool
 	// Transport, if set, wraps the transport of the job's HTTP client (the
 	// node's request metrics).
 	Transport func(http.RoundTripper) http.RoundTripper
@@ -145,6 +151,11 @@ type jobActor struct {
 func (a *jobActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
+		if a.o.Claim != nil && !a.o.Claim() {
+			a.log.Info().Msg("replication job: the start was given up; exiting without touching the run")
+			supervisor.Exit(ctx, nil)
+			return
+		}
 		a.done = make(chan struct{})
 		c, cancel := context.WithCancel(context.Background())
 		a.cancel = cancel

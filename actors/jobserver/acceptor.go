@@ -3,6 +3,7 @@ package jobserver
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -228,9 +229,15 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	e, remove := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
 		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name))
 	exited := func() { remove(); release() }
+	// The run belongs to whoever claims it first: the actor when it starts,
+	// or this function when StartChild fails. StartChild can fail after the
+	// actor started (the acceptor stopping meanwhile ends the wait), and
+	// then the actor hands the run back itself.
+	var claimed atomic.Bool
+	claim := func() bool { return claimed.CompareAndSwap(false, true) }
 	jo := jobrunner.Options{
 		Store: a.deps.RepJobs, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
-		Logger: a.deps.Logger, Released: exited, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
+		Logger: a.deps.Logger, Released: exited, Claim: claim, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
 		Endpoints: replicate.EndpointConfigFrom(a.deps.Config.Replicator), Timers: a.deps.Timers,
 		Feeds: a.w.Feeds,
 	}
@@ -250,7 +257,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	if a.o.JobOptions != nil {
 		a.o.JobOptions(&jo)
 	}
-	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil {
+	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil && claim() {
 		exited()
 		return err
 	}

@@ -430,6 +430,7 @@ func TestRestartBeforeTheOldActorExited(t *testing.T) {
 			logs := newLogWatch(tc.wait, "already started", "could not start the job actor")
 			log := zerolog.New(logs)
 			s.log = &log
+			t.Cleanup(func() { t.Log(logs.String()) })
 			var actors atomic.Int32
 			entered, gate := make(chan struct{}), make(chan struct{})
 			var once sync.Once
