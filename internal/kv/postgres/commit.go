@@ -159,13 +159,11 @@ func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
 	}})
 	results := 0
 	for i, r := range batch {
-		sql, args := fastApplySQL, []any(nil)
-		if r.args.fast() {
-			args = r.args.fastArgs(int32(i))
-		} else {
-			sql, args = applySQL, append([]any{int32(i)}, r.args.args()...)
+		sql := fastApplySQL
+		if !r.args.fast() {
+			sql = applySQL
 		}
-		calls = append(calls, call{sql: sql, args: args, row: func(vals [][]byte) (err error) {
+		calls = append(calls, call{sql: sql, apply: r.args, order: int32(i), row: func(vals [][]byte) (err error) {
 			results++
 			if r.ok, err = decodeBool(vals[0]); err == nil {
 				r.xv, err = decodeByteaArray(vals[1])
@@ -347,7 +345,27 @@ FROM ok`
 // fast reports whether the transaction's commit can take fastApplySQL.
 func (a *commitArgs) fast() bool { return len(a.cb) == 0 && len(a.ak) == 0 }
 
-// fastArgs are fastApplySQL's parameters, the order in the batch first.
-func (a *commitArgs) fastArgs(order int32) []any {
-	return []any{order, a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
+// size is about how many bytes encode appends.
+func (a *commitArgs) size() int {
+	n := 64 + 28*len(a.vo) + 28*len(a.xo)
+	for _, x := range [...][][]byte{a.rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad, a.vk, a.vv, a.xk, a.xv} {
+		n += arraySize(x)
+	}
+	if a.note != nil {
+		n += len(*a.note)
+	}
+	return n
+}
+
+// encode appends the apply statement's parameters (fastApplySQL's, or
+// applySQL's unless fast) to buf, as encodeParams does: the order in the
+// batch first.
+func (a *commitArgs) encode(order int32, oids []uint32, buf []byte) ([]byte, [][]byte, error) {
+	if a.fast() {
+		args := [...]any{order, a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
+		return encodeParams(oids, args[:], buf)
+	}
+	args := [...]any{order, a.snapVersion, a.rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad,
+		a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
+	return encodeParams(oids, args[:], buf)
 }

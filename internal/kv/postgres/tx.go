@@ -338,11 +338,6 @@ type commitArgs struct {
 	cached                                                 [][]byte // read from the commit cache
 }
 
-func (a *commitArgs) args() []any {
-	return []any{a.snapVersion, a.rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad,
-		a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
-}
-
 func (t *tx) commitArgs() *commitArgs {
 	e := func() [][]byte { return [][]byte{} }
 	a := &commitArgs{rk: t.readKeys, rb: e(), re: e(), cb: e(), ce: e(), ck: e(), sk: e(), sv: e(), ak: e(), ad: e(),

@@ -28,7 +28,11 @@ import (
 type call struct {
 	sql  string
 	args []any
-	row  func(vals [][]byte) error
+	// apply, instead of args: the arguments of a commit's apply
+	// statement, encoded from its fields (no []any of them on the heap).
+	apply *commitArgs
+	order int32 // apply's place in its batch
+	row   func(vals [][]byte) error
 }
 
 // stmtNames names the prepared statements, by SQL.
@@ -49,6 +53,15 @@ var binaryFormat = []int16{pgtype.BinaryFormatCode}
 // are one implicit transaction.
 func run(ctx context.Context, c *pgx.Conn, calls []call) error {
 	var b pgconn.Batch
+	n := 0
+	for _, cl := range calls {
+		if cl.apply != nil {
+			n += cl.apply.size()
+		} else {
+			n += argsSize(cl.args)
+		}
+	}
+	buf := make([]byte, 0, n) // every parameter of the batch, one after another
 	for _, cl := range calls {
 		sd, err := prepare(ctx, c, cl.sql)
 		if err != nil {
@@ -58,7 +71,12 @@ func run(ctx context.Context, c *pgx.Conn, calls []call) error {
 			}
 			return err
 		}
-		params, err := encodeParams(sd.ParamOIDs, cl.args)
+		var params [][]byte
+		if cl.apply != nil {
+			buf, params, err = cl.apply.encode(cl.order, sd.ParamOIDs, buf)
+		} else {
+			buf, params, err = encodeParams(sd.ParamOIDs, cl.args, buf)
+		}
 		if err != nil {
 			return err
 		}
@@ -66,7 +84,7 @@ func run(ctx context.Context, c *pgx.Conn, calls []call) error {
 	}
 	mrr := c.PgConn().ExecBatch(ctx, &b)
 	var err error
-	n := 0
+	n = 0
 	for mrr.NextResult() {
 		rr := mrr.ResultReader()
 		for rr.NextRow() {
@@ -123,24 +141,52 @@ func prepare(ctx context.Context, c *pgx.Conn, sql string) (*pgconn.StatementDes
 	return c.Prepare(ctx, name, sql)
 }
 
-// encodeParams encodes args in binary as the statement's parameter types
-// say.
-func encodeParams(oids []uint32, args []any) ([][]byte, error) {
+// encodeParams appends args to buf, encoded in binary as the statement's
+// parameter types (oids) say, and returns each one's bytes (nil: NULL).
+func encodeParams(oids []uint32, args []any, buf []byte) ([]byte, [][]byte, error) {
 	if len(oids) != len(args) {
-		return nil, fmt.Errorf("postgres: %d arguments for %d parameters", len(args), len(oids))
+		return buf, nil, fmt.Errorf("postgres: %d arguments for %d parameters", len(args), len(oids))
 	}
 	params := make([][]byte, len(args))
 	for i, a := range args {
-		p, err := encodeParam(oids[i], a)
-		if err != nil {
-			return nil, fmt.Errorf("postgres: parameter $%d: %w", i+1, err)
+		var err error
+		if buf, params[i], err = appendParam(buf, oids[i], a); err != nil {
+			return buf, nil, fmt.Errorf("postgres: parameter $%d: %w", i+1, err)
 		}
-		params[i] = p
 	}
-	return params, nil
+	return buf, params, nil
 }
 
-func encodeParam(oid uint32, a any) ([]byte, error) {
+// argsSize is about how many bytes args take encoded.
+func argsSize(args []any) int {
+	n := 0
+	for _, a := range args {
+		switch x := a.(type) {
+		case []byte:
+			n += len(x)
+		case [][]byte:
+			n += arraySize(x)
+		default:
+			n += 8
+		}
+	}
+	return n
+}
+
+// arraySize is how many bytes a takes as a binary bytea[].
+func arraySize(a [][]byte) int {
+	n := 20
+	for _, e := range a {
+		n += 4 + len(e)
+	}
+	return n
+}
+
+// appendParam appends a, encoded in binary as type oid, to buf and
+// returns buf and a's bytes in it (nil: a is NULL). The bytes stay valid
+// when a later append moves buf.
+func appendParam(buf []byte, oid uint32, a any) ([]byte, []byte, error) {
+	start := len(buf)
 	switch oid {
 	case pgtype.Int2OID, pgtype.Int4OID, pgtype.Int8OID:
 		var v int64
@@ -152,63 +198,87 @@ func encodeParam(oid uint32, a any) ([]byte, error) {
 		case int64:
 			v = x
 		default:
-			return nil, fmt.Errorf("%T for an integer", a)
+			return buf, nil, fmt.Errorf("%s for an integer", kindOf(a))
 		}
 		switch oid {
 		case pgtype.Int2OID:
 			if v < math.MinInt16 || v > math.MaxInt16 {
-				return nil, fmt.Errorf("%d out of smallint's range", v)
+				return buf, nil, fmt.Errorf("%d out of smallint's range", v)
 			}
-			return binary.BigEndian.AppendUint16(nil, uint16(v)), nil
+			buf = binary.BigEndian.AppendUint16(buf, uint16(v))
 		case pgtype.Int4OID:
 			if v < math.MinInt32 || v > math.MaxInt32 {
-				return nil, fmt.Errorf("%d out of integer's range", v)
+				return buf, nil, fmt.Errorf("%d out of integer's range", v)
 			}
-			return binary.BigEndian.AppendUint32(nil, uint32(v)), nil
+			buf = binary.BigEndian.AppendUint32(buf, uint32(v))
+		default:
+			buf = binary.BigEndian.AppendUint64(buf, uint64(v))
 		}
-		return binary.BigEndian.AppendUint64(nil, uint64(v)), nil
+		return buf, buf[start:], nil
 	case pgtype.ByteaOID:
 		if b, ok := a.([]byte); ok {
-			return b, nil // nil: NULL
+			if b == nil {
+				return buf, nil, nil
+			}
+			buf = append(buf, b...)
+			return buf, buf[start:len(buf):len(buf)], nil
 		}
 	case pgtype.TextOID:
 		switch x := a.(type) {
 		case string:
-			return []byte(x), nil
+			buf = append(buf, x...)
+			return buf, buf[start:len(buf):len(buf)], nil
 		case *string:
 			if x == nil {
-				return nil, nil
+				return buf, nil, nil
 			}
-			return []byte(*x), nil
+			buf = append(buf, *x...)
+			return buf, buf[start:len(buf):len(buf)], nil
 		}
 	case pgtype.ByteaArrayOID:
 		if x, ok := a.([][]byte); ok {
-			n := 0
-			for _, e := range x {
-				n += 4 + len(e)
-			}
-			b := arrayHeader(make([]byte, 0, 20+n), pgtype.ByteaOID, len(x))
+			buf = arrayHeader(buf, pgtype.ByteaOID, len(x))
 			for _, e := range x {
 				if e == nil {
-					b = binary.BigEndian.AppendUint32(b, math.MaxUint32) // -1: NULL
+					buf = binary.BigEndian.AppendUint32(buf, math.MaxUint32) // -1: NULL
 					continue
 				}
-				b = binary.BigEndian.AppendUint32(b, uint32(len(e)))
-				b = append(b, e...)
+				buf = binary.BigEndian.AppendUint32(buf, uint32(len(e)))
+				buf = append(buf, e...)
 			}
-			return b, nil
+			return buf, buf[start:len(buf):len(buf)], nil
 		}
 	case pgtype.Int4ArrayOID:
 		if x, ok := a.([]int32); ok {
-			b := arrayHeader(make([]byte, 0, 20+8*len(x)), pgtype.Int4OID, len(x))
+			buf = arrayHeader(buf, pgtype.Int4OID, len(x))
 			for _, e := range x {
-				b = binary.BigEndian.AppendUint32(b, 4)
-				b = binary.BigEndian.AppendUint32(b, uint32(e))
+				buf = binary.BigEndian.AppendUint32(buf, 4)
+				buf = binary.BigEndian.AppendUint32(buf, uint32(e))
 			}
-			return b, nil
+			return buf, buf[start:len(buf):len(buf)], nil
 		}
 	}
-	return nil, fmt.Errorf("no encoding of %T as type %d", a, oid)
+	return buf, nil, fmt.Errorf("no encoding of %s as type %d", kindOf(a), oid)
+}
+
+// kindOf names a's type for an error, among those appendParam takes
+// (fmt's %T would move every argument to the heap).
+func kindOf(a any) string {
+	switch a.(type) {
+	case nil:
+		return "nil"
+	case int, int32, int64:
+		return "an integer"
+	case []byte:
+		return "[]byte"
+	case string, *string:
+		return "a string"
+	case [][]byte:
+		return "[][]byte"
+	case []int32:
+		return "[]int32"
+	}
+	return "an unsupported value"
 }
 
 // arrayHeader appends the binary array header of a one-dimensional array

@@ -12,7 +12,7 @@ import (
 func TestWireCodec(t *testing.T) {
 	m := pgtype.NewMap()
 	for _, a := range [][][]byte{{}, {[]byte("k")}, {{}, []byte("\x00\xff"), bytes.Repeat([]byte("v"), 300)}} {
-		got, err := encodeParam(pgtype.ByteaArrayOID, a)
+		_, got, err := appendParam([]byte("junk"), pgtype.ByteaArrayOID, a)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -38,7 +38,7 @@ func TestWireCodec(t *testing.T) {
 			t.Errorf("%q: pgx's encoding %x decodes as %q (%v)", a, pg, dec, err)
 		}
 	}
-	ints, err := encodeParam(pgtype.Int4ArrayOID, []int32{0, -1, 1 << 30})
+	_, ints, err := appendParam(nil, pgtype.Int4ArrayOID, []int32{0, -1, 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestWireCodec(t *testing.T) {
 		v    any
 		want int64
 	}{{pgtype.Int2OID, int32(-7), -7}, {pgtype.Int4OID, 1 << 20, 1 << 20}, {pgtype.Int8OID, int64(-1) << 40, -1 << 40}} {
-		b, err := encodeParam(tc.oid, tc.v)
+		_, b, err := appendParam(make([]byte, 3, 3), tc.oid, tc.v)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,18 +60,24 @@ func TestWireCodec(t *testing.T) {
 			t.Errorf("type %d: %v read back as %d (%v)", tc.oid, tc.v, n, err)
 		}
 	}
+	// Parameters appended one after another keep their bytes.
+	buf, p1, _ := appendParam(nil, pgtype.ByteaOID, []byte("first"))
+	_, p2, _ := appendParam(buf, pgtype.ByteaArrayOID, [][]byte{bytes.Repeat([]byte("x"), 5000)})
+	if string(p1) != "first" || len(p2) != 12+8+4+5000 {
+		t.Errorf("appended parameters %q and %d bytes", p1, len(p2))
+	}
 	if v, err := decodeInt8([]byte{0, 0, 0, 0, 0, 0, 1, 2}); err != nil || v != 258 {
 		t.Errorf("decodeInt8 = %d, %v", v, err)
 	}
-	if p, err := encodeParam(pgtype.TextOID, (*string)(nil)); err != nil || p != nil {
+	if _, p, err := appendParam(nil, pgtype.TextOID, (*string)(nil)); err != nil || p != nil {
 		t.Errorf("a nil *string is %q, %v; want NULL", p, err)
 	}
 	for _, bad := range []struct {
 		oid uint32
 		v   any
 	}{{pgtype.Int2OID, 1 << 16}, {pgtype.Int4OID, int64(1) << 32}, {pgtype.ByteaOID, "s"}, {pgtype.ByteaArrayOID, []string{"s"}}, {pgtype.BoolOID, true}} {
-		if _, err := encodeParam(bad.oid, bad.v); err == nil {
-			t.Errorf("encodeParam(%d, %#v) took it", bad.oid, bad.v)
+		if _, _, err := appendParam(nil, bad.oid, bad.v); err == nil {
+			t.Errorf("appendParam(%d, %#v) took it", bad.oid, bad.v)
 		}
 	}
 	for _, bad := range [][]byte{{1}, {0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 17, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 9, 'x'},
