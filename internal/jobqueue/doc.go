@@ -27,9 +27,11 @@
 //
 // Accept promotes due DELAYED entries to READY, snapshot-reads the first
 // Options.AcceptSpread READY keys (lowest priority first), picks one at
-// random and adds an explicit read conflict on it, so that concurrent
+// random and reads its record with a conflict, so that concurrent
 // acceptors on a real FoundationDB cluster do not all collide on the queue
-// head. The activity monitor (Monitor) samples each type's newest ACTIVITY
+// head. The keys it did not try are kept for the next Accepts of the same
+// Queue (for 100 ms): each takes one without reading the head, if its
+// record is still pending with that priority and due. The activity monitor (Monitor) samples each type's newest ACTIVITY
 // stamp and re-enqueues only the ACTIVITY entries older than a sample at
 // least one timeout old: its cost is proportional to the stale jobs, not to
 // all running jobs, and it is safe to run on every node at once. A worker

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -690,6 +691,86 @@ func TestAddFinished(t *testing.T) {
 		mustState(t, b, "invalid", StatePending)
 		if j := mustAccept(t, b); j.ID() != "invalid" {
 			t.Fatalf("accepted %q", j.ID())
+		}
+	})
+}
+
+// TestAcceptHeadCache: the READY keys an Accept read and left are taken by
+// the next Accepts of the same Queue without a read of the head, but only
+// while their jobs are still pending and due: jobs another node took
+// meanwhile, resubmitted to a later time or running, are neither taken
+// nor lost.
+func TestAcceptHeadCache(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		b := setup(t, Options{AcceptSpread: 16})
+		other := New(b.db, Options{Clock: b.clock.Now, NodeName: "node2", AcceptSpread: 16})
+		const n = 10
+		for i := range n {
+			mustAdd(t, b, fmt.Sprintf("j%d", i), AddOptions{Priority: uint64(i % 3)})
+		}
+		first := mustAccept(t, b)
+		cached := func() int {
+			b.q.claimMu.Lock()
+			defer b.q.claimMu.Unlock()
+			if h := b.q.heads[typA]; h != nil {
+				return len(h.keys)
+			}
+			return 0
+		}
+		if got := cached(); got != n-1 {
+			t.Fatalf("%d head keys cached after the first Accept, want %d", got, n-1)
+		}
+		// The second Accept takes a cached key.
+		second := mustAccept(t, b)
+		if got := cached(); got != n-2 || second.ID() == first.ID() {
+			t.Fatalf("second Accept: %s (first %s), %d cached, want %d", second.ID(), first.ID(), got, n-2)
+		}
+		// Another node takes every other pending job and resubmits it to
+		// an hour later: pending, same priority, DELAYED. Not due: the
+		// cached keys must not be taken.
+		later := b.clock.Now().Add(time.Hour)
+		var delayed []string
+		for i := range n - 2 {
+			j, err := other.Accept(b.ctx, typA, AcceptOptions{})
+			if err != nil {
+				t.Fatalf("other node's accept %d: %v", i, err)
+			}
+			if err := j.Resubmit(b.ctx, nil, ResubmitOptions{ScheduledAt: later}); err != nil {
+				t.Fatal(err)
+			}
+			delayed = append(delayed, j.ID())
+		}
+		if got := cached(); got != n-2 {
+			t.Fatalf("%d head keys cached, want %d", got, n-2)
+		}
+		if j, err := b.q.Accept(b.ctx, typA, AcceptOptions{}); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("accept with a cached head of delayed jobs: %v %v, want ErrNotFound", j, err)
+		}
+		for _, id := range delayed {
+			mustState(t, b, id, StatePending)
+		}
+		// Due: one Accept reads the head, takes one and caches the rest;
+		// the other node then takes and runs those: they are not taken
+		// again.
+		b.clock.Advance(2 * time.Hour)
+		third := mustAccept(t, b)
+		if !slices.Contains(delayed, third.ID()) || cached() != len(delayed)-1 {
+			t.Fatalf("accepted %s with %d cached; the due ones are %v", third.ID(), cached(), delayed)
+		}
+		for i := range len(delayed) - 1 {
+			if _, err := other.Accept(b.ctx, typA, AcceptOptions{}); err != nil {
+				t.Fatalf("other node's accept %d: %v", i, err)
+			}
+		}
+		if j, err := b.q.Accept(b.ctx, typA, AcceptOptions{}); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("accept with a cached head of running jobs: %v %v, want ErrNotFound", j, err)
+		}
+		for _, id := range delayed {
+			if id != third.ID() {
+				if info := mustState(t, b, id, StateRunning); info.WorkerNode != "node2" {
+					t.Fatalf("%s runs on %s", id, info.WorkerNode)
+				}
+			}
 		}
 	})
 }

@@ -57,7 +57,8 @@ type Queue struct {
 	lastPromote map[string]time.Time // per type, when Accept last promoted DELAYED jobs
 
 	claimMu sync.Mutex
-	claimed map[string]struct{} // READY keys this process's Accepts are trying
+	claimed map[string]struct{}   // READY keys this process's Accepts are trying (or have cached)
+	heads   map[string]*headCache // per type, the head keys an Accept read and left
 }
 
 // New returns a Queue storing its jobs in db.
@@ -73,6 +74,7 @@ func New(db kv.Database, opts Options) *Queue {
 		types:       make(map[string]struct{}),
 		lastPromote: make(map[string]time.Time),
 		claimed:     make(map[string]struct{}),
+		heads:       make(map[string]*headCache),
 	}
 	if q.clock == nil {
 		q.clock = time.Now

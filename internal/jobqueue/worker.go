@@ -61,7 +61,9 @@ func (j *Job) Info() *JobInfo { return j.info }
 
 // Accept takes a pending job of typ whose scheduled time has come: one
 // chosen at random among the first AcceptSpread eligible jobs in priority
-// order. It returns the Job holding a new worker lock, or ErrNotFound when
+// order (or one of those that an earlier Accept of this Queue read and
+// did not take, less than 100 ms ago, while it is still pending and due:
+// one read of the queue head serves up to AcceptSpread Accepts). It returns the Job holding a new worker lock, or ErrNotFound when
 // nothing is eligible and opts.Wait is false.
 func (q *Queue) Accept(ctx context.Context, typ string, opts AcceptOptions) (*Job, error) {
 	for {
@@ -165,6 +167,18 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]str
 	if opts.HasMaxPriority {
 		maxPrio = opts.MaxPriority
 	}
+	cache := claims != nil && !opts.HasMaxPriority
+	if cache && !promoted {
+		// The head another Accept of this process read and left: no read
+		// of the queue head for this one if its job is still there.
+		if key := q.popHead(typ, now, claims); key != nil {
+			job, err := q.takeCached(tx, typ, key, now, opts.Lease)
+			if err != nil || job != nil {
+				return job, err
+			}
+			q.dropHead(typ) // the head moved on: read it again
+		}
+	}
 	begin, end := q.keys.readyRange(typ, maxPrio)
 	snap := tx.Snapshot()
 	for {
@@ -187,13 +201,19 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]str
 		}
 		mrand.Shuffle(len(cands), func(i, j int) { cands[i], cands[j] = cands[j], cands[i] })
 		q.preferUnclaimed(cands)
-		for _, key := range cands {
+		for i, key := range cands {
 			if claims != nil {
 				q.claim(key, claims)
 			}
 			job, err := q.take(tx, typ, key, now, opts.Lease)
-			if err != nil || job != nil {
-				return job, err
+			if err != nil {
+				return nil, err
+			}
+			if job != nil {
+				if cache {
+					q.pushHead(typ, cands[i+1:], now)
+				}
+				return job, nil
 			}
 		}
 		// Every candidate was stale (and is cleared now): look further.
@@ -204,6 +224,79 @@ func (q *Queue) acceptTx(tx kv.Tx, typ string, opts AcceptOptions, claims *[]str
 			}
 		}
 		begin = append(last, 0x00)
+	}
+}
+
+// headTTL bounds how long the READY keys an Accept read and left
+// (headCache) are tried by the next Accepts before the head is read again:
+// a job enqueued meanwhile with a better priority waits at most that
+// long (or until the cached keys run out) to compete, as a due DELAYED
+// job waits up to promoteEvery.
+const headTTL = promoteEvery
+
+// headCache is what an Accept's read of a type's queue head returned and
+// did not try: the next Accepts of this process take those keys first,
+// each with its record read alone, one round trip fewer (of two reads),
+// as long as they are younger than headTTL and the last one tried was
+// still pending. They stay claimed (preferUnclaimed) while cached.
+type headCache struct {
+	keys [][]byte
+	at   time.Time
+}
+
+// popHead takes a cached head key of typ, if any younger than headTTL;
+// its claim becomes the caller's (released with claims).
+func (q *Queue) popHead(typ string, now time.Time, claims *[]string) []byte {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	h := q.heads[typ]
+	if h == nil {
+		return nil
+	}
+	if now.Sub(h.at) >= headTTL || now.Before(h.at) {
+		q.dropHeadLocked(typ)
+		return nil
+	}
+	k := h.keys[len(h.keys)-1]
+	if h.keys = h.keys[:len(h.keys)-1]; len(h.keys) == 0 {
+		delete(q.heads, typ)
+	}
+	*claims = append(*claims, string(k))
+	return k
+}
+
+// pushHead caches keys (read from typ's head at now, untried) in place
+// of what was cached, claiming those no Accept claims.
+func (q *Queue) pushHead(typ string, keys [][]byte, now time.Time) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	q.dropHeadLocked(typ)
+	h := &headCache{at: now}
+	for _, k := range keys {
+		if _, ok := q.claimed[string(k)]; ok {
+			continue
+		}
+		q.claimed[string(k)] = struct{}{}
+		h.keys = append(h.keys, k)
+	}
+	if len(h.keys) > 0 {
+		q.heads[typ] = h
+	}
+}
+
+// dropHead forgets typ's cached head keys.
+func (q *Queue) dropHead(typ string) {
+	q.claimMu.Lock()
+	defer q.claimMu.Unlock()
+	q.dropHeadLocked(typ)
+}
+
+func (q *Queue) dropHeadLocked(typ string) {
+	if h := q.heads[typ]; h != nil {
+		for _, k := range h.keys {
+			delete(q.claimed, string(k))
+		}
+		delete(q.heads, typ)
 	}
 }
 
@@ -268,6 +361,41 @@ func (q *Queue) take(tx kv.Tx, typ string, key []byte, now time.Time, lease *Lea
 	if rec == nil || rec.GetState() != messages.JobState_JOB_STATE_PENDING || rec.GetPriority() != prio {
 		return nil, nil
 	}
+	return q.start(tx, typ, rec, now, lease)
+}
+
+// takeCached is take for a READY key an earlier transaction read
+// (headCache): this one did not read the entry, so it accepts the job
+// only if its record is pending with the key's priority and due now, and
+// otherwise changes nothing (the entry, if any, is someone else's to
+// clear: the job may have been accepted and resubmitted meanwhile, to a
+// DELAYED entry or a new priority). The record is read without a
+// conflict first, so that a miss (most often a job another process took
+// and is now updating) adds none; a hit adds it: accepting commits only
+// if the record was not written since this snapshot.
+func (q *Queue) takeCached(tx kv.Tx, typ string, key []byte, now time.Time, lease *Lease) (*Job, error) {
+	prio, id, err := q.keys.parseReady(key)
+	if err != nil {
+		return nil, nil
+	}
+	dk := q.keys.dataKey(typ, id)
+	v, err := tx.Snapshot().Get(dk)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	rec, err := decodeRecord(typ, id, v)
+	if err != nil || rec.GetState() != messages.JobState_JOB_STATE_PENDING || rec.GetPriority() != prio ||
+		tsTime(rec.GetScheduledAt()).After(now) {
+		return nil, nil // a corrupt record is for the head read to find and mark
+	}
+	tx.AddReadConflictKey(dk)
+	tx.Clear(key)
+	return q.start(tx, typ, rec, now, lease)
+}
+
+// start makes the pending record rec running under a new worker lock
+// (and lease), its READY entry already cleared.
+func (q *Queue) start(tx kv.Tx, typ string, rec *messages.JobRecord, now time.Time, lease *Lease) (*Job, error) {
 	id := rec.GetId()
 	lock := make([]byte, lockLength)
 	_, _ = rand.Read(lock) // crypto/rand.Read never fails (Go 1.24+)
