@@ -226,13 +226,12 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 			return context.Cause(ctx)
 		}
 	}
-	e, remove := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
-		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name))
-	exited := func() { remove(); release() }
+	e, exited := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
+		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name), release)
 	// The run belongs to whoever claims it first: the actor when it starts,
 	// or this function when StartChild fails. StartChild can fail after the
-	// actor started (the acceptor stopping meanwhile ends the wait), and
-	// then the actor hands the run back itself.
+	// actor started (it timed out), and then the actor hands the run back
+	// itself.
 	var claimed atomic.Bool
 	claim := func() bool { return claimed.CompareAndSwap(false, true) }
 	jo := jobrunner.Options{
@@ -257,13 +256,23 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	if a.o.JobOptions != nil {
 		a.o.JobOptions(&jo)
 	}
-	if _, err := supervisor.StartChild(ctx, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil && claim() {
+	// A start under way is finished even when the loop is stopped (a drain,
+	// the acceptor stopping): the job is in the registry, so a drain stops
+	// it once it runs and counts it among the jobs it released, rather than
+	// lose it half-started. StartChild ends if jobs_sup stops.
+	sc, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
+	defer cancel()
+	if _, err := supervisor.StartChild(sc, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil && claim() {
 		exited()
 		return err
 	}
 	a.reg.spawned(system, e)
 	return nil
 }
+
+// startTimeout bounds the start of a job actor (jobs_sup may first wait for
+// the exit of the job's previous actor, at most its shutdown timeout).
+const startTimeout = jobrunner.StopTimeout + time.Minute
 
 // followControls hands the control requests addressed to this node to the
 // actor, now and whenever a new one arrives, until ctx ends.

@@ -131,8 +131,11 @@ func (r *Registry) acquire(ctx context.Context, max func() int) (release func(),
 }
 
 // add registers the actor pid about to run job id (run: the queue's accept
-// count) and returns the function that removes it again.
-func (r *Registry) add(id string, run uint64, continuous bool, pid *actor.PID) (e *entry, remove func()) {
+// count), which holds the slot that release gives back, and returns the
+// function that removes it again: it leaves the registry, gives its slot
+// back, and only then is its exit (stop's channel) seen, so that whoever
+// waited for it (a drain) finds the slot free.
+func (r *Registry) add(id string, run uint64, continuous bool, pid *actor.PID, release func()) (e *entry, remove func()) {
 	e = &entry{id: id, run: run, continuous: continuous, pid: pid, done: make(chan struct{})}
 	r.mu.Lock()
 	r.jobs[id] = e
@@ -146,8 +149,9 @@ func (r *Registry) add(id string, run uint64, continuous bool, pid *actor.PID) (
 				delete(r.jobs, id)
 				r.tell(&scheduler.JobExited{ID: id})
 			}
-			close(e.done)
 			r.mu.Unlock()
+			release()
+			close(e.done)
 		})
 	}
 }
