@@ -149,6 +149,25 @@ func TestCommitCache(t *testing.T) {
 		}
 	})
 
+	t.Run("check failure ignored by the function", func(t *testing.T) {
+		// The read that finds the cached x outdated fails; a function
+		// that goes on anyway must not commit what it wrote from it.
+		set(a, "c/i/x", "1", "c/i/y", "1")
+		set(b, "c/i/x", "2", "c/i/y", "2")
+		var last string
+		if err := a.Transact(ctx, func(tx kv.Tx) error {
+			last = get(tx, "c/i/x")
+			_, _ = tx.Snapshot().Get([]byte("c/i/y")) // error ignored
+			tx.Set([]byte("c/i/z"), []byte(last))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if v := stored(a, "c/i/z"); v != "2" || last != "2" {
+			t.Errorf("committed z=%q (last attempt read x=%q), want 2", v, last)
+		}
+	})
+
 	t.Run("ReadTransact reads the server", func(t *testing.T) {
 		set(a, "c/t", "old")
 		set(b, "c/t", "new")

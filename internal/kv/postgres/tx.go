@@ -34,6 +34,7 @@ type tx struct {
 	// opened, all at version snap; conflict: one of them had changed when
 	// a snapshot was opened (the attempt must run again).
 	cached   [][]byte
+	cacheVer int64 // their version (snap until a snapshot is opened)
 	conflict bool
 
 	watches []*watch
@@ -113,7 +114,7 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 		if len(t.cached) > 0 {
 			// The values served from the commit cache must be the
 			// snapshot's too (cache.go).
-			calls = append(calls, call{sql: cacheCheckSQL, args: []any{t.cached, t.snap}, row: func(vals [][]byte) (err error) {
+			calls = append(calls, call{sql: cacheCheckSQL, args: []any{t.cached, t.cacheVer}, row: func(vals [][]byte) (err error) {
 				same, err = decodeInt8(vals[0])
 				return err
 			}})
@@ -127,9 +128,14 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 			if len(t.cached) > 0 && same != int64(len(t.cached)) {
 				t.db.cache.drop(t.cached)
 				t.conflict = true
-				return nil, fmt.Errorf("postgres: a value read from the commit cache changed: %w", kv.ErrConflict)
+				err := fmt.Errorf("postgres: a value read from the commit cache changed: %w", kv.ErrConflict)
+				t.Fail(err) // never committed, even if the function goes on
+				return nil, err
 			}
 			return out, nil
+		}
+		if len(t.cached) > 0 {
+			t.snap = t.cacheVer // not a snapshot's, which failed to open
 		}
 		// A pooled connection the server closed (it restarted): the pool
 		// drops it; a new one may work. Nothing was read yet.
@@ -196,10 +202,10 @@ func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 // snapshot is opened.
 func (t *tx) readCached(key []byte) ([]byte, bool) {
 	v, ver, ok := t.db.cache.get(key)
-	if !ok || (len(t.cached) > 0 && ver != t.snap) {
+	if !ok || (len(t.cached) > 0 && ver != t.cacheVer) {
 		return nil, false
 	}
-	t.snap = ver
+	t.snap, t.cacheVer = ver, ver
 	k := slices.Clone(key)
 	if !slices.ContainsFunc(t.cached, func(c []byte) bool { return bytes.Equal(c, k) }) {
 		t.cached = append(t.cached, k)
