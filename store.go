@@ -30,7 +30,7 @@ type Store struct {
 // default cluster file) for a FoundationDB cluster, in a build with -tags
 // fdb. Durability is "normal": commits survive a process crash.
 func OpenStore(ctx context.Context, location string) (*Store, error) {
-	db, err := openStore(ctx, location, sqlite.DurabilityNormal, zerolog.Nop())
+	db, err := openStore(ctx, location, kv.DurabilityNormal, zerolog.Nop())
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +51,7 @@ func FDBSupported() bool { return openFDB != nil }
 // FDBPrefix marks a store location as a FoundationDB cluster file.
 const FDBPrefix = "fdb:"
 
-func openStore(ctx context.Context, location string, d sqlite.Durability, log zerolog.Logger) (kv.Database, error) {
+func openStore(ctx context.Context, location string, d kv.Durability, log zerolog.Logger) (kv.Database, error) {
 	if clusterFile, ok := strings.CutPrefix(location, FDBPrefix); ok {
 		if openFDB == nil {
 			return nil, ErrNoFDB
@@ -63,11 +63,7 @@ func openStore(ctx context.Context, location string, d sqlite.Durability, log ze
 		return db, nil
 	}
 	if postgres.IsDSN(location) {
-		pd := postgres.DurabilityNormal
-		if d == sqlite.DurabilityFull {
-			pd = postgres.DurabilityFull
-		}
-		db, err := postgres.Open(ctx, location, postgres.Options{Durability: pd, Logger: log})
+		db, err := postgres.Open(ctx, location, postgres.Options{Durability: d, Logger: log})
 		if err != nil {
 			// The error names the server and database, never the password.
 			return nil, fmt.Errorf("couchrep: open PostgreSQL job store: %w", err)
@@ -84,9 +80,9 @@ func openStore(ctx context.Context, location string, d sqlite.Durability, log ze
 // Close closes the store.
 func (s *Store) Close() error { return s.db.Close() }
 
-func durability(cfg Config) sqlite.Durability {
+func durability(cfg Config) kv.Durability {
 	if cfg.Couchrep.Durability == config.DurabilityFull {
-		return sqlite.DurabilityFull
+		return kv.DurabilityFull
 	}
-	return sqlite.DurabilityNormal
+	return kv.DurabilityNormal
 }

@@ -33,8 +33,8 @@ const (
 
 var durabilities = []struct {
 	name string
-	d    sqlite.Durability
-}{{"normal", sqlite.DurabilityNormal}, {"full", sqlite.DurabilityFull}}
+	d    kv.Durability
+}{{"normal", kv.DurabilityNormal}, {"full", kv.DurabilityFull}}
 
 // benchStore is a store file kept for the whole benchmark run, so that the
 // 100,000-job queue is built once per durability.
@@ -52,7 +52,7 @@ var (
 	benchPGPid    int // the PostgreSQL server's pid, for its CPU time
 )
 
-func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *benchStore {
+func getBenchStore(b *testing.B, name string, d kv.Durability, queued int) *benchStore {
 	b.Helper()
 	benchStoresMu.Lock()
 	defer benchStoresMu.Unlock()
@@ -85,8 +85,8 @@ func getBenchStore(b *testing.B, name string, d sqlite.Durability, queued int) *
 			benchPGPid = srv.PID()
 		}
 		opts := postgres.Options{MaxConns: 32}
-		if d == sqlite.DurabilityFull {
-			opts.Durability = postgres.DurabilityFull // synchronous_commit as the server says (on)
+		if d == kv.DurabilityFull {
+			opts.Durability = kv.DurabilityFull // synchronous_commit as the server says (on)
 		}
 		db, err = postgres.Open(context.Background(), path, opts)
 	} else {
@@ -213,7 +213,7 @@ func percentile(d []time.Duration, p float64) time.Duration {
 func BenchmarkCycle(b *testing.B) {
 	type variant struct {
 		name, store string
-		d           sqlite.Durability
+		d           kv.Durability
 		procs       int
 	}
 	var variants []variant
@@ -223,9 +223,9 @@ func BenchmarkCycle(b *testing.B) {
 		}
 	}
 	for _, procs := range []int{1, 3} {
-		variants = append(variants, variant{"store=postgres/durability=normal", "postgres-cycle", sqlite.DurabilityNormal, procs})
+		variants = append(variants, variant{"store=postgres/durability=normal", "postgres-cycle", kv.DurabilityNormal, procs})
 	}
-	variants = append(variants, variant{"store=postgres/durability=full", "postgres-cycle-full", sqlite.DurabilityFull, 1})
+	variants = append(variants, variant{"store=postgres/durability=full", "postgres-cycle-full", kv.DurabilityFull, 1})
 	for _, v := range variants {
 		procs := v.procs
 		for _, workers := range []int{1, 8} {
@@ -343,7 +343,7 @@ func benchMonitorScan(b *testing.B, running, stale, procs int) {
 	accept(stale, AcceptOptions{MaxPriority: 0, HasMaxPriority: true})
 	var child *benchChild
 	if procs == 2 {
-		child = startBenchChild(b, "scanner", path, 1, sqlite.DurabilityNormal)
+		child = startBenchChild(b, "scanner", path, 1, kv.DurabilityNormal)
 	}
 	// The sample: every job accepted (or updated) after it is healthy.
 	m := q.NewMonitor(MonitorOptions{})
@@ -409,7 +409,7 @@ func bulkN(ctx context.Context, db kv.Database, n, per int, fn func(tx kv.Tx, i 
 // benchChild is a helper process used by the procs=2 benchmarks.
 type benchChild struct{ p *helperProc }
 
-func startBenchChild(b *testing.B, mode, path string, workers int, d sqlite.Durability) *benchChild {
+func startBenchChild(b *testing.B, mode, path string, workers int, d kv.Durability) *benchChild {
 	b.Helper()
 	p := startHelper(b, mode, path, fmt.Sprintf("%s=%d", envWorkers, workers), fmt.Sprintf("%s=%d", envDurability, d))
 	c := &benchChild{p: p}

@@ -84,7 +84,7 @@ func runHelper(ctx context.Context, mode string) error {
 	if loc := os.Getenv(envDB); postgres.IsDSN(loc) {
 		db, err = postgres.Open(ctx, loc, postgres.Options{})
 	} else {
-		db, err = sqlite.Open(ctx, loc, sqlite.Options{Durability: sqlite.Durability(envInt(envDurability, 0))})
+		db, err = sqlite.Open(ctx, loc, sqlite.Options{Durability: kv.Durability(envInt(envDurability, 0))})
 	}
 	if err != nil {
 		return err

@@ -51,25 +51,15 @@ import (
 	"github.com/couchrep/couchrep/internal/redact"
 )
 
-// Durability of commits.
-type Durability int
-
-const (
-	// DurabilityNormal: a commit is acknowledged before PostgreSQL flushed
-	// it to disk (synchronous_commit = off). A crash of a node loses
-	// nothing committed; a crash of the database server may lose the last
-	// fraction of a second of commits, never half a transaction. It is the
-	// embedded store's "normal".
-	DurabilityNormal Durability = iota
-	// DurabilityFull: a commit is acknowledged once flushed
-	// (synchronous_commit = on, or what the server is configured to).
-	DurabilityFull
-)
-
 // Options tune Open.
 type Options struct {
-	// Durability of commits; see Durability.
-	Durability Durability
+	// Durability of commits: kv.DurabilityNormal (the default) commits
+	// with synchronous_commit = off, acknowledged before PostgreSQL flushed
+	// them: a crash of a node loses nothing committed, a crash of the
+	// database server may lose the last fraction of a second of commits,
+	// never half a transaction. kv.DurabilityFull acknowledges once flushed
+	// (synchronous_commit as the server is configured, on by default).
+	Durability kv.Durability
 	// MaxConns bounds the connection pool (default 16, or the DSN's
 	// pool_max_conns). A transaction holds one connection from its first
 	// read to its commit.
@@ -155,7 +145,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	// the index plans (checked with EXPLAIN; enable_seqscan = off keeps
 	// them so as tables grow), so they are planned once per connection.
 	rp["plan_cache_mode"] = "force_generic_plan"
-	if opts.Durability == DurabilityNormal {
+	if opts.Durability == kv.DurabilityNormal {
 		rp["synchronous_commit"] = "off"
 	}
 	db := &DB{

@@ -22,7 +22,7 @@ import (
 // write transactions (Accept, Update, Finish), each two round trips
 // (BEGIN + SELECT of one row by primary key; UPDATE of that row + COMMIT),
 // on a 100,000-row table, from 8 goroutines, with synchronous_commit off
-// (as DurabilityNormal) and on. internal/jobqueue's BenchmarkCycle on this
+// (as kv.DurabilityNormal) and on. internal/jobqueue's BenchmarkCycle on this
 // backend is to be read against it (BENCHMARKS.md "PostgreSQL").
 // COUCHREP_BENCH_PG names a database of a server of your own instead of a
 // pgtest one (COUCHREP_BENCH_PG_PID its postmaster, for server CPU).

@@ -51,7 +51,7 @@ func TestConformance(t *testing.T) {
 		opts Options
 	}{
 		{"normal", Options{}},
-		{"full", Options{Durability: DurabilityFull}},
+		{"full", Options{Durability: kv.DurabilityFull}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dsn := srv.NewDatabase(t)

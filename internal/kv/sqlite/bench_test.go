@@ -16,7 +16,7 @@ import (
 	"github.com/couchrep/couchrep/internal/kv/tuple"
 )
 
-func benchDB(b *testing.B, d Durability) *DB {
+func benchDB(b *testing.B, d kv.Durability) *DB {
 	db, err := Open(context.Background(), filepath.Join(b.TempDir(), "bench.db"), Options{Durability: d})
 	if err != nil {
 		b.Fatal(err)
@@ -27,8 +27,8 @@ func benchDB(b *testing.B, d Durability) *DB {
 
 var durabilities = []struct {
 	name string
-	d    Durability
-}{{"normal", DurabilityNormal}, {"full", DurabilityFull}}
+	d    kv.Durability
+}{{"normal", kv.DurabilityNormal}, {"full", kv.DurabilityFull}}
 
 // parallel runs b.N operations spread over g goroutines and reports op/s.
 func parallel(b *testing.B, g int, op func(worker, i int) error) {
@@ -95,7 +95,7 @@ func BenchmarkRMW(b *testing.B) {
 // BenchmarkRangeScan100k: a full scan of 100,000 keys in one read
 // transaction; one op is one scan.
 func BenchmarkRangeScan100k(b *testing.B) {
-	db := benchDB(b, DurabilityNormal)
+	db := benchDB(b, kv.DurabilityNormal)
 	ctx := context.Background()
 	s := tuple.NewSubspace(nil, tuple.Tuple{"scan"})
 	const n = 100000

@@ -34,7 +34,7 @@ const (
 	// checkpoint. A checkpoint completes under the write lock so that the
 	// WAL starts over from twice this length (32 MB of 4 KB pages).
 	ckptTargetFrames = 4000
-	// ckptTargetFramesFull is the target with DurabilityFull, where every
+	// ckptTargetFramesFull is the target with kv.DurabilityFull, where every
 	// commit fsyncs the WAL: a short WAL is rewritten in place, a long
 	// one grows for longer, and an fsync that grows the file costs more.
 	ckptTargetFramesFull = 1000

@@ -74,23 +74,12 @@ const applicationID = 0x63726b76
 // formatVersion is the schema version kept in the meta table.
 const formatVersion = 1
 
-// Durability selects what a commit survives.
-type Durability int
-
-const (
-	// DurabilityNormal (the default) is WAL with synchronous=NORMAL: commits
-	// survive a process crash (kill -9); the last commits may roll back on an
-	// OS crash or power loss. The file is never corrupted.
-	DurabilityNormal Durability = iota
-	// DurabilityFull is WAL with synchronous=FULL: every commit is fsynced
-	// and survives power loss.
-	DurabilityFull
-)
-
 // Options configure Open. The zero value is usable.
 type Options struct {
-	// Durability of commits; DurabilityNormal by default.
-	Durability Durability
+	// Durability of commits; kv.DurabilityNormal (WAL, synchronous=NORMAL)
+	// by default, kv.DurabilityFull is synchronous=FULL: every commit is
+	// fsynced. The file is never corrupted either way.
+	Durability kv.Durability
 	// Logger receives the store's structured logs.
 	Logger zerolog.Logger
 	// MaxAttempts bounds how many times Transact runs a transaction that
@@ -128,7 +117,7 @@ func (o *Options) fill() {
 	}
 	if o.ckptFrames <= 0 {
 		o.ckptFrames = ckptTargetFrames
-		if o.Durability == DurabilityFull {
+		if o.Durability == kv.DurabilityFull {
 			o.ckptFrames = ckptTargetFramesFull
 		}
 	}
@@ -244,7 +233,7 @@ func Open(ctx context.Context, path string, opts Options) (*DB, error) {
 	db.done.Add(2)
 	go db.watchLoop()
 	go db.checkpointLoop()
-	db.log.Debug().Int("durability", int(opts.Durability)).Msg("store opened")
+	db.log.Debug().Stringer("durability", opts.Durability).Msg("store opened")
 	return db, nil
 }
 
@@ -293,7 +282,7 @@ func (db *DB) init(ctx context.Context) error {
 		return err
 	}
 	sync := "NORMAL"
-	if db.opts.Durability == DurabilityFull {
+	if db.opts.Durability == kv.DurabilityFull {
 		sync = "FULL"
 	}
 	if err := conn.execOnce("PRAGMA synchronous=" + sync); err != nil {

@@ -45,10 +45,10 @@ func TestConformance(t *testing.T) {
 		opts Options
 	}{
 		{"normal", Options{}},
-		{"full", Options{Durability: DurabilityFull}},
+		{"full", Options{Durability: kv.DurabilityFull}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if testing.Short() && tc.opts.Durability == DurabilityFull {
+			if testing.Short() && tc.opts.Durability == kv.DurabilityFull {
 				t.Skip("FULL durability conformance runs without -short")
 			}
 			kvtest.Run(t, func(t *testing.T) kv.Database {
