@@ -364,6 +364,41 @@ func TestDrainPersists(t *testing.T) {
 	}
 }
 
+// TestDrainDuringAStart: a job whose actor is being started when the drain
+// comes (registered, running in the store, StartChild not called yet) is
+// started, then stopped and counted by the drain like the others; the drain
+// answers once every slot is free.
+func TestDrainDuringAStart(t *testing.T) {
+	s := newShared(t)
+	var starts atomic.Int32
+	var n *node
+	s.jobOptions = func(*jobrunner.Options) {
+		// The third start waits, on the accept loop, until the drain has
+		// begun: the acceptor then stops the loop.
+		if starts.Add(1) == 3 {
+			for !n.reg.Draining() {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
+	n = s.startNode(t, "n1", true, 10)
+	var ids []string
+	for i := range 3 {
+		ids = append(ids, s.add(t, n, i))
+	}
+	slices.Sort(ids)
+	waitFor(t, "2 job actors running and the third starting", func() bool {
+		return starts.Load() == 3 && len(n.reg.Jobs()) == 3
+	})
+	d := mustAsk[*messages.DrainResponse](t, n, &messages.DrainRequest{})
+	if d.GetReleased() != 3 || !slices.Equal(d.GetJobIds(), ids) || n.reg.Running() != 0 || len(n.reg.Jobs()) != 0 {
+		t.Fatalf("drain: %v, registry running %d jobs %v", d, n.reg.Running(), n.reg.Jobs())
+	}
+	if got := s.runningOn(t, "n1"); len(got) != 0 {
+		t.Fatalf("still running after the drain: %v", got)
+	}
+}
+
 // logWatch is a log writer that keeps every line; seen(text) is closed the
 // first time a line contains text (one of those it was made with).
 type logWatch struct {
