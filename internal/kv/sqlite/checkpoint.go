@@ -133,7 +133,7 @@ func (db *DB) checkpointLoop() {
 		restarted := false
 		if !busy && frames >= 2*target {
 			db.fileMu.Lock()
-			if err := db.lockFile(); err != nil {
+			if err := db.lockFile(nil); err != nil {
 				db.fileMu.Unlock()
 				db.log.Error().Err(err).Msg("checkpoint")
 				continue

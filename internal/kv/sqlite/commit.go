@@ -274,7 +274,7 @@ func (db *DB) runBatch(batch []*commitReq) {
 func (db *DB) writeBatch(batch []*commitReq) (touched touchedKeys, version int64, err error) {
 	db.fileMu.Lock()
 	defer db.fileMu.Unlock()
-	if err := db.lockFile(); err != nil {
+	if err := db.lockFile(db.queuedHook); err != nil {
 		return touched, 0, err
 	}
 	defer db.unlockFile()

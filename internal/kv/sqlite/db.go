@@ -182,6 +182,10 @@ type DB struct {
 	// leader and the checkpoint goroutine): flock does not exclude two
 	// users of one file descriptor.
 	fileMu sync.Mutex
+	// queuedHook, set by tests before the first commit, runs in every
+	// group commit once this process is in line for the lock file (see
+	// lockFile).
+	queuedHook func()
 	// ckptKick wakes the checkpoint goroutine; sinceCkpt counts group
 	// commits since the last kick (leader only). See checkpoint.go.
 	ckptKick  chan struct{}
@@ -278,8 +282,26 @@ func (db *DB) init(ctx context.Context) error {
 	if err := checkStore(conn); err != nil {
 		return err
 	}
-	if err := conn.execOnce("PRAGMA journal_mode=WAL"); err != nil {
+	// The lock file is held from the switch to WAL on. Switching a new
+	// file to WAL upgrades a read transaction to a write one, which SQLite
+	// refuses at once with SQLITE_BUSY ("database is locked"), busy
+	// timeout or not, while another connection switches it too: two
+	// processes opening a new store at once failed so, about 1 open in
+	// 100 (TestOpenConcurrently).
+	lock, err := os.OpenFile(db.path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	db.lock = lock
+	if db.queue, err = os.OpenFile(db.path+".lock-queue", os.O_CREATE|os.O_RDWR, 0o644); err != nil {
+		return fmt.Errorf("lock file: %w", err)
+	}
+	if err := db.lockFile(nil); err != nil {
 		return err
+	}
+	defer db.unlockFile()
+	if err := conn.execOnce("PRAGMA journal_mode=WAL"); err != nil {
+		return fmt.Errorf("journal_mode=WAL: %w", err)
 	}
 	sync := "NORMAL"
 	if db.opts.Durability == kv.DurabilityFull {
@@ -292,18 +314,6 @@ func (db *DB) init(ctx context.Context) error {
 	if err := conn.execOnce("PRAGMA wal_autocheckpoint=0"); err != nil {
 		return err
 	}
-	lock, err := os.OpenFile(db.path+".lock", os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return fmt.Errorf("lock file: %w", err)
-	}
-	db.lock = lock
-	if db.queue, err = os.OpenFile(db.path+".lock-queue", os.O_CREATE|os.O_RDWR, 0o644); err != nil {
-		return fmt.Errorf("lock file: %w", err)
-	}
-	if err := db.lockFile(); err != nil {
-		return err
-	}
-	defer db.unlockFile()
 	if err := conn.execOnce("BEGIN IMMEDIATE"); err != nil {
 		return err
 	}
@@ -383,9 +393,17 @@ func createSchema(conn *cconn) error {
 // lock must pass the turnstile again, which a waiting process holds, so the
 // waiter gets the main lock first. flock alone wakes waiters without
 // handing the lock over, and a busy process would take it again at once.
-func (db *DB) lockFile() error {
+//
+// So once a process is in line (holds the queue lock), at most one write
+// transaction commits before it gets the main lock: the one holding it
+// then, whichever the number of processes; TestFairness checks that bound.
+// queued, if not nil, runs at that point.
+func (db *DB) lockFile(queued func()) error {
 	if err := flock(db.queue, syscall.LOCK_EX); err != nil {
 		return fmt.Errorf("sqlite: lock %s: %w", db.queue.Name(), err)
+	}
+	if queued != nil {
+		queued()
 	}
 	err := flock(db.lock, syscall.LOCK_EX)
 	_ = flock(db.queue, syscall.LOCK_UN)

@@ -28,6 +28,8 @@ const envTotal = "SQLITE_TEST_TOTAL"
 
 // childRoles are this backend's own multi-process roles.
 var childRoles = map[string]kvtest.ChildRole{
+	// open only opens the store (RunChildRoles does) and closes it.
+	"open": func(context.Context, kv.Database, io.Writer) error { return nil },
 	// loop commits forever: each transaction writes the same next number to
 	// two keys, and prints it once committed.
 	"loop": func(ctx context.Context, db kv.Database, out io.Writer) error {
@@ -51,30 +53,12 @@ var childRoles = map[string]kvtest.ChildRole{
 		}
 	},
 	// fair waits until both children are ready, then adds to its own
-	// counter until the counters sum to the total.
+	// counter until the counters sum to the total (BenchmarkTwoProcesses).
 	"fair": func(ctx context.Context, db kv.Database, out io.Writer) error {
 		total, _ := strconv.Atoi(os.Getenv(envTotal))
 		mine := space.Pack(tuple.Tuple{"count", int64(os.Getpid())})
-		if err := db.Transact(ctx, func(tx kv.Tx) error { tx.Add(keyReady, 1); return nil }); err != nil {
+		if err := awaitBoth(ctx, db); err != nil {
 			return err
-		}
-		for {
-			var ready int64
-			var w kv.Watch
-			if err := db.Transact(ctx, func(tx kv.Tx) error {
-				v, err := tx.Get(keyReady)
-				ready, w = kv.Int64LE(v), tx.Watch(keyReady)
-				return err
-			}); err != nil {
-				return err
-			}
-			if ready >= 2 {
-				w.Cancel()
-				break
-			}
-			if err := w.Wait(ctx); err != nil {
-				return err
-			}
 		}
 		for {
 			done := false
@@ -97,6 +81,72 @@ var childRoles = map[string]kvtest.ChildRole{
 			}
 		}
 	},
+	// turns waits until both children are ready, then adds to its own
+	// counter in $SQLITE_TEST_TOTAL transactions, one at a time. For each
+	// it notes the commit counter once the process is in line for the lock
+	// file (DB.queuedHook), and so how many write transactions committed
+	// between then and its own. It prints the most, and in how many of its
+	// commits that was more than none.
+	"turns": func(ctx context.Context, db kv.Database, out io.Writer) error {
+		n, _ := strconv.Atoi(os.Getenv(envTotal))
+		mine := space.Pack(tuple.Tuple{"count", int64(os.Getpid())})
+		d := db.(*DB)
+		var inLine int64
+		var hookErr error
+		d.queuedHook = func() {
+			r, err := d.getReader()
+			if err == nil {
+				inLine, err = r.commitCounter()
+				d.putReader(r)
+			}
+			hookErr = err
+		}
+		if err := awaitBoth(ctx, db); err != nil {
+			return err
+		}
+		var most, overtaken int64
+		for range n {
+			inLine, hookErr = -1, nil
+			if err := db.Transact(ctx, func(tx kv.Tx) error { tx.Add(mine, 1); return nil }); err != nil {
+				return err
+			}
+			if hookErr != nil || inLine < 0 {
+				return fmt.Errorf("commit counter when in line: %d, %v", inLine, hookErr)
+			}
+			between := d.committed.Load() - inLine - 1
+			most = max(most, between)
+			if between > 0 {
+				overtaken++
+			}
+		}
+		_, err := fmt.Fprintf(out, "%d %d\n", most, overtaken)
+		return err
+	},
+}
+
+// awaitBoth counts this process in at keyReady and waits until two have.
+func awaitBoth(ctx context.Context, db kv.Database) error {
+	if err := db.Transact(ctx, func(tx kv.Tx) error { tx.Add(keyReady, 1); return nil }); err != nil {
+		return err
+	}
+	for {
+		var ready int64
+		var w kv.Watch
+		if err := db.Transact(ctx, func(tx kv.Tx) error {
+			v, err := tx.Get(keyReady)
+			ready, w = kv.Int64LE(v), tx.Watch(keyReady)
+			return err
+		}); err != nil {
+			return err
+		}
+		if ready >= 2 {
+			w.Cancel()
+			return nil
+		}
+		if err := w.Wait(ctx); err != nil {
+			return err
+		}
+	}
 }
 
 func readCounter(t *testing.T, db kv.Database, key []byte) int64 {
@@ -164,51 +214,73 @@ func checkIntegrity(t *testing.T, path string) {
 	}
 }
 
-// TestFairness runs two busy processes on one file and checks that neither
-// is starved: each gets 25–75% of the commits. The share also depends on
-// the OS scheduler giving both processes CPU (at load 25 a run failed the
-// former 40–60% band in three rounds), hence the wide band, and the test
-// fails only if three rounds in a row are outside it. The precise split is
-// measured by BenchmarkTwoProcesses (smaller share 48.6–50.0% in
-// BENCHMARKS.md), not asserted here.
+// TestFairness runs two processes committing as fast as they can on one
+// file and checks the lock file's turnstile (DB.lockFile): once a process
+// is in line for the write lock, at most one write transaction (the one
+// holding the lock) commits before its own. That bound holds whatever the
+// OS scheduler does, unlike a split of the commits, which also depends on
+// how much CPU each process gets (shares of 76-80% were seen at high
+// load); the split is measured by BenchmarkTwoProcesses (smaller share
+// 48.6-50.0% in BENCHMARKS.md). A process starved of the lock never makes
+// its commits: its child fails at its deadline. Without the turnstile
+// (plain flock), a process in line saw 72-1617 commits pass it (6 runs
+// of 6 failed).
 func TestFairness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	var shares []string
-	for round := range 3 {
-		share, detail := fairnessRound(t)
-		t.Logf("round %d: %s", round, detail)
-		if share >= 0.25 && share <= 0.75 {
-			return
-		}
-		shares = append(shares, detail)
-	}
-	t.Fatalf("commit shares outside 25–75%% in every round: %v", shares)
-}
-
-// fairnessRound returns the first process's share of the commits.
-func fairnessRound(t *testing.T) (float64, string) {
+	const commits = 2000
 	path := filepath.Join(t.TempDir(), "store.db")
-	const total = 5000
-	a := kvtest.StartChild(t, "fair", path, envTotal+"="+strconv.Itoa(total))
-	b := kvtest.StartChild(t, "fair", path, envTotal+"="+strconv.Itoa(total))
-	a.Wait(t)
-	b.Wait(t)
+	children := []*kvtest.Child{
+		kvtest.StartChild(t, "turns", path, envTotal+"="+strconv.Itoa(commits)),
+		kvtest.StartChild(t, "turns", path, envTotal+"="+strconv.Itoa(commits)),
+	}
+	var results []string
+	for _, c := range children {
+		line, _ := c.Line()
+		c.Wait(t)
+		var most, overtaken int
+		if _, err := fmt.Sscan(line, &most, &overtaken); err != nil {
+			t.Fatalf("child printed %q: %v", line, err)
+		}
+		results = append(results, fmt.Sprintf("pid %d: at most %d commits passed it, in %d of its %d commits",
+			c.Cmd.Process.Pid, most, overtaken, commits))
+		if most > 1 {
+			t.Errorf("a process in line for the write lock saw %d write transactions commit before its own (at most 1)", most)
+		}
+	}
+	t.Log(strings.Join(results, "; "))
 	db, err := Open(context.Background(), path, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	var n [2]int64
-	for i, c := range []*kvtest.Child{a, b} {
-		n[i] = readCounter(t, db, space.Pack(tuple.Tuple{"count", int64(c.Cmd.Process.Pid)}))
+	for _, c := range children {
+		if n := readCounter(t, db, space.Pack(tuple.Tuple{"count", int64(c.Cmd.Process.Pid)})); n != commits {
+			t.Errorf("pid %d: counter %d, want %d", c.Cmd.Process.Pid, n, commits)
+		}
 	}
-	if n[0]+n[1] < total {
-		t.Fatalf("counts %v do not add up to %d", n, total)
+}
+
+// TestOpenConcurrently starts processes that open one new store at the
+// same moment, round after round: every open succeeds. Two processes
+// switching a new file to WAL at once made one of them fail with
+// "database is locked" about once in 100 rounds (see DB.init).
+func TestOpenConcurrently(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
 	}
-	share := float64(n[0]) / float64(n[0]+n[1])
-	return share, fmt.Sprintf("%d / %d commits (%.0f%% / %.0f%%)", n[0], n[1], 100*share, 100-100*share)
+	const rounds, procs = 50, 3
+	for range rounds {
+		path := filepath.Join(t.TempDir(), "store.db")
+		children := make([]*kvtest.Child, procs)
+		for i := range children {
+			children[i] = kvtest.StartChild(t, "open", path)
+		}
+		for _, c := range children {
+			c.Wait(t)
+		}
+	}
 }
 
 func TestOpenErrors(t *testing.T) {
