@@ -142,7 +142,8 @@ type jobActor struct {
 
 	// mu guards the stop request: its reason, and, while the engine runs,
 	// the cancel of its context (the job's). A request before the engine
-	// starts stops it as soon as it does.
+	// starts (startup_jitter, the start's store writes) cancels the job's
+	// context at once: work hands the job back to the queue.
 	mu         sync.Mutex
 	stopReason string
 	cancelRun  context.CancelFunc
@@ -175,6 +176,11 @@ func (a *jobActor) Receive(ctx actor.Context) {
 		}
 		if a.cancelRun != nil {
 			a.cancelRun()
+		} else if a.cancel != nil {
+			// Not replicating yet (startup_jitter, starting): end the wait
+			// or the start now. work hands the job back, as on a shutdown,
+			// without marking it started.
+			a.cancel()
 		}
 		a.mu.Unlock()
 		if ctx.Sender() != nil {

@@ -529,3 +529,90 @@ func TestRestartBeforeTheOldActorExited(t *testing.T) {
 		})
 	}
 }
+
+// TestStopDuringStartupJitter: a stop, restart, cancel, drain or shutdown
+// that comes while a job's actor waits out its startup delay
+// ([replicator] startup_jitter) takes effect at once: the actor exits, the
+// engine never runs, and the job goes back to the queue without ever having
+// been marked started (or, canceled, is gone). The delay is 10 minutes, so
+// only ending the wait passes.
+func TestStopDuringStartupJitter(t *testing.T) {
+	cases := []struct {
+		name string
+		do   func(t *testing.T, n *node, id string)
+		// gone: the job is removed (a canceled transient job); pending: it
+		// is back in the queue and nobody takes it (the node drained or
+		// stopped); else this node takes it again (due now).
+		gone, pending bool
+	}{
+		{name: "stop", do: func(t *testing.T, n *node, id string) {
+			mustAsk[*messages.StopJobResponse](t, n, &messages.StopJobRequest{Id: id})
+		}},
+		{name: "restart", do: func(t *testing.T, n *node, id string) {
+			mustAsk[*messages.RestartJobResponse](t, n, &messages.RestartJobRequest{Id: id})
+		}},
+		{name: "cancel", gone: true, do: func(t *testing.T, n *node, id string) {
+			mustAsk[*messages.CancelJobResponse](t, n, &messages.CancelJobRequest{Id: id})
+		}},
+		{name: "drain", pending: true, do: func(t *testing.T, n *node, id string) {
+			d := mustAsk[*messages.DrainResponse](t, n, &messages.DrainRequest{})
+			if d.GetReleased() != 1 || !slices.Equal(d.GetJobIds(), []string{id}) {
+				t.Fatalf("drain answered %v, want job %s released", d, id)
+			}
+		}},
+		{name: "shutdown", pending: true, do: func(t *testing.T, n *node, _ string) { n.stop(t) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newShared(t)
+			var spawned atomic.Int32
+			var engineRan atomic.Bool
+			exited := make(chan struct{})
+			s.jobOptions = func(o *jobrunner.Options) {
+				o.StartupDelay = 10 * time.Minute
+				o.Engine = func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error) {
+					engineRan.Store(true)
+					return engine(ctx, p, o)
+				}
+				if spawned.Add(1) == 1 { // the first actor: the one stopped
+					released := o.Released
+					o.Released = func() { released(); close(exited) }
+				}
+			}
+			n := s.startNode(t, "n1", true, 10)
+			id := s.add(t, n, 0)
+			waitFor(t, "the job's actor waiting out its startup delay", func() bool {
+				return slices.Equal(n.reg.Jobs(), []string{id}) && slices.Equal(s.runningOn(t, "n1"), []string{id})
+			})
+			tc.do(t, n, id)
+			select {
+			case <-exited:
+			case <-time.After(time.Minute): // a deadlock guard: the delay is 10 minutes
+				t.Fatal("the job's actor did not exit")
+			}
+			if engineRan.Load() {
+				t.Fatal("the engine ran")
+			}
+			rec, err := s.store.Get(context.Background(), id)
+			if tc.gone {
+				if !errors.Is(err, repjob.ErrNotFound) {
+					t.Fatalf("a canceled job is still there: %v %v", rec, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := rec.History()
+			started := slices.ContainsFunc(h, func(e schedpolicy.Event) bool { return e.Type == schedpolicy.EventStarted })
+			stopped := slices.ContainsFunc(h, func(e schedpolicy.Event) bool { return e.Type == schedpolicy.EventStopped })
+			if started || !stopped || rec.GetLastStarted() != nil {
+				t.Fatalf("job handed back during its startup delay: history %v, last started %v; want stopped, never started",
+					h, rec.GetLastStarted())
+			}
+			if tc.pending && rec.State() != repjob.StatePending {
+				t.Fatalf("job is %s after the %s, want pending", rec.State(), tc.name)
+			}
+		})
+	}
+}
