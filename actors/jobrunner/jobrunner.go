@@ -221,7 +221,7 @@ func (a *jobActor) Receive(ctx actor.Context) {
 func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
 	run := a.run
 	if a.o.StartupDelay > 0 && pause.For(ctx, a.o.StartupDelay) != nil {
-		return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+		return a.handBack(system, false)
 	}
 	if err := run.Start(ctx, a.o.Node); err != nil {
 		if repjob.IsLost(err) {
@@ -230,7 +230,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		if ctx.Err() != nil {
 			// Stopped while starting: hand the job back now rather than
 			// leave it to the activity monitor.
-			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+			return a.handBack(system, false)
 		}
 		return err
 	}
@@ -245,7 +245,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		lease, err := connpool.At(system, a.o.Pool).Acquire(ctx, self, p.HTTPConnections)
 		if err != nil {
 			if ctx.Err() != nil {
-				return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+				return a.handBack(system, true)
 			}
 			return a.crash(system, "connection_pool: "+err.Error())
 		}
@@ -255,7 +255,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	p, err = a.withFilterCode(ctx, p)
 	if err != nil {
 		if ctx.Err() != nil {
-			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+			return a.handBack(system, true)
 		}
 		if errors.Is(err, replicate.ErrFilterFetch) && errors.Is(err, couch.ErrNotFound) {
 			return a.fail(system, err.Error())
@@ -279,7 +279,7 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 			return nil
 		}
 		if ctx.Err() != nil {
-			return a.finalWrite(func(c context.Context) error { return run.Stop(c) })
+			return a.handBack(system, true)
 		}
 		return a.crash(system, err.Error())
 	}
@@ -287,6 +287,27 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		a.log.Info().Str("replication_id", base+ext).Msg("replication job: replication id changed (filter code or server uuid), recorded")
 	}
 	return a.replicate(ctx, system, self, p)
+}
+
+// handBack ends a run stopped before its engine ran (a stop request, a
+// drain, a shutdown: the job's context was canceled) as the engine's end
+// would: back to the queue, due now (a canceled job is lost: nothing is
+// written). started says the job was marked started, and its running event
+// published: a pending event with the stop's reason follows it.
+func (a *jobActor) handBack(system *actor.ActorSystem, started bool) error {
+	run := a.run
+	if err := a.finalWrite(func(c context.Context) error { return run.Stop(c) }); err != nil || !started {
+		return err
+	}
+	a.mu.Lock()
+	reason := a.stopReason
+	a.mu.Unlock()
+	if reason == "" {
+		reason = "shutdown"
+	}
+	rec := run.Record()
+	a.publish(system, rec, repjob.StatePending, reason, rec.Stats)
+	return nil
 }
 
 // errHandedOff: work handed the job over to the engine's goroutine, which
