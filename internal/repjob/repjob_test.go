@@ -591,3 +591,55 @@ func TestSizeLimits(t *testing.T) {
 		}
 	})
 }
+
+// TestStopBeforeStartChargesNothing: a run handed back before it started (a
+// stop during startup_jitter) ran for nothing: its share account gets back
+// the quantum reserved when the job was enqueued and is charged nothing, so
+// the job's deadline does not move out, whether it never ran (no last start:
+// not the time since the epoch) or an earlier run started an hour ago.
+func TestStopBeforeStartChargesNothing(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		added, err := e.store.AddTransient(ctx, body("http://a/s", "http://b/t", ""), "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		stopUnstarted := func(what string) {
+			t.Helper()
+			before, err := e.store.Get(ctx, added.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run, err := e.store.Accept(ctx, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.clock.Advance(time.Minute) // the startup delay
+			if err := run.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			after, err := e.store.Get(ctx, added.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Priority > before.Priority {
+				t.Fatalf("%s: deadline %d after a stop before the start, want at most %d (nothing charged)",
+					what, after.Priority, before.Priority)
+			}
+		}
+		stopUnstarted("never started")
+		run, err := e.store.Accept(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Start(ctx, "n1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := run.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(time.Hour)
+		stopUnstarted("started an hour ago")
+	})
+}

@@ -28,6 +28,8 @@ type Run struct {
 	mu sync.Mutex
 	j  *jobqueue.Job
 	m  *messages.ReplicationJob
+	// started: Start recorded this run (guarded by mu).
+	started bool
 }
 
 // Accept takes the next due replication job from the queue (lowest
@@ -113,7 +115,7 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 // priority.
 func (r *Run) Start(ctx context.Context, node string) error {
 	prio := r.j.Info().Priority
-	return r.write(ctx, "start", true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
+	err := r.write(ctx, "start", true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
 		m.State = StateRunning.Proto()
 		m.Node = node
 		m.LastStarted = ts(now)
@@ -122,6 +124,24 @@ func (r *Run) Start(ctx context.Context, node string) error {
 		m.History = h.Proto()
 		return l.accepted(prio)
 	}, r.j.UpdateTx)
+	if err == nil {
+		r.mu.Lock()
+		r.started = true
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// ranFrom is when this run started, for its share account: its Start, or
+// now if it never started (a stop during startup_jitter), which refunds
+// the quantum reserved when it was enqueued and charges nothing more,
+// rather than the time since an earlier run's start (or the epoch). r.mu is
+// held.
+func (r *Run) ranFrom(m *messages.ReplicationJob, now time.Time) time.Time {
+	if !r.started {
+		return now
+	}
+	return m.GetLastStarted().AsTime()
 }
 
 // ClaimRepID records the replication id the job computed as it started
@@ -213,7 +233,7 @@ func (r *Run) finish(ctx context.Context, what string, st State, reason string,
 		if m.Kind == messages.ReplicationKind_REPLICATION_KIND_TRANSIENT {
 			l.tx.Set(r.s.k.expireKey(now, r.j.ID()), nil)
 		}
-		return l.chargeRun(m.ShareKey, m.GetLastStarted().AsTime(), now)
+		return l.chargeRun(m.ShareKey, r.ranFrom(m, now), now)
 	}, r.j.FinishTx)
 }
 
@@ -255,7 +275,7 @@ func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.Rep
 	var opts jobqueue.ResubmitOptions
 	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
 		opts = jobqueue.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
-		if err := l.chargeRun(m.ShareKey, m.GetLastStarted().AsTime(), now); err != nil {
+		if err := l.chargeRun(m.ShareKey, r.ranFrom(m, now), now); err != nil {
 			return err
 		}
 		prio, err := l.enqueue(m.ShareKey, now)
