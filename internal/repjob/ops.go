@@ -382,7 +382,15 @@ func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
 	case jobqueue.StatePending:
 		err = l.charge(rec.ShareKey, -l.p.Quantum, now)
 	case jobqueue.StateRunning:
-		err = l.chargeRun(rec.ShareKey, rec.GetLastStarted().AsTime(), now)
+		// Accepted, but its run may not have started yet (startup_jitter):
+		// then nothing ran, and the reserved quantum is refunded as for a
+		// pending job, not the time since an earlier run's start (or, with
+		// none, since the epoch) charged.
+		started := now
+		if rec.GetState() == StateRunning.Proto() && rec.LastStarted != nil {
+			started = rec.LastStarted.AsTime()
+		}
+		err = l.chargeRun(rec.ShareKey, started, now)
 	}
 	if err != nil {
 		return err

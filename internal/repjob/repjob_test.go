@@ -643,3 +643,64 @@ func TestStopBeforeStartChargesNothing(t *testing.T) {
 		stopUnstarted("started an hour ago")
 	})
 }
+
+// TestRemoveBeforeStartChargesNothing: a job removed (a cancel, a deleted
+// _replicator document) after it was accepted but before its run started
+// (during startup_jitter) ran for nothing: its share account gets back the
+// reserved quantum, as for a pending job, and is not charged the time since
+// the epoch (it never ran) or since an earlier run's start. The next job of
+// the share gets the deadline the removed one had.
+func TestRemoveBeforeStartChargesNothing(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		removeUnstarted := func(what string, startEarlier bool) {
+			t.Helper()
+			added, err := e.store.AddTransient(ctx, body("http://a/s", "http://b/t", ""), "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if startEarlier {
+				run, err := e.store.Accept(ctx, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := run.Start(ctx, "n1"); err != nil {
+					t.Fatal(err)
+				}
+				if err := run.Stop(ctx); err != nil {
+					t.Fatal(err)
+				}
+				e.clock.Advance(time.Hour)
+			}
+			before, err := e.store.Get(ctx, added.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := e.store.Accept(ctx, false); err != nil {
+				t.Fatal(err)
+			}
+			e.clock.Advance(time.Minute) // the startup delay
+			if err := e.store.Remove(ctx, added.JobID); err != nil {
+				t.Fatal(err)
+			}
+			next, err := e.store.AddTransient(ctx, body("http://a/s2", "http://b/t2", ""), "alice")
+			if err != nil {
+				t.Fatal(err)
+			}
+			after, err := e.store.Get(ctx, next.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after.Priority > before.Priority {
+				t.Fatalf("%s: the share's next deadline is %d after a removal before the start, want at most %d (nothing charged)",
+					what, after.Priority, before.Priority)
+			}
+			if err := e.store.Remove(ctx, next.JobID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		removeUnstarted("never started", false)
+		removeUnstarted("started an hour before", true)
+	})
+}
