@@ -629,17 +629,7 @@ func TestStopBeforeStartChargesNothing(t *testing.T) {
 			}
 		}
 		stopUnstarted("never started")
-		run, err := e.store.Accept(ctx, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := run.Start(ctx, "n1"); err != nil {
-			t.Fatal(err)
-		}
-		if err := run.Stop(ctx); err != nil {
-			t.Fatal(err)
-		}
-		e.clock.Advance(time.Hour)
+		runAnHourAgo(t, e)
 		stopUnstarted("started an hour ago")
 	})
 }
@@ -661,17 +651,7 @@ func TestRemoveBeforeStartChargesNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			if startEarlier {
-				run, err := e.store.Accept(ctx, false)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := run.Start(ctx, "n1"); err != nil {
-					t.Fatal(err)
-				}
-				if err := run.Stop(ctx); err != nil {
-					t.Fatal(err)
-				}
-				e.clock.Advance(time.Hour)
+				runAnHourAgo(t, e)
 			}
 			before, err := e.store.Get(ctx, added.JobID)
 			if err != nil {
@@ -703,4 +683,22 @@ func TestRemoveBeforeStartChargesNothing(t *testing.T) {
 		removeUnstarted("never started", false)
 		removeUnstarted("started an hour before", true)
 	})
+}
+
+// runAnHourAgo accepts the next due job, starts and stops its run, and
+// moves the clock on by an hour.
+func runAnHourAgo(t *testing.T, e *env) {
+	t.Helper()
+	ctx := context.Background()
+	run, err := e.store.Accept(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Start(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := run.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Hour)
 }
