@@ -21,7 +21,7 @@ import (
 // and ReadTransact.
 func TestCommitCache(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	dsn := pgtest.Shared(t).NewDatabase(t)
 	a, b := openDB(t, dsn, Options{}), openDB(t, dsn, Options{})

@@ -43,7 +43,7 @@ func openDB(t testing.TB, dsn string, opts Options) *DB {
 
 func TestConformance(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	srv := pgtest.Shared(t)
 	for _, tc := range []struct {
@@ -63,7 +63,7 @@ func TestConformance(t *testing.T) {
 
 func TestConformanceMultiProcess(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	dsn := pgtest.Shared(t).NewDatabase(t)
 	kvtest.RunMultiProcess(t, openDB(t, dsn, Options{}), dsn)
@@ -73,7 +73,7 @@ func TestConformanceMultiProcess(t *testing.T) {
 // database whose schema is newer than this build's is refused.
 func TestSchema(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	dsn := pgtest.Shared(t).NewDatabase(t)
 	key := []byte("k")
@@ -126,7 +126,7 @@ func TestSchema(t *testing.T) {
 // refuses or goes away never contain the password.
 func TestPasswordNeverShown(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
@@ -202,7 +202,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // looks at the watched keys again).
 func TestWatchAcrossRestart(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	srv := pgtest.Start(t)
 	dsn := srv.NewDatabase(t)
@@ -240,7 +240,7 @@ func TestWatchAcrossRestart(t *testing.T) {
 // conflict (Add is not a read) and lose no increment.
 func TestAddHotCounter(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a PostgreSQL server")
+		t.Skip("-short: starts a PostgreSQL server")
 	}
 	db := openDB(t, pgtest.Shared(t).NewDatabase(t), Options{})
 	key := []byte("hot")

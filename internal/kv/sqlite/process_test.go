@@ -166,7 +166,7 @@ func readCounter(t *testing.T, db kv.Database, key []byte) int64 {
 // commit it reported survived and that no transaction is half applied.
 func TestKill9(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts processes")
+		t.Skip("-short: starts processes")
 	}
 	for _, after := range []int{1, 100, 700} {
 		t.Run(fmt.Sprintf("after %d commits", after), func(t *testing.T) {
@@ -227,7 +227,7 @@ func checkIntegrity(t *testing.T, path string) {
 // of 6 failed).
 func TestFairness(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts processes")
+		t.Skip("-short: starts processes")
 	}
 	const commits = 2000
 	path := filepath.Join(t.TempDir(), "store.db")
@@ -268,7 +268,7 @@ func TestFairness(t *testing.T) {
 // "database is locked" about once in 100 rounds (see DB.init).
 func TestOpenConcurrently(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts processes")
+		t.Skip("-short: starts processes")
 	}
 	const rounds, procs = 50, 3
 	for range rounds {
