@@ -47,7 +47,6 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -180,7 +179,7 @@ type (
 type poolActor struct {
 	cfg  Config
 	log  zerolog.Logger
-	inc  *incarnation
+	inc  *actors.Incarnation
 	trs  *transports
 	ctrs *counters
 
@@ -211,7 +210,7 @@ func (a *poolActor) Receive(ctx actor.Context) {
 		}
 	case *actor.Stopped:
 		if a.inc != nil {
-			a.inc.end()
+			a.inc.End()
 		}
 	}
 }
@@ -220,7 +219,7 @@ func (a *poolActor) start(ctx actor.Context) {
 	a.trs = newTransports(a.cfg)
 	a.ctrs = &counters{}
 	a.leases, a.byOwner = map[*Lease]struct{}{}, map[string]map[*Lease]struct{}{}
-	a.inc = publish(ctx.ActorSystem(), ctx.Self())
+	a.inc = actors.Publish(ctx.ActorSystem(), ctx.Self())
 	a.log.Debug().Dur("close_interval", a.cfg.CloseInterval).Msg("connpool: started")
 }
 
@@ -332,90 +331,12 @@ func (p Pool) Stats(ctx context.Context) (Stats, error) {
 	return call(ctx, p, func(reply chan Stats) any { return &statsRequest{reply: reply} })
 }
 
-// call sends the request built around a reply channel to the current
-// incarnation and waits for its answer; if the incarnation ends first, it
-// waits for the next one and asks again.
+// call asks the current incarnation of p's actor (actors.Call: it follows
+// the actor's incarnations and asks again when one ends before answering).
 func call[T any](ctx context.Context, p Pool, build func(chan T) any) (T, error) {
-	var zero T
-	h := homeOf(p.system, p.pid)
-	for {
-		inc, next := h.current()
-		if inc == nil {
-			select {
-			case <-next:
-				continue
-			case <-ctx.Done():
-				return zero, fmt.Errorf("connpool: %s not running: %w", p.pid.Id, context.Cause(ctx))
-			}
-		}
-		reply := make(chan T, 1)
-		p.system.Root.Send(p.pid, build(reply))
-		select {
-		case r := <-reply:
-			return r, nil
-		case <-inc.done:
-			select {
-			case r := <-reply:
-				return r, nil
-			default:
-			}
-		case <-ctx.Done():
-			return zero, fmt.Errorf("connpool: request to %s: %w", p.pid.Id, context.Cause(ctx))
-		}
+	r, err := actors.Call(ctx, p.system, p.pid, build)
+	if err != nil {
+		return r, fmt.Errorf("connpool: %w", err)
 	}
-}
-
-// home follows the incarnations of one pool actor, so callers can tell
-// whether one is running and wait for the next. Homes are created on first
-// use and kept for the life of the process (one small record per pool).
-type home struct {
-	mu   sync.Mutex
-	cur  *incarnation
-	next chan struct{} // closed when cur changes
-}
-
-type incarnation struct {
-	h    *home
-	done chan struct{}
-	once sync.Once
-}
-
-var homes actors.Local[home]
-
-func homeOf(system *actor.ActorSystem, pid *actor.PID) *home {
-	return homes.Get(system, pid, func() *home { return &home{next: make(chan struct{})} })
-}
-
-func (h *home) current() (*incarnation, <-chan struct{}) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.cur, h.next
-}
-
-func (h *home) set(inc *incarnation) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.cur = inc
-	close(h.next)
-	h.next = make(chan struct{})
-}
-
-func publish(system *actor.ActorSystem, self *actor.PID) *incarnation {
-	h := homeOf(system, self)
-	inc := &incarnation{h: h, done: make(chan struct{})}
-	h.set(inc)
-	return inc
-}
-
-func (inc *incarnation) end() {
-	inc.once.Do(func() {
-		inc.h.mu.Lock()
-		if inc.h.cur == inc {
-			inc.h.cur = nil
-			close(inc.h.next)
-			inc.h.next = make(chan struct{})
-		}
-		inc.h.mu.Unlock()
-		close(inc.done)
-	})
+	return r, nil
 }

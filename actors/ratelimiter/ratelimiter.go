@@ -19,6 +19,9 @@
 // the new incarnation starts empty. A couch.Limiter from At looks the
 // current table up on each call, so it keeps working across restarts; while
 // no incarnation runs it does not limit and its updates are dropped.
+// Snapshot and Reset fail with ErrNotRunning while no incarnation runs; one
+// in flight when the incarnation ends is asked again of the next
+// (actors.Call), never left waiting for its whole context.
 package ratelimiter
 
 import (
@@ -90,6 +93,7 @@ type limiterActor struct {
 	log   zerolog.Logger
 	table *replicate.RateLimiter
 	slot  *slot
+	inc   *actors.Incarnation
 	timer *time.Timer
 }
 
@@ -99,6 +103,7 @@ func (a *limiterActor) Receive(ctx actor.Context) {
 		a.table = replicate.NewRateLimiter(a.cfg.Clock)
 		a.slot = slotOf(ctx.ActorSystem(), ctx.Self())
 		a.slot.table.Store(a.table)
+		a.inc = actors.Publish(ctx.ActorSystem(), ctx.Self())
 		a.schedule(ctx)
 		a.log.Debug().Msg("ratelimiter: started with an empty table")
 	case *cleanupTick:
@@ -121,6 +126,10 @@ func (a *limiterActor) Receive(ctx actor.Context) {
 		}
 		if a.slot != nil {
 			a.slot.table.CompareAndSwap(a.table, nil)
+		}
+	case *actor.Stopped:
+		if a.inc != nil {
+			a.inc.End()
 		}
 	}
 }
@@ -194,27 +203,28 @@ func (l *Limiter) Interval(key couch.LimitKey) time.Duration {
 
 // Snapshot asks the actor for every key's interval.
 func (l *Limiter) Snapshot(ctx context.Context) ([]replicate.RateLimit, error) {
-	reply := make(chan []replicate.RateLimit, 1)
-	return ask(ctx, l, &snapshotRequest{reply: reply}, reply)
+	return ask(ctx, l, func(reply chan []replicate.RateLimit) any { return &snapshotRequest{reply: reply} })
 }
 
 // Reset asks the actor to forget key (every key when key is nil) and returns
 // how many entries it removed.
 func (l *Limiter) Reset(ctx context.Context, key *couch.LimitKey) (int, error) {
-	reply := make(chan int, 1)
-	return ask(ctx, l, &resetRequest{key: key, reply: reply}, reply)
+	return ask(ctx, l, func(reply chan int) any { return &resetRequest{key: key, reply: reply} })
 }
 
-func ask[T any](ctx context.Context, l *Limiter, msg any, reply chan T) (T, error) {
+// ask asks the current incarnation (actors.Call). It fails at once with
+// ErrNotRunning when no incarnation runs; when the incarnation ends before
+// answering (killed, crashed or stopped by its supervisor) the request is
+// asked again of the next one, never left waiting for a reply that cannot
+// come.
+func ask[T any](ctx context.Context, l *Limiter, build func(chan T) any) (T, error) {
 	var zero T
 	if l.slot.table.Load() == nil {
 		return zero, fmt.Errorf("%w: %s", ErrNotRunning, l.pid.Id)
 	}
-	l.system.Root.Send(l.pid, msg)
-	select {
-	case r := <-reply:
-		return r, nil
-	case <-ctx.Done():
-		return zero, fmt.Errorf("ratelimiter: request to %s: %w", l.pid.Id, context.Cause(ctx))
+	r, err := actors.Call(ctx, l.system, l.pid, build)
+	if err != nil {
+		return zero, fmt.Errorf("ratelimiter: %w", err)
 	}
+	return r, nil
 }

@@ -12,8 +12,10 @@ import (
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
+	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -226,5 +228,91 @@ func TestNotRunning(t *testing.T) {
 	}
 	if _, err := l.Snapshot(context.Background()); !errors.Is(err, ErrNotRunning) {
 		t.Errorf("Snapshot without an actor: %v", err)
+	}
+}
+
+// held wraps the actor so that a test can hold it: on a *hold message it
+// blocks until the test releases it.
+type held struct{ *limiterActor }
+
+type hold struct{ entered, release chan struct{} }
+
+func (h held) Receive(ctx actor.Context) {
+	if m, ok := ctx.Message().(*hold); ok {
+		close(m.entered)
+		<-m.release
+		return
+	}
+	h.limiterActor.Receive(ctx)
+}
+
+// posted reports every snapshot request posted to the actor's mailbox.
+type posted chan struct{}
+
+func (p posted) MailboxStarted()     {}
+func (p posted) MessageReceived(any) {}
+func (p posted) MailboxEmpty()       {}
+func (p posted) MessagePosted(msg any) {
+	if _, ok := msg.(*snapshotRequest); ok {
+		p <- struct{}{}
+	}
+}
+
+// TestAskOutlivesKilledIncarnation: a Snapshot sent to an incarnation that
+// is killed before it answers (the kill is ahead of the request in the held
+// actor's mailbox, so the request is lost with the incarnation) is asked
+// again of the restarted incarnation, and returns its answer long before
+// the caller's context (minutes) ends.
+func TestAskOutlivesKilledIncarnation(t *testing.T) {
+	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return slog.New(slog.DiscardHandler)
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := &clock{now: time.Unix(1700000000, 0)}
+	cfg := Config{Clock: c.Now, Logger: zerolog.Nop(), CleanupPeriod: time.Hour}
+	sent := make(posted, 8)
+	props := actors.Props(func() actor.Actor { return held{&limiterActor{cfg: cfg, log: cfg.Logger}} },
+		actors.WithPropsOptions(actor.WithMailbox(actor.Unbounded(sent))))
+	sup, err := supervisor.Start(ctx, system, "sup", supervisor.Spec{
+		Strategy: supervisor.OneForOne, MaxRestarts: 10, Period: time.Minute,
+		Children: []supervisor.ChildSpec{{Name: Name, Props: props}},
+	})
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	defer func() { _ = sup.Stop(context.Background()) }()
+	pid := actor.NewPID(system.Address(), "sup/"+Name)
+	lim := At(system, pid)
+	lim.Failure(key) // the old incarnation's table has one entry
+	old := lim.slot.table.Load()
+
+	h := &hold{entered: make(chan struct{}), release: make(chan struct{})}
+	system.Root.Send(pid, h)
+	<-h.entered
+	system.Root.Send(pid, &messages.KillRequest{Reason: "chaos"})
+	type result struct {
+		s   []replicate.RateLimit
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		s, err := lim.Snapshot(ctx)
+		done <- result{s, err}
+	}()
+	<-sent // the request is in the held incarnation's mailbox, behind the kill
+	close(h.release)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Snapshot across the kill: %v", r.err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("Snapshot returned only when its context ended: %v", ctx.Err())
+	}
+	if len(r.s) != 0 {
+		t.Errorf("Snapshot answered %+v, want the restarted incarnation's empty table", r.s)
+	}
+	if lim.slot.table.Load() == old {
+		t.Error("the answer came from the killed incarnation")
 	}
 }
