@@ -89,8 +89,16 @@ type Options struct {
 	// 64 by default.
 	MaxBatch int
 	// PollInterval is how often pending watches check for commits by other
-	// processes (PRAGMA data_version); 5ms by default.
+	// processes (PRAGMA data_version) while there is activity; 5ms by
+	// default.
 	PollInterval time.Duration
+	// MaxPollInterval bounds the poll's back-off: each poll that finds
+	// data_version unchanged doubles the interval, up to this; a change
+	// seen, a local commit or a newly armed watch brings it back to
+	// PollInterval. 100ms by default: an idle node polls 10 times a second
+	// instead of 200, and a cross-process change after a quiet spell is
+	// still seen within a tenth of a second (jobs' own timers are seconds).
+	MaxPollInterval time.Duration
 	// BusyTimeout is SQLite's busy timeout for locks the lock file does not
 	// cover (checkpoints, processes without the lock file); 30s by default.
 	BusyTimeout time.Duration
@@ -111,6 +119,9 @@ func (o *Options) fill() {
 	}
 	if o.PollInterval <= 0 {
 		o.PollInterval = 5 * time.Millisecond
+	}
+	if o.MaxPollInterval < o.PollInterval {
+		o.MaxPollInterval = max(100*time.Millisecond, o.PollInterval)
 	}
 	if o.BusyTimeout <= 0 {
 		o.BusyTimeout = 30 * time.Second

@@ -30,6 +30,13 @@ const envTotal = "SQLITE_TEST_TOTAL"
 var childRoles = map[string]kvtest.ChildRole{
 	// open only opens the store (RunChildRoles does) and closes it.
 	"open": func(context.Context, kv.Database, io.Writer) error { return nil },
+	// bump writes keyB once (TestWatchPollBacksOff).
+	"bump": func(ctx context.Context, db kv.Database, out io.Writer) error {
+		return db.Transact(ctx, func(tx kv.Tx) error {
+			tx.Set(keyB, []byte("bumped"))
+			return nil
+		})
+	},
 	// loop commits forever: each transaction writes the same next number to
 	// two keys, and prints it once committed.
 	"loop": func(ctx context.Context, db kv.Database, out io.Writer) error {

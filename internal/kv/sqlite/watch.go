@@ -64,6 +64,12 @@ type watchSet struct {
 	// own holds the commit versions this process wrote and the loop has not
 	// yet seen in the counter, so it can tell them from foreign commits.
 	own map[int64]bool
+	// active: a local commit or a newly armed watch since the loop last
+	// looked; the poll interval goes back to PollInterval.
+	active bool
+	// pollHook, set by tests before any watch, is called by the loop with
+	// each interval it chooses before waiting for the next poll.
+	pollHook func(time.Duration)
 }
 
 func newWatchSet(db *DB) *watchSet {
@@ -95,6 +101,7 @@ func (s *watchSet) arm(armed []armedWatch) {
 		s.byKey[k] = append(s.byKey[k], a.w)
 		s.dirty[k] = true
 	}
+	s.active = true
 	s.mu.Unlock()
 	s.signal()
 }
@@ -119,6 +126,7 @@ func (s *watchSet) committed(version int64, t touchedKeys) {
 	s.mu.Lock()
 	if len(s.byKey) > 0 {
 		s.own[version] = true
+		s.active = true
 	}
 	n := 0
 	for _, k := range t.keys {
@@ -163,28 +171,46 @@ func (db *DB) watchLoop() {
 		s.mu.Unlock()
 	}()
 	var lastDataVersion, lastCommit int64 = -1, -1
-	ticker := time.NewTicker(db.opts.PollInterval)
-	ticker.Stop() // ticks only while watches are pending
-	ticking := false
-	defer ticker.Stop()
+	// The poll interval starts at PollInterval, doubles with every poll
+	// that finds data_version unchanged, up to MaxPollInterval, and goes
+	// back to PollInterval on a change, a local commit or a new watch.
+	interval := db.opts.PollInterval
+	timer := time.NewTimer(time.Hour)
+	timer.Stop() // runs only while watches are pending
+	timing := false
+	defer timer.Stop()
 	for {
 		s.mu.Lock()
 		pending := len(s.byKey) > 0
-		s.mu.Unlock()
-		if pending != ticking {
-			if pending {
-				ticker.Reset(db.opts.PollInterval)
-			} else {
-				ticker.Stop()
-				lastDataVersion = -1 // re-baseline when watches come back
+		if s.active {
+			s.active = false
+			if interval != db.opts.PollInterval {
+				interval = db.opts.PollInterval
+				timing = false // re-arm the timer at the short interval
 			}
-			ticking = pending
+		}
+		hook := s.pollHook
+		s.mu.Unlock()
+		if pending && !timing {
+			if hook != nil {
+				hook(interval)
+			}
+			timer.Reset(interval)
+			timing = true
+		} else if !pending {
+			timer.Stop()
+			timing = false
+		}
+		if !pending {
+			lastDataVersion = -1 // re-baseline when watches come back
+			interval = db.opts.PollInterval
 		}
 		select {
 		case <-db.closing:
 			return
 		case <-s.kick:
-		case <-ticker.C:
+		case <-timer.C:
+			timing = false
 			if poll == nil {
 				var err error
 				if poll, err = db.getReader(); err != nil {
@@ -198,8 +224,10 @@ func (db *DB) watchLoop() {
 				continue
 			}
 			if dv == lastDataVersion {
+				interval = min(2*interval, db.opts.MaxPollInterval)
 				continue
 			}
+			interval = db.opts.PollInterval
 			commit, err := poll.commitCounter()
 			if err != nil {
 				db.log.Error().Err(err).Msg("watch poll")
