@@ -21,8 +21,9 @@ import (
 //
 // What keeps FDB's semantics:
 //   - An entry (key, value, version) is true: the key held value in the
-//     state committed at version. Entries are written by the batch leader
-//     in commit order, batch by batch (one batch in flight per DB), a
+//     state committed at version. Entries are written by the commit
+//     connection's reader in commit order, batch by batch (the server runs
+//     and answers a connection's batches in the order written), a
 //     batch's transactions in their order, so a later write of a key in
 //     the same batch replaces an earlier one and a clear, an atomic add or
 //     an unknown outcome drops the entry.

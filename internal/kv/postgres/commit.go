@@ -3,6 +3,9 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -18,22 +21,26 @@ import (
 // One lock holder per transaction makes every commit wait for the one
 // before it, and on a loaded machine a lock holder that the OS deschedules
 // stalls everyone. So the transactions of one DB that want to commit at
-// the same time go together: the first becomes the leader and sends, in
-// one round trip on its connection, couchrep_kv_lock and one
+// the same time go together, as one batch: couchrep_kv_lock and one
 // couchrep_kv_apply per transaction (each validates against everything
 // committed before it, the earlier ones of the batch included, and
 // returns false on a conflict without writing), as one implicit
-// transaction committed by the pipeline's Sync. Transactions
-// arriving meanwhile queue for the next batch, led by the first of them.
-// They share the commit version; their versionstamps are ordered by their
-// place in the batch (FDB's batch order).
+// transaction committed by its Sync. They share the commit version; their
+// versionstamps are ordered by their place in the batch (FDB's batch
+// order).
+//
+// Batches go to the server on the DB's commit connection (pipe.go), up to
+// maxInFlight at once: while the server runs one, the next is already in
+// its socket, so the server goes from one batch to the next without
+// waiting for this process to read the result and send again. The server
+// runs them in the order sent, and their results come back in that order,
+// so commit versions follow the send order and the commit cache (cache.go)
+// is updated batch by batch in commit order. Transactions arriving while
+// maxInFlight batches are in flight queue for the next one, which is sent
+// as soon as one comes back.
 
-// maxLeaders is how many batches of one DB may be in flight at once. With
-// 4, the next batch would already wait for the commit lock in the server
-// while the previous one commits; measured with 8 workers it made batches
-// smaller (6.3 round trips per cycle instead of 5.1) and was not faster
-// (290-325 against 219-388 cycles/s, load 12-16), so one.
-const maxLeaders = 1
+// maxInFlight is how many batches of one DB may be in flight at once.
+const maxInFlight = 2
 
 // maxBatch bounds a batch (the 2-byte order of a versionstamp allows
 // 65,536).
@@ -46,7 +53,6 @@ const batchTimeout = time.Minute
 type commitReq struct {
 	args *commitArgs
 	done chan struct{}
-	lead bool // woken to lead the next batch, not with a result
 
 	version int64
 	order   int
@@ -59,25 +65,12 @@ type commitReq struct {
 // DB is committing, and returns the commit version, t's order in the
 // batch and the versionstamped values written.
 func (db *DB) commit(t *tx, a *commitArgs) (int64, int, [][]byte, error) {
+	t.end() // the snapshot is not needed any more
 	req := &commitReq{args: a, done: make(chan struct{})}
 	db.cmu.Lock()
-	lead := db.leaders < maxLeaders
-	if lead {
-		db.leaders++
-	} else {
-		db.queue = append(db.queue, req)
-	}
+	db.queue = append(db.queue, req)
 	db.cmu.Unlock()
-	if !lead {
-		t.end() // the snapshot is not needed any more
-		<-req.done
-		if !req.lead {
-			return req.result()
-		}
-		// Taken off the queue to lead the next batch.
-		req.lead, req.done = false, make(chan struct{})
-	}
-	db.lead(t, req)
+	db.sendNext()
 	<-req.done
 	return req.result()
 }
@@ -92,20 +85,32 @@ func (req *commitReq) result() (int64, int, [][]byte, error) {
 	return req.version, req.order, req.xv, nil
 }
 
-// lead sends mine and what is queued (up to maxBatch) as one batch,
-// delivers the results and hands its leadership to the first request
-// still queued, taking it off the queue: every request is in exactly one
-// of the queue, a batch or a hand-over.
-func (db *DB) lead(t *tx, mine *commitReq) {
+// sendNext sends what is queued (up to maxBatch) as one batch, unless
+// maxInFlight batches are in flight: every request is in exactly one of
+// the queue or a batch.
+func (db *DB) sendNext() {
 	db.cmu.Lock()
-	n := min(len(db.queue), maxBatch-1)
-	batch := append([]*commitReq{mine}, db.queue[:n]...)
+	if db.inflight >= maxInFlight || len(db.queue) == 0 {
+		db.cmu.Unlock()
+		return
+	}
+	n := min(len(db.queue), maxBatch)
+	batch := slices.Clone(db.queue[:n])
 	db.queue = db.queue[n:]
+	db.inflight++
 	db.cmu.Unlock()
+	db.send(batch)
+}
 
-	version, err := db.sendBatch(t, batch)
-	// In commit order, before anyone learns the outcome (cache.go).
+// delivered ends a batch: its outcome (version or err, and each request's
+// ok) goes to the commit cache, in commit order, then to its callers, and
+// the next batch may go.
+func (db *DB) delivered(batch []*commitReq, version int64, err error) {
+	err = db.commitError(err)
 	if err != nil {
+		for _, r := range batch {
+			r.ok = false
+		}
 		db.cache.purge()
 	} else {
 		db.cache.committed(version, batch)
@@ -114,84 +119,57 @@ func (db *DB) lead(t *tx, mine *commitReq) {
 		r.version, r.order, r.err = version, i, err
 	}
 	db.cmu.Lock()
-	var next *commitReq
-	if len(db.queue) > 0 {
-		next = db.queue[0]
-		db.queue = db.queue[1:]
-		next.lead = true
-	} else {
-		db.leaders--
-	}
+	db.inflight--
 	db.cmu.Unlock()
+	// What queued meanwhile goes first: the server is idle until it
+	// arrives; the callers woken below have more to do before they commit
+	// again.
+	db.sendNext()
 	for _, r := range batch {
 		close(r.done)
 	}
-	if next != nil {
-		close(next.done)
-	}
 }
 
-// sendBatch runs the batch in one round trip on t's connection (or a new
-// one) and fills each request's outcome.
-func (db *DB) sendBatch(t *tx, batch []*commitReq) (int64, error) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.ctx), batchTimeout)
-	defer cancel()
-	if t.conn == nil {
-		c, dirty, err := db.acquire(ctx)
-		if err != nil {
-			return 0, err
-		}
-		t.conn, t.dirty = c, dirty
+// commitError says what a failed batch means to its transactions: a
+// conflict to retry, a commit that provably did not happen, or an unknown
+// outcome.
+func (db *DB) commitError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case retryable(err):
+		return fmt.Errorf("postgres: commit: %w (%v)", kv.ErrConflict, err)
+	case pgconn.SafeToRetry(err):
+		return db.errorf("commit", fmt.Errorf("%w: %w", errNotSent, err))
 	}
-	calls := make([]call, 0, len(batch)+2)
-	if t.open || t.dirty {
-		calls = append(calls, call{sql: "ROLLBACK"}) // the leader's snapshot (or the connection's last one)
-	}
-	// No BEGIN and COMMIT: the statements of a batch up to its Sync (one
-	// per round trip) run in one implicit transaction, which commits at
-	// the Sync, or rolls back, with every statement after the failed one
-	// skipped, on an error. Two statements fewer per batch for both
-	// sides, and a failed batch leaves its connection usable.
-	var version int64
+	return db.errorf("commit", err)
+}
+
+// batchCalls are the statements of a batch: the lock, whose row is the
+// commit version, and one apply per request, whose row is its outcome.
+func batchCalls(batch []*commitReq, version *int64) []call {
+	calls := make([]call, 0, len(batch)+1)
+	// The lock is a statement of its own, not a part of the first apply:
+	// a statement's snapshot is taken when it starts, before the wait
+	// for the lock, so the validation of a statement that took the lock
+	// itself would miss the commits of other processes it waited for.
 	calls = append(calls, call{sql: lockSQL, row: func(vals [][]byte) (err error) {
-		version, err = decodeInt8(vals[0])
+		*version, err = decodeInt8(vals[0])
 		return err
 	}})
-	results := 0
 	for i, r := range batch {
-		sql := fastApplySQL
-		if !r.args.fast() {
-			sql = applySQL
+		sql := applySQL
+		if r.args.fast() {
+			sql = fastApplyFor(r.args.shape())
 		}
 		calls = append(calls, call{sql: sql, apply: r.args, order: int32(i), row: func(vals [][]byte) (err error) {
-			results++
 			if r.ok, err = decodeBool(vals[0]); err == nil {
 				r.xv, err = decodeByteaArray(vals[1])
 			}
 			return err
 		}})
 	}
-	db.rt.Add(1)
-	err := run(ctx, t.conn.Conn(), calls)
-	if err == nil {
-		t.open, t.dirty = false, false
-		if results != len(batch) {
-			err = fmt.Errorf("postgres: %d apply results for %d transactions", results, len(batch))
-		}
-	}
-	if err != nil {
-		for _, r := range batch {
-			r.ok = false
-		}
-		switch {
-		case retryable(err):
-			return 0, fmt.Errorf("postgres: commit: %w (%v)", kv.ErrConflict, err)
-		case pgconn.SafeToRetry(err):
-			return 0, db.errorf("commit", fmt.Errorf("%w: %w", errNotSent, err))
-		}
-		return 0, db.errorf("commit", err)
-	}
-	return version, nil
+	return calls
 }
 
 // acquire takes a connection: one parked by an ended snapshot (dirty: it
@@ -314,33 +292,135 @@ SELECT cur FROM u`
 // $4/$5 read ranges, $6 cleared keys, $7/$8 sets, $9/$10/$11
 // versionstamped keys (key, offset, value), $12/$13/$14 versionstamped
 // values (key, offset, value), $15 the NOTIFY payload.
-const fastApplySQL = `WITH m AS (SELECT cur, gc FROM couchrep_kv_meta WHERE id = 1),
-ok AS (SELECT (cardinality($3::bytea[]) = 0 AND cardinality($4::bytea[]) = 0) OR (
-	$2::bigint >= (SELECT gc FROM m)
-	AND NOT EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY ($3::bytea[]) AND ver > $2::bigint)
+//
+// A transaction runs the variant of it with only the parts its shape
+// needs (fastApply): the server starts an executor for every part of a
+// statement, used or not, and that start was the largest share of the
+// commit connection's CPU (BENCHMARKS.md "The commit connection"). This
+// is the variant with every part, whose parameter types all variants
+// take.
+var fastApplySQL = fastApply(shapeAll)
+
+// A transaction's shape: which of its commit's parts are not empty.
+const (
+	shapeReads    = 1 << iota // point reads ($3)
+	shapeRanges               // range reads ($4, $5)
+	shapeClears               // cleared keys ($6)
+	shapeSets                 // sets ($7, $8)
+	shapeVSKeys               // versionstamped keys ($9..$11)
+	shapeVSValues             // versionstamped values ($12..$14)
+	shapeNote                 // a NOTIFY payload ($15)
+	shapeAll      = 1<<iota - 1
+)
+
+// shape is a's shape (for fast transactions).
+func (a *commitArgs) shape() int {
+	var sh int
+	for _, p := range [...]struct {
+		bit int
+		on  bool
+	}{
+		{shapeReads, len(a.rk) > 0}, {shapeRanges, len(a.rb) > 0}, {shapeClears, len(a.ck) > 0},
+		{shapeSets, len(a.sk) > 0}, {shapeVSKeys, len(a.vk) > 0}, {shapeVSValues, len(a.xk) > 0},
+		{shapeNote, a.note != nil},
+	} {
+		if p.on {
+			sh |= p.bit
+		}
+	}
+	return sh
+}
+
+var fastApplies struct {
+	sync.Mutex
+	sql [shapeAll + 1]string
+}
+
+// fastApplyFor is the apply statement for shape, made once.
+func fastApplyFor(shape int) string {
+	fastApplies.Lock()
+	defer fastApplies.Unlock()
+	if fastApplies.sql[shape] == "" {
+		fastApplies.sql[shape] = fastApply(shape)
+	}
+	return fastApplies.sql[shape]
+}
+
+// fastApply writes the apply statement of the transactions of shape.
+func fastApply(shape int) string {
+	has := func(bit int) bool { return shape&bit != 0 }
+	var b strings.Builder
+	b.WriteString("WITH m AS (SELECT cur, gc FROM couchrep_kv_meta WHERE id = 1),")
+	b.WriteString("\nok AS (SELECT ")
+	if !has(shapeReads) && !has(shapeRanges) {
+		b.WriteString("true")
+	} else {
+		b.WriteString("$2::bigint >= (SELECT gc FROM m)")
+		if has(shapeReads) {
+			b.WriteString("\n\tAND NOT EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY ($3::bytea[]) AND ver > $2::bigint)")
+		}
+		if has(shapeRanges) {
+			b.WriteString(`
 	AND NOT EXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e)
-		WHERE EXISTS (SELECT 1 FROM couchrep_kv kv WHERE kv.k >= r.b AND kv.k < r.e AND kv.ver > $2::bigint))
-	AND NOT EXISTS (SELECT 1 FROM couchrep_kv_clears c WHERE c.ver > $2::bigint
-		AND (EXISTS (SELECT 1 FROM unnest($3::bytea[]) AS x(k) WHERE x.k >= c.b AND x.k < c.e)
-			OR EXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e) WHERE r.b < c.e AND c.b < r.e)))
-	) AS ok),
-st AS (SELECT int8send((SELECT cur FROM m)) || int2send($1::smallint) AS s),
+		WHERE EXISTS (SELECT 1 FROM couchrep_kv kv WHERE kv.k >= r.b AND kv.k < r.e AND kv.ver > $2::bigint))`)
+		}
+		b.WriteString("\n\tAND NOT EXISTS (SELECT 1 FROM couchrep_kv_clears c WHERE c.ver > $2::bigint AND (")
+		if has(shapeReads) {
+			b.WriteString("\n\t\tEXISTS (SELECT 1 FROM unnest($3::bytea[]) AS x(k) WHERE x.k >= c.b AND x.k < c.e)")
+			if has(shapeRanges) {
+				b.WriteString(" OR")
+			}
+		}
+		if has(shapeRanges) {
+			b.WriteString("\n\t\tEXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e) WHERE r.b < c.e AND c.b < r.e)")
+		}
+		b.WriteString("))")
+	}
+	b.WriteString(" AS ok)")
+	if has(shapeVSKeys) || has(shapeVSValues) {
+		b.WriteString(",\nst AS (SELECT int8send((SELECT cur FROM m)) || int2send($1::smallint) AS s)")
+	}
+	if has(shapeClears) {
+		b.WriteString(`,
 del AS (DELETE FROM couchrep_kv WHERE k = ANY ($6::bytea[]) AND (SELECT ok FROM ok)),
 clr AS (INSERT INTO couchrep_kv_clears SELECT (SELECT cur FROM m), x.k, x.k || '\x00'::bytea
-	FROM unnest($6::bytea[]) AS x(k) WHERE (SELECT ok FROM ok)),
+	FROM unnest($6::bytea[]) AS x(k) WHERE (SELECT ok FROM ok))`)
+	}
+	if has(shapeVSValues) {
+		b.WriteString(`,
 xv AS (SELECT x.k, overlay(x.v PLACING (SELECT s FROM st) FROM x.o + 1) AS v, x.n
-	FROM unnest($12::bytea[], $13::int[], $14::bytea[]) WITH ORDINALITY AS x(k, o, v, n)),
-ins AS (INSERT INTO couchrep_kv (k, v, ver)
-	SELECT w.k, w.v, (SELECT cur FROM m) FROM (
-		SELECT x.k, x.v FROM unnest($7::bytea[], $8::bytea[]) AS x(k, v)
-		UNION ALL SELECT overlay(x.k PLACING (SELECT s FROM st) FROM x.o + 1), x.v
-			FROM unnest($9::bytea[], $10::int[], $11::bytea[]) AS x(k, o, v)
-		UNION ALL SELECT xv.k, xv.v FROM xv) AS w
-	WHERE (SELECT ok FROM ok)
-	ON CONFLICT (k) DO UPDATE SET v = excluded.v, ver = excluded.ver)
-SELECT ok.ok, CASE WHEN ok.ok THEN ARRAY(SELECT xv.v FROM xv ORDER BY xv.n) END,
-	CASE WHEN ok.ok AND $15::text IS NOT NULL THEN pg_notify('couchrep_kv', $15::text) END IS NULL
-FROM ok`
+	FROM unnest($12::bytea[], $13::int[], $14::bytea[]) WITH ORDINALITY AS x(k, o, v, n))`)
+	}
+	var writes []string
+	if has(shapeSets) {
+		writes = append(writes, "SELECT x.k, x.v FROM unnest($7::bytea[], $8::bytea[]) AS x(k, v)")
+	}
+	if has(shapeVSKeys) {
+		writes = append(writes, `SELECT overlay(x.k PLACING (SELECT s FROM st) FROM x.o + 1) AS k, x.v
+			FROM unnest($9::bytea[], $10::int[], $11::bytea[]) AS x(k, o, v)`)
+	}
+	if has(shapeVSValues) {
+		writes = append(writes, "SELECT xv.k, xv.v FROM xv")
+	}
+	if len(writes) > 0 {
+		b.WriteString(",\nins AS (INSERT INTO couchrep_kv (k, v, ver)\n\tSELECT w.k, w.v, (SELECT cur FROM m) FROM (\n\t\t")
+		b.WriteString(strings.Join(writes, "\n\t\tUNION ALL "))
+		b.WriteString(") AS w\n\tWHERE (SELECT ok FROM ok)\n\tON CONFLICT (k) DO UPDATE SET v = excluded.v, ver = excluded.ver)")
+	}
+	b.WriteString("\nSELECT ok.ok, ")
+	if has(shapeVSValues) {
+		b.WriteString("CASE WHEN ok.ok THEN ARRAY(SELECT xv.v FROM xv ORDER BY xv.n) END")
+	} else {
+		b.WriteString("NULL::bytea[]")
+	}
+	if has(shapeNote) {
+		b.WriteString(",\n\tCASE WHEN ok.ok AND $15::text IS NOT NULL THEN pg_notify('couchrep_kv', $15::text) END IS NULL")
+	} else {
+		b.WriteString(", true")
+	}
+	b.WriteString("\nFROM ok")
+	return b.String()
+}
 
 // fast reports whether the transaction's commit can take fastApplySQL.
 func (a *commitArgs) fast() bool { return len(a.cb) == 0 && len(a.ak) == 0 }

@@ -85,11 +85,13 @@ type DB struct {
 	cache   *commitCache // values of this DB's commits (cache.go)
 
 	// Group commit (commit.go).
-	cmu     sync.Mutex
-	queue   []*commitReq
-	leaders int             // batches in flight (at most maxLeaders)
-	parked  chan parkedConn // connections whose snapshot awaits its ROLLBACK
-	pmu     sync.Mutex      // parking vs Close
+	cmu      sync.Mutex
+	queue    []*commitReq
+	inflight int             // batches in flight (at most maxInFlight)
+	wmu      sync.Mutex      // writes to pipe, and pipe
+	pipe     *pipe           // the commit connection (pipe.go)
+	parked   chan parkedConn // connections whose snapshot awaits its ROLLBACK
+	pmu      sync.Mutex      // parking vs Close
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -314,6 +316,7 @@ func (db *DB) Close() error {
 		close(db.closed)
 		db.watches.close()
 		db.bg.Wait()
+		db.closePipe()
 		db.unpark()
 		db.pool.Close()
 	})

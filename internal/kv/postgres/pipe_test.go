@@ -1,0 +1,211 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
+)
+
+// holdCommitLock takes the meta row's lock (every commit's) on a
+// connection of its own, until the returned function is called.
+func holdCommitLock(t *testing.T, dsn string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "SELECT 1 FROM couchrep_kv_meta WHERE id = 1 FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	release = func() {
+		if !released {
+			released = true
+			_, _ = c.Exec(ctx, "ROLLBACK")
+			_ = c.Close(ctx)
+		}
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitFor polls cond until it holds (a minute at most).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s after a minute", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func (db *DB) inFlight() (batches, queued int) {
+	db.cmu.Lock()
+	defer db.cmu.Unlock()
+	return db.inflight, len(db.queue)
+}
+
+// TestCommitPipeline: batches are written while earlier ones are still
+// running (up to maxInFlight), later commits queue for the next batch,
+// and all commit in the order written.
+func TestCommitPipeline(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	db := openDB(t, dsn, Options{})
+	ctx := context.Background()
+	set := func(k string) error {
+		return db.Transact(ctx, func(tx kv.Tx) error {
+			tx.Set([]byte(k), []byte("v"))
+			return nil
+		})
+	}
+	if err := set("p/warm"); err != nil { // opens the commit connection
+		t.Fatal(err)
+	}
+	release := holdCommitLock(t, dsn)
+	rt0 := db.RoundTrips()
+	n := maxInFlight + 2
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- set(fmt.Sprintf("p/%d", i)) }()
+		if i < maxInFlight {
+			// Each is sent at once, as a batch of its own.
+			waitFor(t, fmt.Sprintf("batch %d in flight", i+1), func() bool { b, _ := db.inFlight(); return b == i+1 })
+		}
+	}
+	waitFor(t, "2 commits queued", func() bool { _, q := db.inFlight(); return q == 2 })
+	if b, q := db.inFlight(); b != maxInFlight || q != 2 {
+		t.Fatalf("%d batches in flight and %d commits queued, want %d and 2", b, q, maxInFlight)
+	}
+	release()
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The two queued went together, in the batch after the first to end.
+	if rt := db.RoundTrips() - rt0; rt != int64(maxInFlight+1) {
+		t.Errorf("%d round trips for %d batches", rt, maxInFlight+1)
+	}
+	if err := db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		for i := range n {
+			if v, err := tx.Get([]byte(fmt.Sprintf("p/%d", i))); err != nil || string(v) != "v" {
+				return fmt.Errorf("p/%d = %q, %v", i, v, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCommitConnectionLost: the commit connection ended by the server
+// while idle is replaced without an error; ended while a batch runs, that
+// batch's commit fails saying its outcome is unknown (it is not retried),
+// and the next commit goes on a new connection.
+func TestCommitConnectionLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	db := openDB(t, dsn, Options{})
+	ctx := context.Background()
+	set := func(k string) error {
+		return db.Transact(ctx, func(tx kv.Tx) error {
+			tx.Set([]byte(k), []byte("v"))
+			return nil
+		})
+	}
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	current := func() *pipe {
+		db.wmu.Lock()
+		defer db.wmu.Unlock()
+		return db.pipe
+	}
+	terminate := func(p *pipe) {
+		t.Helper()
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(p.pid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	if err := set("l/1"); err != nil {
+		t.Fatal(err)
+	}
+	first := current()
+	terminate(first)
+	waitFor(t, "the idle commit connection seen gone", first.broken)
+	if err := set("l/2"); err != nil {
+		t.Fatalf("commit after the idle connection was ended: %v", err)
+	}
+	second := current()
+	if second == first || second.pid == first.pid {
+		t.Fatal("the commit did not go on a new connection")
+	}
+
+	release := holdCommitLock(t, dsn)
+	errc := make(chan error, 1)
+	go func() { errc <- set("l/3") }()
+	waitFor(t, "a batch in flight", func() bool { b, _ := db.inFlight(); return b == 1 })
+	terminate(second)
+	err = <-errc
+	release()
+	if err == nil || !strings.Contains(err.Error(), "may or may not have happened") || !errors.Is(err, kv.ErrUnavailable) {
+		t.Fatalf("commit whose connection broke mid-batch: %v; want an unknown outcome, unavailable", err)
+	}
+	if err := set("l/4"); err != nil {
+		t.Fatalf("commit after the connection broke mid-batch: %v", err)
+	}
+}
+
+// TestFastApplyVariants: the server takes every variant of the apply
+// statement (the conformance suite runs the shapes that occur).
+func TestFastApplyVariants(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	openDB(t, dsn, Options{}) // the schema
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	all, err := c.PgConn().Prepare(ctx, "", fastApplySQL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all.ParamOIDs) != 15 {
+		t.Fatalf("the full variant has %d parameters, want 15", len(all.ParamOIDs))
+	}
+	for shape := range shapeAll + 1 {
+		sd, err := c.PgConn().Prepare(ctx, "", fastApplyFor(shape), all.ParamOIDs)
+		if err != nil {
+			t.Fatalf("shape %07b: %v", shape, err)
+		}
+		if len(sd.Fields) != 3 {
+			t.Errorf("shape %07b: %d result columns, want 3", shape, len(sd.Fields))
+		}
+	}
+}
