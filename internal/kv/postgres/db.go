@@ -167,7 +167,7 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		db.pool.Close()
 		return nil, db.errorf("schema", err)
 	}
-	db.watches = newWatchHub(db, cfg.ConnConfig.Copy())
+	db.watches = newWatchHub(db)
 	db.bg.Add(3)
 	go db.watches.listen()
 	go db.watches.dispatch()

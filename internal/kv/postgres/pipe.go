@@ -28,7 +28,9 @@ import (
 // the previous one's result before it could be sent, so after preparing
 // the commit's statements the connection is taken from pgx (Hijack) and
 // spoken to with pgproto3 directly: writers (under DB.wmu) only send,
-// the reader only receives.
+// the reader only receives. It also LISTENs for the watches (watch.go):
+// the reader hands the notifications to the watch hub, which keeps the
+// connection open while the DB is.
 //
 // Outcomes: a batch whose ReadyForQuery arrived has the results read (or
 // the error of its first failed statement, after which the server skipped
@@ -83,17 +85,34 @@ func (db *DB) send(batch []*commitReq) {
 func (db *DB) write(b *sentBatch) error {
 	db.wmu.Lock()
 	defer db.wmu.Unlock()
-	if db.pipe == nil || db.pipe.broken() {
-		if db.isClosed() {
-			return kv.ErrClosed
-		}
-		p, err := db.openPipe()
-		if err != nil {
-			return err
-		}
-		db.pipe = p
+	p, err := db.openedPipeLocked()
+	if err != nil {
+		return err
 	}
-	return db.pipe.write(b)
+	return p.write(b)
+}
+
+// openedPipe returns the commit connection, opening one if there is none
+// or it broke.
+func (db *DB) openedPipe() (*pipe, error) {
+	db.wmu.Lock()
+	defer db.wmu.Unlock()
+	return db.openedPipeLocked()
+}
+
+func (db *DB) openedPipeLocked() (*pipe, error) {
+	if db.pipe != nil && !db.pipe.broken() {
+		return db.pipe, nil
+	}
+	if db.isClosed() {
+		return nil, kv.ErrClosed
+	}
+	p, err := db.openPipe()
+	if err != nil {
+		return nil, err
+	}
+	db.pipe = p
+	return p, nil
 }
 
 // openPipe takes a connection from the pool for good, prepares the
@@ -121,6 +140,10 @@ func (db *DB) openPipe() (*pipe, error) {
 			return nil, err
 		}
 		stmts[sql] = sd
+	}
+	if _, err := c.Exec(ctx, "LISTEN "+channel); err != nil {
+		_ = c.Close(ctx)
+		return nil, notSent{err}
 	}
 	hc, err := c.PgConn().Hijack()
 	if err != nil {
@@ -188,6 +211,13 @@ func (p *pipe) write(b *sentBatch) error {
 	return nil
 }
 
+// cause is why the connection is gone (nil while it is not).
+func (p *pipe) cause() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
 // broken reports whether the connection is gone.
 func (p *pipe) broken() bool {
 	p.mu.Lock()
@@ -241,6 +271,8 @@ func (p *pipe) read() {
 			if b.err == nil {
 				b.err = pe
 			}
+		case *pgproto3.NotificationResponse:
+			p.db.watches.notified(m.Payload)
 		case *pgproto3.ReadyForQuery:
 			b := p.pop()
 			if b == nil {
