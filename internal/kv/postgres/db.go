@@ -337,6 +337,12 @@ const (
 	firstGetSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + getSQL + ") q ON true WHERE m.id = 1"
 	firstFwdSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + fwdSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k"
 	firstRevSQL = "SELECT m.cur, q.k, q.v FROM couchrep_kv_meta m LEFT JOIN (" + revSQL + ") q ON true WHERE m.id = 1 ORDER BY q.k DESC"
+	// autoGetSQL is a point read run on its own (tx.autoRead): the
+	// statement's commit version, and the row with its version.
+	autoGetSQL = "SELECT m.cur, q.k, q.v, q.ver FROM couchrep_kv_meta m LEFT JOIN (SELECT k, v, ver FROM couchrep_kv WHERE k = $1) q ON true WHERE m.id = 1"
+	// autoCheckSQL is 1 if the row of key $1 has version $2 (-1: there
+	// is none), else 0.
+	autoCheckSQL = "SELECT CASE WHEN coalesce((SELECT ver FROM couchrep_kv WHERE k = $1), -1) = $2::bigint THEN 1::int8 ELSE 0::int8 END"
 	// cacheCheckSQL counts the keys read from the commit cache that still
 	// have the version they were read at (cache.go).
 	cacheCheckSQL = "SELECT count(*) FROM couchrep_kv WHERE k = ANY ($1) AND ver = $2"

@@ -37,6 +37,13 @@ type tx struct {
 	cacheVer int64 // their version (snap until a snapshot is opened)
 	conflict bool
 
+	// A first read run on its own, without a snapshot (autoRead): its key
+	// and the version of the row it found (-1: none), checked when a
+	// later read opens a snapshot.
+	auto    bool
+	autoKey []byte
+	autoRow int64
+
 	watches []*watch
 }
 
@@ -75,6 +82,9 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 			return appendRow(&out, vals[0], vals[1])
 		}}})
 		return out, err
+	}
+	if sql == getSQL && !t.readOnly && !t.auto && len(t.cached) == 0 {
+		return t.autoRead(args...)
 	}
 	var err error
 	for try := 0; try < 3; try++ {
@@ -119,6 +129,15 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 				return err
 			}})
 		}
+		autoSame := int64(-1)
+		if t.auto {
+			// The first read's row must be the snapshot's too.
+			calls = append(calls, call{sql: autoCheckSQL, args: []any{t.autoKey, t.autoRow}, row: func(vals [][]byte) (err error) {
+				autoSame, err = decodeInt8(vals[0])
+				return err
+			}})
+		}
+		snap0 := t.snap
 		err = run(t.ctx, t.conn.Conn(), calls)
 		if err == nil && !snapRead {
 			err = errors.New("postgres: no row in couchrep_kv_meta")
@@ -132,15 +151,77 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 				t.Fail(err) // never committed, even if the function goes on
 				return nil, err
 			}
+			if t.auto && autoSame != 1 {
+				t.conflict = true
+				err := fmt.Errorf("postgres: the transaction's first read changed before its second: %w", kv.ErrConflict)
+				t.Fail(err)
+				return nil, err
+			}
 			return out, nil
 		}
-		if len(t.cached) > 0 {
-			t.snap = t.cacheVer // not a snapshot's, which failed to open
-		}
+		t.snap = snap0 // not a snapshot's, which failed to open
 		// A pooled connection the server closed (it restarted): the pool
 		// drops it; a new one may work. Nothing was read yet.
 		t.conn.Release()
 		t.conn, t.dirty = nil, false
+		if !connLost(err) || t.ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, err
+}
+
+// autoRead runs a transaction's first read, a point read, as a statement
+// of its own (in its own implicit transaction, which is a snapshot too)
+// instead of opening a REPEATABLE READ transaction for it: a
+// transaction whose only read it is (Accept, once its queue head is
+// known) needs no BEGIN and no ROLLBACK, and its connection goes back to
+// the pool at once. The statement's snapshot version becomes the
+// transaction's. A later read opens a snapshot (the current state) and
+// checks, in the same round trip, that the first read's row is still the
+// one read (autoCheckSQL: the same version, or still none); if not, it
+// fails with kv.ErrConflict and the attempt runs again, so the function
+// never sees two states.
+func (t *tx) autoRead(args ...any) ([]kvbuf.Row, error) {
+	var err error
+	for try := 0; try < 3; try++ {
+		if t.conn == nil {
+			c, dirty, err := t.db.acquire(t.ctx)
+			if err != nil {
+				return nil, err
+			}
+			t.conn, t.dirty = c, dirty
+		}
+		t.db.rt.Add(1)
+		calls := make([]call, 0, 2)
+		if t.dirty {
+			calls = append(calls, call{sql: "ROLLBACK"})
+		}
+		var out []kvbuf.Row
+		read, row := false, int64(-1)
+		calls = append(calls, call{sql: autoGetSQL, args: args, row: func(vals [][]byte) (err error) {
+			read = true
+			if t.snap, err = decodeInt8(vals[0]); err != nil || vals[1] == nil {
+				return err
+			}
+			if row, err = decodeInt8(vals[3]); err != nil {
+				return err
+			}
+			return appendRow(&out, vals[1], vals[2])
+		}})
+		err = run(t.ctx, t.conn.Conn(), calls)
+		if err == nil && !read {
+			err = errors.New("postgres: no row in couchrep_kv_meta")
+		}
+		// The connection holds no transaction now (or is dropped): back
+		// to the pool.
+		t.conn.Release()
+		t.conn, t.dirty = nil, false
+		if err == nil {
+			key, _ := args[0].([]byte)
+			t.auto, t.autoKey, t.autoRow = true, slices.Clone(key), row
+			return out, nil
+		}
 		if !connLost(err) || t.ctx.Err() != nil {
 			break
 		}
@@ -177,7 +258,7 @@ func (t *tx) end() {
 // ReadStored implements kvbuf.Store: it reads key from the snapshot, adding it to the read set unless
 // snapshot.
 func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
-	if !snapshot && !t.readOnly && !t.open && !t.Done {
+	if !snapshot && !t.readOnly && !t.open && !t.auto && !t.Done {
 		if v, ok := t.readCached(key); ok {
 			return v, nil
 		}
@@ -224,11 +305,21 @@ func (t *tx) validateCached() error {
 	return t.begin()
 }
 
+// fixSnapshot fixes the version the transaction's conflicts are counted
+// from: its first read's (autoRead) or, if it read nothing yet, a
+// snapshot's opened now.
+func (t *tx) fixSnapshot() error {
+	if t.auto {
+		return nil
+	}
+	return t.begin()
+}
+
 // AddReadConflictKey implements kv.Tx: FDB's meaning, the transaction
 // conflicts with any commit after its snapshot that writes key.
 func (t *tx) AddReadConflictKey(key []byte) {
 	if t.Writable() {
-		if err := t.begin(); err != nil { // fixes the snapshot version
+		if err := t.fixSnapshot(); err != nil {
 			t.Fail(err)
 			return
 		}
@@ -241,7 +332,7 @@ func (t *tx) AddReadConflictRange(begin, end []byte) {
 	if !t.Writable() || bytes.Compare(begin, end) >= 0 {
 		return
 	}
-	if err := t.begin(); err != nil {
+	if err := t.fixSnapshot(); err != nil {
 		t.Fail(err)
 		return
 	}
