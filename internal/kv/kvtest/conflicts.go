@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -76,30 +77,64 @@ func interfere(t *testing.T, db kv.Database, attempts int, key []byte) {
 }
 
 func testConflictRetry(t *testing.T, db kv.Database) {
-	s := newSpace(t)
-	key := k(s, "k")
-	set(t, db, key, []byte("orig"))
-	attempts := 0
-	var seen []string
-	err := db.Transact(testCtx(t), func(tx kv.Tx) error {
-		attempts++
-		v, err := tx.Get(key)
-		if err != nil {
-			return err
-		}
-		seen = append(seen, string(v))
-		interfere(t, db, attempts, key)
-		tx.Set(k(s, "copy"), v)
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if attempts != 2 || fmt.Sprint(seen) != "[orig changed]" {
-		t.Fatalf("attempts %d saw %q; want a retry that sees the new value", attempts, seen)
-	}
-	if v := get(t, db, k(s, "copy")); string(v) != "changed" {
-		t.Fatalf("committed copy %q, want the value read by the retry", v)
+	// Every way the key read can change between the read and the commit:
+	// a new value, removed (by Clear or ClearRange), created. The
+	// function reads it with Get or a snapshot Get and AddReadConflictKey.
+	for _, tc := range []struct {
+		name         string
+		orig         string // "" : absent before
+		change       func(tx kv.Tx, key []byte)
+		want         string // what the retry reads
+		conflictOnly bool   // read with a snapshot Get + AddReadConflictKey
+	}{
+		{"set", "orig", func(tx kv.Tx, key []byte) { tx.Set(key, []byte("changed")) }, "changed", false},
+		{"clear", "orig", func(tx kv.Tx, key []byte) { tx.Clear(key) }, "", false},
+		{"clear range", "orig", func(tx kv.Tx, key []byte) { tx.ClearRange(key, append(slices.Clone(key), 0)) }, "", false},
+		{"create", "", func(tx kv.Tx, key []byte) { tx.Set(key, []byte("created")) }, "created", false},
+		{"conflict key set", "orig", func(tx kv.Tx, key []byte) { tx.Set(key, []byte("changed")) }, "changed", true},
+		{"conflict key clear", "orig", func(tx kv.Tx, key []byte) { tx.Clear(key) }, "", true},
+		{"conflict key create", "", func(tx kv.Tx, key []byte) { tx.Set(key, []byte("created")) }, "created", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSpace(t)
+			key := k(s, "k")
+			if tc.orig != "" {
+				set(t, db, key, []byte(tc.orig))
+			}
+			attempts := 0
+			var seen []string
+			err := db.Transact(testCtx(t), func(tx kv.Tx) error {
+				attempts++
+				var v []byte
+				var err error
+				if tc.conflictOnly {
+					v, err = tx.Snapshot().Get(key)
+					tx.AddReadConflictKey(key)
+				} else {
+					v, err = tx.Get(key)
+				}
+				if err != nil {
+					return err
+				}
+				seen = append(seen, string(v))
+				if attempts == 1 {
+					if err := db.Transact(testCtx(t), func(tx kv.Tx) error { tc.change(tx, key); return nil }); err != nil {
+						t.Fatal(err)
+					}
+				}
+				tx.Set(k(s, "copy"), v)
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := fmt.Sprint([]string{tc.orig, tc.want}); attempts != 2 || fmt.Sprint(seen) != want {
+				t.Fatalf("attempts %d saw %q; want a retry that sees the change: %s", attempts, seen, want)
+			}
+			if v := get(t, db, k(s, "copy")); string(v) != tc.want {
+				t.Fatalf("committed copy %q, want the value read by the retry (%q)", v, tc.want)
+			}
+		})
 	}
 }
 

@@ -147,14 +147,19 @@ func (db *DB) commitError(err error) error {
 
 // batchCalls are the statements of a batch: the lock, whose row is the
 // commit version, and one apply per request, whose row is its outcome.
-func batchCalls(batch []*commitReq, version *int64) []call {
-	calls := make([]call, 0, len(batch)+1)
+func (db *DB) batchCalls(batch []*commitReq, version *int64) []call {
+	calls := make([]call, 0, len(batch)+2)
 	// The lock is a statement of its own, not a part of the first apply:
 	// a statement's snapshot is taken when it starts, before the wait
 	// for the lock, so the validation of a statement that took the lock
 	// itself would miss the commits of other processes it waited for.
+	if db.pruneDue.Swap(false) {
+		calls = append(calls, call{sql: pruneSQL})
+	}
 	calls = append(calls, call{sql: lockSQL, row: func(vals [][]byte) (err error) {
-		*version, err = decodeInt8(vals[0])
+		if *version, err = decodeInt8(vals[0]); err == nil && *version%pruneEvery == 0 {
+			db.pruneDue.Store(true)
+		}
 		return err
 	}})
 	for i, r := range batch {
@@ -270,13 +275,23 @@ func (db *DB) sweep() {
 }
 
 // lockSQL is couchrep_kv_lock (schema 2) as one statement, without
-// PL/pgSQL: the batch's commit version, taking the meta row's lock, and
-// every 1,024 versions the pruning of the clears log.
-const lockSQL = `WITH u AS (UPDATE couchrep_kv_meta SET cur = cur + 1,
+// PL/pgSQL and without its pruning: the batch's commit version, taking
+// the meta row's lock, and every pruneEvery versions moving gc.
+const lockSQL = `UPDATE couchrep_kv_meta SET cur = cur + 1,
 	gc = CASE WHEN (cur + 1) % 1024 = 0 THEN greatest(gc, cur + 1 - 100000) ELSE gc END
-	WHERE id = 1 RETURNING cur, gc),
-d AS (DELETE FROM couchrep_kv_clears WHERE (SELECT cur FROM u) % 1024 = 0 AND ver <= (SELECT gc FROM u))
-SELECT cur FROM u`
+	WHERE id = 1 RETURNING cur`
+
+// pruneEvery: the commit whose version is a multiple of it moves gc (the
+// oldest version a transaction's snapshot may have to be validated) to
+// 100,000 versions behind, and the DB that made it prunes the clears log
+// to gc at the start of its next batch (pruneSQL). The lock statement
+// did it itself, and the server started that DELETE's executor at every
+// batch on the commit connection, the bottleneck of a busy DB. If the DB
+// closes first, the next multiple's pruning removes those entries too.
+const pruneEvery = 1024
+
+// pruneSQL prunes the clears log to gc.
+const pruneSQL = "DELETE FROM couchrep_kv_clears WHERE ver <= (SELECT gc FROM couchrep_kv_meta WHERE id = 1)"
 
 // fastApplySQL is couchrep_kv_apply in one statement, without PL/pgSQL,
 // for the transactions that clear no range and add to no counter (every
@@ -291,7 +306,8 @@ SELECT cur FROM u`
 // Parameters: $1 order in the batch, $2 snapshot version, $3 read keys,
 // $4/$5 read ranges, $6 cleared keys, $7/$8 sets, $9/$10/$11
 // versionstamped keys (key, offset, value), $12/$13/$14 versionstamped
-// values (key, offset, value), $15 the NOTIFY payload.
+// values (key, offset, value), $15 the NOTIFY payload, $16/$17 point
+// reads whose key had a value / had none at the snapshot.
 //
 // A transaction runs the variant of it with only the parts its shape
 // needs (fastApply): the server starts an executor for every part of a
@@ -310,6 +326,8 @@ const (
 	shapeVSKeys               // versionstamped keys ($9..$11)
 	shapeVSValues             // versionstamped values ($12..$14)
 	shapeNote                 // a NOTIFY payload ($15)
+	shapePresent              // point reads that found a value ($16)
+	shapeAbsent               // point reads that found none ($17)
 	shapeAll      = 1<<iota - 1
 )
 
@@ -322,7 +340,7 @@ func (a *commitArgs) shape() int {
 	}{
 		{shapeReads, len(a.rk) > 0}, {shapeRanges, len(a.rb) > 0}, {shapeClears, len(a.ck) > 0},
 		{shapeSets, len(a.sk) > 0}, {shapeVSKeys, len(a.vk) > 0}, {shapeVSValues, len(a.xk) > 0},
-		{shapeNote, a.note != nil},
+		{shapeNote, a.note != nil}, {shapePresent, len(a.rkp) > 0}, {shapeAbsent, len(a.rka) > 0},
 	} {
 		if p.on {
 			sh |= p.bit
@@ -350,32 +368,43 @@ func fastApplyFor(shape int) string {
 func fastApply(shape int) string {
 	has := func(bit int) bool { return shape&bit != 0 }
 	var b strings.Builder
-	b.WriteString("WITH m AS (SELECT cur, gc FROM couchrep_kv_meta WHERE id = 1),")
-	b.WriteString("\nok AS (SELECT ")
-	if !has(shapeReads) && !has(shapeRanges) {
-		b.WriteString("true")
-	} else {
-		b.WriteString("$2::bigint >= (SELECT gc FROM m)")
+	b.WriteString("WITH m AS (SELECT cur, gc FROM couchrep_kv_meta WHERE id = 1),\nok AS (SELECT ")
+	var checks []string
+	if has(shapeReads) || has(shapeRanges) {
+		// Validation with the clears log, which is kept only back to gc.
+		checks = append(checks, "$2::bigint >= (SELECT gc FROM m)")
 		if has(shapeReads) {
-			b.WriteString("\n\tAND NOT EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY ($3::bytea[]) AND ver > $2::bigint)")
+			checks = append(checks, "NOT EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY ($3::bytea[]) AND ver > $2::bigint)")
 		}
 		if has(shapeRanges) {
-			b.WriteString(`
-	AND NOT EXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e)
+			checks = append(checks, `NOT EXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e)
 		WHERE EXISTS (SELECT 1 FROM couchrep_kv kv WHERE kv.k >= r.b AND kv.k < r.e AND kv.ver > $2::bigint))`)
 		}
-		b.WriteString("\n\tAND NOT EXISTS (SELECT 1 FROM couchrep_kv_clears c WHERE c.ver > $2::bigint AND (")
+		var overlaps []string
 		if has(shapeReads) {
-			b.WriteString("\n\t\tEXISTS (SELECT 1 FROM unnest($3::bytea[]) AS x(k) WHERE x.k >= c.b AND x.k < c.e)")
-			if has(shapeRanges) {
-				b.WriteString(" OR")
-			}
+			overlaps = append(overlaps, "EXISTS (SELECT 1 FROM unnest($3::bytea[]) AS x(k) WHERE x.k >= c.b AND x.k < c.e)")
 		}
 		if has(shapeRanges) {
-			b.WriteString("\n\t\tEXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e) WHERE r.b < c.e AND c.b < r.e)")
+			overlaps = append(overlaps, "EXISTS (SELECT 1 FROM unnest($4::bytea[], $5::bytea[]) AS r(b, e) WHERE r.b < c.e AND c.b < r.e)")
 		}
-		b.WriteString("))")
+		checks = append(checks, "NOT EXISTS (SELECT 1 FROM couchrep_kv_clears c WHERE c.ver > $2::bigint AND (\n\t\t"+
+			strings.Join(overlaps, " OR\n\t\t")+"))")
 	}
+	// Keys read with their presence known need no clears log: a key that
+	// had a value still has one written no later than the snapshot, and
+	// one that had none still has none. (A key cleared and set again, or
+	// set and cleared again, since is changed in the first case and
+	// unchanged in the second, as the transaction would see it now.)
+	if has(shapePresent) {
+		checks = append(checks, "(SELECT count(*) FROM couchrep_kv WHERE k = ANY ($16::bytea[]) AND ver <= $2::bigint) = cardinality($16::bytea[])")
+	}
+	if has(shapeAbsent) {
+		checks = append(checks, "NOT EXISTS (SELECT 1 FROM couchrep_kv WHERE k = ANY ($17::bytea[]))")
+	}
+	if len(checks) == 0 {
+		checks = append(checks, "true")
+	}
+	b.WriteString(strings.Join(checks, "\n\tAND "))
 	b.WriteString(" AS ok)")
 	if has(shapeVSKeys) || has(shapeVSValues) {
 		b.WriteString(",\nst AS (SELECT int8send((SELECT cur FROM m)) || int2send($1::smallint) AS s)")
@@ -428,7 +457,7 @@ func (a *commitArgs) fast() bool { return len(a.cb) == 0 && len(a.ak) == 0 }
 // size is about how many bytes encode appends.
 func (a *commitArgs) size() int {
 	n := 64 + 28*len(a.vo) + 28*len(a.xo)
-	for _, x := range [...][][]byte{a.rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad, a.vk, a.vv, a.xk, a.xv} {
+	for _, x := range [...][][]byte{a.rk, a.rkp, a.rka, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad, a.vk, a.vv, a.xk, a.xv} {
 		n += arraySize(x)
 	}
 	if a.note != nil {
@@ -442,10 +471,12 @@ func (a *commitArgs) size() int {
 // batch first.
 func (a *commitArgs) encode(order int32, oids []uint32, buf []byte) ([]byte, [][]byte, error) {
 	if a.fast() {
-		args := [...]any{order, a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
+		args := [...]any{order, a.snapVersion, a.rk, a.rb, a.re, a.ck, a.sk, a.sv, a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note, a.rkp, a.rka}
 		return encodeParams(oids, args[:], buf)
 	}
-	args := [...]any{order, a.snapVersion, a.rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad,
+	// couchrep_kv_apply validates every read key with the clears log.
+	rk := slices.Concat(a.rk, a.rkp, a.rka)
+	args := [...]any{order, a.snapVersion, rk, a.rb, a.re, a.cb, a.ce, a.ck, a.sk, a.sv, a.ak, a.ad,
 		a.vk, a.vo, a.vv, a.xk, a.xo, a.xv, a.note}
 	return encodeParams(oids, args[:], buf)
 }

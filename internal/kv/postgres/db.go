@@ -90,6 +90,7 @@ type DB struct {
 	inflight int             // batches in flight (at most maxInFlight)
 	wmu      sync.Mutex      // writes to pipe, and pipe
 	pipe     *pipe           // the commit connection (pipe.go)
+	pruneDue atomic.Bool     // the clears log is due a pruning (pruneSQL)
 	parked   chan parkedConn // connections whose snapshot awaits its ROLLBACK
 	pmu      sync.Mutex      // parking vs Close
 

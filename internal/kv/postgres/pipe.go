@@ -68,13 +68,13 @@ type sentBatch struct {
 }
 
 // pipeSQL are the statements a commit connection prepares.
-var pipeSQL = []string{lockSQL, fastApplySQL, applySQL}
+var pipeSQL = []string{lockSQL, pruneSQL, fastApplySQL, applySQL}
 
 // send writes batch on the commit connection (opening one if needed);
 // its outcome reaches its callers through delivered.
 func (db *DB) send(batch []*commitReq) {
 	b := &sentBatch{reqs: batch}
-	b.calls = batchCalls(batch, &b.version)
+	b.calls = db.batchCalls(batch, &b.version)
 	if err := db.write(b); err != nil {
 		db.delivered(batch, 0, err)
 	}

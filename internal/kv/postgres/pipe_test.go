@@ -196,8 +196,8 @@ func TestFastApplyVariants(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(all.ParamOIDs) != 15 {
-		t.Fatalf("the full variant has %d parameters, want 15", len(all.ParamOIDs))
+	if len(all.ParamOIDs) != 17 {
+		t.Fatalf("the full variant has %d parameters, want 17", len(all.ParamOIDs))
 	}
 	for shape := range shapeAll + 1 {
 		sd, err := c.PgConn().Prepare(ctx, "", fastApplyFor(shape), all.ParamOIDs)
@@ -207,5 +207,61 @@ func TestFastApplyVariants(t *testing.T) {
 		if len(sd.Fields) != 3 {
 			t.Errorf("shape %07b: %d result columns, want 3", shape, len(sd.Fields))
 		}
+	}
+}
+
+// TestClearsLogPruned: the commit that takes a version that is a
+// multiple of pruneEvery moves gc 100,000 versions behind it, and the
+// clears log is pruned to gc by the DB's next batch.
+func TestClearsLogPruned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	db := openDB(t, dsn, Options{})
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	const next = 100 * pruneEvery // the next commit's version
+	if _, err := admin.Exec(ctx, "UPDATE couchrep_kv_meta SET cur = $1", next-1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `INSERT INTO couchrep_kv_clears
+		SELECT v, '\x01'::bytea, '\x02'::bytea FROM generate_series(1, 3000) v`); err != nil {
+		t.Fatal(err)
+	}
+	count := func() (n, min int64) {
+		t.Helper()
+		if err := admin.QueryRow(ctx, "SELECT count(*), coalesce(min(ver), 0) FROM couchrep_kv_clears WHERE ver <= 3000").Scan(&n, &min); err != nil {
+			t.Fatal(err)
+		}
+		return n, min
+	}
+	set := func(k string) {
+		t.Helper()
+		if err := db.Transact(ctx, func(tx kv.Tx) error {
+			tx.Set([]byte(k), []byte("v"))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("g/1") // takes version next: gc moves to next-100,000
+	var gc int64
+	if err := admin.QueryRow(ctx, "SELECT gc FROM couchrep_kv_meta").Scan(&gc); err != nil {
+		t.Fatal(err)
+	}
+	if gc != next-100000 {
+		t.Fatalf("gc = %d after version %d, want %d", gc, next, next-100000)
+	}
+	if n, _ := count(); n != 3000 {
+		t.Fatalf("%d of the 3,000 old clears left before the next batch, want all", n)
+	}
+	set("g/2") // the DB's next batch prunes
+	if n, min := count(); n != 3000-gc || min != gc+1 {
+		t.Fatalf("after the pruning: %d old clears left from version %d, want %d from %d", n, min, 3000-gc, gc+1)
 	}
 }

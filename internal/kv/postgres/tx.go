@@ -27,8 +27,9 @@ type tx struct {
 	dirty bool          // conn may still be in an earlier snapshot: send ROLLBACK first
 	snap  int64         // the snapshot's commit version
 
-	readKeys [][]byte      // validated point reads (and read conflict keys)
-	reads    []*kvbuf.Span // validated range reads
+	readKeys [][]byte        // validated point reads (and read conflict keys)
+	present  map[string]bool // point reads: whether the key had a value at snap
+	reads    []*kvbuf.Span   // validated range reads
 
 	// Reads served from the commit cache (cache.go) before a snapshot was
 	// opened, all at version snap; conflict: one of them had changed when
@@ -271,10 +272,22 @@ func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 	if len(rows) > 0 {
 		v = rows[0].V
 	}
-	if !snapshot && !t.readOnly {
-		t.readKeys = append(t.readKeys, slices.Clone(key))
+	if !t.readOnly {
+		t.setPresent(key, len(rows) > 0)
+		if !snapshot {
+			t.readKeys = append(t.readKeys, slices.Clone(key))
+		}
 	}
 	return v, nil
+}
+
+// setPresent records whether key has a value in the state at the
+// transaction's snapshot version (a point read found it).
+func (t *tx) setPresent(key []byte, present bool) {
+	if t.present == nil {
+		t.present = make(map[string]bool, 4)
+	}
+	t.present[string(key)] = present
 }
 
 // readCached serves a validated read from the commit cache (cache.go) if
@@ -292,6 +305,7 @@ func (t *tx) readCached(key []byte) ([]byte, bool) {
 		t.cached = append(t.cached, k)
 	}
 	t.readKeys = append(t.readKeys, k)
+	t.setPresent(k, true)
 	return v, true
 }
 
@@ -429,6 +443,7 @@ func (t *tx) armWatches(vsv map[string][]byte) {
 // commitArgs are the parameters of couchrep_kv_commit.
 type commitArgs struct {
 	rk, rb, re, cb, ce, ck, sk, sv, ak, ad, vk, vv, xk, xv [][]byte
+	rkp, rka                                               [][]byte // read keys present, absent at snapVersion
 	vo, xo                                                 []int32
 	snapVersion                                            int64
 	note                                                   *string
@@ -437,10 +452,25 @@ type commitArgs struct {
 
 func (t *tx) commitArgs() *commitArgs {
 	e := func() [][]byte { return [][]byte{} }
-	a := &commitArgs{rk: t.readKeys, rb: e(), re: e(), cb: e(), ce: e(), ck: e(), sk: e(), sv: e(), ak: e(), ad: e(),
-		vk: e(), vv: e(), xk: e(), xv: e(), vo: []int32{}, xo: []int32{}, snapVersion: t.snap, cached: t.cached}
-	if a.rk == nil {
-		a.rk = e()
+	a := &commitArgs{rk: e(), rb: e(), re: e(), cb: e(), ce: e(), ck: e(), sk: e(), sv: e(), ak: e(), ad: e(),
+		vk: e(), vv: e(), xk: e(), xv: e(), vo: []int32{}, xo: []int32{}, rkp: e(), rka: e(), snapVersion: t.snap, cached: t.cached}
+	// A read key whose presence at snap is known is validated without the
+	// clears log (fastApply): present, it must still have a row of a
+	// version up to snap; absent, still no row.
+	read := make(map[string]struct{}, len(t.readKeys))
+	for _, k := range t.readKeys {
+		if _, dup := read[string(k)]; dup {
+			continue
+		}
+		read[string(k)] = struct{}{}
+		switch p, known := t.present[string(k)]; {
+		case !known:
+			a.rk = append(a.rk, k)
+		case p:
+			a.rkp = append(a.rkp, k)
+		default:
+			a.rka = append(a.rka, k)
+		}
 	}
 	for _, r := range t.reads {
 		if bytes.Compare(r.Begin, r.End) < 0 {
