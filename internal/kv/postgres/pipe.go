@@ -64,7 +64,6 @@ type sentBatch struct {
 	next    int   // the statement whose results come next
 	err     error // the first error of a statement (the rest were skipped)
 	unsent  bool  // its write failed
-	t0      time.Time
 }
 
 // pipeSQL are the statements a commit connection prepares.
