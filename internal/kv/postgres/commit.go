@@ -36,11 +36,23 @@ import (
 // runs them in the order sent, and their results come back in that order,
 // so commit versions follow the send order and the commit cache (cache.go)
 // is updated batch by batch in commit order. Transactions arriving while
-// maxInFlight batches are in flight queue for the next one, which is sent
-// as soon as one comes back.
+// maxInFlight batches are in flight (or one is, and fewer than
+// minPipelined wait) queue for the next one, which is sent as soon as one
+// comes back.
 
 // maxInFlight is how many batches of one DB may be in flight at once.
 const maxInFlight = 2
+
+// minPipelined is how many commits must be waiting for a batch to be sent
+// while another is in flight; fewer wait for it to come back. A batch
+// costs the commit connection's server process about as much fixed work
+// (the lock statement, the commit, the round trip's system calls and
+// wake-ups) as two or three applies, and that process is what limits a
+// busy DB: with 8 workers (BenchmarkCycle), sending every waiting commit
+// at once made batches of 1.9 transactions and 2,790-2,980 cycles/s; this
+// makes batches of 2.6 and 3,005-3,098 (BENCHMARKS.md "The commit
+// connection").
+const minPipelined = 4
 
 // maxBatch bounds a batch (the 2-byte order of a versionstamp allows
 // 65,536).
@@ -86,11 +98,12 @@ func (req *commitReq) result() (int64, int, [][]byte, error) {
 }
 
 // sendNext sends what is queued (up to maxBatch) as one batch, unless
-// maxInFlight batches are in flight: every request is in exactly one of
-// the queue or a batch.
+// maxInFlight batches are in flight, or one is and fewer than
+// minPipelined requests wait: every request is in exactly one of the
+// queue or a batch.
 func (db *DB) sendNext() {
 	db.cmu.Lock()
-	if db.inflight >= maxInFlight || len(db.queue) == 0 {
+	if db.inflight >= maxInFlight || len(db.queue) == 0 || (db.inflight > 0 && len(db.queue) < minPipelined) {
 		db.cmu.Unlock()
 		return
 	}

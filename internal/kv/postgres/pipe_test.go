@@ -59,9 +59,10 @@ func (db *DB) inFlight() (batches, queued int) {
 	return db.inflight, len(db.queue)
 }
 
-// TestCommitPipeline: batches are written while earlier ones are still
-// running (up to maxInFlight), later commits queue for the next batch,
-// and all commit in the order written.
+// TestCommitPipeline: a batch is written while an earlier one is still
+// running (up to maxInFlight) once minPipelined commits wait for it,
+// fewer wait for the batch in flight, later commits queue for the next
+// batch, and all commit.
 func TestCommitPipeline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts a PostgreSQL server")
@@ -80,28 +81,41 @@ func TestCommitPipeline(t *testing.T) {
 	}
 	release := holdCommitLock(t, dsn)
 	rt0 := db.RoundTrips()
-	n := maxInFlight + 2
-	errs := make(chan error, n)
-	for i := range n {
+	n := 0
+	errs := make(chan error, 32)
+	commit := func() {
+		i := n
+		n++
 		go func() { errs <- set(fmt.Sprintf("p/%d", i)) }()
-		if i < maxInFlight {
-			// Each is sent at once, as a batch of its own.
-			waitFor(t, fmt.Sprintf("batch %d in flight", i+1), func() bool { b, _ := db.inFlight(); return b == i+1 })
-		}
 	}
-	waitFor(t, "2 commits queued", func() bool { _, q := db.inFlight(); return q == 2 })
-	if b, q := db.inFlight(); b != maxInFlight || q != 2 {
-		t.Fatalf("%d batches in flight and %d commits queued, want %d and 2", b, q, maxInFlight)
+	state := func(batches, queued int) {
+		t.Helper()
+		waitFor(t, fmt.Sprintf("%d batches in flight and %d commits queued", batches, queued), func() bool {
+			b, q := db.inFlight()
+			return b == batches && q == queued
+		})
 	}
+	commit() // nothing in flight: sent at once
+	state(1, 0)
+	for range minPipelined - 1 { // too few to go while a batch is in flight
+		commit()
+	}
+	state(1, minPipelined-1)
+	commit() // enough: they go as the second batch
+	state(2, 0)
+	commit() // maxInFlight batches in flight: queued
+	commit()
+	state(2, 2)
 	release()
 	for range n {
 		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	// The two queued went together, in the batch after the first to end.
-	if rt := db.RoundTrips() - rt0; rt != int64(maxInFlight+1) {
-		t.Errorf("%d round trips for %d batches", rt, maxInFlight+1)
+	// The two queued went together, as the third batch (fewer than
+	// minPipelined: after both batches in flight came back).
+	if rt := db.RoundTrips() - rt0; rt != 3 {
+		t.Errorf("%d round trips for 3 batches", rt)
 	}
 	if err := db.ReadTransact(ctx, func(tx kv.ReadTx) error {
 		for i := range n {
