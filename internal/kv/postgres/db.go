@@ -85,14 +85,17 @@ type DB struct {
 	cache   *commitCache // values of this DB's commits (cache.go)
 
 	// Group commit (commit.go).
-	cmu      sync.Mutex
-	queue    []*commitReq
-	inflight int             // batches in flight (at most maxInFlight)
-	wmu      sync.Mutex      // writes to pipe, and pipe
-	pipe     *pipe           // the commit connection (pipe.go)
-	pruneDue atomic.Bool     // the clears log is due a pruning (pruneSQL)
-	parked   chan parkedConn // connections whose snapshot awaits its ROLLBACK
-	pmu      sync.Mutex      // parking vs Close
+	cmu       sync.Mutex
+	queue     []*commitReq
+	inflight  int        // batches in flight (at most maxInFlight)
+	commits   pipeSlot   // the commit connection (pipe.go)
+	reads     pipeSlot   // the read connection (reads.go)
+	rmu       sync.Mutex // rqueue, rinflight
+	rqueue    []*pointRead
+	rinflight int
+	pruneDue  atomic.Bool     // the clears log is due a pruning (pruneSQL)
+	parked    chan parkedConn // connections whose snapshot awaits its ROLLBACK
+	pmu       sync.Mutex      // parking vs Close
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -160,6 +163,9 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 		parked: make(chan parkedConn, cfg.MaxConns),
 		cache:  newCommitCache(),
 	}
+	db.commits.name, db.commits.listen = "commit connection", true
+	db.commits.sql = []string{lockSQL, pruneSQL, fastApplySQL, applySQL}
+	db.reads.name, db.reads.sql = "read connection", []string{autoGetSQL}
 	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, db.errorf("connect", err)
@@ -317,7 +323,8 @@ func (db *DB) Close() error {
 		close(db.closed)
 		db.watches.close()
 		db.bg.Wait()
-		db.closePipe()
+		db.commits.close()
+		db.reads.close()
 		db.unpark()
 		db.pool.Close()
 	})

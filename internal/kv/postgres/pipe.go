@@ -47,7 +47,7 @@ type pipe struct {
 	pid   uint32 // the server process's
 	fe    *pgproto3.Frontend
 	stmts map[string]*pgconn.StatementDescription
-	buf   []byte // the parameters of the batch being written (under DB.wmu)
+	buf   []byte // the parameters of the batch being written (under the slot's mu)
 
 	mu     sync.Mutex
 	sent   []*sentBatch // written, result not read yet, in write order
@@ -55,68 +55,79 @@ type pipe struct {
 	exited chan struct{}
 }
 
-// sentBatch is a batch on its way: its statements and what the reader
-// has taken of their results.
+// sentBatch is a batch on its way: its statements, what the reader has
+// taken of their results, and where its outcome goes.
 type sentBatch struct {
-	reqs    []*commitReq
 	calls   []call
 	version int64
 	next    int   // the statement whose results come next
 	err     error // the first error of a statement (the rest were skipped)
 	unsent  bool  // its write failed
+	// deliver hands the outcome on: the commit version (commit batches),
+	// or why the batch failed.
+	deliver func(version int64, err error)
 }
 
-// pipeSQL are the statements a commit connection prepares.
-var pipeSQL = []string{lockSQL, pruneSQL, fastApplySQL, applySQL}
+// pipeSlot is one of a DB's pipelined connections (the commit connection
+// or the read connection): the connection while it works, opened again
+// after it broke.
+type pipeSlot struct {
+	name   string   // for errors
+	sql    []string // prepared when opened
+	listen bool     // LISTENs for the watches
+
+	mu sync.Mutex // writes, and p
+	p  *pipe
+}
 
 // send writes batch on the commit connection (opening one if needed);
 // its outcome reaches its callers through delivered.
 func (db *DB) send(batch []*commitReq) {
-	b := &sentBatch{reqs: batch}
+	b := &sentBatch{deliver: func(version int64, err error) { db.delivered(batch, version, err) }}
 	b.calls = db.batchCalls(batch, &b.version)
-	if err := db.write(b); err != nil {
-		db.delivered(batch, 0, err)
+	if err := db.commits.write(db, b); err != nil {
+		b.deliver(0, err)
 	}
 }
 
 // write writes b, or returns why it could not (then nothing of it was
 // sent).
-func (db *DB) write(b *sentBatch) error {
-	db.wmu.Lock()
-	defer db.wmu.Unlock()
-	p, err := db.openedPipeLocked()
+func (s *pipeSlot) write(db *DB, b *sentBatch) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.openedLocked(db)
 	if err != nil {
 		return err
 	}
 	return p.write(b)
 }
 
-// openedPipe returns the commit connection, opening one if there is none
-// or it broke.
-func (db *DB) openedPipe() (*pipe, error) {
-	db.wmu.Lock()
-	defer db.wmu.Unlock()
-	return db.openedPipeLocked()
+// opened returns the connection, opening one if there is none or it
+// broke.
+func (s *pipeSlot) opened(db *DB) (*pipe, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.openedLocked(db)
 }
 
-func (db *DB) openedPipeLocked() (*pipe, error) {
-	if db.pipe != nil && !db.pipe.broken() {
-		return db.pipe, nil
+func (s *pipeSlot) openedLocked(db *DB) (*pipe, error) {
+	if s.p != nil && !s.p.broken() {
+		return s.p, nil
 	}
 	if db.isClosed() {
 		return nil, kv.ErrClosed
 	}
-	p, err := db.openPipe()
+	p, err := s.open(db)
 	if err != nil {
 		return nil, err
 	}
-	db.pipe = p
+	s.p = p
 	return p, nil
 }
 
-// openPipe takes a connection from the pool for good, prepares the
-// commit's statements on it and starts its reader.
-func (db *DB) openPipe() (*pipe, error) {
+// open takes a connection from the pool for good, prepares the slot's
+// statements on it (and LISTENs) and starts its reader.
+func (s *pipeSlot) open(db *DB) (*pipe, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	pc, err := db.pool.Acquire(ctx)
@@ -124,11 +135,11 @@ func (db *DB) openPipe() (*pipe, error) {
 		if db.isClosed() {
 			return nil, kv.ErrClosed
 		}
-		return nil, notSent{db.errorf("open the commit connection", err)}
+		return nil, notSent{db.errorf("open the "+s.name, err)}
 	}
 	c := pc.Hijack() // no longer the pool's
-	stmts := make(map[string]*pgconn.StatementDescription, len(pipeSQL))
-	for _, sql := range pipeSQL {
+	stmts := make(map[string]*pgconn.StatementDescription, len(s.sql))
+	for _, sql := range s.sql {
 		sd, err := prepare(ctx, c, sql)
 		if err != nil {
 			_ = c.Close(ctx)
@@ -140,9 +151,11 @@ func (db *DB) openPipe() (*pipe, error) {
 		}
 		stmts[sql] = sd
 	}
-	if _, err := c.Exec(ctx, "LISTEN "+channel); err != nil {
-		_ = c.Close(ctx)
-		return nil, notSent{err}
+	if s.listen {
+		if _, err := c.Exec(ctx, "LISTEN "+channel); err != nil {
+			_ = c.Close(ctx)
+			return nil, notSent{err}
+		}
 	}
 	hc, err := c.PgConn().Hijack()
 	if err != nil {
@@ -154,17 +167,34 @@ func (db *DB) openPipe() (*pipe, error) {
 	return p, nil
 }
 
-// write encodes and writes b (the caller holds DB.wmu). An error means
-// nothing of b was sent; once b is queued for the reader, its outcome is
+// current is the slot's connection (nil if none was opened yet).
+func (s *pipeSlot) current() *pipe {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p
+}
+
+// close ends the slot's connection: batches in flight are delivered with
+// the error.
+func (s *pipeSlot) close() {
+	if p := s.current(); p != nil {
+		p.fail(kv.ErrClosed)
+		<-p.exited
+	}
+}
+
+// write encodes and writes b (the caller holds its slot's mu). An error
+// means nothing of b was sent; once b is queued for the reader, its outcome is
 // the reader's to deliver.
 func (p *pipe) write(b *sentBatch) error {
 	params := make([][][]byte, len(b.calls))
 	p.buf = p.buf[:0]
 	for i, cl := range b.calls {
-		oids := p.stmts[fastApplySQL].ParamOIDs // every variant's
-		if sd, ok := p.stmts[cl.sql]; ok {
-			oids = sd.ParamOIDs
+		sd, ok := p.stmts[cl.sql]
+		if !ok {
+			sd = p.stmts[fastApplySQL] // a variant of it, not prepared yet: the same parameters
 		}
+		oids := sd.ParamOIDs
 		var err error
 		if cl.apply != nil {
 			p.buf, params[i], err = cl.apply.encode(cl.order, oids, p.buf)
@@ -283,7 +313,7 @@ func (p *pipe) read() {
 			if err == nil && b.next != len(b.calls) {
 				err = fmt.Errorf("postgres: %d results for %d statements", b.next, len(b.calls))
 			}
-			p.db.delivered(b.reqs, b.version, err)
+			b.deliver(b.version, err)
 		}
 	}
 }
@@ -328,20 +358,8 @@ func (p *pipe) deliverAll() {
 		if b.unsent {
 			err = notSent{cause}
 		} else if err == nil {
-			err = fmt.Errorf("postgres: the commit connection broke before the result (the commit may or may not have happened): %w", cause)
+			err = fmt.Errorf("postgres: the connection broke before the result (a commit may or may not have happened): %w", cause)
 		}
-		p.db.delivered(b.reqs, 0, err)
-	}
-}
-
-// closePipe ends the commit connection (DB.Close): batches in flight are
-// delivered with the error.
-func (db *DB) closePipe() {
-	db.wmu.Lock()
-	p := db.pipe
-	db.wmu.Unlock()
-	if p != nil {
-		p.fail(kv.ErrClosed)
-		<-p.exited
+		b.deliver(0, err)
 	}
 }

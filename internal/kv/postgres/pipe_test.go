@@ -152,9 +152,7 @@ func TestCommitConnectionLost(t *testing.T) {
 	}
 	defer admin.Close(ctx)
 	current := func() *pipe {
-		db.wmu.Lock()
-		defer db.wmu.Unlock()
-		return db.pipe
+		return db.commits.current()
 	}
 	terminate := func(p *pipe) {
 		t.Helper()
@@ -277,5 +275,68 @@ func TestClearsLogPruned(t *testing.T) {
 	set("g/2") // the DB's next batch prunes
 	if n, min := count(); n != 3000-gc || min != gc+1 {
 		t.Fatalf("after the pruning: %d old clears left from version %d, want %d from %d", n, min, 3000-gc, gc+1)
+	}
+}
+
+// TestReadConnection: the first reads of concurrent transactions go on
+// the read connection, each with its own snapshot version; ended by the
+// server, it is replaced without an error.
+func TestReadConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	writer, db := openDB(t, dsn, Options{}), openDB(t, dsn, Options{})
+	ctx := context.Background()
+	const n = 32
+	if err := writer.Transact(ctx, func(tx kv.Tx) error {
+		for i := range n {
+			tx.Set([]byte(fmt.Sprintf("r/%02d", i)), []byte(fmt.Sprint(i)))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	read := func(i int) error {
+		return db.Transact(ctx, func(tx kv.Tx) error {
+			k := []byte(fmt.Sprintf("r/%02d", i))
+			v, err := tx.Get(k)
+			if err != nil {
+				return err
+			}
+			if !isAuto(tx) || string(v) != fmt.Sprint(i) {
+				return fmt.Errorf("read %s = %q (without a snapshot: %v)", k, v, isAuto(tx))
+			}
+			tx.Set([]byte(fmt.Sprintf("r/copy/%02d", i)), v)
+			return nil
+		})
+	}
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- read(i) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := db.reads.current()
+	if first == nil {
+		t.Fatal("no read connection")
+	}
+	admin, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", int32(first.pid)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the read connection seen gone", first.broken)
+	if err := read(0); err != nil {
+		t.Fatalf("read after the read connection was ended: %v", err)
+	}
+	if second := db.reads.current(); second == first || second.pid == first.pid {
+		t.Fatal("the read did not go on a new connection")
 	}
 }

@@ -173,56 +173,31 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 }
 
 // autoRead runs a transaction's first read, a point read, as a statement
-// of its own (in its own implicit transaction, which is a snapshot too)
-// instead of opening a REPEATABLE READ transaction for it: a
-// transaction whose only read it is (Accept, once its queue head is
-// known) needs no BEGIN and no ROLLBACK, and its connection goes back to
-// the pool at once. The statement's snapshot version becomes the
+// of its own (on the read connection, reads.go: a statement has a
+// snapshot of its own) instead of opening a REPEATABLE READ transaction
+// for it: a transaction whose only read it is (Accept, once its queue head
+// is known) needs no BEGIN and no ROLLBACK, and no connection of its own. The statement's snapshot version becomes the
 // transaction's. A later read opens a snapshot (the current state) and
 // checks, in the same round trip, that the first read's row is still the
 // one read (autoCheckSQL: the same version, or still none); if not, it
 // fails with kv.ErrConflict and the attempt runs again, so the function
 // never sees two states.
 func (t *tx) autoRead(args ...any) ([]kvbuf.Row, error) {
+	key, _ := args[0].([]byte)
 	var err error
 	for try := 0; try < 3; try++ {
-		if t.conn == nil {
-			c, dirty, err := t.db.acquire(t.ctx)
-			if err != nil {
-				return nil, err
+		var r *pointRead
+		if r, err = t.db.readPoint(t.ctx, key); err == nil {
+			t.snap = r.snap
+			t.auto, t.autoKey, t.autoRow = true, slices.Clone(key), -1
+			if !r.found {
+				return nil, nil
 			}
-			t.conn, t.dirty = c, dirty
+			t.autoRow = r.ver
+			return []kvbuf.Row{{K: slices.Clone(key), V: r.v}}, nil
 		}
-		t.db.rt.Add(1)
-		calls := make([]call, 0, 2)
-		if t.dirty {
-			calls = append(calls, call{sql: "ROLLBACK"})
-		}
-		var out []kvbuf.Row
-		read, row := false, int64(-1)
-		calls = append(calls, call{sql: autoGetSQL, args: args, row: func(vals [][]byte) (err error) {
-			read = true
-			if t.snap, err = decodeInt8(vals[0]); err != nil || vals[1] == nil {
-				return err
-			}
-			if row, err = decodeInt8(vals[3]); err != nil {
-				return err
-			}
-			return appendRow(&out, vals[1], vals[2])
-		}})
-		err = run(t.ctx, t.conn.Conn(), calls)
-		if err == nil && !read {
-			err = errors.New("postgres: no row in couchrep_kv_meta")
-		}
-		// The connection holds no transaction now (or is dropped): back
-		// to the pool.
-		t.conn.Release()
-		t.conn, t.dirty = nil, false
-		if err == nil {
-			key, _ := args[0].([]byte)
-			t.auto, t.autoKey, t.autoRow = true, slices.Clone(key), row
-			return out, nil
-		}
+		// The read connection broke (the server restarted): a new one
+		// may work. Nothing was read.
 		if !connLost(err) || t.ctx.Err() != nil {
 			break
 		}

@@ -128,7 +128,7 @@ func (h *watchHub) listen() {
 	defer h.db.bg.Done()
 	delay := 100 * time.Millisecond
 	for h.ctx.Err() == nil {
-		p, err := h.db.openedPipe()
+		p, err := h.db.commits.opened(h.db)
 		if err == nil {
 			delay = 100 * time.Millisecond
 			// Changes made while no connection listened are found by
