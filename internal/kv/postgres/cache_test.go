@@ -179,9 +179,9 @@ func TestCommitCache(t *testing.T) {
 	t.Run("batch order", func(t *testing.T) {
 		// Two transactions of one batch write the same key: the cache
 		// keeps the later one's value, which is the stored one.
-		a.cmu.Lock() // as if maxInFlight batches were in flight: both queue
-		a.inflight += maxInFlight
-		a.cmu.Unlock()
+		a.commitQ.mu.Lock() // as if maxInFlight batches were in flight: both queue
+		a.commitQ.inflight += maxInFlight
+		a.commitQ.mu.Unlock()
 		done := make(chan error, 2)
 		for i, v := range []string{"first", "second"} {
 			go func() {
@@ -193,9 +193,9 @@ func TestCommitCache(t *testing.T) {
 			waitQueued(t, a, i+1)
 		}
 		// As if those batches came back: both go in one batch.
-		a.cmu.Lock()
-		a.inflight -= maxInFlight
-		a.cmu.Unlock()
+		a.commitQ.mu.Lock()
+		a.commitQ.inflight -= maxInFlight
+		a.commitQ.mu.Unlock()
 		a.sendNext()
 		for range 2 {
 			if err := <-done; err != nil {
@@ -220,9 +220,7 @@ func waitQueued(t *testing.T, db *DB, n int) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
-		db.cmu.Lock()
-		q := len(db.queue)
-		db.cmu.Unlock()
+		_, q := db.commitQ.state()
 		if q >= n {
 			return
 		}

@@ -79,9 +79,7 @@ type commitReq struct {
 func (db *DB) commit(t *tx, a *commitArgs) (int64, int, [][]byte, error) {
 	t.end() // the snapshot is not needed any more
 	req := &commitReq{args: a, done: make(chan struct{})}
-	db.cmu.Lock()
-	db.queue = append(db.queue, req)
-	db.cmu.Unlock()
+	db.commitQ.add(req)
 	db.sendNext()
 	<-req.done
 	return req.result()
@@ -102,17 +100,9 @@ func (req *commitReq) result() (int64, int, [][]byte, error) {
 // minPipelined requests wait: every request is in exactly one of the
 // queue or a batch.
 func (db *DB) sendNext() {
-	db.cmu.Lock()
-	if db.inflight >= maxInFlight || len(db.queue) == 0 || (db.inflight > 0 && len(db.queue) < minPipelined) {
-		db.cmu.Unlock()
-		return
+	if batch := db.commitQ.take(maxInFlight, minPipelined); batch != nil {
+		db.send(batch)
 	}
-	n := min(len(db.queue), maxBatch)
-	batch := slices.Clone(db.queue[:n])
-	db.queue = db.queue[n:]
-	db.inflight++
-	db.cmu.Unlock()
-	db.send(batch)
 }
 
 // delivered ends a batch: its outcome (version or err, and each request's
@@ -131,9 +121,7 @@ func (db *DB) delivered(batch []*commitReq, version int64, err error) {
 	for i, r := range batch {
 		r.version, r.order, r.err = version, i, err
 	}
-	db.cmu.Lock()
-	db.inflight--
-	db.cmu.Unlock()
+	db.commitQ.ended()
 	// What queued meanwhile goes first: the server is idle until it
 	// arrives; the callers woken below have more to do before they commit
 	// again.

@@ -84,18 +84,15 @@ type DB struct {
 	rt      atomic.Int64 // round trips of transactions (RoundTrips)
 	cache   *commitCache // values of this DB's commits (cache.go)
 
-	// Group commit (commit.go).
-	cmu       sync.Mutex
-	queue     []*commitReq
-	inflight  int        // batches in flight (at most maxInFlight)
-	commits   pipeSlot   // the commit connection (pipe.go)
-	reads     pipeSlot   // the read connection (reads.go)
-	rmu       sync.Mutex // rqueue, rinflight
-	rqueue    []*pointRead
-	rinflight int
-	pruneDue  atomic.Bool     // the clears log is due a pruning (pruneSQL)
-	parked    chan parkedConn // connections whose snapshot awaits its ROLLBACK
-	pmu       sync.Mutex      // parking vs Close
+	// Group commit (commit.go) on the commit connection (pipe.go), and the
+	// first reads on the read connection (reads.go).
+	commitQ  batcher[*commitReq]
+	commits  pipeSlot
+	readQ    batcher[*pointRead]
+	reads    pipeSlot
+	pruneDue atomic.Bool     // the clears log is due a pruning (pruneSQL)
+	parked   chan parkedConn // connections whose snapshot awaits its ROLLBACK
+	pmu      sync.Mutex      // parking vs Close
 
 	closeOnce sync.Once
 	closed    chan struct{}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -362,4 +363,49 @@ func (p *pipe) deliverAll() {
 		}
 		b.deliver(0, err)
 	}
+}
+
+// batcher queues requests sent in batches, at most a given number in
+// flight (the commit and read connections' queues).
+type batcher[T any] struct {
+	mu       sync.Mutex
+	queue    []T
+	inflight int // batches in flight
+}
+
+func (b *batcher[T]) add(r T) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queue = append(b.queue, r)
+}
+
+// take takes the next batch (up to maxBatch requests) and counts it in
+// flight, unless maxInFlight batches are in flight, or one is and fewer
+// than minPipelined requests wait (nil). Every request is in exactly one
+// of the queue or a batch.
+func (b *batcher[T]) take(maxInFlight, minPipelined int) []T {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.inflight >= maxInFlight || len(b.queue) == 0 || (b.inflight > 0 && len(b.queue) < minPipelined) {
+		return nil
+	}
+	n := min(len(b.queue), maxBatch)
+	batch := slices.Clone(b.queue[:n])
+	b.queue = b.queue[n:]
+	b.inflight++
+	return batch
+}
+
+// ended counts a batch out of flight.
+func (b *batcher[T]) ended() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.inflight--
+}
+
+// state is how many batches are in flight and requests queued.
+func (b *batcher[T]) state() (batches, queued int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.inflight, len(b.queue)
 }

@@ -41,6 +41,14 @@ func holdCommitLock(t *testing.T, dsn string) (release func()) {
 	return release
 }
 
+// setKey commits k = v.
+func setKey(ctx context.Context, db *DB, k, v string) error {
+	return db.Transact(ctx, func(tx kv.Tx) error {
+		tx.Set([]byte(k), []byte(v))
+		return nil
+	})
+}
+
 // waitFor polls cond until it holds (a minute at most).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -54,9 +62,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func (db *DB) inFlight() (batches, queued int) {
-	db.cmu.Lock()
-	defer db.cmu.Unlock()
-	return db.inflight, len(db.queue)
+	return db.commitQ.state()
 }
 
 // TestCommitPipeline: a batch is written while an earlier one is still
@@ -70,12 +76,7 @@ func TestCommitPipeline(t *testing.T) {
 	dsn := pgtest.Shared(t).NewDatabase(t)
 	db := openDB(t, dsn, Options{})
 	ctx := context.Background()
-	set := func(k string) error {
-		return db.Transact(ctx, func(tx kv.Tx) error {
-			tx.Set([]byte(k), []byte("v"))
-			return nil
-		})
-	}
+	set := func(k string) error { return setKey(ctx, db, k, "v") }
 	if err := set("p/warm"); err != nil { // opens the commit connection
 		t.Fatal(err)
 	}
@@ -140,12 +141,7 @@ func TestCommitConnectionLost(t *testing.T) {
 	dsn := pgtest.Shared(t).NewDatabase(t)
 	db := openDB(t, dsn, Options{})
 	ctx := context.Background()
-	set := func(k string) error {
-		return db.Transact(ctx, func(tx kv.Tx) error {
-			tx.Set([]byte(k), []byte("v"))
-			return nil
-		})
-	}
+	set := func(k string) error { return setKey(ctx, db, k, "v") }
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -254,10 +250,7 @@ func TestClearsLogPruned(t *testing.T) {
 	}
 	set := func(k string) {
 		t.Helper()
-		if err := db.Transact(ctx, func(tx kv.Tx) error {
-			tx.Set([]byte(k), []byte("v"))
-			return nil
-		}); err != nil {
+		if err := setKey(ctx, db, k, "v"); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -38,9 +38,7 @@ type pointRead struct {
 // readPoint reads key on the read connection.
 func (db *DB) readPoint(ctx context.Context, key []byte) (*pointRead, error) {
 	r := &pointRead{key: key, done: make(chan struct{})}
-	db.rmu.Lock()
-	db.rqueue = append(db.rqueue, r)
-	db.rmu.Unlock()
+	db.readQ.add(r)
 	db.sendReads()
 	select {
 	case <-r.done:
@@ -53,25 +51,17 @@ func (db *DB) readPoint(ctx context.Context, key []byte) (*pointRead, error) {
 // sendReads sends the queued reads (up to maxBatch) as one batch unless
 // maxReadsInFlight batches are in flight.
 func (db *DB) sendReads() {
-	db.rmu.Lock()
-	if db.rinflight >= maxReadsInFlight || len(db.rqueue) == 0 {
-		db.rmu.Unlock()
+	batch := db.readQ.take(maxReadsInFlight, 1)
+	if batch == nil {
 		return
 	}
-	n := min(len(db.rqueue), maxBatch)
-	batch := slices.Clone(db.rqueue[:n])
-	db.rqueue = db.rqueue[n:]
-	db.rinflight++
-	db.rmu.Unlock()
 
 	b := &sentBatch{calls: make([]call, len(batch))}
 	for i, r := range batch {
 		b.calls[i] = call{sql: autoGetSQL, args: []any{r.key}, row: r.take}
 	}
 	b.deliver = func(_ int64, err error) {
-		db.rmu.Lock()
-		db.rinflight--
-		db.rmu.Unlock()
+		db.readQ.ended()
 		db.sendReads()
 		for _, r := range batch {
 			if err != nil {
