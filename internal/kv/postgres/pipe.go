@@ -28,10 +28,10 @@ import (
 // is used by one goroutine at a time, which would make a batch wait for
 // the previous one's result before it could be sent, so after preparing
 // the commit's statements the connection is taken from pgx (Hijack) and
-// spoken to with pgproto3 directly: writers (under DB.wmu) only send,
-// the reader only receives. It also LISTENs for the watches (watch.go):
-// the reader hands the notifications to the watch hub, which keeps the
-// connection open while the DB is.
+// spoken to with pgproto3 directly: writers (under their pipeSlot's mu)
+// only send, the reader only receives. It also LISTENs for the watches
+// (watch.go): the reader hands the notifications to the watch hub, which
+// keeps the connection open while the DB is.
 //
 // Outcomes: a batch whose ReadyForQuery arrived has the results read (or
 // the error of its first failed statement, after which the server skipped
@@ -41,7 +41,8 @@ import (
 // unknown outcome, as with any connection: the error says so and is not
 // retried. The next batch opens a new connection.
 
-// pipe is one commit connection.
+// pipe is one pipelined connection: the commit connection, or the read
+// connection (reads.go), which works the same way.
 type pipe struct {
 	db    *DB
 	conn  net.Conn
