@@ -176,8 +176,9 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 // of its own (on the read connection, reads.go: a statement has a
 // snapshot of its own) instead of opening a REPEATABLE READ transaction
 // for it: a transaction whose only read it is (Accept, once its queue head
-// is known) needs no BEGIN and no ROLLBACK, and no connection of its own. The statement's snapshot version becomes the
-// transaction's. A later read opens a snapshot (the current state) and
+// is known) needs no BEGIN and no ROLLBACK, and no connection of its own.
+// The statement's snapshot version becomes the transaction's. A later
+// read opens a snapshot (the current state) and
 // checks, in the same round trip, that the first read's row is still the
 // one read (autoCheckSQL: the same version, or still none); if not, it
 // fails with kv.ErrConflict and the attempt runs again, so the function
