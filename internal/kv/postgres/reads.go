@@ -37,7 +37,7 @@ type pointRead struct {
 
 // readPoint reads key on the read connection.
 func (db *DB) readPoint(ctx context.Context, key []byte) (*pointRead, error) {
-	r := &pointRead{key: key, done: make(chan struct{})}
+	r := &pointRead{key: slices.Clone(key), done: make(chan struct{})} // it may outlive a cancelled caller
 	db.readQ.add(r)
 	db.sendReads()
 	select {
