@@ -259,9 +259,11 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 }
 
 // doRead sends r with retries like do and hands a successful response to
-// read, which consumes and closes it. When request_timeout ends the read
-// (read's error matches ErrRequestTimeout and is not a finalError) the
-// request is sent again, within the same retries and error budget.
+// read, which consumes and closes it. When request_timeout or
+// connection_timeout ends the read (read's error matches
+// ErrRequestTimeout or ErrStalled and is not a finalError) the request is
+// sent again, within the same retries and error budget, as ibrowse's
+// req_timedout and a closed connection are by couch_replicator_httpc.
 func (d *DB) doRead(ctx context.Context, r *request, read func(*http.Response) error) error {
 	_, err := d.exchange(ctx, r, read)
 	return err
@@ -353,7 +355,7 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 					return nil, nil
 				case errors.As(err, &final):
 					return nil, final.err
-				case !errors.Is(err, ErrRequestTimeout) || ctx.Err() != nil || attempt >= retries || d.overBudget(&firstErr):
+				case !(errors.Is(err, ErrRequestTimeout) || errors.Is(err, ErrStalled)) || ctx.Err() != nil || attempt >= retries || d.overBudget(&firstErr):
 					return nil, err
 				}
 				d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).

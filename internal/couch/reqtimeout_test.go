@@ -166,3 +166,68 @@ func TestRequestTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledBodyRetried: a response whose body stops coming for
+// connection_timeout (ErrStalled) is asked for again, like one that took
+// longer than request_timeout, unless the caller was already handed part
+// of it.
+func TestStalledBodyRetried(t *testing.T) {
+	stall := func(c net.Conn, head string, done <-chan struct{}) {
+		if _, err := c.Write([]byte(head)); err == nil {
+			<-done
+		}
+	}
+	tests := []struct {
+		name     string
+		reply    func(attempt int64, c net.Conn, done <-chan struct{})
+		call     func(ctx context.Context, d *DB) error
+		want     string // error text; "" for success
+		attempts int64
+	}{
+		{"a retry gets the answer",
+			func(attempt int64, c net.Conn, done <-chan struct{}) {
+				if attempt == 1 {
+					stall(c, chunked+`{"db_name":"db"`, done)
+					return
+				}
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(infoJSON), infoJSON)
+			},
+			func(ctx context.Context, d *DB) error { _, err := d.Info(ctx); return err },
+			"", 2},
+		{"every attempt stalls",
+			func(_ int64, c net.Conn, done <-chan struct{}) { stall(c, chunked+`{"db_name":"db"`, done) },
+			func(ctx context.Context, d *DB) error { _, err := d.Info(ctx); return err },
+			"nothing received for 200ms (in the response body", 3},
+		{"open_revs stalls after a revision: not sent again",
+			func(_ int64, c net.Conn, done <-chan struct{}) {
+				stall(c, chunked+`[{"ok":{"_id":"a","_rev":"1-a","_revisions":{"start":1,"ids":["a"]}}},`, done)
+			},
+			func(ctx context.Context, d *DB) error {
+				return d.OpenRevs(ctx, "a", []string{"1-a", "2-b"}, nil, func(Doc) error { return nil })
+			},
+			"in the response body", 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			u, n := attemptServer(t, tc.reply)
+			ep, err := ParseEndpoint(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := NewDB(ep, Options{Retries: 2, RetryBackoff: time.Millisecond, Limits: Limits{ReadTimeout: 200 * time.Millisecond}})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err = tc.call(ctx, d)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("error %v, want none", err)
+			case tc.want != "" && (!errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one matching ErrStalled containing %q", err, tc.want)
+			}
+			if got := n.Load(); got != tc.attempts {
+				t.Fatalf("%d requests, want %d", got, tc.attempts)
+			}
+		})
+	}
+}
