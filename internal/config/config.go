@@ -159,6 +159,34 @@ type Couchrep struct {
 	// [admins] (allow_admin_party, false): as Apache CouchDB 3, couchrep
 	// otherwise refuses to start an open API that other machines can reach.
 	AllowAdminParty bool
+	// AuthServer is the CouchDB server whose users may use the HTTP API
+	// (auth_server): a request's Basic credentials or AuthSession cookie
+	// are checked with GET /_session there, and its userCtx (name, roles)
+	// is the request's; the _admin role makes a server admin. Empty means
+	// the first of Watch, once [admins] is set; with neither [admins] nor
+	// auth_server the API is an admin party. See UsersAuthServer.
+	AuthServer string
+	// SessionTimeout is how long a cookie of POST /_session stays valid
+	// (session_timeout, 600 s, CouchDB's [chttpd_auth] timeout); it is
+	// the cookie's Max-Age, renewed once a tenth of it has passed.
+	SessionTimeout time.Duration
+	// AuthCacheTTL is how long an answer of the auth server is remembered
+	// (auth_cache_ttl, 10 s; 0 asks it on every request). Entries are
+	// keyed by a hash of the credentials, never the password.
+	AuthCacheTTL time.Duration
+}
+
+// UsersAuthServer returns the server whose users the HTTP API accepts:
+// [couchrep] auth_server, or the first watched server when [admins] is set,
+// or "" (only [admins], or an admin party when that is empty too).
+func (c Config) UsersAuthServer() string {
+	switch {
+	case c.Couchrep.AuthServer != "":
+		return c.Couchrep.AuthServer
+	case len(c.Admins) > 0 && len(c.Couchrep.Watch) > 0:
+		return c.Couchrep.Watch[0]
+	}
+	return ""
 }
 
 // Replicator is the [replicator] section. Times are time.Duration; in the
@@ -384,6 +412,8 @@ func Default() Config {
 			HeartbeatInterval:  5000 * time.Millisecond,
 			ClusterQuietPeriod: 15 * time.Second,
 			IdleGCPercent:      25,
+			SessionTimeout:     600 * time.Second,
+			AuthCacheTTL:       10 * time.Second,
 		},
 		Replicator: Replicator{
 			MaxJobs:            500,

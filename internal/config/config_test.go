@@ -83,6 +83,9 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"couchrep.run_log":                         "false",
 		"couchrep.idle_gc_percent":                 "25",
 		"couchrep.allow_admin_party":               "false",
+		"couchrep.auth_server":                     "",
+		"couchrep.session_timeout":                 "600",
+		"couchrep.auth_cache_ttl":                  "10",
 		"replicator.max_document_bytes":            "33554432",
 		"replicator.max_changes_row_bytes":         "8388608",
 		"replicator.max_response_bytes":            "67108864",
@@ -707,11 +710,15 @@ func TestAdminPartyBeyondLoopback(t *testing.T) {
 		{"all interfaces, message says what to set", ":5986", nil, false, nil, "set `[couchrep] allow_admin_party = true`"},
 		{"all interfaces with admins", "0.0.0.0:5986", map[string]string{"admin": "pw"}, false, nil, ""},
 		{"all interfaces, admin party allowed", "0.0.0.0:5986", nil, true, nil, ""},
+		{"all interfaces with an auth server", "0.0.0.0:5986", nil, false, nil, ""},
 		{"replication-only node serves no API", "0.0.0.0:5986", nil, false, []string{NodeTypeReplication}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Default()
 			c.Couchrep.HTTPBind, c.Couchrep.AllowAdminParty = tc.bind, tc.allow
+			if strings.Contains(tc.name, "auth server") {
+				c.Couchrep.AuthServer = "http://127.0.0.1:5984"
+			}
 			if tc.admins != nil {
 				c.Admins = tc.admins
 			}
@@ -766,5 +773,35 @@ func TestHashAdmins(t *testing.T) {
 	}
 	if names, files, _ := again.HashAdmins(hash); len(names) != 0 || len(files) != 0 {
 		t.Fatalf("second start hashed %v in %v again", names, files)
+	}
+}
+
+// TestUsersAuthServer: auth_server wins; the first watched server is the
+// default only once [admins] is set (no [admins] and no auth_server is an
+// admin party).
+func TestUsersAuthServer(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		authServer string
+		watch      []string
+		admins     map[string]string
+		want       string
+	}{
+		{"admin party", "", []string{"http://a:5984"}, nil, ""},
+		{"admins, no watch", "", nil, map[string]string{"admin": "pw"}, ""},
+		{"admins and watch", "", []string{"http://a:5984", "http://b:5984"}, map[string]string{"admin": "pw"}, "http://a:5984"},
+		{"explicit", "http://c:5984", []string{"http://a:5984"}, nil, "http://c:5984"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.Couchrep.AuthServer, c.Couchrep.Watch = tc.authServer, tc.watch
+			if tc.admins != nil {
+				c.Admins = tc.admins
+			}
+			if got := c.UsersAuthServer(); got != tc.want {
+				t.Errorf("UsersAuthServer() = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

@@ -14,7 +14,9 @@
 //
 //	[couchrep]            couchrep's own: store, data_dir, node_name, node_types,
 //	                      http_bind, admin_bind, watch, durability,
-//	                      allow_admin_party (an open API beyond loopback)
+//	                      allow_admin_party (an open API beyond loopback),
+//	                      auth_server, session_timeout, auth_cache_ttl (CouchDB
+//	                      users on the HTTP API: Config.UsersAuthServer)
 //	[replicator]          CouchDB's keys, names and defaults (max_jobs = 500, ...),
 //	                      plus couchrep's limits on what endpoints send:
 //	                      max_document_bytes, max_changes_row_bytes, max_response_bytes

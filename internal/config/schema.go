@@ -69,6 +69,9 @@ var schema = []*setting{
 	{section: SectionCouchrep, key: "run_log", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.RunLog }}},
 	{section: SectionCouchrep, key: "idle_gc_percent", v: intValue{p: func(c *Config) *int { return &c.Couchrep.IdleGCPercent }, min: 0, max: 100}},
 	{section: SectionCouchrep, key: "allow_admin_party", v: boolValue{p: func(c *Config) *bool { return &c.Couchrep.AllowAdminParty }}},
+	{section: SectionCouchrep, key: "auth_server", v: stringValue{p: func(c *Config) *string { return &c.Couchrep.AuthServer }, ok: validServerURL, optional: true, what: `a CouchDB server URL such as "http://127.0.0.1:5984"`}},
+	{section: SectionCouchrep, key: "session_timeout", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.SessionTimeout }, unit: time.Second, min: time.Second}},
+	{section: SectionCouchrep, key: "auth_cache_ttl", v: durationValue{p: func(c *Config) *time.Duration { return &c.Couchrep.AuthCacheTTL }, unit: time.Second}},
 
 	// [replicator], CouchDB 3.x main.
 	{section: SectionReplicator, key: "max_jobs", v: intValue{p: func(c *Config) *int { return &c.Replicator.MaxJobs }, min: 0, max: maxInt}},

@@ -60,10 +60,10 @@ func (c Config) Validate() error {
 		}
 		fail(SectionSSL, key, "a PEM file path (enable = true needs cert_file and key_file)", got)
 	}
-	if c.HasNodeType(NodeTypeAPIFrontend) && len(c.Admins) == 0 && !c.Couchrep.AllowAdminParty &&
+	if c.HasNodeType(NodeTypeAPIFrontend) && len(c.Admins) == 0 && c.Couchrep.AuthServer == "" && !c.Couchrep.AllowAdminParty &&
 		c.Couchrep.HTTPBind != "" && !IsLoopback(c.Couchrep.HTTPBind) {
 		fail(SectionCouchrep, "http_bind", "a loopback address while [admins] is empty: the HTTP API would be open to every "+
-			"machine that reaches it (add `[admins] <name> = <password>`, or set `[couchrep] allow_admin_party = true` to serve it open anyway)",
+			"machine that reaches it (add `[admins] <name> = <password>` or `[couchrep] auth_server`, or set `[couchrep] allow_admin_party = true` to serve it open anyway)",
 			c.Couchrep.HTTPBind)
 	}
 	if c.Couchrep.HTTPBind != "" && c.Couchrep.HTTPBind == c.Couchrep.AdminBind && !strings.HasSuffix(c.Couchrep.HTTPBind, ":0") {
