@@ -28,4 +28,7 @@ var (
 	// the request (it is not alive, or did not act in time); the error
 	// names that node.
 	ErrJobElsewhere = errors.New("couchrep: job runs on another node")
+	// ErrJobFollowsDocument: canceling the job of a _replicator document,
+	// which only its document ends (deleted or changed), as in CouchDB.
+	ErrJobFollowsDocument = errors.New("couchrep: the job of a _replicator document follows its document")
 )

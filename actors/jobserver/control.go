@@ -14,6 +14,7 @@ import (
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -192,11 +193,12 @@ func (s *server) restart(ctx context.Context, id string) (*repjob.Record, error)
 	return s.find(ctx, rec.GetJobId())
 }
 
-// cancel removes a transient job; a persistent job is canceled in the queue
-// and stays so until its document changes (the doc processor then replaces
-// the job). A running job is stopped at once by the node running it; if
-// that node does not carry it out, the job stops at its worker's next
-// write.
+// cancel removes a transient job. A running one is stopped at once by the
+// node running it; if that node does not carry it out, the job stops at its
+// worker's next write. The job of a _replicator document is refused
+// (actors.ErrJobFollowsDocument), as CouchDB refuses to cancel it: only its
+// document ends it (deleted, or changed), and `job stop` ends its current
+// run.
 func (s *server) cancel(ctx context.Context, id string) (*messages.CancelJobResponse, error) {
 	rec, err := s.find(ctx, id)
 	if err != nil {
@@ -204,6 +206,11 @@ func (s *server) cancel(ctx context.Context, id string) (*messages.CancelJobResp
 	}
 	id = rec.GetJobId()
 	c, err := s.store.Cancel(ctx, id, s.node)
+	if errors.Is(err, repjob.ErrDocumentJob) {
+		return nil, fmt.Errorf("%w: job %s is the job of document %q in %s on %s: delete or change the document to end it "+
+			"(as in CouchDB); `couchrepctl job stop` ends its current run", actors.ErrJobFollowsDocument,
+			id, rec.GetDocId(), rec.GetDbName(), redact.URL(rec.GetServer()))
+	}
 	if err != nil && !errors.Is(err, repjob.ErrNotFound) {
 		return nil, fmt.Errorf("couchrep: cancel job %s: %w", id, err)
 	}

@@ -239,7 +239,7 @@ func Code(err error) connect.Code {
 		return connect.CodeUnimplemented
 	case errors.Is(err, actors.ErrInvalidRequest):
 		return connect.CodeInvalidArgument
-	case errors.Is(err, actors.ErrJobNotRunning), errors.Is(err, actors.ErrJobElsewhere):
+	case errors.Is(err, actors.ErrJobNotRunning), errors.Is(err, actors.ErrJobElsewhere), errors.Is(err, actors.ErrJobFollowsDocument):
 		return connect.CodeFailedPrecondition
 	case errors.Is(err, actors.ErrStopped):
 		return connect.CodeUnavailable

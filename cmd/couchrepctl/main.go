@@ -92,7 +92,7 @@ var commands = []command{
 	{"job show", "ID", "show one job (job id or replication id) with its stats and history", simple(runJobShow)},
 	{"job stop", "ID", "stop a job running on this node: it checkpoints and goes back to the queue", simple(runJobStop)},
 	{"job restart", "ID", "run a job again now (a crashing job's backoff is skipped; a running one is stopped and requeued)", simple(runJobRestart)},
-	{"job cancel", "ID", "cancel a job: a transient job is removed, a persistent one stays canceled until its document changes", simple(runJobCancel)},
+	{"job cancel", "ID", "cancel a transient job (it is removed); a _replicator document's job is refused, as in CouchDB: delete or change its document", simple(runJobCancel)},
 	{"replicate", "SOURCE TARGET", "add a transient replication job, as POST /_replicate does", setupReplicate},
 	{"kill", "ACTOR [REASON]", "kill an actor by name, path or id; its supervisor heals the tree", simple(runKill)},
 	{"shares get", "", "print [replicator.shares] in force", simple(runSharesGet)},

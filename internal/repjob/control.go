@@ -52,11 +52,14 @@ func (s *Store) RequestControl(ctx context.Context, jobID string, action message
 	return c, nil
 }
 
-// Cancel cancels job jobID: a persistent job is canceled in the queue (it
-// stays so until its document changes), a transient one is removed. If it
-// runs, the same transaction asks its node to stop it now (the request is
-// returned, for WaitControl; else nil): its worker would otherwise notice
-// only at its next write.
+// Cancel cancels transient job jobID: it is removed and, if it runs, the
+// same transaction asks its node to stop it now (the request is returned,
+// for WaitControl; else nil): its worker would otherwise notice only at its
+// next write. A persistent job is not canceled: it follows its _replicator
+// document, which alone can end it (deleted or changed), as in CouchDB; the
+// error wraps ErrDocumentJob and nothing changes. (Cancel once flagged such
+// a job canceled in the queue while its record still said running: a job
+// nobody ran that every view showed running.)
 func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobControl, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
@@ -68,24 +71,17 @@ func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobCont
 		if err != nil {
 			return err
 		}
-		if info.State == jobqueue.StateRunning {
-			if c, err = s.addControl(tx, info, messages.JobControl_ACTION_CANCEL, by); err != nil {
-				return err
-			}
-		}
 		rec, err := recordFromInfo(info)
 		if err != nil {
 			return err
 		}
 		if rec.Kind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
-			if err := s.q.CancelTx(tx, JobType, jobID); err != nil {
+			return fmt.Errorf("%w: document %q of %s on %s", ErrDocumentJob, rec.GetDocId(), rec.GetDbName(), rec.GetServer())
+		}
+		if info.State == jobqueue.StateRunning {
+			if c, err = s.addControl(tx, info, messages.JobControl_ACTION_CANCEL, by); err != nil {
 				return err
 			}
-			if info.State != jobqueue.StatePending {
-				return nil
-			}
-			// The pending job finished (canceled).
-			return s.relist(tx, jobID, &Record{ReplicationJob: rec.ReplicationJob, QueueState: jobqueue.StateFinished})
 		}
 		return s.removeTx(tx, info)
 	})

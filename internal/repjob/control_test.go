@@ -8,6 +8,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/kv/storetest"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -127,6 +128,75 @@ func TestControl(t *testing.T) {
 		e.clock.Advance(e.store.ActivityTimeout() + time.Second)
 		if n, err := e.store.CleanupControls(ctx); err != nil || n != 1 {
 			t.Fatalf("cleanup of the cancel request after the activity timeout: %d %v, want 1", n, err)
+		}
+	})
+}
+
+// TestCancelDocumentJobRefused: the job of a _replicator document follows
+// its document; Cancel refuses it (ErrDocumentJob) whatever its state and
+// changes nothing: a running one stays running, its worker's writes and its
+// clean stop still succeed, and no control request is left for its node.
+// (Cancel used to flag it canceled in the queue while its record said
+// running: a job no worker ran that every view showed running.)
+func TestCancelDocumentJobRefused(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		e := newEnv(t, nil)
+		doc := repjob.PersistentDoc{Server: "http://c/", DB: "_replicator", DocID: "d1",
+			Body: body("http://a/s", "http://b/t", `,"continuous":true`)}
+		res, err := e.store.AddPersistent(ctx, doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var run *repjob.Run
+		states := []struct {
+			name string
+			want repjob.State
+			step func() error
+		}{
+			{"pending", repjob.StatePending, func() error { return nil }},
+			{"running", repjob.StateRunning, func() error {
+				var err error
+				if run, err = e.store.Accept(ctx, false); err != nil {
+					return err
+				}
+				return run.Start(ctx, "n1")
+			}},
+		}
+		for _, st := range states {
+			if err := st.step(); err != nil {
+				t.Fatalf("%s: %v", st.name, err)
+			}
+			before, err := e.store.Get(ctx, res.JobID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := e.store.Cancel(ctx, res.JobID, "n2")
+			if !errors.Is(err, repjob.ErrDocumentJob) || c != nil {
+				t.Fatalf("%s: cancel of a document's job: %v %v, want ErrDocumentJob", st.name, c, err)
+			}
+			after, err := e.store.Get(ctx, res.JobID)
+			if err != nil || after.State() != st.want || after.Version != before.Version || after.Canceled {
+				t.Fatalf("%s: job after the refused cancel: %v %v", st.name, after, err)
+			}
+			controls, w, err := e.store.Controls(ctx, "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w.Cancel()
+			if len(controls) != 0 {
+				t.Fatalf("%s: control requests after the refused cancel: %v", st.name, controls)
+			}
+		}
+		if err := run.Progress(ctx, replicate.Stats{}); err != nil {
+			t.Fatalf("progress after the refused cancel: %v", err)
+		}
+		if err := run.Stop(ctx); err != nil {
+			t.Fatalf("stop after the refused cancel: %v", err)
+		}
+		if got, err := e.store.Get(ctx, res.JobID); err != nil || got.State() != repjob.StatePending {
+			t.Fatalf("job after its clean stop: %v %v", got, err)
 		}
 	})
 }

@@ -19,7 +19,8 @@ import (
 
 // listingJobs fills e's store with jobs in every state: transient and
 // persistent (two databases), with and without a replication id (a named
-// filter), running, crashed, completed, failed, invalid, canceled, removed,
+// filter), running, crashed, completed, failed, invalid, canceled (a
+// persistent job's cancel is refused and changes nothing), removed,
 // and one whose replication id became known as it ran.
 func listingJobs(t *testing.T, e *env) {
 	t.Helper()
@@ -81,11 +82,19 @@ func listingJobs(t *testing.T, e *env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	canceled, removed := 0, 0
+	canceled, refused, removed := 0, 0, 0
 	for _, r := range recs {
 		var err error
 		switch {
-		case r.Kind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT && canceled < 2:
+		case r.Kind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT && refused < 2:
+			refused++
+			if _, err := e.store.Cancel(ctx, r.GetJobId(), "test"); !errors.Is(err, repjob.ErrDocumentJob) {
+				t.Fatalf("cancel of persistent job %s: %v, want ErrDocumentJob", r.GetJobId(), err)
+			}
+			if got, err := e.store.Get(ctx, r.GetJobId()); err != nil || got.State() != repjob.StatePending || got.Version != r.Version {
+				t.Fatalf("persistent job %s after a refused cancel: %v %v", r.GetJobId(), got, err)
+			}
+		case r.Kind == messages.ReplicationKind_REPLICATION_KIND_TRANSIENT && canceled < 2:
 			canceled++
 			_, err = e.store.Cancel(ctx, r.GetJobId(), "test")
 		case removed < 2:

@@ -50,6 +50,10 @@ var (
 	// ErrDuplicate: another pending or running job owns the replication id
 	// (see Duplicate for which).
 	ErrDuplicate = errors.New("repjob: duplicate replication")
+	// ErrDocumentJob: the job is a _replicator document's; it follows its
+	// document and cannot be canceled (as in CouchDB, where only deleting
+	// or changing the document stops it for good).
+	ErrDocumentJob = errors.New("repjob: the job of a _replicator document follows its document")
 )
 
 // Duplicate is the error a starting job gets when another live job owns its
