@@ -1,11 +1,13 @@
 package httpapi
 
 import (
+	"context"
 	"crypto/pbkdf2"
 	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"hash"
 	"net/http"
 	"strconv"
@@ -13,28 +15,210 @@ import (
 	"time"
 )
 
-// authenticate checks basic auth against the admins and returns the user.
-// With no admins configured every request is let through as user "".
-func (s *Server) authenticate(r *http.Request) (string, *apiError) {
-	if len(s.admins) == 0 {
-		return "", nil
+// UsersOptions configure who may use the API beyond [admins]: CouchDB
+// users, checked with the auth server's GET /_session.
+type UsersOptions struct {
+	// AuthServer is the CouchDB server whose users are accepted ([couchrep]
+	// auth_server); empty accepts only Options.Admins (and with no admins
+	// either, everyone: an admin party).
+	AuthServer string
+	// Client asks the auth server; nil means a client with
+	// DefaultAuthServerTimeout.
+	Client *http.Client
+	// CacheTTL is how long an answer of the auth server is remembered;
+	// zero asks it every time.
+	CacheTTL time.Duration
+	// SessionSecret returns the secret session cookies are signed with,
+	// the same on every node (cluster.SessionSecret); nil means one of
+	// this process.
+	SessionSecret func(context.Context) ([]byte, error)
+	// SessionTimeout is how long a session cookie is valid; zero means
+	// DefaultSessionTimeout.
+	SessionTimeout time.Duration
+}
+
+// users is the server's view of who may do what.
+type users struct {
+	adminParty bool
+	auth       *authServer // nil: no auth server
+	authErr    error       // the auth server's URL is not usable
+	cache      *authCache
+	sessions   *sessions
+}
+
+func newUsers(o UsersOptions, admins map[string]string) *users {
+	u := &users{
+		adminParty: len(admins) == 0 && o.AuthServer == "",
+		cache:      newAuthCache(o.CacheTTL, authCacheSize),
+		sessions:   newSessions(o.SessionTimeout, o.SessionSecret),
+	}
+	if o.AuthServer != "" {
+		u.auth, u.authErr = newAuthServer(o.AuthServer, o.Client)
+	}
+	return u
+}
+
+// authenticate finds who the request is (identify) and whether that user
+// may use the route, answering as CouchDB 3.4 does where it refuses.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request, route string) (UserCtx, *apiError) {
+	u, aerr := s.identify(w, r)
+	if aerr != nil {
+		return UserCtx{}, aerr
+	}
+	return u, authorize(u, route)
+}
+
+// authorize is chttpd_auth_request's decision for couchrep's routes:
+//   - /_replicate: any authenticated user ("You are not an authenticated
+//     user" otherwise);
+//   - /_active_tasks: a server admin; its handler throws unauthorized, so a
+//     user who is not an admin gets 401 too;
+//   - /_node/_local/_prometheus (and /metrics): the _admin or _metrics role;
+//   - everything else (/_scheduler/*, the status page): a server admin. A
+//     refusal of a logged-in user is 403 forbidden, of an anonymous one 401
+//     unauthorized, with CouchDB's reason.
+func authorize(u UserCtx, route string) *apiError {
+	refuse := func(reason string) *apiError {
+		if u.Name == "" {
+			return errorf(http.StatusUnauthorized, "unauthorized", "%s", reason)
+		}
+		return errorf(http.StatusForbidden, "forbidden", "%s", reason)
+	}
+	switch {
+	case u.IsAdmin():
+		return nil
+	case route == "replicate":
+		if u.Name == "" {
+			return errorf(http.StatusUnauthorized, "unauthorized", "You are not an authenticated user")
+		}
+		return nil
+	case route == "active_tasks":
+		return errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
+	case route == "metrics":
+		if u.has(RoleMetrics) {
+			return nil
+		}
+		return refuse("You are not a server admin or read-only metrics user")
+	}
+	return refuse("You are not a server admin.")
+}
+
+// mayControl is couch_replicator:check_authorization: a job's owner and
+// server admins may cancel it; anyone else gets 401 unauthorized "You are
+// not a server admin." (thrown in the handler, so also for a logged-in
+// user).
+func mayControl(u UserCtx, job *Job) *apiError {
+	if u.IsAdmin() || (u.Name != "" && u.Name == job.User) {
+		return nil
+	}
+	return errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
+}
+
+// identify finds who the request is, as CouchDB's handlers in their order:
+// an AuthSession cookie (couchrep's own, or CouchDB's that the auth server
+// accepts), then Basic credentials ([admins], then the auth server). A
+// cookie that is expired or not valid is ignored (the request goes on as
+// anonymous or with its Basic credentials); wrong Basic credentials are a
+// 401 and count against the client's failed-login limit. In an admin party
+// everyone is a server admin.
+func (s *Server) identify(w http.ResponseWriter, r *http.Request) (UserCtx, *apiError) {
+	if s.users.adminParty {
+		return UserCtx{Roles: []string{RoleAdmin}}, nil
 	}
 	client := clientOf(r)
+	if aerr := s.blocked(client); aerr != nil {
+		return UserCtx{}, aerr
+	}
+	ctx := r.Context()
+	if c, err := r.Cookie(sessionCookie); err == nil && c.Value != "" {
+		if ours(c.Value) {
+			u, issued, err := s.users.sessions.verify(ctx, c.Value)
+			switch {
+			case err == nil:
+				if s.users.sessions.stale(issued) {
+					if v, err := s.users.sessions.sign(ctx, u, s.users.sessions.now()); err == nil {
+						setCookie(w, s.users.sessions.cookie(r, v))
+					}
+				}
+				return u, nil
+			case !errors.Is(err, ErrBadCookie) && !errors.Is(err, ErrCookieExpired):
+				s.log.Error().Err(err).Msg("http api: cannot read the session secret")
+				return UserCtx{}, errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: cannot read the session secret")
+			}
+		} else if s.users.auth != nil {
+			key := s.users.cache.credKey("cookie", c.Value)
+			if u, ok := s.users.cache.get(key); ok {
+				return u, nil
+			}
+			u, err := s.users.auth.cookie(ctx, c.Value)
+			switch {
+			case err == nil:
+				u.handler = "cookie"
+				s.users.cache.put(key, u)
+				return u, nil
+			case !errors.Is(err, ErrBadCredentials):
+				return UserCtx{}, s.authServerDown(err)
+			}
+		}
+	}
+	if name, pass, ok := r.BasicAuth(); ok {
+		u, aerr := s.checkPassword(ctx, client, name, pass)
+		u.handler = "default"
+		return u, aerr
+	}
+	return UserCtx{}, nil
+}
+
+// blocked is the failed-login limit: 429 while client must wait.
+func (s *Server) blocked(client string) *apiError {
 	if wait, blocked := s.guard.blocked(client); blocked {
 		e := errorf(http.StatusTooManyRequests, "too_many_requests", "too many failed logins from %s: retry in %s", client, wait.Round(time.Second))
 		e.retryAfter = wait
-		return "", e
+		return e
 	}
-	user, pass, ok := r.BasicAuth()
-	if !ok {
-		return "", errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
-	}
-	stored, known := s.admins[user]
-	if !known || !s.guard.check(user, stored, pass) {
+	return nil
+}
+
+// checkPassword checks a name and password: against [admins] for a name
+// there (a server admin), else with the auth server (whose answer is
+// cached). A wrong one counts against client's failed-login limit.
+func (s *Server) checkPassword(ctx context.Context, client, name, password string) (UserCtx, *apiError) {
+	wrong := func() (UserCtx, *apiError) {
 		s.guard.failed(client)
-		return "", errorf(http.StatusUnauthorized, "unauthorized", "Name or password is incorrect.")
+		return UserCtx{}, errorf(http.StatusUnauthorized, "unauthorized", "Name or password is incorrect.")
 	}
-	return user, nil
+	if stored, known := s.admins[name]; known {
+		if !s.guard.check(name, stored, password) {
+			return wrong()
+		}
+		return UserCtx{Name: name, Roles: []string{RoleAdmin}}, nil
+	}
+	if s.users.auth == nil {
+		if s.users.authErr != nil {
+			return UserCtx{}, s.authServerDown(s.users.authErr)
+		}
+		return wrong()
+	}
+	key := s.users.cache.credKey("basic", name, password)
+	if u, ok := s.users.cache.get(key); ok {
+		return u, nil
+	}
+	u, err := s.users.auth.basic(ctx, name, password)
+	switch {
+	case errors.Is(err, ErrBadCredentials):
+		return wrong()
+	case err != nil:
+		return UserCtx{}, s.authServerDown(err)
+	}
+	s.users.cache.put(key, u)
+	return u, nil
+}
+
+// authServerDown is the answer when the auth server cannot say who a user
+// is: 503, so that the client retries (its credentials were not refused).
+func (s *Server) authServerDown(err error) *apiError {
+	s.log.Warn().Err(err).Msg("http api: cannot ask the auth server who a user is")
+	return errorf(http.StatusServiceUnavailable, "service_unavailable", "cannot check the credentials: the auth server is unavailable")
 }
 
 // PasswordMatches reports whether password matches an [admins] value:

@@ -61,6 +61,8 @@ type Options struct {
 	// Warnings are shown by GET /_up ("warnings"), e.g. an open file limit
 	// below what the node may need (config.FDWarning).
 	Warnings []string
+	// Users lets CouchDB users of an auth server in (see UsersOptions).
+	Users UsersOptions
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -76,6 +78,7 @@ type Server struct {
 	rates          rateTracker
 	competing      func() any
 	guard          *authGuard
+	users          *users
 	warnings       []string
 }
 
@@ -83,7 +86,7 @@ type Server struct {
 func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
 		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing, warnings: o.Warnings,
-		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval)}
+		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval), users: newUsers(o.Users, o.Admins)}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
@@ -145,6 +148,8 @@ func (s *Server) route(path string) (route, string, bool) {
 		return route{name: "status", methods: "GET,HEAD", handle: s.statusPage}, strings.TrimPrefix(strings.TrimPrefix(path, "/_status"), "/"), true
 	case strings.HasPrefix(path, "/_status/"):
 		return route{name: "status_asset", methods: "GET,HEAD", open: true, handle: s.statusAsset}, strings.TrimPrefix(path, "/_status/"), true
+	case path == "/_session":
+		return route{name: "session", methods: "GET,HEAD,POST,DELETE", open: true, handle: s.session}, "", true
 	case path == "/_replicate":
 		return route{name: "replicate", methods: "POST", handle: s.replicate}, "", true
 	case path == "/_scheduler/jobs" || strings.HasPrefix(path, "/_scheduler/jobs/"):
@@ -193,9 +198,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(sw, errorf(http.StatusMethodNotAllowed, "method_not_allowed", "Only %s allowed", rt.methods))
 		return
 	}
+	var uc UserCtx
 	if !rt.open {
 		var aerr *apiError
-		if user, aerr = s.authenticate(r); aerr != nil {
+		if uc, aerr = s.authenticate(sw, r, rt.name); aerr != nil {
 			if aerr.status == http.StatusUnauthorized {
 				sw.Header().Set("WWW-Authenticate", `Basic realm="couchrep"`)
 			}
@@ -206,7 +212,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	r = r.WithContext(withUser(r.Context(), user))
+	user = uc.Name
+	r = r.WithContext(withUser(r.Context(), uc))
 	if err := rt.handle(sw, r, rest); err != nil {
 		var aerr *apiError
 		if !errors.As(err, &aerr) {
@@ -233,14 +240,6 @@ func methodAllowed(methods, m string) bool {
 	}
 	return false
 }
-
-type userKey struct{}
-
-func withUser(ctx context.Context, user string) context.Context {
-	return context.WithValue(ctx, userKey{}, user)
-}
-
-func userOf(ctx context.Context) string { s, _ := ctx.Value(userKey{}).(string); return s }
 
 func writeError(w http.ResponseWriter, e *apiError) {
 	writeJSON(w, e.status, map[string]string{"error": e.code, "reason": redact.Text(e.reason)})

@@ -121,6 +121,9 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.Re
 	if err != nil {
 		return err
 	}
+	if aerr := mayControl(userCtxOf(ctx), job); aerr != nil {
+		return aerr
+	}
 	if !job.Transient {
 		return errorf(http.StatusUnauthorized, "unauthorized", "Persistent replication collision: %s belongs to document %s in %s", id, job.DocID, job.Database)
 	}

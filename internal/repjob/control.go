@@ -78,17 +78,25 @@ func (s *Store) Cancel(ctx context.Context, jobID, by string) (*messages.JobCont
 		if rec.Kind == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {
 			return fmt.Errorf("%w: document %q of %s on %s", ErrDocumentJob, rec.GetDocId(), rec.GetDbName(), rec.GetServer())
 		}
-		if info.State == jobqueue.StateRunning {
-			if c, err = s.addControl(tx, info, messages.JobControl_ACTION_CANCEL, by); err != nil {
-				return err
-			}
-		}
-		return s.removeTx(tx, info)
+		c, err = s.removeTx(tx, info, by)
+		return err
 	})
 	if err != nil {
 		return nil, wrapNotFound("cancel", jobID, err)
 	}
 	return c, nil
+}
+
+// stopRunTx asks the node running job info (if it runs) to stop that run
+// now, in the caller's transaction, which removes or replaces the job: its
+// actor would otherwise run on until its next write to the store found the
+// job gone (jobqueue.ErrCanceled) or taken (jobqueue.ErrWorkerConflict),
+// while no view showed it. It returns the request, or nil.
+func (s *Store) stopRunTx(tx kv.Tx, info *jobqueue.JobInfo, by string) (*messages.JobControl, error) {
+	if info.State != jobqueue.StateRunning {
+		return nil, nil
+	}
+	return s.addControl(tx, info, messages.JobControl_ACTION_CANCEL, by)
 }
 
 // addControl writes a request for the running job info (or returns the one

@@ -200,3 +200,74 @@ func TestCancelDocumentJobRefused(t *testing.T) {
 		}
 	})
 }
+
+// TestRemoveOrReplaceStopsRun: removing a running job (its document or
+// database deleted, its server no longer watched) or replacing it (its
+// document changed, valid or not) asks the node running it to stop that
+// run now, in the same transaction: a cancel request for that node and run.
+// Before, the job's actor ran on until its next write to the store.
+func TestRemoveOrReplaceStopsRun(t *testing.T) {
+	doc := repjob.PersistentDoc{Server: "http://c/", DB: "_replicator", DocID: "d1",
+		Body: body("http://a/s", "http://b/t", `,"continuous":true`)}
+	changed := doc
+	changed.Body = body("http://a/other", "http://b/t", `,"continuous":true`)
+	cases := []struct {
+		name string
+		do   func(ctx context.Context, s *repjob.Store, id string) error
+		// gone: the job no longer exists; else it is pending or failed.
+		gone bool
+		want repjob.State
+	}{
+		{name: "removed", gone: true, do: func(ctx context.Context, s *repjob.Store, id string) error { return s.Remove(ctx, id) }},
+		{name: "document changed", want: repjob.StatePending, do: func(ctx context.Context, s *repjob.Store, _ string) error {
+			_, err := s.AddPersistent(ctx, changed)
+			return err
+		}},
+		{name: "document made invalid", want: repjob.StateFailed, do: func(ctx context.Context, s *repjob.Store, _ string) error {
+			_, err := s.AddInvalid(ctx, doc, "Missing `source` field")
+			return err
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			storetest.Each(t, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				e := newEnv(t, nil)
+				res, err := e.store.AddPersistent(ctx, doc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				run, err := e.store.Accept(ctx, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := run.Start(ctx, "n1"); err != nil {
+					t.Fatal(err)
+				}
+				if err := tc.do(ctx, e.store, res.JobID); err != nil {
+					t.Fatal(err)
+				}
+				controls, w, err := e.store.Controls(ctx, "n1")
+				if err != nil {
+					t.Fatal(err)
+				}
+				w.Cancel()
+				if len(controls) != 1 || controls[0].GetJobId() != res.JobID ||
+					controls[0].GetAction() != messages.JobControl_ACTION_CANCEL || controls[0].GetRun() != run.Generation() {
+					t.Fatalf("control requests for n1: %v, want one cancel of job %s run %d", controls, res.JobID, run.Generation())
+				}
+				got, err := e.store.Get(ctx, res.JobID)
+				switch {
+				case tc.gone && !errors.Is(err, repjob.ErrNotFound):
+					t.Fatalf("job after %s: %v %v, want not found", tc.name, got, err)
+				case !tc.gone && (err != nil || got.State() != tc.want):
+					t.Fatalf("job after %s: %v %v, want %s", tc.name, got, err, tc.want)
+				}
+				if err := run.Progress(ctx, replicate.Stats{}); !repjob.IsLost(err) {
+					t.Fatalf("the old run's next write: %v, want lost", err)
+				}
+			})
+		})
+	}
+}

@@ -181,6 +181,9 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 		if err := s.retire(tx, old, info.State, now); err != nil {
 			return res, err
 		}
+		if _, err := s.stopRunTx(tx, info, "replaced"); err != nil {
+			return res, err
+		}
 	}
 	m := &messages.ReplicationJob{
 		Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
@@ -272,6 +275,9 @@ func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason stri
 		if err := s.retire(tx, old, info.State, now); err != nil {
 			return AddResult{}, err
 		}
+		if _, err := s.stopRunTx(tx, info, "replaced"); err != nil {
+			return AddResult{}, err
+		}
 	}
 	m := &messages.ReplicationJob{
 		Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
@@ -343,8 +349,9 @@ func (s *Store) releaseRepID(tx kv.Tx, repID, id string) error {
 	return nil
 }
 
-// Remove deletes job jobID: a running job is stopped (its worker's next
-// call fails with jobs.ErrCanceled), a pending one gives back its reserved
+// Remove deletes job jobID: a running job is stopped now by the node
+// running it (a control request in the same transaction; else its worker's
+// next call fails with jobs.ErrCanceled), a pending one gives back its reserved
 // fair-share quantum. It returns an error wrapping ErrNotFound for an
 // unknown job.
 func (s *Store) Remove(ctx context.Context, jobID string) error {
@@ -356,7 +363,8 @@ func (s *Store) Remove(ctx context.Context, jobID string) error {
 		if err != nil {
 			return err
 		}
-		return s.removeTx(tx, info)
+		_, err = s.removeTx(tx, info, "removed")
+		return err
 	})
 	return wrapNotFound("remove", jobID, err)
 }
@@ -365,16 +373,21 @@ func (s *Store) Remove(ctx context.Context, jobID string) error {
 func (s *Store) RemoveTx(tx kv.Tx, jobID string) error {
 	info, err := s.q.GetTx(tx, JobType, jobID)
 	if err == nil {
-		err = s.removeTx(tx, info)
+		_, err = s.removeTx(tx, info, "removed")
 	}
 	return wrapNotFound("remove", jobID, err)
 }
 
-// removeTx is Remove of the job info in the caller's transaction.
-func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
+// removeTx is Remove of the job info in the caller's transaction; by names
+// who asked, in the stop request of a running job (returned, else nil).
+func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo, by string) (*messages.JobControl, error) {
 	rec, err := recordFromInfo(info)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	c, err := s.stopRunTx(tx, info, by)
+	if err != nil {
+		return nil, err
 	}
 	now := s.now()
 	l := s.ledger(tx)
@@ -393,18 +406,18 @@ func (s *Store) removeTx(tx kv.Tx, info *jobqueue.JobInfo) error {
 		err = l.chargeRun(rec.ShareKey, started, now)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := s.releaseRepID(tx, rec.RepId, info.ID); err != nil {
-		return err
+		return nil, err
 	}
 	if rec.FinishedAt != nil {
 		tx.Clear(s.k.expireKey(rec.FinishedAt.AsTime(), info.ID))
 	}
 	if err := s.q.RemoveTx(tx, JobType, info.ID); err != nil {
-		return err
+		return nil, err
 	}
-	return s.noteChange(tx, info.ID, nil)
+	return c, s.noteChange(tx, info.ID, nil)
 }
 
 func wrapNotFound(op, id string, err error) error {
