@@ -208,6 +208,9 @@ type request struct {
 	bodyLen     int64 // -1 when unknown
 	contentType string
 	accept      string
+	// acceptEncoding overrides the Accept-Encoding header (attachments
+	// asked for in their stored encoding).
+	acceptEncoding string
 	// okStatus accepts a non-2xx status as success (the caller reads the body).
 	okStatus func(int) bool
 	// noRetry disables retries (streaming feeds handle their own).
@@ -298,7 +301,7 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 			}
 		}
 		rctx, dl := arm(ctx, d.lim.ReadTimeout, total)
-		resp, epoch, err := d.send(rctx, r)
+		resp, epoch, err := d.send(rctx, r, dl)
 		if err != nil {
 			if ctx.Err() != nil {
 				dl.release()
@@ -315,6 +318,11 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 				var herr *HTTPError
 				if errors.As(err, &herr) || errors.Is(err, ErrSession) || errors.Is(err, ErrTransportConfig) {
 					return nil, err // from the session plugin: final
+				}
+				if errors.Is(err, ErrAttachmentMismatch) {
+					// The request body's source lied: sending it again
+					// would read the same bytes.
+					return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 				}
 				err = fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
 			}
@@ -398,10 +406,15 @@ func (d *DB) overBudget(first *time.Time) bool {
 }
 
 // send sends one attempt of r; epoch is the session cookie's it carried.
-func (d *DB) send(ctx context.Context, r *request) (*http.Response, int, error) {
+// Every read of the request body that takes bytes pushes dl's read
+// deadline back: a large upload is progress, as a response's bytes are.
+func (d *DB) send(ctx context.Context, r *request, dl *deadline) (*http.Response, int, error) {
 	var body io.Reader
 	if r.body != nil {
 		body = r.body()
+		if dl != nil && dl.timer != nil {
+			body = &progressBody{r: body, dl: dl}
+		}
 	}
 	req, err := http.NewRequestWithContext(ctx, r.method, r.url(d), body)
 	if err != nil {
@@ -411,6 +424,7 @@ func (d *DB) send(ctx context.Context, r *request) (*http.Response, int, error) 
 		req.ContentLength = r.bodyLen
 		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(r.body()), nil }
 	}
+
 	for k, vs := range d.headers {
 		req.Header[k] = vs
 	}
@@ -419,6 +433,9 @@ func (d *DB) send(ctx context.Context, r *request) (*http.Response, int, error) 
 	}
 	if r.contentType != "" {
 		req.Header.Set("Content-Type", r.contentType)
+	}
+	if r.acceptEncoding != "" {
+		req.Header.Set("Accept-Encoding", r.acceptEncoding)
 	}
 	epoch := 0
 	switch {

@@ -67,8 +67,10 @@ type DocResult struct {
 }
 
 // BulkGet fetches revisions with POST _bulk_get?revs=true&latest=true
-// &attachments=true (attachment data inline as base64, stubs for those
-// unchanged since AttsSince), calling fn for every document found. Results
+// &attachments=false&att_encoding_info=true, as CouchDB's replicator does:
+// documents come with attachment stubs only (with their encodings), and
+// the data of those the target lacks is streamed by PutDocStream. fn is
+// called for every document found. Results
 // may come in any order and need not be one per request (PouchDB Server
 // regroups them); revisions the server reports missing or failed are
 // simply not delivered: compare what fn saw with reqs and fetch the rest
@@ -92,7 +94,7 @@ func (d *DB) BulkGet(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) er
 		return err
 	}
 	r := &request{
-		method: http.MethodPost, path: "_bulk_get", query: "revs=true&latest=true&attachments=true",
+		method: http.MethodPost, path: "_bulk_get", query: "revs=true&latest=true&attachments=false&att_encoding_info=true",
 		body: body, bodyLen: n, contentType: "application/json", accept: "application/json",
 	}
 	resp, err := d.do(ctx, r)
@@ -372,8 +374,19 @@ const maxURLLen = 7000
 // and atts_since is shortened (costing only extra attachment bytes). An
 // unknown document gives an error matching ErrNotFound.
 func (d *DB) OpenRevs(ctx context.Context, id string, revs []string, attsSince []string, fn func(Doc) error) error {
+	return d.openRevsQuery(ctx, id, revs, attsSince, "revs=true&latest=true&attachments=true", fn)
+}
+
+// OpenRevsStubs is OpenRevs without attachment data: the documents come
+// with attachment stubs (attachments=false&att_encoding_info=true), for
+// PutDocStream to send the data the target lacks.
+func (d *DB) OpenRevsStubs(ctx context.Context, id string, revs []string, fn func(Doc) error) error {
+	return d.openRevsQuery(ctx, id, revs, nil, "revs=true&latest=true&attachments=false&att_encoding_info=true", fn)
+}
+
+func (d *DB) openRevsQuery(ctx context.Context, id string, revs []string, attsSince []string, query string, fn func(Doc) error) error {
 	path := escapeDocID(id)
-	fixed := len(d.base) + len(path) + len("?revs=true&latest=true&attachments=true&open_revs=&atts_since=")
+	fixed := len(d.base) + len(path) + len("?"+query+"&open_revs=&atts_since=")
 	// atts_since gets at most a third of the budget.
 	var since string
 	for n := len(attsSince); n > 0; n-- {
@@ -400,7 +413,7 @@ func (d *DB) OpenRevs(ctx context.Context, id string, revs []string, attsSince [
 			}
 		}
 		n = max(n, 1)
-		q := "revs=true&latest=true&attachments=true&open_revs=" + open
+		q := query + "&open_revs=" + open
 		if since != "" {
 			q += "&atts_since=" + since
 		}

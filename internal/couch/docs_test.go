@@ -41,7 +41,7 @@ func TestBulkGetCouchDBShape(t *testing.T) {
 	}
 	r := f.requests()[0]
 	q, _ := url.ParseQuery(r.Query)
-	if r.Method != "POST" || r.Path != "/db/_bulk_get" || q.Get("revs") != "true" || q.Get("latest") != "true" || q.Get("attachments") != "true" {
+	if r.Method != "POST" || r.Path != "/db/_bulk_get" || q.Get("revs") != "true" || q.Get("latest") != "true" || q.Get("attachments") != "false" || q.Get("att_encoding_info") != "true" {
 		t.Errorf("request %s %s?%s", r.Method, r.Path, r.Query)
 	}
 	wantBody := `{"docs":[{"id":"a","rev":"2-b"},{"id":"x","rev":"1-z"},{"id":"d","rev":"3-c"},{"id":"d","rev":"3-e","atts_since":["1-a"]},{"id":"p","rev":"1-q"}]}`

@@ -256,3 +256,19 @@ func wholeBody(resp *http.Response, limit int64, what string) (io.Reader, error)
 	}
 	return &limitedBody{r: resp.Body, left: limit, limit: limit, what: what}, nil
 }
+
+// progressBody is a request body under a deadline: every read that takes
+// bytes from it (the transport sending them) pushes the read deadline
+// back, so a large upload is not taken for a stalled server.
+type progressBody struct {
+	r  io.Reader
+	dl *deadline
+}
+
+func (p *progressBody) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if n > 0 {
+		p.dl.timer.Reset(p.dl.after)
+	}
+	return n, err
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -145,14 +146,35 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 
 func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest) error {
 	got := make(map[revKey]bool, len(reqs))
+	since := make(map[string][]string, len(reqs))
+	for _, q := range reqs {
+		since[q.ID] = q.AttsSince
+	}
+	// Documents with attachments are written once the response that
+	// brought their stubs has been read: streaming their data can take
+	// longer than the source would wait for us to read on.
+	var withAtts []couch.Doc
 	var writeErr error
 	handle := func(d couch.Doc) error {
 		got[revKey{d.ID, d.Rev}] = true
 		w.stats.DocsRead++
+		if d.HasAttachments && len(d.Attachments) == 0 {
+			withAtts = append(withAtts, d)
+			return nil
+		}
 		if err := w.write(ctx, d); err != nil {
 			writeErr = err
 			return err
 		}
+		return nil
+	}
+	writeAtts := func() error {
+		for _, d := range withAtts {
+			if err := w.writeStreamed(ctx, d, since[d.ID]); err != nil {
+				return err
+			}
+		}
+		withAtts = withAtts[:0]
 		return nil
 	}
 	now := w.r.now()
@@ -169,20 +191,20 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 			return context.Cause(ctx)
 		}
 		if errors.Is(err, couch.ErrStalled) {
-			// The same documents one by one would stall as well. (Too large
-			// ones are fetched again one by one: CouchDB sends open_revs
-			// attachments as separate MIME parts, outside the document.)
+			// The same documents one by one would stall as well.
 			return fmt.Errorf("%w: %w", ErrWorkerFailed, err)
 		}
 		if err != nil {
 			w.r.log.Debug().Err(err).Msg("replication: _bulk_get failed, fetching documents one by one")
 		}
 		w.stats.BulkGetDocs += w.stats.DocsRead - before
+		if err := writeAtts(); err != nil {
+			return err
+		}
 	}
 	// Whatever _bulk_get did not deliver, one GET ?open_revs per document.
 	var pendingIDs []string
 	pending := map[string][]string{}
-	atts := map[string][]string{}
 	for _, q := range reqs {
 		if got[revKey{q.ID, q.Rev}] {
 			continue
@@ -191,10 +213,9 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 			pendingIDs = append(pendingIDs, q.ID)
 		}
 		pending[q.ID] = append(pending[q.ID], q.Rev)
-		atts[q.ID] = q.AttsSince
 	}
 	for _, id := range pendingIDs {
-		err := w.r.src.OpenRevs(ctx, id, pending[id], atts[id], handle)
+		err := w.r.src.OpenRevsStubs(ctx, id, pending[id], handle)
 		if writeErr != nil {
 			return writeErr
 		}
@@ -205,12 +226,16 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 		if err != nil {
 			return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, id, err)
 		}
+		if err := writeAtts(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// write buffers a document for _bulk_docs, or PUTs it alone when its
-// attachments come as separate parts.
+// write buffers a document for _bulk_docs (one without attachments, or
+// with their data inline), or PUTs it alone when its attachments came as
+// separate parts.
 func (w *worker) write(ctx context.Context, d couch.Doc) error {
 	if len(d.Attachments) == 0 {
 		w.buf = append(w.buf, d.Body)
@@ -220,19 +245,61 @@ func (w *worker) write(ctx context.Context, d couch.Doc) error {
 		}
 		return nil
 	}
-	err := w.r.tgt.PutDoc(ctx, d)
-	if errors.Is(err, couch.ErrMissingStub) {
-		// The target lacks an attachment we sent as a stub: refetch all data.
-		var again couch.Doc
-		if ferr := w.r.src.OpenRevs(ctx, d.ID, []string{d.Rev}, nil, func(x couch.Doc) error { again = x; return nil }); ferr == nil && again.ID != "" {
-			if len(again.Attachments) == 0 {
-				w.buf = append(w.buf, again.Body)
-				w.bufSize += len(again.Body)
-				return nil
-			}
-			err = w.r.tgt.PutDoc(ctx, again)
+	return w.counted(d, w.r.tgt.PutDoc(ctx, d))
+}
+
+// writeStreamed writes a document that came with attachment stubs: a
+// multipart PUT whose parts are the attachments the target lacks (those
+// added after the most recent of the target's possible ancestors in the
+// document's history), streamed from the source in their stored
+// encoding. When the target misses one it was sent as a stub for, every
+// attachment is sent.
+func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []string) error {
+	stubs, err := d.Stubs()
+	if err != nil {
+		return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, d.ID, err)
+	}
+	for _, s := range stubs {
+		if s.Inline || s.Follows {
+			// The source sent data though asked for stubs: write it as is.
+			return w.write(ctx, d)
 		}
 	}
+	pos := d.AncestorPos(attsSince)
+	put := func(all bool) error {
+		send := make(map[string]bool, len(stubs))
+		for _, s := range stubs {
+			send[s.Name] = all || pos == 0 || s.RevPos == 0 || s.RevPos > pos
+		}
+		body, parts, err := d.FollowsBody(send)
+		if err != nil {
+			return err
+		}
+		atts := make([]couch.StreamAttachment, len(parts))
+		for i, s := range parts {
+			atts[i] = couch.StreamAttachment{AttachmentStub: s, Open: func(ctx context.Context) (io.ReadCloser, error) {
+				return w.r.src.OpenAttachment(ctx, d.ID, d.Rev, s)
+			}}
+		}
+		return w.r.tgt.PutDocStream(ctx, d.ID, body, atts)
+	}
+	err = put(false)
+	if errors.Is(err, couch.ErrMissingStub) && pos > 0 {
+		err = put(true)
+	}
+	var serr *couch.AttachmentSourceError
+	if errors.As(err, &serr) {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, d.ID, err)
+	}
+	return w.counted(d, err)
+}
+
+// counted records the outcome of writing one document alone: written, a
+// write failure CouchDB counts and moves past, or the worker's failure.
+func (w *worker) counted(d couch.Doc, err error) error {
 	switch {
 	case err == nil:
 		w.stats.DocsWritten++

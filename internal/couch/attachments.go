@@ -1,0 +1,480 @@
+package couch
+
+import (
+	"bytes"
+	"context"
+	"crypto/md5"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Attachments are streamed, never held whole: a document's metadata comes
+// with stubs (BulkGet, OpenRevsStubs: attachments=false,
+// att_encoding_info=true), and PutDocStream writes it as multipart/related
+// with one part per attachment the target lacks, each part's bytes copied
+// from GET /{db}/{doc}/{att}?rev= on the source as they arrive. An
+// attachment the source stores encoded (gzip) is asked for and written
+// encoded, so the target keeps its encoding and the bytes cross the
+// network compressed. Memory per attachment in flight is a copy buffer;
+// the limit on an attachment's body is the length its stub declares
+// (encoded_length when encoded), not Limits.MaxBodyBytes, and a body that
+// runs past it, ends short or does not match its digest fails the write
+// before the target has the whole request (ErrAttachmentMismatch).
+
+// ErrAttachmentMismatch: an attachment's bytes from the source do not match
+// its stub (more or fewer bytes than its length, another encoding, another
+// md5 digest). The document is not written.
+var ErrAttachmentMismatch = errors.New("couch: attachment does not match its stub")
+
+// AttachmentSourceError is a PutDocStream that failed on the source's
+// side: an attachment could not be opened or read, or did not match its
+// stub (Err matches ErrAttachmentMismatch then). The target stored nothing.
+type AttachmentSourceError struct {
+	DocID string
+	Err   error
+}
+
+func (e *AttachmentSourceError) Error() string {
+	return fmt.Sprintf("couch: reading the attachments of %q from the source: %v", e.DocID, e.Err)
+}
+
+func (e *AttachmentSourceError) Unwrap() error { return e.Err }
+
+// AttachmentStub is one entry of a document's _attachments, as a stub.
+type AttachmentStub struct {
+	// Name is the attachment's name (its key in _attachments).
+	Name        string
+	ContentType string
+	// Digest is CouchDB's "md5-<base64>" of the stored (encoded) bytes;
+	// empty when the server gave none.
+	Digest string
+	// Length is the identity length; EncodedLength the stored length when
+	// Encoding is set (gzip).
+	Length        int64
+	Encoding      string
+	EncodedLength int64
+	// RevPos is the generation of the revision that added the attachment.
+	RevPos int64
+	// Inline reports that the stub carries the data ("data"), Follows that
+	// the data is a separate MIME part.
+	Inline, Follows bool
+}
+
+// wireLength is the number of bytes the attachment's data takes when sent
+// as stored: encoded_length for an encoded attachment, length otherwise.
+func (a AttachmentStub) wireLength() int64 {
+	if a.encoded() {
+		return a.EncodedLength
+	}
+	return a.Length
+}
+
+func (a AttachmentStub) encoded() bool { return a.Encoding != "" && a.Encoding != "identity" }
+
+// Stubs lists the document's attachments in the order of its JSON.
+func (d Doc) Stubs() ([]AttachmentStub, error) {
+	if !d.HasAttachments {
+		return nil, nil
+	}
+	var atts []byte
+	if err := objectMembers(d.Body, func(key, val []byte) error {
+		if string(key) == `"_attachments"` {
+			atts = val
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if len(atts) == 0 || atts[0] != '{' {
+		return nil, fmt.Errorf("document %q: _attachments is not an object", d.ID)
+	}
+	var out []AttachmentStub
+	err := objectMembers(atts, func(key, val []byte) error {
+		name, err := unquote(key)
+		if err != nil {
+			return err
+		}
+		var a struct {
+			ContentType   string          `json:"content_type"`
+			Digest        string          `json:"digest"`
+			Length        *int64          `json:"length"`
+			Encoding      string          `json:"encoding"`
+			EncodedLength *int64          `json:"encoded_length"`
+			RevPos        int64           `json:"revpos"`
+			Data          json.RawMessage `json:"data"`
+			Follows       bool            `json:"follows"`
+		}
+		if err := json.Unmarshal(val, &a); err != nil {
+			return fmt.Errorf("document %q: attachment %q: %w", d.ID, name, err)
+		}
+		s := AttachmentStub{
+			Name: name, ContentType: a.ContentType, Digest: a.Digest, Encoding: a.Encoding,
+			RevPos: a.RevPos, Inline: a.Data != nil, Follows: a.Follows,
+		}
+		if a.Length != nil {
+			s.Length = *a.Length
+		}
+		if a.EncodedLength != nil {
+			s.EncodedLength = *a.EncodedLength
+		}
+		switch {
+		case s.Inline || s.Follows:
+		case a.Length == nil || s.Length < 0:
+			return fmt.Errorf("document %q: attachment %q: stub without a length", d.ID, name)
+		case s.encoded() && (a.EncodedLength == nil || s.EncodedLength < 0):
+			return fmt.Errorf("document %q: attachment %q: %s-encoded stub without encoded_length", d.ID, name, s.Encoding)
+		}
+		out = append(out, s)
+		return nil
+	})
+	return out, err
+}
+
+// AncestorPos is CouchDB's atts_since rule: the generation of the most
+// recent revision of the document's own history (its _revisions) that is
+// one of possibleAncestors (revisions the target has), 0 when none is.
+// Attachments with a revpos above it must be sent with their data; the
+// others the target has.
+func (d Doc) AncestorPos(possibleAncestors []string) int64 {
+	if len(possibleAncestors) == 0 {
+		return 0
+	}
+	var revs struct {
+		Start int64    `json:"start"`
+		IDs   []string `json:"ids"`
+	}
+	var raw []byte
+	_ = objectMembers(d.Body, func(key, val []byte) error {
+		if string(key) == `"_revisions"` {
+			raw = val
+		}
+		return nil
+	})
+	if raw == nil || json.Unmarshal(raw, &revs) != nil {
+		return 0
+	}
+	have := make(map[string]bool, len(possibleAncestors))
+	for _, r := range possibleAncestors {
+		have[r] = true
+	}
+	for i, id := range revs.IDs {
+		pos := revs.Start - int64(i)
+		if pos < 1 {
+			break
+		}
+		if have[strconv.FormatInt(pos, 10)+"-"+id] {
+			return pos
+		}
+	}
+	return 0
+}
+
+// FollowsBody is the document's JSON for a multipart write: the
+// attachments named in send become {"follows": true} stubs (their data to
+// come as parts, in the order of the returned list), the others plain
+// stubs the target must already have. Every other member is kept as is.
+func (d Doc) FollowsBody(send map[string]bool) ([]byte, []AttachmentStub, error) {
+	stubs, err := d.Stubs()
+	if err != nil {
+		return nil, nil, err
+	}
+	var parts []AttachmentStub
+	var buf bytes.Buffer
+	buf.Grow(len(d.Body))
+	buf.WriteByte('{')
+	first := true
+	err = objectMembers(d.Body, func(key, val []byte) error {
+		if !first {
+			buf.WriteByte(',')
+		}
+		first = false
+		buf.Write(key)
+		buf.WriteByte(':')
+		if string(key) != `"_attachments"` {
+			buf.Write(val)
+			return nil
+		}
+		buf.WriteByte('{')
+		for i, s := range stubs {
+			if i > 0 {
+				buf.WriteByte(',')
+			}
+			name, _ := json.Marshal(s.Name)
+			buf.Write(name)
+			buf.WriteByte(':')
+			m := map[string]any{"content_type": s.ContentType, "revpos": s.RevPos, "length": s.Length}
+			if s.Digest != "" {
+				m["digest"] = s.Digest
+			}
+			if s.encoded() {
+				m["encoding"] = s.Encoding
+				m["encoded_length"] = s.EncodedLength
+			}
+			if send[s.Name] {
+				m["follows"] = true
+				parts = append(parts, s)
+			} else {
+				m["stub"] = true
+			}
+			b, err := json.Marshal(m)
+			if err != nil {
+				return err
+			}
+			buf.Write(b)
+		}
+		buf.WriteByte('}')
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("document %q: %w", d.ID, err)
+	}
+	buf.WriteByte('}')
+	return buf.Bytes(), parts, nil
+}
+
+// GetAttachment opens GET /{db}/{doc}/{name}?rev=rev as a stream: the
+// stored (encoded) bytes when encoded is set, identity bytes otherwise.
+// The caller reads and closes it; its reads are under the read deadline
+// (connection_timeout) like every response's. Opening is retried as any
+// request is; a body cut short is the caller's to retry.
+func (d *DB) GetAttachment(ctx context.Context, docID, name, rev string, encoded bool) (*http.Response, error) {
+	enc := "identity"
+	if encoded {
+		enc = "gzip"
+	}
+	r := &request{
+		method: http.MethodGet, path: escapeDocID(docID) + "/" + escapeStrict(name),
+		query: encodeQuery("rev", rev), accept: "*/*", acceptEncoding: enc,
+	}
+	return d.do(ctx, r)
+}
+
+// StreamAttachment is one attachment part of PutDocStream: its stub (the
+// bytes it must have) and how to open its bytes, called afresh for every
+// attempt of the write.
+type StreamAttachment struct {
+	AttachmentStub
+	Open func(ctx context.Context) (io.ReadCloser, error)
+}
+
+// PutDocStream writes one revision with PUT /{db}/{id}?new_edits=false as
+// multipart/related: body (a FollowsBody) then one part per attachment, in
+// the order of atts, copied from their Open streams as they are read. The
+// request's Content-Length is computed from the stubs; a source stream
+// that is longer or shorter than its stub, or whose md5 differs from its
+// digest, ends the request before its last byte (the target stores
+// nothing) with an error matching ErrAttachmentMismatch. A failed attempt
+// that is retried opens the sources again. Errors match ErrForbidden,
+// ErrUnauthorized, ErrTooLarge, ErrMissingStub, ... as PutDoc's.
+func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []StreamAttachment) error {
+	var rnd [16]byte
+	_, _ = rand.Read(rnd[:])
+	boundary := hex.EncodeToString(rnd[:])
+	head := []byte("--" + boundary + "\r\nContent-Type: application/json\r\n\r\n")
+	heads := make([][]byte, len(atts))
+	n := int64(len(head) + len(body))
+	for i, a := range atts {
+		var h strings.Builder
+		h.WriteString("\r\n--" + boundary + "\r\n")
+		h.WriteString("Content-Disposition: attachment; filename=" + strconv.Quote(a.Name) + "\r\n")
+		ct := a.ContentType
+		if ct == "" {
+			ct = "application/octet-stream"
+		}
+		h.WriteString("Content-Type: " + ct + "\r\n")
+		if a.encoded() {
+			h.WriteString("Content-Encoding: " + a.Encoding + "\r\n")
+		}
+		h.WriteString("Content-Length: " + strconv.FormatInt(a.wireLength(), 10) + "\r\n\r\n")
+		heads[i] = []byte(h.String())
+		n += int64(len(heads[i])) + a.wireLength()
+	}
+	end := []byte("\r\n--" + boundary + "--")
+	n += int64(len(end))
+	var cur *multipartStream
+	r := &request{
+		method: http.MethodPut, path: escapeDocID(id), query: "new_edits=false", bodyLen: n,
+		contentType: mime.FormatMediaType("multipart/related", map[string]string{"boundary": boundary}),
+		body: func() io.Reader {
+			if cur != nil {
+				cur.close()
+			}
+			cur = &multipartStream{ctx: ctx, pieces: [][]byte{head, body}, heads: heads, atts: atts, end: end}
+			return cur
+		},
+	}
+	defer func() {
+		if cur != nil {
+			cur.close()
+		}
+	}()
+	resp, err := d.do(ctx, r)
+	if err != nil {
+		if serr := cur.sourceErr(); serr != nil {
+			return &AttachmentSourceError{DocID: id, Err: serr}
+		}
+		return err
+	}
+	drain(resp) // CouchDB: {"ok":true,"id","rev"}; PouchDB Server: []
+	return nil
+}
+
+// OpenAttachment opens the bytes of the attachment stub s of revision rev
+// of document docID for PutDocStream: in their stored encoding, checked
+// against the stub (encoding, and length where the server declares one).
+func (d *DB) OpenAttachment(ctx context.Context, docID, rev string, s AttachmentStub) (io.ReadCloser, error) {
+	resp, err := d.GetAttachment(ctx, docID, s.Name, rev, s.encoded())
+	if err != nil {
+		return nil, err
+	}
+	enc := resp.Header.Get("Content-Encoding")
+	if enc == "identity" {
+		enc = ""
+	}
+	want := s.Encoding
+	if !s.encoded() {
+		want = ""
+	}
+	switch {
+	case enc != want:
+		drain(resp)
+		return nil, fmt.Errorf("%w: attachment %q of %q: the source sent it with Content-Encoding %q, its stub says %q", ErrAttachmentMismatch, s.Name, docID, enc, want)
+	case resp.ContentLength >= 0 && resp.ContentLength != s.wireLength():
+		drain(resp)
+		return nil, fmt.Errorf("%w: attachment %q of %q: the source declares %d bytes, its stub %d", ErrAttachmentMismatch, s.Name, docID, resp.ContentLength, s.wireLength())
+	}
+	return resp.Body, nil
+}
+
+// multipartStream is one attempt's request body of PutDocStream: the
+// fixed pieces, then each attachment's head and bytes, opened in turn.
+type multipartStream struct {
+	mu     sync.Mutex // Read (the transport's writer) against close (the caller)
+	ctx    context.Context
+	pieces [][]byte // what to send before the next attachment
+	heads  [][]byte
+	atts   []StreamAttachment
+	end    []byte
+	next   int // the next attachment to open
+	src    io.ReadCloser
+	left   int64 // bytes still expected from src
+	sum    hash.Hash
+	err    error // the first error; every Read returns it
+	srcErr error // err, when it came from an attachment's source
+}
+
+// sourceErr is the error an attachment's source ended the stream with.
+func (m *multipartStream) sourceErr() error {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.srcErr
+}
+
+func (m *multipartStream) Read(p []byte) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil {
+		return 0, m.err
+	}
+	for {
+		if len(m.pieces) > 0 {
+			if len(m.pieces[0]) == 0 {
+				m.pieces = m.pieces[1:]
+				continue
+			}
+			n := copy(p, m.pieces[0])
+			m.pieces[0] = m.pieces[0][n:]
+			return n, nil
+		}
+		if m.src != nil {
+			n, err := m.readAttachment(p)
+			if n > 0 || err != nil {
+				if err != nil {
+					m.err, m.srcErr = err, err
+				}
+				return n, err
+			}
+			continue
+		}
+		if m.next == len(m.atts) {
+			if m.end == nil {
+				return 0, io.EOF
+			}
+			m.pieces, m.end = [][]byte{m.end}, nil
+			continue
+		}
+		a := m.atts[m.next]
+		src, err := a.Open(m.ctx)
+		if err != nil {
+			m.err = fmt.Errorf("attachment %q: %w", a.Name, err)
+			m.srcErr = m.err
+			return 0, m.err
+		}
+		m.src, m.left, m.sum = src, a.wireLength(), md5.New()
+		m.pieces = [][]byte{m.heads[m.next]}
+	}
+}
+
+// readAttachment reads the current attachment's bytes; at their end it
+// checks that no byte follows and that the digest matches, then moves on.
+func (m *multipartStream) readAttachment(p []byte) (int, error) {
+	a := m.atts[m.next]
+	if m.left == 0 {
+		var one [1]byte
+		k, err := io.ReadFull(m.src, one[:])
+		if k > 0 {
+			return 0, fmt.Errorf("%w: attachment %q: the source sent more than its %d bytes", ErrAttachmentMismatch, a.Name, a.wireLength())
+		}
+		if err != io.EOF {
+			return 0, fmt.Errorf("attachment %q: %w", a.Name, err)
+		}
+		if want, ok := strings.CutPrefix(a.Digest, "md5-"); ok {
+			if got := base64.StdEncoding.EncodeToString(m.sum.Sum(nil)); got != want {
+				return 0, fmt.Errorf("%w: attachment %q: md5 of the %d bytes sent is %s, the stub says %s", ErrAttachmentMismatch, a.Name, a.wireLength(), got, want)
+			}
+		}
+		_ = m.src.Close()
+		m.src = nil
+		m.next++
+		return 0, nil
+	}
+	if int64(len(p)) > m.left {
+		p = p[:m.left]
+	}
+	n, err := m.src.Read(p)
+	m.left -= int64(n)
+	m.sum.Write(p[:n])
+	switch {
+	case err == io.EOF && m.left > 0:
+		return n, fmt.Errorf("%w: attachment %q: the source sent %d of its %d bytes", ErrAttachmentMismatch, a.Name, a.wireLength()-m.left, a.wireLength())
+	case err == io.EOF:
+		err = nil
+	}
+	return n, err
+}
+
+func (m *multipartStream) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.src != nil {
+		_ = m.src.Close()
+		m.src = nil
+	}
+	if m.err == nil {
+		m.err = errors.New("couch: request body closed")
+	}
+}
