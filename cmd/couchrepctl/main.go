@@ -34,6 +34,7 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/couchrep/couchrep/internal/admin"
+	"github.com/couchrep/couchrep/internal/buildinfo"
 	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/messages/messagesconnect"
 )
@@ -56,6 +57,7 @@ type globals struct {
 	token   string
 	json    bool
 	timeout time.Duration
+	version bool
 }
 
 // register adds the global flags to fs; every subcommand accepts them too,
@@ -65,6 +67,7 @@ func (g *globals) register(fs *flag.FlagSet) {
 	fs.StringVar(&g.token, "token", g.token, "admin `secret` the node requires when its admin endpoint is not on loopback (env COUCHREP_ADMIN_TOKEN)")
 	fs.BoolVar(&g.json, "json", g.json, "print replies as JSON, for scripts")
 	fs.DurationVar(&g.timeout, "timeout", g.timeout, "give up on a request after this long")
+	fs.BoolVar(&g.version, "version", g.version, "print the version (module version, VCS revision, Go version) and exit")
 }
 
 // env is what a command runs with.
@@ -127,6 +130,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	rest := fs.Args()
+	if g.version {
+		fmt.Fprintf(stdout, "couchrepctl %s\n", buildinfo.Read())
+		return exitOK
+	}
 	if len(rest) == 0 {
 		usage(stderr, fs, "")
 		return exitUsage
