@@ -70,6 +70,14 @@ var (
 	// runs on another node which is not alive or did not carry out the
 	// request in time; the error names that node.
 	ErrJobElsewhere = actors.ErrJobElsewhere
+	// ErrNodeNameInUse is returned by Start when a live node of the store
+	// has the node's name; the error (a *cluster.NameInUseError) names
+	// the process holding it and when its membership lease expires.
+	ErrNodeNameInUse = cluster.ErrNameInUse
+	// ErrUUIDMismatch is returned by Start when [couchdb] uuid differs
+	// from the server uuid recorded in the job store (or the data
+	// directory); the error says both and how to proceed.
+	ErrUUIDMismatch = cluster.ErrUUIDMismatch
 )
 
 // Config is a node's configuration: the same settings couchrepd reads from
@@ -129,6 +137,8 @@ type Node struct {
 	// stopLease ends the node's lease on its jobs (repjob.Store.KeepLease)
 	// and waits for it to close.
 	stopLease func()
+	// uuidChange is set when this start replaced the recorded server uuid.
+	uuidChange *UUIDChange
 }
 
 // Start starts a node and returns once its whole supervision tree is running.
@@ -155,14 +165,37 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		}
 		store, n.ownStore = db, true
 	}
-	uuid, err := cluster.SharedUUID(ctx, store, cfg.CouchDB.UUID, cfg.CouchDB.Generated, cfg.CouchDB.Adopted)
+	closeStore := func() {
+		if n.ownStore {
+			if err := store.Close(); err != nil {
+				n.log.Warn().Err(err).Msg("close job store")
+			}
+		}
+	}
+	// The name is this node's before it writes anything else: a second
+	// node under a live node's name stops here.
+	reg := cluster.New(store, cluster.Options{})
+	claim, err := reg.Claim(ctx, cfg.Couchrep.NodeName, owner(cfg), heartbeatInterval(cfg))
 	if err != nil {
-		n.release()
+		closeStore()
 		return nil, err
 	}
-	if uuid != cfg.CouchDB.UUID {
-		n.log.Info().Str("uuid", uuid).Msg("using the server uuid recorded in the shared job store")
-		cfg.CouchDB.UUID = uuid
+	unclaim := func() {
+		c, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if err := reg.Leave(c, cfg.Couchrep.NodeName, claim); err != nil {
+			n.log.Warn().Err(err).Msg("give the node name back")
+		}
+	}
+	shared, err := cluster.SharedUUID(ctx, store, uuidRequest(cfg))
+	if err != nil {
+		unclaim()
+		closeStore()
+		return nil, err
+	}
+	if shared.UUID != cfg.CouchDB.UUID {
+		n.log.Info().Str("uuid", shared.UUID).Msg("using the server uuid recorded in the shared job store")
+		cfg.CouchDB.UUID = shared.UUID
 		n.cfg = cfg
 	}
 	if n.system == nil {
@@ -187,6 +220,9 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Timers:      timerwheel.New(),
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
+	if shared.Replaced != "" {
+		n.uuidChange = n.reportUUIDChange(ctx, shared.Replaced)
+	}
 	n.stopLease = func() {}
 	if w := config.FDWarning(cfg); w != "" {
 		n.log.Warn().Int("fds_needed", cfg.FileDescriptors()).Msg(w)
@@ -224,6 +260,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if err != nil {
 		n.system.EventStream.Unsubscribe(n.events)
 		n.stopLease()
+		unclaim()
 		n.release()
 		return nil, fmt.Errorf("couchrep: start supervision tree: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -44,13 +45,18 @@ func serverUUID(ctx context.Context, rawURL string, rc config.Replicator, logger
 	return root.UUID, nil
 }
 
-// adoptUUID makes cfg use the uuid of the server at rawURL, and records it
-// in the data directory (later starts without the flag keep it); the node
-// records it in the job store at start (config.CouchDB.Adopted).
-func adoptUUID(ctx context.Context, cfg *config.Config, rawURL string, logger zerolog.Logger) error {
-	uuid, err := serverUUID(ctx, rawURL, cfg.Replicator, logger)
-	if err != nil {
-		return err
+// adoptUUID makes cfg use the uuid of the server at from (a URL), or from
+// itself (a bare uuid), and records it in the data directory (later starts
+// without the flag keep it); the node records it in the job store at start
+// (config.CouchDB.Adopted), replacing the one recorded there: an explicit
+// uuid change, which the node reports with the jobs it restarts from zero.
+func adoptUUID(ctx context.Context, cfg *config.Config, from string, logger zerolog.Logger) error {
+	uuid := from
+	if strings.Contains(from, "://") {
+		var err error
+		if uuid, err = serverUUID(ctx, from, cfg.Replicator, logger); err != nil {
+			return err
+		}
 	}
 	if cfg.CouchDB.UUID != "" && cfg.CouchDB.UUID != uuid {
 		return fmt.Errorf("[couchdb] uuid is configured as %q but the server's is %q: remove one of them", cfg.CouchDB.UUID, uuid)

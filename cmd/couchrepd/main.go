@@ -3,6 +3,7 @@
 //
 //	couchrepd [--config FILE] [--data DIR] [--store PATH] [--http ADDR]
 //	          [--admin ADDR] [--node-name NAME] [--log-level LEVEL]
+//	couchrepd --version
 //	couchrepd replicate [flags] SOURCE_URL TARGET_URL
 //
 // Settings come from CouchDB's defaults, then the ini file, then COUCHREP_*
@@ -28,6 +29,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep"
+	"github.com/couchrep/couchrep/internal/buildinfo"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	clog "github.com/couchrep/couchrep/internal/log"
@@ -49,6 +51,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
+	if errors.Is(err, errVersion) {
+		fmt.Fprintf(stdout, "couchrepd %s\n", buildinfo.Read())
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 2
@@ -58,6 +64,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 2
 	}
+	// The data directory is this process's until it exits.
+	lock, err := lockDataDir(cfg.Couchrep.DataDir)
+	if err != nil {
+		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
+		return 2
+	}
+	defer lock.release()
 	// As CouchDB: plain [admins] passwords are hashed on start, in the
 	// config file too, so that it holds no password after the first start.
 	admins, files, err := cfg.HashAdmins(httpapi.HashPassword)
@@ -74,22 +87,33 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 	}
-	if err := serve(ctx, cfg, logger); err != nil {
+	if err := serve(ctx, cfg, logger, stderr); err != nil {
 		logger.Error().Err(err).Msg("couchrepd stopped with an error")
+		if errors.Is(err, couchrep.ErrNodeNameInUse) || errors.Is(err, couchrep.ErrUUIDMismatch) {
+			// Refused to start: the node's name or uuid is not this
+			// process's to take. Said plainly too (the log may be JSON).
+			fmt.Fprintf(stderr, "couchrepd: %v\n", err)
+			return 2
+		}
 		return 1
 	}
 	return 0
 }
 
+// errVersion is loadConfig's answer to --version: print the build and exit.
+var errVersion = errors.New("version requested")
+
 // loadConfig applies defaults < file < environment < flags. It also
 // returns the --adopt-uuid URL.
 func loadConfig(args []string, stderr io.Writer) (config.Config, string, error) {
 	var configPath, adoptFrom string
+	var version bool
 	newFlags := func(cfg *config.Config) *flag.FlagSet {
 		fs := flag.NewFlagSet("couchrepd", flag.ContinueOnError)
 		fs.SetOutput(stderr)
 		fs.StringVar(&configPath, "config", "", "ini `file` with CouchDB-style sections ([replicator], [replicator.shares], [couchrep], ...)")
-		fs.StringVar(&adoptFrom, "adopt-uuid", "", "take the server uuid ([couchdb] uuid) from GET / of the CouchDB server at `URL`, keep it in the data directory and the job store, and so resume from that server's replication checkpoints")
+		fs.StringVar(&adoptFrom, "adopt-uuid", "", "take the server uuid ([couchdb] uuid) from GET / of the CouchDB server at `URL` (or give the uuid itself), keep it in the data directory and the job store in place of the one recorded, and so resume from that server's replication checkpoints; the jobs that restart from zero are listed")
+		fs.BoolVar(&version, "version", false, "print the version (module version, VCS revision, Go version) and exit")
 		cfg.RegisterFlags(fs)
 		fs.Usage = func() {
 			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
@@ -101,6 +125,9 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, string, error) 
 	scratch := config.Default()
 	if err := newFlags(&scratch).Parse(args); err != nil {
 		return config.Config{}, "", err
+	}
+	if version {
+		return config.Config{}, "", errVersion
 	}
 	cfg := config.Default()
 	if configPath != "" {
@@ -135,13 +162,16 @@ const ShutdownTimeout = 60 * time.Second
 // systemd (Type=notify) it reports READY=1 once the node and its admin
 // endpoint run, pets the watchdog while the tree answers, and reports
 // STOPPING=1 when it stops.
-func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger) error {
+func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger, stderr io.Writer) error {
 	if err := cfg.Complete(); err != nil {
 		return err
 	}
 	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(logger))
 	if err != nil {
 		return err
+	}
+	if c, ok := node.UUIDChange(); ok {
+		printUUIDChange(stderr, c)
 	}
 	adminSrv, adminAddr, err := startAdmin(cfg, node, logger)
 	if err != nil {

@@ -11,6 +11,9 @@
 //
 // A node's record also holds whether it is drained (SetDraining), so that
 // a drained node that restarts stays drained.
+//
+// A name is one node's at a time: a node claims it before it starts
+// (Claim), which fails while another live node holds it.
 package cluster
 
 import (
@@ -38,9 +41,11 @@ const MissedHeartbeats = 3
 
 // Registry reads and writes membership records in a store.
 type Registry struct {
-	db    kv.Database
-	nodes tuple.Subspace
-	clock func() time.Time
+	db          kv.Database
+	nodes       tuple.Subspace
+	owners      tuple.Subspace
+	clock       func() time.Time
+	processGone func(pid int64) bool
 }
 
 // Options configure a Registry.
@@ -50,13 +55,20 @@ type Options struct {
 	Prefix []byte
 	// Clock tells the time; nil is time.Now.
 	Clock func() time.Time
+	// ProcessGone tells whether no process with a pid runs on this host
+	// (Claim); nil asks the operating system.
+	ProcessGone func(pid int64) bool
 }
 
 // New returns the registry over db.
 func New(db kv.Database, opts Options) *Registry {
-	r := &Registry{db: db, nodes: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "nodes"}), clock: opts.Clock}
+	r := &Registry{db: db, nodes: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "nodes"}),
+		owners: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "owners"}), clock: opts.Clock, processGone: opts.ProcessGone}
 	if r.clock == nil {
 		r.clock = time.Now
+	}
+	if r.processGone == nil {
+		r.processGone = processGone
 	}
 	return r
 }
@@ -210,13 +222,21 @@ func (r *Registry) Forget(ctx context.Context, age time.Duration) (int, error) {
 		now := r.clock()
 		begin, end := r.nodes.Range()
 		var err error
+		var names []string
 		n, err = kv.ClearWhere(tx, begin, end, kv.RangeOptions{}, func(e kv.KeyValue) (bool, error) {
 			rec := &messages.NodeRecord{}
 			if err := proto.Unmarshal(e.Value, rec); err != nil {
 				return false, nil // an operator's problem; never delete what we cannot read
 			}
-			return !IsAlive(rec, now) && now.Sub(rec.GetHeartbeat().AsTime()) > age, nil
+			gone := !IsAlive(rec, now) && now.Sub(rec.GetHeartbeat().AsTime()) > age
+			if gone {
+				names = append(names, rec.GetName())
+			}
+			return gone, nil
 		})
+		for _, name := range names {
+			tx.Clear(r.ownerKey(name))
+		}
 		return err
 	})
 	if err != nil {
@@ -275,42 +295,6 @@ func (s *Stability) Stable() bool { return s.stable }
 
 // Members returns the members last observed, sorted.
 func (s *Stability) Members() []string { return slices.Clone(s.members) }
-
-// uuidKey is where the store records the server UUID of the nodes sharing it.
-var uuidKey = tuple.Tuple{"couchrep", "server_uuid"}.Pack()
-
-// SharedUUID returns the server UUID a node uses in replication ids. Every
-// node sharing a store must use the same one, or a job moving between nodes
-// would not find its checkpoints: the first node records its UUID in the
-// store and later nodes whose UUID was generated (not configured) adopt it.
-// A configured UUID is always used as is; an adopted one (couchrepd
-// --adopt-uuid) also replaces the one recorded.
-func SharedUUID(ctx context.Context, db kv.Database, uuid string, generated, adopted bool) (string, error) {
-	out := uuid
-	err := db.Transact(ctx, func(tx kv.Tx) error {
-		got, err := tx.Get(uuidKey)
-		if err != nil {
-			return err
-		}
-		switch {
-		case adopted && uuid != "" && string(got) != uuid:
-			tx.Set(uuidKey, []byte(uuid))
-			out = uuid
-		case got == nil && uuid != "":
-			tx.Set(uuidKey, []byte(uuid))
-			out = uuid
-		case got != nil && generated:
-			out = string(got)
-		default:
-			out = uuid
-		}
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("couchrep: server uuid in the job store: %w", err)
-	}
-	return out, nil
-}
 
 // StoreHealth is the job store's health for the admin tree: "ok" or
 // "unavailable: <reason>", from the store's own check (kv.Checker; a
