@@ -29,10 +29,14 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
+	clusterpkg "github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -108,7 +112,13 @@ func (a *httpAPI) start(ctx actor.Context) error {
 	if w := config.FDWarning(cfg); w != "" {
 		warnings = append(warnings, w)
 	}
+	users, err := a.usersOptions()
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	server := httpapi.New(httpapi.Options{
+		Users:    users,
 		Warnings: warnings,
 		Store:    httpapi.NewRepjobStore(store, cfg.CouchDB.UUID),
 		Admins:   cfg.Admins,
@@ -147,14 +157,45 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		}
 	}
 	ev := a.log.Info().Str("addr", addr).Str("url", scheme+"://"+addr+"/")
-	if len(cfg.Admins) == 0 {
+	adminParty := len(cfg.Admins) == 0 && users.AuthServer == ""
+	if adminParty {
 		ev = ev.Bool("admin_party", true)
 	}
+	if users.AuthServer != "" {
+		// The server's own credentials, if its URL has any, are not logged
+		// (nor sent with the users').
+		ev = ev.Str("auth_server", redact.StripUserinfo(users.AuthServer))
+	}
 	ev.Msg("http api listening")
-	if len(cfg.Admins) == 0 && !config.IsLoopback(addr) {
+	if adminParty && !config.IsLoopback(addr) {
 		a.log.Warn().Str("addr", addr).Msg("http api has no [admins] and listens beyond loopback: anyone who can reach it can start and cancel replications")
 	}
 	return nil
+}
+
+// usersOptions is who may use the API beyond [admins]: the users of
+// [couchrep] auth_server (or the first watched server), asked with the same
+// TLS settings as the watched servers; session cookies signed with the
+// secret in the job store, so that every node accepts them.
+func (a *httpAPI) usersOptions() (httpapi.UsersOptions, error) {
+	cfg := a.deps.Config
+	o := httpapi.UsersOptions{
+		AuthServer:     cfg.UsersAuthServer(),
+		CacheTTL:       cfg.Couchrep.AuthCacheTTL,
+		SessionTimeout: cfg.Couchrep.SessionTimeout,
+	}
+	if db := a.deps.Store; db != nil {
+		o.SessionSecret = func(ctx context.Context) ([]byte, error) { return clusterpkg.SessionSecret(ctx, db) }
+	}
+	if o.AuthServer != "" {
+		tr, err := couch.NewTransport(couch.TransportOptions{TLS: replicate.EndpointConfigFrom(cfg.Replicator).TLS,
+			IdleTimeout: cfg.Replicator.ConnectionCloseInterval})
+		if err != nil {
+			return o, fmt.Errorf("http api: auth server: %w", err)
+		}
+		o.Client = &http.Client{Transport: tr, Timeout: httpapi.DefaultAuthServerTimeout}
+	}
+	return o, nil
 }
 
 // writeAddr writes addr and a newline atomically (rename), so a reader never
