@@ -64,8 +64,12 @@ func (a *docProcessor) enabled() bool {
 }
 
 func (a *docProcessor) start(ctx actor.Context) {
-	if !a.enabled() || a.deps.RepJobs == nil {
-		a.log.Debug().Msg("not an api_frontend node or nothing to watch: idle")
+	if a.deps.RepJobs == nil || a.deps.Store == nil {
+		a.log.Debug().Msg("no job store: idle")
+		return
+	}
+	if !a.enabled() {
+		a.forgetAll(ctx)
 		return
 	}
 	cfg := a.deps.Config
@@ -114,6 +118,29 @@ func (a *docProcessor) start(ctx actor.Context) {
 		watch[i] = redact.URL(u)
 	}
 	a.log.Info().Strs("watch", watch).Msg("doc processor started")
+}
+
+// forgetAll is the start of a node that processes no documents (not
+// api_frontend, or an empty watch list): the servers no other node watches
+// are forgotten (docproc.Processor.ForgetUnwatched: a server removed from
+// the last watch list must not keep its jobs), then the actor idles.
+func (a *docProcessor) forgetAll(ctx actor.Context) {
+	p, err := docproc.New(docproc.Options{Node: a.deps.NodeName(), Store: a.deps.Store,
+		Jobs: docproc.RepJobs{Store: a.deps.RepJobs}, Logger: a.log})
+	if err != nil {
+		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))
+		return
+	}
+	a.task.Go(func(runCtx context.Context) {
+		err := a.deps.RepJobs.Init(runCtx)
+		if err == nil {
+			_, err = p.ForgetUnwatched(runCtx)
+		}
+		if err != nil && runCtx.Err() == nil {
+			a.log.Warn().Err(err).Msg("forgetting servers no longer watched failed; trying again at the next start")
+		}
+	})
+	a.log.Debug().Msg("not an api_frontend node or nothing to watch: idle")
 }
 
 func (a *docProcessor) stop() {

@@ -50,6 +50,17 @@
 //	("seq", server, db)          = last processed _changes seq (JSON)
 //	("doc", server, db, doc_id)  = docRecord (JSON): job id, fingerprint, rev, written
 //	("lease", server, db)        = lease (JSON): owner node, expiry
+//	("watching", node)           = the servers node's watch list named at its last start (JSON)
 //
 // server is the watched server's URL without credentials.
+//
+// # A server no longer watched
+//
+// At start-up (ForgetUnwatched; there is no configuration reload) a node
+// records its watch list and forgets every server the doc processor knew
+// that no node watches any more: its documents' jobs are removed (a running
+// one stopped at once) and its records, checkpoints and leases cleared, so
+// that nothing of it runs again. The replication checkpoints stay on the
+// endpoints. A server another node's recorded list names, or on whose
+// databases another node holds a live lease, is still watched.
 package docproc

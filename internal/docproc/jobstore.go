@@ -47,6 +47,8 @@ type JobStore interface {
 	Remove(ctx context.Context, jobID string) error
 	// Get returns a job; an error matching ErrJobNotFound when absent.
 	Get(ctx context.Context, jobID string) (*Job, error)
+	// Persistent returns every job of a _replicator document.
+	Persistent(ctx context.Context) ([]*Job, error)
 	// Follow calls fn with every job whose state changes after Follow
 	// was called, in commit order, until ctx ends or fn fails. It calls
 	// started (once) as soon as it follows, before any fn.

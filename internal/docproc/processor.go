@@ -164,6 +164,12 @@ func (p *Processor) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 
+	// Servers no node watches any more are forgotten before anything else
+	// runs: their documents' jobs must not run again.
+	if _, err := p.ForgetUnwatched(ctx); err != nil && ctx.Err() == nil {
+		p.log.Warn().Err(err).Msg("forgetting servers no longer watched failed; trying again at the next start")
+	}
+
 	// Follow job state changes first, so that no terminal state is missed
 	// between a database's scan of unwritten records and the feed.
 	followErr := make(chan error, 1)

@@ -94,6 +94,19 @@ func (f *fakeJobs) Get(_ context.Context, jobID string) (*Job, error) {
 	return &c, nil
 }
 
+func (f *fakeJobs) Persistent(context.Context) ([]*Job, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*Job
+	for _, j := range f.jobs {
+		if j.Persistent {
+			c := *j
+			out = append(out, &c)
+		}
+	}
+	return out, nil
+}
+
 func (f *fakeJobs) Follow(ctx context.Context, started func(), fn func(*Job) error) error {
 	started()
 	for {

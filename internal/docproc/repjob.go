@@ -105,6 +105,16 @@ func (r RepJobs) Get(ctx context.Context, jobID string) (*Job, error) {
 	return jobOf(rec), nil
 }
 
+// Persistent implements JobStore.
+func (r RepJobs) Persistent(ctx context.Context) ([]*Job, error) {
+	var out []*Job
+	err := r.Store.Each(ctx, repjob.Filter{Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT}, func(rec *repjob.Record) error {
+		out = append(out, jobOf(rec))
+		return nil
+	})
+	return out, err
+}
+
 // Follow implements JobStore with repjob's changes feed: it first reads the
 // feed to its end (those changes happened before Follow), then follows it.
 func (r RepJobs) Follow(ctx context.Context, started func(), fn func(*Job) error) error {

@@ -53,6 +53,10 @@ func (k keyspace) docs(server, db string) (begin, end []byte) {
 	return k.root.Sub("doc", server, db).Range()
 }
 
+func (k keyspace) watching(node string) []byte {
+	return k.root.Pack(tuple.Tuple{"watching", node})
+}
+
 func (k keyspace) lease(server, db string) []byte {
 	return k.root.Pack(tuple.Tuple{"lease", server, db})
 }
