@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -190,5 +192,48 @@ func TestSessionCookie(t *testing.T) {
 	}
 	if reads != 1 {
 		t.Errorf("secret read %d times, want once", reads)
+	}
+}
+
+// TestSessionCookieRenewed: an answer to a request whose cookie is past a
+// tenth of its time carries a new cookie; a young cookie gets none.
+func TestSessionCookieRenewed(t *testing.T) {
+	clk := &fakeClock{t: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	s := New(Options{Admins: map[string]string{"admin": "pw"}, Users: UsersOptions{SessionTimeout: 600 * time.Second}})
+	s.users.sessions.now = clk.now
+	v, err := s.users.sessions.sign(context.Background(), UserCtx{Name: "admin", Roles: []string{RoleAdmin}}, clk.t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func() *http.Response {
+		req := httptest.NewRequest(http.MethodGet, "/_session", nil)
+		req.AddCookie(&http.Cookie{Name: sessionCookie, Value: v})
+		w := httptest.NewRecorder()
+		s.ServeHTTP(w, req)
+		if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"name":"admin"`) {
+			t.Fatalf("GET /_session with the cookie: %d %s", w.Code, w.Body)
+		}
+		return w.Result()
+	}
+	for _, tc := range []struct {
+		age   time.Duration
+		renew bool
+	}{{0, false}, {60 * time.Second, false}, {61 * time.Second, true}, {599 * time.Second, true}} {
+		clk.t = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).Add(tc.age)
+		var got *http.Cookie
+		for _, c := range get().Cookies() {
+			if c.Name == sessionCookie {
+				got = c
+			}
+		}
+		if (got != nil) != tc.renew {
+			t.Fatalf("cookie %v old: renewed %v, want %v", tc.age, got != nil, tc.renew)
+		}
+		if got != nil {
+			u, issued, err := s.users.sessions.verify(context.Background(), got.Value)
+			if err != nil || u.Name != "admin" || !issued.Equal(clk.t) || got.MaxAge != 600 {
+				t.Fatalf("renewed cookie: %+v %v %v Max-Age %d", u, issued, err, got.MaxAge)
+			}
+		}
 	}
 }
