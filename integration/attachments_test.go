@@ -1,0 +1,213 @@
+package integration
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// Large attachments (issue 27): an attachment's bytes flow from the
+// source's GET to the target's multipart PUT through a fixed buffer, so a
+// node's peak memory does not grow with the attachment's size.
+
+const (
+	largeAttachment = 100 << 20
+	// maxAttachmentGrowth bounds how much more a node's peak RSS may grow
+	// for a 100 MiB attachment than for a 1 KiB one: buffers, not the body
+	// (held whole, it would be 100 MiB at least, twice that as base64).
+	maxAttachmentGrowth = 48 << 20
+)
+
+// attachmentStream is size bytes of incompressible data, the same for the
+// same seed, generated as it is read.
+func attachmentStream(seed uint64, size int64) io.Reader {
+	return io.LimitReader(rand.NewChaCha8(seedBytes(seed)), size)
+}
+
+func seedBytes(seed uint64) [32]byte {
+	var s [32]byte
+	for i := range 8 {
+		s[i] = byte(seed >> (8 * i))
+	}
+	return s
+}
+
+// putLargeAttachment creates doc id in db with one attachment "data.bin"
+// streamed from attachmentStream(seed, size), and returns its md5 digest
+// in CouchDB's "md5-<base64>" form.
+func putLargeAttachment(t *testing.T, db, id string, seed uint64, size int64) string {
+	t.Helper()
+	sum := md5.New()
+	req, err := http.NewRequest(http.MethodPut, db+id+"/data.bin", io.TeeReader(attachmentStream(seed, size), sum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("PUT %s/data.bin: %v", id, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("PUT %s/data.bin: %d %s", id, resp.StatusCode, b)
+	}
+	return "md5-" + base64.StdEncoding.EncodeToString(sum.Sum(nil))
+}
+
+// attachmentDigest streams db/id/data.bin and returns its length and md5
+// digest; it also checks the stub's digest and length say the same.
+func attachmentDigest(t *testing.T, db, id string) (int64, string) {
+	t.Helper()
+	resp, err := http.Get(db + id + "/data.bin")
+	if err != nil {
+		t.Fatalf("GET %s/data.bin: %v", id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s%s/data.bin: %d", db, id, resp.StatusCode)
+	}
+	sum := md5.New()
+	n, err := io.Copy(sum, resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s/data.bin: %v", id, err)
+	}
+	digest := "md5-" + base64.StdEncoding.EncodeToString(sum.Sum(nil))
+	var doc struct {
+		Atts map[string]struct {
+			Digest string `json:"digest"`
+			Length int64  `json:"length"`
+		} `json:"_attachments"`
+	}
+	r, err := http.Get(db + id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	if err := json.NewDecoder(r.Body).Decode(&doc); err != nil {
+		t.Fatalf("GET %s: %v", id, err)
+	}
+	if a := doc.Atts["data.bin"]; a.Digest != digest || a.Length != n {
+		t.Errorf("%s%s: stub says %d bytes %s, the bytes are %d %s", db, id, a.Length, a.Digest, n, digest)
+	}
+	return n, digest
+}
+
+// maxRSS is a finished child's peak resident set (ru_maxrss) in bytes.
+func maxRSS(t *testing.T, ps *os.ProcessState) int64 {
+	t.Helper()
+	ru, ok := ps.SysUsage().(*syscall.Rusage)
+	if !ok {
+		t.Fatalf("no rusage for the child process")
+	}
+	return ru.Maxrss << 10
+}
+
+// vmHWM is a running process's peak resident set (VmHWM) in bytes.
+func vmHWM(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatalf("VmHWM %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatalf("no VmHWM in /proc/%d/status", pid)
+	return 0
+}
+
+// replicateOnce runs `couchrepd replicate SOURCE TARGET` and returns its
+// result body and peak RSS.
+func replicateOnce(t *testing.T, src, tgt string) (map[string]any, int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "couchrepd"), "replicate", "--quiet", src, tgt)
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("couchrepd replicate: %v\n%s", err, stderr.String())
+	}
+	var res map[string]any
+	if err := json.Unmarshal([]byte(stdout.String()), &res); err != nil || res["ok"] != true {
+		t.Fatalf("couchrepd replicate result %q (%v)\n%s", stdout.String(), err, stderr.String())
+	}
+	return res, maxRSS(t, cmd.ProcessState)
+}
+
+func TestLargeAttachmentStreams(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	small := s.CreateDB(t, "small-src")
+	smallDigest := putLargeAttachment(t, small, "doc", 1, 1<<10)
+	large := s.CreateDB(t, "large-src")
+	largeDigest := putLargeAttachment(t, large, "doc", 2, largeAttachment)
+
+	check := func(t *testing.T, tgt string, size int64, digest string) {
+		t.Helper()
+		n, got := attachmentDigest(t, tgt, "doc")
+		if n != size || got != digest {
+			t.Fatalf("target attachment: %d bytes %s; want %d %s", n, got, size, digest)
+		}
+	}
+	t.Run("couchrepd replicate", func(t *testing.T) {
+		_, base := replicateOnce(t, small, s.CreateDB(t, "small-cli"))
+		tgt := s.CreateDB(t, "large-cli")
+		res, peak := replicateOnce(t, large, tgt)
+		check(t, tgt, largeAttachment, largeDigest)
+		hist, _ := res["history"].([]any)
+		if len(hist) == 0 || hist[0].(map[string]any)["docs_written"] != float64(1) {
+			t.Errorf("result %v: want docs_written 1", res)
+		}
+		t.Logf("peak RSS: %d MiB with a 1 KiB attachment, %d MiB with %d MiB", base>>20, peak>>20, largeAttachment>>20)
+		if peak-base > maxAttachmentGrowth {
+			t.Errorf("peak RSS grew by %d MiB for a %d MiB attachment (limit %d MiB)", (peak-base)>>20, largeAttachment>>20, maxAttachmentGrowth>>20)
+		}
+	})
+	t.Run("POST /_replicate", func(t *testing.T) {
+		n := startNode(t, nodeOptions{})
+		addr := n.httpAddr("")
+		post := func(src, tgt string) {
+			t.Helper()
+			r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt))
+			if r.status != http.StatusOK || r.obj(t)["ok"] != true {
+				t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
+			}
+		}
+		smallTgt := s.CreateDB(t, "small-node")
+		post(small, smallTgt)
+		check(t, smallTgt, 1<<10, smallDigest)
+		base := vmHWM(t, n.cmd.Process.Pid)
+		tgt := s.CreateDB(t, "large-node")
+		post(large, tgt)
+		check(t, tgt, largeAttachment, largeDigest)
+		peak := vmHWM(t, n.cmd.Process.Pid)
+		t.Logf("node VmHWM: %d MiB after a 1 KiB attachment, %d MiB after %d MiB", base>>20, peak>>20, largeAttachment>>20)
+		if peak-base > maxAttachmentGrowth {
+			t.Errorf("node VmHWM grew by %d MiB for a %d MiB attachment (limit %d MiB)", (peak-base)>>20, largeAttachment>>20, maxAttachmentGrowth>>20)
+		}
+	})
+}
