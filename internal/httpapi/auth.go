@@ -146,18 +146,26 @@ func (s *Server) identify(w http.ResponseWriter, r *http.Request) (UserCtx, *api
 				return UserCtx{}, errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: cannot read the session secret")
 			}
 		} else if s.users.auth != nil {
+			// A cookie the auth server does not know is remembered as
+			// such (an anonymous entry), so that a stale cookie a client
+			// keeps sending costs one question per TTL, not one per request.
 			key := s.users.cache.credKey("cookie", c.Value)
-			if u, ok := s.users.cache.get(key); ok {
-				return u, nil
-			}
-			u, err := s.users.auth.cookie(ctx, c.Value)
-			switch {
-			case err == nil:
-				u.handler = "cookie"
+			u, known := s.users.cache.get(key)
+			if !known {
+				var err error
+				u, err = s.users.auth.cookie(ctx, c.Value)
+				switch {
+				case err == nil:
+					u.handler = "cookie"
+				case errors.Is(err, ErrBadCredentials):
+					u = UserCtx{}
+				default:
+					return UserCtx{}, s.authServerDown(err)
+				}
 				s.users.cache.put(key, u)
+			}
+			if u.Name != "" {
 				return u, nil
-			case !errors.Is(err, ErrBadCredentials):
-				return UserCtx{}, s.authServerDown(err)
 			}
 		}
 	}

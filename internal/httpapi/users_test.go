@@ -421,6 +421,16 @@ func TestAuthServerCache(t *testing.T) {
 	f.setDown(false)
 	assertError(t, e.call(call{path: "/_scheduler/jobs", user: "ann", pass: "ann-pw"}), 403, "forbidden", "You are not a server admin.")
 
+	// A cookie the auth server does not know: asked once, then anonymous
+	// from the cache.
+	before := f.count()
+	for range 3 {
+		assertError(t, e.call(call{path: "/_scheduler/jobs", cookie: "c3RhbGU6MDow"}), 401, "unauthorized", "You are not a server admin.")
+	}
+	if n := f.count() - before; n != 1 {
+		t.Fatalf("an unknown CouchDB cookie sent 3 times: auth server asked %d times, want 1", n)
+	}
+
 	// No cache: asked every time.
 	g := newFakeCouch(t)
 	n := usersEnv(t, g, &logs, nil, func(o *httpapi.Options) { o.Users.CacheTTL = 0 })
