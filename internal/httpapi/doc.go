@@ -9,6 +9,7 @@
 //	GET  /_status                         the status page (GET /_status/data: its JSON)
 //	GET  /_up                             liveness
 //	GET  /metrics                         Prometheus metrics
+//	POST/GET/DELETE /_session             CouchDB's cookie login, who am I, logout
 //
 // Errors are CouchDB's {"error": ..., "reason": ...} objects with CouchDB's
 // status codes. Parameters are validated once, by
@@ -22,10 +23,17 @@
 //
 // Authentication is CouchDB's basic auth against the [admins] section
 // (plain passwords or CouchDB's "-pbkdf2-" and "-hashed-" hashes;
-// HashPassword makes the hash couchrepd writes on start). Failed logins are
+// HashPassword makes the hash couchrepd writes on start) and, with an auth
+// server (UsersOptions), the users of a CouchDB server: their Basic
+// credentials or CouchDB cookie are checked with its GET /_session (the
+// answer cached briefly under an HMAC of the credentials), and couchrep's
+// own AuthSession cookie of POST /_session is signed with a secret shared
+// through the job store. A request acts as a UserCtx (name, roles; _admin
+// is a server admin) and is refused where CouchDB 3.4.3 refuses it, with
+// its answers (authorize, mayControl). Failed logins, /_session's too, are
 // rate-limited per client address (429 beyond AuthFailureBurst). With no
-// admins configured the API is open ("admin party"; the node refuses that
-// beyond loopback unless allowed). GET /_up, GET / and the status page's
+// admins and no auth server the API is open ("admin party"; the node
+// refuses that beyond loopback unless allowed). GET /_up, GET / and the status page's
 // script and style sheet are always open; the page and its data need the
 // same auth as the API. Request bodies are checked before decoding (UTF-8,
 // syntax, depth, duplicate keys, an object) with reasons that say exactly

@@ -146,14 +146,8 @@ func (a *authServer) ask(ctx context.Context, with func(*http.Request)) (UserCtx
 	return UserCtx{Name: *s.UserCtx.Name, Roles: roles}, nil
 }
 
-// Defaults of the auth cache.
-const (
-	// DefaultAuthCacheTTL is how long an auth server's answer is
-	// remembered when Options.AuthCacheTTL is zero.
-	DefaultAuthCacheTTL = 10 * time.Second
-	// authCacheSize bounds the answers remembered.
-	authCacheSize = 1024
-)
+// authCacheSize bounds the auth server's answers remembered.
+const authCacheSize = 1024
 
 // authCache remembers the auth server's answers for a short while, so that
 // a client sending Basic credentials with every request does not cost a
