@@ -3,6 +3,8 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"crypto/md5"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -172,6 +174,9 @@ func (h *hostileServer) serve(c net.Conn) {
 		h.docs(c, mode, `{"results":[{"id":"doc","docs":[{"ok":`, `}]}]}`)
 	case rest == "doc" && req.URL.Query().Has("open_revs"):
 		h.docs(c, mode, `[{"ok":`, `}]`)
+	case rest == "doc/a.bin" && req.Method == http.MethodGet:
+		// No Content-Length: the bytes alone must be checked.
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n%s", attachmentBody(mode))
 	default:
 		reply(404, `{"error":"not_found","reason":"no such thing here"}`)
 	}
@@ -215,8 +220,8 @@ func (h *hostileServer) changes(c net.Conn, mode string, req *http.Request) {
 }
 
 // docs answers _bulk_get or open_revs with the mode's document between
-// head and tail: 50 MB of JSON (bigdoc), or _revisions that do not match
-// _rev (badrevs).
+// head and tail: 50 MB of JSON (bigdoc), _revisions that do not match
+// _rev (badrevs), or a stub of an attachment it then sends wrong (att*).
 func (h *hostileServer) docs(c net.Conn, mode, head, tail string) {
 	fmt.Fprint(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"+head)
 	switch mode {
@@ -229,6 +234,11 @@ func (h *hostileServer) docs(c net.Conn, mode, head, tail string) {
 			}
 		}
 		fmt.Fprint(c, `"}`)
+	case "attlong", "attshort", "attdigest":
+		sum := md5.Sum(hostileAttachment)
+		fmt.Fprintf(c, `{"_id":"doc","_rev":"1-a","_revisions":{"start":1,"ids":["a"]},"_attachments":{"a.bin":`+
+			`{"content_type":"application/octet-stream","revpos":1,"length":%d,"digest":"md5-%s","stub":true}}}`,
+			len(hostileAttachment), base64.StdEncoding.EncodeToString(sum[:]))
 	default: // badrevs
 		fmt.Fprint(c, `{"_id":"doc","_rev":"1-a","_revisions":{"start":3,"ids":["a","x","y"]},"v":1}`)
 	}
@@ -261,6 +271,27 @@ var hostileCases = []struct {
 	{"redirect", "stopped after 10 redirects"},
 	{"tls", "nothing received for 2s (waiting for the response headers|TLS handshake timeout"},
 	{"badrevs", `_revisions (start 3, 3 ids, first "a") does not match _rev "1-a"`},
+	// An attachment's bytes that do not match its stub (issue 27).
+	{"attlong", `attachment "a.bin": the source sent more than its 1024 bytes`},
+	{"attshort", `attachment "a.bin": the source sent 1000 of its 1024 bytes`},
+	{"attdigest", `attachment "a.bin": md5 of the 1024 bytes sent is`},
+}
+
+// hostileAttachment is the 1 KiB attachment the att* endpoints' stubs
+// describe.
+var hostileAttachment = bytes.Repeat([]byte("0123456789abcdef"), 64)
+
+// attachmentBody is what an att* endpoint sends for the attachment: more,
+// fewer or other bytes than its stub says.
+func attachmentBody(mode string) []byte {
+	switch mode {
+	case "attlong":
+		return append(append([]byte{}, hostileAttachment...), "more"...)
+	case "attshort":
+		return hostileAttachment[:1000]
+	default: // attdigest
+		return bytes.ToUpper(hostileAttachment)
+	}
 }
 
 // TestHostileEndpoints runs a continuous job against every misbehaving

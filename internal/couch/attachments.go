@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // Attachments are streamed, never held whole: a document's metadata comes
@@ -268,15 +270,25 @@ type StreamAttachment struct {
 	Open func(ctx context.Context) (io.ReadCloser, error)
 }
 
+// smallAttachments is the most attachment data PutDocStream reads whole
+// before sending the request: below it a document's attachments are
+// fetched and checked first (a source that lies costs the target nothing,
+// and a retried write does not read the source again); above it they are
+// streamed.
+const smallAttachments = 1 << 20
+
 // PutDocStream writes one revision with PUT /{db}/{id}?new_edits=false as
 // multipart/related: body (a FollowsBody) then one part per attachment, in
-// the order of atts, copied from their Open streams as they are read. The
-// request's Content-Length is computed from the stubs; a source stream
-// that is longer or shorter than its stub, or whose md5 differs from its
-// digest, ends the request before its last byte (the target stores
-// nothing) with an error matching ErrAttachmentMismatch. A failed attempt
-// that is retried opens the sources again. Errors match ErrForbidden,
-// ErrUnauthorized, ErrTooLarge, ErrMissingStub, ... as PutDoc's.
+// the order of atts. Attachments of at most 1 MiB together are read and
+// checked before the request is sent; larger ones are copied from their
+// Open streams as the request is sent, and a retried attempt opens them
+// again. The request's Content-Length is computed from the stubs; a
+// source whose bytes are more or fewer than its stub's length, or whose
+// md5 differs from its digest, fails the write with an
+// *AttachmentSourceError matching ErrAttachmentMismatch (a streamed
+// request is ended before its last byte: the target stores nothing).
+// Other errors match ErrForbidden, ErrUnauthorized, ErrTooLarge,
+// ErrMissingStub, ... as PutDoc's.
 func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []StreamAttachment) error {
 	var rnd [16]byte
 	_, _ = rand.Read(rnd[:])
@@ -284,6 +296,7 @@ func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []St
 	head := []byte("--" + boundary + "\r\nContent-Type: application/json\r\n\r\n")
 	heads := make([][]byte, len(atts))
 	n := int64(len(head) + len(body))
+	var data int64
 	for i, a := range atts {
 		var h strings.Builder
 		h.WriteString("\r\n--" + boundary + "\r\n")
@@ -299,26 +312,39 @@ func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []St
 		h.WriteString("Content-Length: " + strconv.FormatInt(a.wireLength(), 10) + "\r\n\r\n")
 		heads[i] = []byte(h.String())
 		n += int64(len(heads[i])) + a.wireLength()
+		data += a.wireLength()
 	}
 	end := []byte("\r\n--" + boundary + "--")
 	n += int64(len(end))
-	var cur *multipartStream
 	r := &request{
 		method: http.MethodPut, path: escapeDocID(id), query: "new_edits=false", bodyLen: n,
 		contentType: mime.FormatMediaType("multipart/related", map[string]string{"boundary": boundary}),
-		body: func() io.Reader {
+	}
+	var cur *multipartStream
+	if data <= smallAttachments {
+		pieces := [][]byte{head, body}
+		for i, a := range atts {
+			b, err := d.readAttachment(ctx, a)
+			if err != nil {
+				return &AttachmentSourceError{DocID: id, Err: err}
+			}
+			pieces = append(pieces, heads[i], b)
+		}
+		r.body = buffersBody(append(pieces, end))
+	} else {
+		r.body = func() io.Reader {
 			if cur != nil {
 				cur.close()
 			}
 			cur = &multipartStream{ctx: ctx, pieces: [][]byte{head, body}, heads: heads, atts: atts, end: end}
 			return cur
-		},
-	}
-	defer func() {
-		if cur != nil {
-			cur.close()
 		}
-	}()
+		defer func() {
+			if cur != nil {
+				cur.close()
+			}
+		}()
+	}
 	resp, err := d.do(ctx, r)
 	if err != nil {
 		if serr := cur.sourceErr(); serr != nil {
@@ -330,35 +356,101 @@ func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []St
 	return nil
 }
 
-// OpenAttachment opens the bytes of the attachment stub s of revision rev
-// of document docID for PutDocStream: in their stored encoding, checked
-// against the stub (encoding, and length where the server declares one).
-func (d *DB) OpenAttachment(ctx context.Context, docID, rev string, s AttachmentStub) (io.ReadCloser, error) {
-	resp, err := d.GetAttachment(ctx, docID, s.Name, rev, s.encoded())
+// readAttachment reads a's bytes whole, checked against its stub. A read
+// cut short by the connection is started again, as a failed request is
+// (retries_per_request); a mismatch or an HTTP error is not.
+func (d *DB) readAttachment(ctx context.Context, a StreamAttachment) ([]byte, error) {
+	backoff := pause.Backoff{Min: d.opts.RetryBackoff, Max: d.opts.MaxRetryBackoff}
+	for attempt := 0; ; attempt++ {
+		b, err := readAttachmentOnce(ctx, a)
+		var herr *HTTPError
+		if err == nil || errors.Is(err, ErrAttachmentMismatch) || errors.As(err, &herr) || ctx.Err() != nil || attempt >= d.opts.Retries {
+			return b, err
+		}
+		wait := backoff.Next()
+		d.log.Warn().Str("attachment", a.Name).Err(err).Int("attempt", attempt+1).Dur("wait", wait).
+			Msg("couch: reading an attachment failed, retrying")
+		if err := pause.For(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func readAttachmentOnce(ctx context.Context, a StreamAttachment) ([]byte, error) {
+	src, err := a.Open(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("attachment %q: %w", a.Name, err)
 	}
-	enc := resp.Header.Get("Content-Encoding")
-	if enc == "identity" {
-		enc = ""
+	defer src.Close()
+	b := make([]byte, 0, a.wireLength())
+	c := newCheckedReader(src, a.AttachmentStub)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // room for the byte too many
+		}
+		k, err := c.Read(b[len(b):cap(b)])
+		b = b[:len(b)+k]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
-	want := s.Encoding
-	if !s.encoded() {
-		want = ""
+}
+
+// checkedReader reads an attachment's bytes from its source and ends with
+// io.EOF only when they are exactly its stub's: its length (no byte more)
+// and its md5 digest (when the stub has one).
+type checkedReader struct {
+	src  io.Reader
+	stub AttachmentStub
+	left int64
+	sum  hash.Hash
+}
+
+func newCheckedReader(src io.Reader, stub AttachmentStub) *checkedReader {
+	return &checkedReader{src: src, stub: stub, left: stub.wireLength(), sum: md5.New()}
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	name, size := c.stub.Name, c.stub.wireLength()
+	if c.left == 0 {
+		var one [1]byte
+		k, err := io.ReadFull(c.src, one[:])
+		if k > 0 {
+			return 0, fmt.Errorf("%w: attachment %q: the source sent more than its %d bytes", ErrAttachmentMismatch, name, size)
+		}
+		if err != io.EOF {
+			return 0, fmt.Errorf("attachment %q: %w", name, err)
+		}
+		if want, ok := strings.CutPrefix(c.stub.Digest, "md5-"); ok {
+			if got := base64.StdEncoding.EncodeToString(c.sum.Sum(nil)); got != want {
+				return 0, fmt.Errorf("%w: attachment %q: md5 of the %d bytes sent is %s, the stub says %s", ErrAttachmentMismatch, name, size, got, want)
+			}
+		}
+		return 0, io.EOF
 	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.src.Read(p)
+	c.left -= int64(n)
+	c.sum.Write(p[:n])
 	switch {
-	case enc != want:
-		drain(resp)
-		return nil, fmt.Errorf("%w: attachment %q of %q: the source sent it with Content-Encoding %q, its stub says %q", ErrAttachmentMismatch, s.Name, docID, enc, want)
-	case resp.ContentLength >= 0 && resp.ContentLength != s.wireLength():
-		drain(resp)
-		return nil, fmt.Errorf("%w: attachment %q of %q: the source declares %d bytes, its stub %d", ErrAttachmentMismatch, s.Name, docID, resp.ContentLength, s.wireLength())
+	case err == io.EOF && c.left > 0:
+		return n, fmt.Errorf("%w: attachment %q: the source sent %d of its %d bytes", ErrAttachmentMismatch, name, size-c.left, size)
+	case err == io.EOF:
+		err = nil
+	case err != nil:
+		err = fmt.Errorf("attachment %q: %w", name, err)
 	}
-	return resp.Body, nil
+	return n, err
 }
 
 // multipartStream is one attempt's request body of PutDocStream: the
-// fixed pieces, then each attachment's head and bytes, opened in turn.
+// fixed pieces, then each attachment's head and checked bytes, opened in
+// turn.
 type multipartStream struct {
 	mu     sync.Mutex // Read (the transport's writer) against close (the caller)
 	ctx    context.Context
@@ -366,10 +458,9 @@ type multipartStream struct {
 	heads  [][]byte
 	atts   []StreamAttachment
 	end    []byte
-	next   int // the next attachment to open
-	src    io.ReadCloser
-	left   int64 // bytes still expected from src
-	sum    hash.Hash
+	next   int           // the next attachment to open
+	src    io.ReadCloser // the current attachment's source
+	cur    *checkedReader
 	err    error // the first error; every Read returns it
 	srcErr error // err, when it came from an attachment's source
 }
@@ -400,13 +491,20 @@ func (m *multipartStream) Read(p []byte) (int, error) {
 			m.pieces[0] = m.pieces[0][n:]
 			return n, nil
 		}
-		if m.src != nil {
-			n, err := m.readAttachment(p)
-			if n > 0 || err != nil {
-				if err != nil {
-					m.err, m.srcErr = err, err
-				}
+		if m.cur != nil {
+			n, err := m.cur.Read(p)
+			if err == io.EOF {
+				_ = m.src.Close()
+				m.src, m.cur = nil, nil
+				m.next++
+				err = nil
+			}
+			if err != nil {
+				m.err, m.srcErr = err, err
 				return n, err
+			}
+			if n > 0 {
+				return n, nil
 			}
 			continue
 		}
@@ -424,47 +522,9 @@ func (m *multipartStream) Read(p []byte) (int, error) {
 			m.srcErr = m.err
 			return 0, m.err
 		}
-		m.src, m.left, m.sum = src, a.wireLength(), md5.New()
+		m.src, m.cur = src, newCheckedReader(src, a.AttachmentStub)
 		m.pieces = [][]byte{m.heads[m.next]}
 	}
-}
-
-// readAttachment reads the current attachment's bytes; at their end it
-// checks that no byte follows and that the digest matches, then moves on.
-func (m *multipartStream) readAttachment(p []byte) (int, error) {
-	a := m.atts[m.next]
-	if m.left == 0 {
-		var one [1]byte
-		k, err := io.ReadFull(m.src, one[:])
-		if k > 0 {
-			return 0, fmt.Errorf("%w: attachment %q: the source sent more than its %d bytes", ErrAttachmentMismatch, a.Name, a.wireLength())
-		}
-		if err != io.EOF {
-			return 0, fmt.Errorf("attachment %q: %w", a.Name, err)
-		}
-		if want, ok := strings.CutPrefix(a.Digest, "md5-"); ok {
-			if got := base64.StdEncoding.EncodeToString(m.sum.Sum(nil)); got != want {
-				return 0, fmt.Errorf("%w: attachment %q: md5 of the %d bytes sent is %s, the stub says %s", ErrAttachmentMismatch, a.Name, a.wireLength(), got, want)
-			}
-		}
-		_ = m.src.Close()
-		m.src = nil
-		m.next++
-		return 0, nil
-	}
-	if int64(len(p)) > m.left {
-		p = p[:m.left]
-	}
-	n, err := m.src.Read(p)
-	m.left -= int64(n)
-	m.sum.Write(p[:n])
-	switch {
-	case err == io.EOF && m.left > 0:
-		return n, fmt.Errorf("%w: attachment %q: the source sent %d of its %d bytes", ErrAttachmentMismatch, a.Name, a.wireLength()-m.left, a.wireLength())
-	case err == io.EOF:
-		err = nil
-	}
-	return n, err
 }
 
 func (m *multipartStream) close() {
@@ -472,9 +532,36 @@ func (m *multipartStream) close() {
 	defer m.mu.Unlock()
 	if m.src != nil {
 		_ = m.src.Close()
-		m.src = nil
+		m.src, m.cur = nil, nil
 	}
 	if m.err == nil {
 		m.err = errors.New("couch: request body closed")
 	}
+}
+
+// OpenAttachment opens the bytes of the attachment stub s of revision rev
+// of document docID for PutDocStream: in their stored encoding, checked
+// against the stub (encoding, and length where the server declares one).
+func (d *DB) OpenAttachment(ctx context.Context, docID, rev string, s AttachmentStub) (io.ReadCloser, error) {
+	resp, err := d.GetAttachment(ctx, docID, s.Name, rev, s.encoded())
+	if err != nil {
+		return nil, err
+	}
+	enc := resp.Header.Get("Content-Encoding")
+	if enc == "identity" {
+		enc = ""
+	}
+	want := s.Encoding
+	if !s.encoded() {
+		want = ""
+	}
+	switch {
+	case enc != want:
+		drain(resp)
+		return nil, fmt.Errorf("%w: attachment %q of %q: the source sent it with Content-Encoding %q, its stub says %q", ErrAttachmentMismatch, s.Name, docID, enc, want)
+	case resp.ContentLength >= 0 && resp.ContentLength != s.wireLength():
+		drain(resp)
+		return nil, fmt.Errorf("%w: attachment %q of %q: the source declares %d bytes, its stub %d", ErrAttachmentMismatch, s.Name, docID, resp.ContentLength, s.wireLength())
+	}
+	return resp.Body, nil
 }

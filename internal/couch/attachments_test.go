@@ -141,7 +141,14 @@ func readPut(t *testing.T, r *http.Request, body []byte) (putRecord, bool) {
 }
 
 func TestPutDocStream(t *testing.T) {
-	plain := []byte(strings.Repeat("attachment bytes ", 4000))
+	// Read whole and checked before the request (under 1 MiB), or
+	// streamed into it (over).
+	for _, size := range []int{4000, 80000} {
+		t.Run(strconv.Itoa(size*17>>10)+"KiB", func(t *testing.T) { testPutDocStream(t, []byte(strings.Repeat("attachment bytes ", size))) })
+	}
+}
+
+func testPutDocStream(t *testing.T, plain []byte) {
 	gz := []byte("\x1f\x8b pretend gzip")
 	tests := []struct {
 		name string
@@ -253,7 +260,7 @@ func TestPutDocStream(t *testing.T) {
 				if rec, ok := readPut(t, r, body); ok {
 					complete = append(complete, rec)
 				}
-				writeJSON(w, tt.putStatus, `{"ok":true}`)
+				writeJSON(w, http.StatusCreated, `{"ok":true}`)
 			})
 			doc, err := newDoc([]byte(`{"_id":"d","_rev":"2-c","_revisions":{"start":2,"ids":["c","a"]},"_attachments":{` +
 				`"kept":{"content_type":"text/plain","revpos":1,"length":3,"digest":"md5-x","stub":true},` +

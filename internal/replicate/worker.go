@@ -292,7 +292,7 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, d.ID, err)
+		return fmt.Errorf("%w: open_doc_revs_failed for %q from %s: %w", ErrWorkerFailed, d.ID, w.r.src, err)
 	}
 	return w.counted(d, err)
 }
