@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/replicate"
 )
 
 // UsersOptions configure who may use the API beyond [admins]: CouchDB
@@ -112,6 +114,28 @@ func mayControl(u UserCtx, job *Job) *apiError {
 		return nil
 	}
 	return errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
+}
+
+// sameReplication finds, for a cancel by body that matches no job of the
+// caller (job ids include the user), a transient job of another user with
+// the same replication id: CouchDB knows a replication by that id only, so
+// the caller then gets what mayControl says (401 unless an admin, who
+// cancels it) rather than 404. notFound is returned when there is none.
+func (s *Server) sameReplication(ctx context.Context, req replicate.ReplicateRequest, notFound error) (*Job, error) {
+	base, ext, err := replicate.ID(req.Params, s.uuid)
+	if err != nil {
+		return nil, notFound // a named filter: the id needs the source
+	}
+	job, err := s.store.FindByRepID(ctx, base+ext)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return nil, notFound
+	case err != nil:
+		return nil, err
+	case !job.Transient:
+		return nil, notFound
+	}
+	return job, nil
 }
 
 // identify finds who the request is, as CouchDB's handlers in their order:

@@ -98,7 +98,7 @@ func usersEnv(t *testing.T, f *fakeCouch, logs io.Writer, secret []byte, mod fun
 	t.Helper()
 	u, _ := url.Parse(f.srv.URL)
 	u.User = url.UserPassword("svc", "svc-pw")
-	o := httpapi.Options{Admins: map[string]string{"admin": "admin-pw"}, MaxBodyBytes: 64 << 10,
+	o := httpapi.Options{Admins: map[string]string{"admin": "admin-pw"}, MaxBodyBytes: 64 << 10, UUID: uuid,
 		Logger: zerolog.New(logs).Level(zerolog.DebugLevel),
 		Users:  httpapi.UsersOptions{AuthServer: u.String(), CacheTTL: time.Minute}}
 	if secret != nil {
@@ -270,15 +270,23 @@ func TestUsersOwnJobs(t *testing.T) {
 		return e.call(call{method: "POST", path: "/_replicate", ctype: "application/json", user: user, pass: pass,
 			body: `{"replication_id":"` + id + `","cancel":true}`})
 	}
+	// By body: the same replication id as another user's job is that job,
+	// as in CouchDB.
+	cancelBody := func(src, user, pass string) reply {
+		return e.call(call{method: "POST", path: "/_replicate", ctype: "application/json", user: user, pass: pass,
+			body: `{"source":"` + src + `","target":"` + tgtURL + `","continuous":true,"cancel":true}`})
+	}
 	assertError(t, cancel(joeJob, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
+	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
 	assertError(t, cancel(bossJob, "joe", "erly-pw"), 401, "unauthorized", "You are not a server admin.")
 	if r := cancel(joeJob, "joe", "erly-pw"); r.status != 200 || r.json(t)["_local_id"] != joeJob {
 		t.Fatalf("joe cancels his job: %d %s", r.status, r.body)
 	}
-	if r := cancel(bossJob, "admin", "admin-pw"); r.status != 200 {
-		t.Fatalf("an admin cancels another's job: %d %s", r.status, r.body)
+	if r := cancelBody("http://c.example:5984/src", "admin", "admin-pw"); r.status != 200 || r.json(t)["_local_id"] != bossJob {
+		t.Fatalf("an admin cancels another's job by its body: %d %s", r.status, r.body)
 	}
 	assertError(t, cancel(joeJob, "joe", "erly-pw"), 404, "not_found", "")
+	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 404, "not_found", "")
 	assertNoSecret(t, "the log", logs.Bytes())
 }
 

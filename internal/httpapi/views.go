@@ -114,6 +114,9 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.Re
 			return paramError(err)
 		}
 		job, err = s.store.Get(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			job, err = s.sameReplication(ctx, req, err)
+		}
 	}
 	if errors.Is(err, ErrNotFound) {
 		return errorf(http.StatusNotFound, "not_found", "replication %s not found", id)
