@@ -145,6 +145,9 @@ func TestCouchDBUsers(t *testing.T) {
 	cancelBody := `{"replication_id":"` + repID + `","cancel":true}`
 	wantError(t, "ann cancels joe's job", call(addrA, "POST", "/_replicate", "application/json", cancelBody, "ann", "ann-pw", ""),
 		401, "unauthorized", notAdmin)
+	wantError(t, "ann cancels joe's job by its body", call(addrA, "POST", "/_replicate", "application/json",
+		`{"source":"`+withAdmin(src)+`","target":"`+withAdmin(tgt)+`","continuous":true,"cancel":true}`, "ann", "ann-pw", ""),
+		401, "unauthorized", notAdmin)
 	wantError(t, "joe reads _scheduler/jobs", call(addrA, "GET", "/_scheduler/jobs", "", "", "joe", "erly-pw", ""), 403, "forbidden", notAdmin)
 	wantError(t, "joe reads _scheduler/docs", call(addrA, "GET", "/_scheduler/docs", "", "", "joe", "erly-pw", ""), 403, "forbidden", notAdmin)
 	wantError(t, "joe reads _active_tasks", call(addrA, "GET", "/_active_tasks", "", "", "joe", "erly-pw", ""), 401, "unauthorized", notAdmin)
