@@ -78,6 +78,18 @@ type DocResult struct {
 // 501 answer) gives an error matching ErrBulkGetUnsupported. The response
 // is decoded as a stream, one document id at a time.
 func (d *DB) BulkGet(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) error) error {
+	return d.bulkGet(ctx, reqs, "revs=true&latest=true&attachments=false&att_encoding_info=true", fn)
+}
+
+// BulkGetWithData is BulkGet with attachments=true: the data of the
+// attachments added since each request's AttsSince comes inline (base64,
+// decoded from any encoding), the others as stubs. For documents whose
+// attachments are small; large ones are streamed (PutDocStream).
+func (d *DB) BulkGetWithData(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) error) error {
+	return d.bulkGet(ctx, reqs, "revs=true&latest=true&attachments=true", fn)
+}
+
+func (d *DB) bulkGet(ctx context.Context, reqs []BulkGetRequest, query string, fn func(Doc) error) error {
 	type item struct {
 		ID        string   `json:"id"`
 		Rev       string   `json:"rev,omitempty"`
@@ -94,7 +106,7 @@ func (d *DB) BulkGet(ctx context.Context, reqs []BulkGetRequest, fn func(Doc) er
 		return err
 	}
 	r := &request{
-		method: http.MethodPost, path: "_bulk_get", query: "revs=true&latest=true&attachments=false&att_encoding_info=true",
+		method: http.MethodPost, path: "_bulk_get", query: query,
 		body: body, bodyLen: n, contentType: "application/json", accept: "application/json",
 	}
 	resp, err := d.do(ctx, r)

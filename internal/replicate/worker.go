@@ -169,7 +169,11 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 		return nil
 	}
 	writeAtts := func() error {
-		for _, d := range withAtts {
+		stream, err := w.writeInline(ctx, withAtts, since)
+		if err != nil {
+			return err
+		}
+		for _, d := range stream {
 			if err := w.writeStreamed(ctx, d, since[d.ID]); err != nil {
 				return err
 			}
@@ -246,6 +250,79 @@ func (w *worker) write(ctx context.Context, d couch.Doc) error {
 		return nil
 	}
 	return w.counted(d, w.r.tgt.PutDoc(ctx, d))
+}
+
+// inlineAttachmentBytes is the most attachment data one document may
+// need for it to be fetched with its data inline (_bulk_get with
+// attachments=true, a batch for all such documents) and written in the
+// _bulk_docs batch; a document needing more, or an encoded attachment
+// (inline data would arrive decoded), is streamed.
+const inlineAttachmentBytes = 64 << 10
+
+// writeInline fetches the documents among docs whose new attachments are
+// small and unencoded again, with their data, in one _bulk_get, and
+// buffers them for _bulk_docs. It returns the documents left to stream:
+// the others, and those that _bulk_get did not deliver.
+func (w *worker) writeInline(ctx context.Context, docs []couch.Doc, since map[string][]string) ([]couch.Doc, error) {
+	var reqs []couch.BulkGetRequest
+	var stream []couch.Doc
+	for _, d := range docs {
+		if w.inlineable(d, since[d.ID]) {
+			reqs = append(reqs, couch.BulkGetRequest{ID: d.ID, Rev: d.Rev, AttsSince: since[d.ID]})
+		} else {
+			stream = append(stream, d)
+		}
+	}
+	if len(reqs) == 0 || !w.r.p.UseBulkGet {
+		return docs, nil
+	}
+	got := make(map[revKey]bool, len(reqs))
+	var writeErr error
+	err := w.r.src.BulkGetWithData(ctx, reqs, func(d couch.Doc) error {
+		got[revKey{d.ID, d.Rev}] = true
+		if writeErr = w.write(ctx, d); writeErr != nil {
+			return writeErr
+		}
+		return nil
+	})
+	if writeErr != nil {
+		return nil, writeErr
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, context.Cause(ctx)
+		}
+		w.r.log.Debug().Err(err).Msg("replication: _bulk_get with attachment data failed, streaming them")
+	}
+	for _, d := range docs {
+		if !got[revKey{d.ID, d.Rev}] && w.inlineable(d, since[d.ID]) {
+			stream = append(stream, d)
+		}
+	}
+	return stream, nil
+}
+
+// inlineable reports whether d's attachments the target lacks are few
+// and unencoded enough to come inline.
+func (w *worker) inlineable(d couch.Doc, attsSince []string) bool {
+	stubs, err := d.Stubs()
+	if err != nil {
+		return false
+	}
+	pos := d.AncestorPos(attsSince)
+	var need int64
+	for _, s := range stubs {
+		if s.Inline || s.Follows {
+			return false
+		}
+		if pos == 0 || s.RevPos == 0 || s.RevPos > pos {
+			if s.Encoding != "" && s.Encoding != "identity" {
+				return false
+			}
+			need += s.Length
+		}
+	}
+	return need <= inlineAttachmentBytes
 }
 
 // writeStreamed writes a document that came with attachment stubs: a
