@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/cluster"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres"
+	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -105,15 +108,26 @@ func TestDataDirBelongsToOneProcess(t *testing.T) {
 }
 
 // TestSameNodeNameOnOneStore (issue 24, finding 3): two data directories
-// on one store under one node name: the second node refuses to start
+// on one store (SQLite, PostgreSQL) under one node name: the second node refuses to start
 // while the first's membership lease runs (naming the node, its pid and
 // when the lease expires), and starts once it expired. A node restarted
 // on its own data directory after a SIGKILL need not wait for its old
 // lease.
 func TestSameNodeNameOnOneStore(t *testing.T) {
 	skipShort(t)
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T) string
+	}{
+		{"sqlite", func(t *testing.T) string { return filepath.Join(t.TempDir(), "shared.db") }},
+		{"postgres", func(t *testing.T) string { return pgtest.Start(t).NewDatabase(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSameNodeName(t, tc.store(t)) })
+	}
+}
+
+func testSameNodeName(t *testing.T, store string) {
 	root := t.TempDir()
-	store := filepath.Join(root, "shared.db")
 	env := []string{"COUCHREP_COUCHREP_HEARTBEAT_INTERVAL=300ms"}
 	optsA := nodeOptions{name: "twin", dataDir: filepath.Join(root, "a"), store: store, env: env}
 	optsB := nodeOptions{name: "twin", dataDir: filepath.Join(root, "b"), store: store, env: env}
@@ -145,7 +159,13 @@ func TestSameNodeNameOnOneStore(t *testing.T) {
 	// Killed again, its lease runs out after three heartbeat intervals;
 	// then the other data directory may take the name.
 	a.kill()
-	db, err := sqlite.Open(context.Background(), store, sqlite.Options{})
+	var db kv.Database
+	var err error
+	if postgres.IsDSN(store) {
+		db, err = postgres.Open(context.Background(), store, postgres.Options{})
+	} else {
+		db, err = sqlite.Open(context.Background(), store, sqlite.Options{})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
