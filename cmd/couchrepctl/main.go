@@ -184,6 +184,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: couchrepctl [flags] %s %s (see --help)\n", cmd.name, cmd.args)
 		return exitUsage
 	}
+	if g.version {
+		fmt.Fprintf(stdout, "couchrepctl %s\n", buildinfo.Read())
+		return exitOK
+	}
 	e := &env{g: g, out: stdout, terminal: clog.IsTerminal(stdout),
 		client: messagesconnect.NewAdminServiceClient(http.DefaultClient, baseURL(g.node), connect.WithInterceptors(headers(g.token)))}
 	err := noArgs(cmd, cfs.Args())
