@@ -52,7 +52,9 @@ func serverUUID(ctx context.Context, rawURL string, rc config.Replicator, logger
 // uuid change, which the node reports with the jobs it restarts from zero.
 func adoptUUID(ctx context.Context, cfg *config.Config, from string, logger zerolog.Logger) error {
 	uuid := from
-	if strings.Contains(from, "://") {
+	// host:port, a path or a dotted name is a server meant as a URL (the
+	// parse error says what is missing), never a uuid.
+	if strings.ContainsAny(from, ":/.") {
 		var err error
 		if uuid, err = serverUUID(ctx, from, cfg.Replicator, logger); err != nil {
 			return err
