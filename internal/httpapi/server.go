@@ -169,6 +169,7 @@ func (s *Server) route(path string) (route, string, bool) {
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	reqID := setDefaultHeaders(w, r)
 	sw := &statusWriter{ResponseWriter: w}
 	// rest keeps percent-escapes: _scheduler/docs needs to tell an escaped
 	// "/" (part of a name) from a separator.
@@ -179,14 +180,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	user := ""
 	defer func() {
 		if p := recover(); p != nil {
-			s.log.Error().Str("method", r.Method).Str("path", r.URL.Path).Interface("panic", p).
+			s.log.Error().Str("method", r.Method).Str("path", r.URL.Path).Str("request_id", reqID).Interface("panic", p).
 				Str("stack", string(debug.Stack())).Msg("http api handler panicked")
 			if sw.status == 0 {
 				writeError(sw, errorf(http.StatusInternalServerError, "unknown_error", "internal server error"))
 			}
 		}
 		s.metrics.observeRequest(rt.name, r.Method, sw.status, time.Since(start))
-		s.log.Debug().Str("method", r.Method).Str("path", r.URL.Path).Str("user", user).
+		s.log.Debug().Str("method", r.Method).Str("path", r.URL.Path).Str("user", user).Str("request_id", reqID).
 			Int("status", sw.status).Dur("took", time.Since(start)).Msg("http request")
 	}()
 	if !ok {
@@ -224,7 +225,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// Handlers return their own errors as *apiError: anything
 				// else comes from the job store, which is unreachable or
 				// failing. The client may retry.
-				s.log.Error().Err(errors.New(redact.Text(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Msg("http api request failed: job store error")
+				s.log.Error().Err(errors.New(redact.Text(err.Error()))).Str("method", r.Method).Str("path", r.URL.Path).Str("request_id", reqID).Msg("http api request failed: job store error")
 				aerr = errorf(http.StatusServiceUnavailable, "service_unavailable", "the job store is unavailable: %s", redact.Text(err.Error()))
 			}
 		}
