@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"sort"
 	"strconv"
 	"time"
@@ -108,14 +109,56 @@ func (d *DB) Changes(ctx context.Context, opts ChangesOptions, fn func(Change) e
 // not modified): a caller reading a feed in a loop on a long-lived
 // goroutine keeps its frame small with it.
 func (d *DB) ReadChanges(ctx context.Context, opts *ChangesOptions, fn func(Change) error) (lastSeq Seq, err error) {
+	end, err := d.ReadChangesEnd(ctx, opts, fn)
+	return end.LastSeq, err
+}
+
+// FeedEnd is how a _changes answer ended.
+type FeedEnd struct {
+	// LastSeq is the feed's last_seq (on an error: the seq of the last row
+	// delivered, or the request's since).
+	LastSeq Seq
+	// Pending is the answer's "pending": how many changes the source has
+	// after LastSeq. CouchDB gives it in normal and longpoll answers and in
+	// the last line of a continuous feed that ends; PouchDB Server 4.2
+	// never does. Nil when the answer had none, or when doc_ids were
+	// filtered here (the server's count is of unfiltered rows).
+	Pending *int64
+}
+
+// ReadChangesEnd is ReadChanges, also returning the answer's "pending".
+func (d *DB) ReadChangesEnd(ctx context.Context, opts *ChangesOptions, fn func(Change) error) (FeedEnd, error) {
 	f := newFeed()
 	f.d, f.opts, f.fn, f.lastSeq = d, opts, fn, opts.Since
 	if err := f.open(ctx); err != nil {
-		return f.lastSeq, err
+		return FeedEnd{LastSeq: f.lastSeq}, err
 	}
-	err = f.read()
+	err := f.read()
 	f.close(err)
-	return f.lastSeq, err
+	end := FeedEnd{LastSeq: f.lastSeq}
+	if err == nil && f.clientIDs == nil {
+		end.Pending = f.pending
+	}
+	return end, err
+}
+
+// PendingSince asks the source how many changes it has after since
+// (GET _changes?since=...&limit=0, its "pending"), as CouchDB's replicator
+// does for sources whose seqs are not numbers
+// (couch_replicator_api_wrap:get_pending_count/2). It returns nil, and no
+// error, when the answer has no "pending" (PouchDB Server).
+func (d *DB) PendingSince(ctx context.Context, since Seq) (*int64, error) {
+	q := url.Values{"limit": {"0"}}
+	if !since.IsZero() {
+		q.Set("since", since.Param())
+	}
+	out, err := getJSON[struct {
+		Pending *int64 `json:"pending"`
+	}](ctx, d, &request{method: http.MethodGet, path: "_changes", query: q.Encode()}, d.lim.MaxBodyBytes, "response body")
+	if err != nil {
+		return nil, err
+	}
+	return out.Pending, nil
 }
 
 // newFeed allocates a feed on the heap: left to escape analysis it would
@@ -131,6 +174,7 @@ type feed struct {
 	opts      *ChangesOptions // the caller's, for the call's duration
 	fn        func(Change) error
 	lastSeq   Seq
+	pending   *int64 // the answer's "pending", if it had one
 	r         *request
 	clientIDs map[string]struct{} // doc_ids filtered here (the server answered 405)
 	ctx       context.Context
@@ -210,7 +254,7 @@ func (f *feed) continuous() error {
 			return feedRowError(f.r, f.d, row)
 		}
 		if row.LastSeq != nil {
-			f.lastSeq = row.LastSeq
+			f.lastSeq, f.pending = row.LastSeq, row.Pending
 			return nil
 		}
 		if err := f.deliver(); err != nil {
@@ -246,6 +290,12 @@ func (f *feed) normal() error {
 				return f.fail(err)
 			}
 			final = SeqOf(raw)
+		case "pending":
+			raw, err := js.value()
+			if err != nil {
+				return f.fail(err)
+			}
+			f.pending = parsePending(raw)
 		case "error":
 			e, _ := js.value()
 			return badResponse(f.r, f.d, fmt.Errorf("feed reported error %s", e))
@@ -330,8 +380,18 @@ type changeRow struct {
 	Deleted bool
 	Doc     json.RawMessage
 	LastSeq Seq
+	Pending *int64 // with LastSeq: the feed's "pending"
 	Error   json.RawMessage
 	Reason  string
+}
+
+// parsePending reads a "pending" value: a non-negative integer, else nil.
+func parsePending(raw []byte) *int64 {
+	n, err := strconv.ParseInt(string(bytes.TrimSpace(raw)), 10, 64)
+	if err != nil || n < 0 {
+		return nil
+	}
+	return &n
 }
 
 // parseChangeRow reads one checked row object of a changes feed into
@@ -378,6 +438,8 @@ func parseChangeRow(raw []byte, row *changeRow) error {
 			}
 		case `"last_seq"`:
 			row.LastSeq = SeqOf(val)
+		case `"pending"`:
+			row.Pending = parsePending(val)
 		case `"error"`:
 			if string(val) != "null" {
 				row.Error = json.RawMessage(bytes.Clone(val))

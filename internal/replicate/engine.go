@@ -432,6 +432,16 @@ type runState struct {
 	mu       sync.Mutex
 	tracker  *seqTracker
 	reported progressMark // what the last progress report showed
+	// readSeq is the highest seq read from the feed (the last batch cut,
+	// or a page's last_seq): the source's seq as far as the run knows.
+	readSeq couch.Seq
+	// srcPending is the source's own count of the changes after pendingAt
+	// (a _changes answer's "pending"), nil when it gave none;
+	// pendingAsked is when it was last asked for one (PendingSince).
+	srcPending   *int64
+	pendingAt    couch.Seq
+	pendingAsked time.Time
+	noPending    bool // the source answered PendingSince without "pending"
 
 	cmu   sync.Mutex
 	ended bool // the timers are stopped
@@ -443,19 +453,115 @@ func (s *runState) through() couch.Seq {
 	return s.tracker.through
 }
 
+// stats are the run's stats now. source_seq is the source's update_seq at
+// the start or the highest seq read since, whichever is later, so it is
+// never behind through_seq (CouchDB's tasks show the highest seq done).
+// changes_pending is the source's own count where it gave one (CouchDB's
+// _changes answers carry "pending"), plus the changes read after through_seq
+// that are still in flight; else, for numeric seqs, source_seq minus
+// through_seq (PouchDB Server gives no "pending"); else unknown.
 func (s *runState) stats() Stats {
 	st := s.r.ctr.snapshot()
-	st.ThroughSeq = seqOrZero(s.through())
+	s.mu.Lock()
+	through, read, pend, at := s.tracker.through, s.readSeq, s.srcPending, s.pendingAt
 	st.CheckpointedSourceSeq = seqOrZero(s.committed)
+	s.mu.Unlock()
+	st.ThroughSeq = seqOrZero(through)
 	st.StartFrom, st.StartSeq = s.startFrom, seqOrZero(s.startSeq)
-	st.SourceSeq = seqOrZero(s.sourceSeq)
-	if src, ok := s.sourceSeq.Int(); ok {
-		if th, ok := st.ThroughSeq.Int(); ok {
-			pending := max(src-th, 0)
-			st.ChangesPending = &pending
+	src := laterSeq(s.sourceSeq, read)
+	if x, ok := src.Int(); src == nil || ok && numericAfter(through, x) {
+		src = through
+	}
+	st.SourceSeq = seqOrZero(src)
+	th, thOK := st.ThroughSeq.Int()
+	switch {
+	case pend != nil:
+		n := *pend
+		if a, ok := at.Int(); ok && thOK {
+			n += max(a-th, 0)
+		}
+		st.ChangesPending = &n
+	case thOK:
+		if sn, ok := st.SourceSeq.Int(); ok {
+			n := max(sn-th, 0)
+			st.ChangesPending = &n
 		}
 	}
 	return st
+}
+
+// laterSeq is the later of two seqs: the greater of two numbers, else b
+// when it is set (seqs are read in feed order, so the newer one is b),
+// else a.
+func laterSeq(a, b couch.Seq) couch.Seq {
+	if b == nil {
+		return a
+	}
+	if a == nil {
+		return b
+	}
+	x, ok1 := a.Int()
+	y, ok2 := b.Int()
+	if ok1 && ok2 && x > y {
+		return a
+	}
+	return b
+}
+
+// numericAfter reports whether seq is a number greater than n.
+func numericAfter(seq couch.Seq, n int64) bool {
+	y, ok := seq.Int()
+	return seq != nil && ok && y > n
+}
+
+// feedRead records how a _changes answer ended: its last_seq as the seq
+// read, and the source's "pending" when it gave one; a one-shot feed read
+// to its end (exhausted) has nothing more pending.
+func (s *runState) feedRead(end couch.FeedEnd, exhausted bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if end.LastSeq != nil {
+		s.readSeq = laterSeq(s.readSeq, end.LastSeq)
+	}
+	switch {
+	case end.Pending != nil:
+		s.srcPending, s.pendingAt, s.pendingAsked = end.Pending, end.LastSeq, s.r.now()
+	case exhausted:
+		zero := int64(0)
+		s.srcPending, s.pendingAt = &zero, end.LastSeq
+	}
+}
+
+// refreshPending asks the source for its pending count after through_seq
+// when its seqs are not numbers and it was not asked (nor told, by a feed
+// answer) for connection_timeout, as CouchDB's replicator does
+// (get_pending_count/1): a continuous feed that never ends gives none. A
+// source that answers without "pending" is not asked again.
+func (s *runState) refreshPending(ctx context.Context) {
+	r := s.r
+	s.mu.Lock()
+	through, asked, none := s.tracker.through, s.pendingAsked, s.noPending
+	s.mu.Unlock()
+	if through == nil || none {
+		return
+	}
+	if _, numeric := through.Int(); numeric || !asked.IsZero() && r.now().Sub(asked) < r.p.ConnectionTimeout {
+		return
+	}
+	c, cancel := context.WithTimeout(ctx, max(r.p.ConnectionTimeout, time.Second))
+	defer cancel()
+	n, err := r.src.PendingSince(c, through)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.pendingAsked = r.now()
+	switch {
+	case err != nil:
+		r.log.Debug().Err(err).Msg("replication: reading the source's pending count failed")
+	case n == nil:
+		s.noPending = true
+	default:
+		s.srcPending, s.pendingAt = n, through
+	}
 }
 
 // pipeline runs the replication: this goroutine reads the changes feed
@@ -611,6 +717,7 @@ func (tm *runTimers) run(ckpt, prog bool) {
 		err = s.checkpoint(tm.ctx) // reports the stats when it recorded one
 	}
 	if err == nil && prog && s.changed() {
+		s.refreshPending(tm.ctx)
 		s.progress()
 	}
 	s.cmu.Unlock()

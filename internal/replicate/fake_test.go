@@ -166,12 +166,13 @@ func (f *fakeCouch) serve(w http.ResponseWriter, r *http.Request) {
 			}
 			results = append(results, map[string]any{"seq": seqStr(doc.seq), "id": id, "changes": []any{map[string]string{"rev": doc.rev}}})
 		}
-		lastSeq := seqStr(d.seq)
+		lastSeq, pending := seqStr(d.seq), 0
 		if limit, _ := strconv.Atoi(r.URL.Query().Get("limit")); limit > 0 && len(results) > limit {
+			pending = len(results) - limit
 			results = results[:limit]
 			lastSeq = results[limit-1].(map[string]any)["seq"].(string)
 		}
-		writeJSON(w, 200, map[string]any{"results": results, "last_seq": lastSeq, "pending": 0})
+		writeJSON(w, 200, map[string]any{"results": results, "last_seq": lastSeq, "pending": pending})
 	case rest == "_revs_diff":
 		var q map[string][]string
 		_ = json.Unmarshal(body, &q)

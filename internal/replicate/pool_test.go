@@ -199,7 +199,7 @@ func TestBatcher(t *testing.T) {
 	if len(b2.changes) != 1 || string(b2.seq) != "4" || b2.n != 1 {
 		t.Fatalf("idle flush: %d changes ending at %s (number %d), want 1 ending at 4", len(b2.changes), b2.seq, b2.n)
 	}
-	if err := bt.end(couch.Seq("9")); err != nil {
+	if err := bt.end(couch.Seq("9"), true); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -84,9 +84,15 @@ func newPager(p Params) pager {
 	return pager{limit: p.WorkerBatchSize, max: p.WorkerBatchSize * pageMaxBatches}
 }
 
-// more reports whether another page follows a page of got rows, and sizes it.
+// follows reports whether another page follows a page of got rows.
+func (pg *pager) follows(got int) bool {
+	return pg.limit != 0 && got >= pg.limit
+}
+
+// more reports whether another page follows a page of got rows, and sizes
+// it.
 func (pg *pager) more(got int) bool {
-	if pg.limit == 0 || got < pg.limit {
+	if !pg.follows(got) {
 		return false
 	}
 	pg.limit = min(pg.limit*pageGrowth, pg.max)
@@ -149,22 +155,29 @@ func (cr *changesReader) request(ctx context.Context) error {
 	cr.got, cr.began = 0, time.Now()
 	cr.s.r.changesOptions(&cr.opts, cr.since)
 	cr.opts.Limit = cr.pages.limit
-	last, err := cr.s.r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
+	end, err := cr.s.r.src.ReadChangesEnd(ctx, &cr.opts, cr.onRow)
 	if ctx.Err() != nil {
 		cr.done = true
 		return nil
 	}
-	if last != nil {
-		cr.since = last
+	if end.LastSeq != nil {
+		cr.since = end.LastSeq
 	}
 	if err != nil {
 		return cr.failed(ctx, err)
 	}
 	cr.failures = 0
+	cr.s.feedRead(end, !cr.s.r.p.Continuous && !cr.pages.follows(cr.got))
 	if cr.pages.more(cr.got) {
 		return nil
 	}
-	if err := cr.bt.end(cr.since); err != nil {
+	// A continuous feed's end moves through_seq to its last_seq; a one-shot
+	// feed's does not: as in CouchDB (couch_replicator_changes_reader
+	// queues last_seq only for continuous feeds), a one-shot run
+	// checkpoints the seq of the last change it processed, and one that
+	// processed none (nothing new, or doc_ids/a filter matching nothing)
+	// writes no checkpoint and answers {"ok":true,"no_changes":true}.
+	if err := cr.bt.end(cr.since, cr.s.r.p.Continuous); err != nil {
 		cr.done = true
 		return nil
 	}
@@ -281,18 +294,21 @@ func (b *batcher) add(c couch.Change) error {
 	return b.submit(out)
 }
 
-// end submits the partial batch and marks the end of a feed at seq: a
-// change-less mark needs no worker, it is done as soon as it is registered.
-func (b *batcher) end(seq couch.Seq) error {
+// end submits the partial batch and, when mark is set, marks the end of a
+// feed at seq: a change-less mark needs no worker, it is done as soon as it
+// is registered.
+func (b *batcher) end(seq couch.Seq, mark bool) error {
 	b.mu.Lock()
 	var out batch
 	if len(b.cur) > 0 {
 		out = b.cut()
 	}
-	s := b.s
-	s.mu.Lock()
-	s.tracker.finish(s.tracker.start(seq))
-	s.mu.Unlock()
+	if mark {
+		s := b.s
+		s.mu.Lock()
+		s.tracker.finish(s.tracker.start(seq))
+		s.mu.Unlock()
+	}
 	b.mu.Unlock()
 	if out.changes == nil {
 		return nil
@@ -313,6 +329,9 @@ func (b *batcher) cut() batch {
 	s := b.s
 	s.mu.Lock()
 	n := s.tracker.start(seq)
+	if seq != nil {
+		s.readSeq = seq
+	}
 	s.mu.Unlock()
 	return batch{n: n, changes: changes, seq: seq}
 }
