@@ -27,6 +27,7 @@ const (
 	epSocksPass  = "socks-pw-1080"
 	epDocs       = 60
 	epWithAttach = "with-attachment"
+	epAttachSize = 2 << 20
 )
 
 // endpointsEnv is the real servers of TestRealEndpoints: one PouchDB
@@ -42,6 +43,7 @@ type endpointsEnv struct {
 	tinyproxy, socks        *testserver.ForwardProxy
 	verified, wrongCA, open *nodeProc
 	outputs                 []string // API answers and couchrepctl output, checked for secrets
+	attDigest               string   // of epWithAttach's attachment (the same in src and srcauth)
 }
 
 func startEndpointsEnv(t *testing.T) *endpointsEnv {
@@ -59,8 +61,9 @@ func startEndpointsEnv(t *testing.T) *endpointsEnv {
 			docs = append(docs, map[string]any{"_id": fmt.Sprintf("doc-%03d", i), "i": i, "pad": strings.Repeat("x", 200)})
 		}
 		e.pouch.PutDocs(t, src, docs...)
-		rev := e.pouch.PutDocs(t, src, map[string]any{"_id": epWithAttach})[0]
-		e.pouch.PutAttachment(t, src, epWithAttach, rev, "a.bin", "application/octet-stream", []byte(strings.Repeat("attachment-bytes ", 100)))
+		// Over 1 MiB: its bytes stream through every TLS and proxy path
+		// (issue 27).
+		e.attDigest = putLargeAttachment(t, src, epWithAttach, 27, epAttachSize)
 	}
 	for _, db := range []string{"https1", "https2", "untrusted", "mtls", "nocert", "plainproxy", "connect", "tlsproxy", "socks", "sess", "nosess", "budget"} {
 		e.pouch.CreateDB(t, db)
@@ -122,6 +125,9 @@ func (e *endpointsEnv) oneShot(t *testing.T, n *nodeProc, body, tgtDB string) {
 	}
 	if got := e.docCount(t, tgtDB); got != epDocs {
 		t.Fatalf("target %s has %d docs, want %d", tgtDB, got, epDocs)
+	}
+	if n, digest := attachmentDigest(t, e.pouch.DBURL(tgtDB), epWithAttach); n != epAttachSize || digest != e.attDigest {
+		t.Fatalf("target %s: %s's attachment is %d bytes %s, want %d %s", tgtDB, epWithAttach, n, digest, epAttachSize, e.attDigest)
 	}
 }
 
