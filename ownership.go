@@ -12,15 +12,9 @@ import (
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
-// owner is this process as the claimant of the node's name.
-func owner(cfg Config) cluster.Owner {
-	host, _ := os.Hostname()
-	dir := cfg.Couchrep.DataDir
-	if abs, err := filepath.Abs(dir); err == nil && dir != "" {
-		dir = abs
-	}
-	return cluster.Owner{Host: host, DataDir: dir, PID: int64(os.Getpid())}
-}
+// owner is this process as the claimant of the node's name (the
+// clustering actor heartbeats as the same owner).
+func owner(cfg Config) cluster.Owner { return cluster.OwnerOf(cfg.Couchrep.DataDir) }
 
 // heartbeatInterval is the interval the clustering actor keeps.
 func heartbeatInterval(cfg Config) time.Duration {

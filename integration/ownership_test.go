@@ -108,11 +108,12 @@ func TestDataDirBelongsToOneProcess(t *testing.T) {
 }
 
 // TestSameNodeNameOnOneStore (issue 24, finding 3): two data directories
-// on one store (SQLite, PostgreSQL) under one node name: the second node refuses to start
-// while the first's membership lease runs (naming the node, its pid and
-// when the lease expires), and starts once it expired. A node restarted
-// on its own data directory after a SIGKILL need not wait for its old
-// lease.
+// on one store (SQLite, PostgreSQL) under one node name: the second node
+// refuses to start while the first's membership lease runs (naming the
+// node, its pid and when the lease expires), and starts once it expired.
+// A node restarted on its own data directory after a SIGKILL need not wait
+// for its old lease. A holder that resumes after its lease expired and
+// another node took the name stops (exit 1) instead of running beside it.
 func TestSameNodeNameOnOneStore(t *testing.T) {
 	skipShort(t)
 	for _, tc := range []struct {
@@ -171,20 +172,50 @@ func testSameNodeName(t *testing.T, store string) {
 	}
 	defer db.Close()
 	reg := cluster.New(db, cluster.Options{})
-	waitFor(t, 30*time.Second, "the killed node's lease expiring", func() error {
-		ms, err := reg.Members(context.Background())
-		if err == nil && (len(ms) != 1 || ms[0].Alive) {
-			err = fmt.Errorf("members %v", ms)
-		}
-		return err
-	})
+	waitExpired := func(what string) {
+		t.Helper()
+		waitFor(t, 30*time.Second, what, func() error {
+			ms, err := reg.Members(context.Background())
+			if err == nil && (len(ms) != 1 || ms[0].Alive) {
+				err = fmt.Errorf("members %v", ms)
+			}
+			return err
+		})
+	}
+	waitExpired("the killed node's lease expiring")
 	b := startNode(t, optsB)
-	waitFor(t, 30*time.Second, "the new holder's record", func() error {
-		if rec := nodeRecord(t, b, "twin"); !rec.GetAlive() || rec.GetAdminAddress() != b.admin {
-			return fmt.Errorf("alive %v, admin %q; want %q", rec.GetAlive(), rec.GetAdminAddress(), b.admin)
-		}
-		return nil
-	})
+	holder := func(n *nodeProc) {
+		t.Helper()
+		waitFor(t, 30*time.Second, "the holder's record", func() error {
+			if rec := nodeRecord(t, n, "twin"); !rec.GetAlive() || rec.GetAdminAddress() != n.admin {
+				return fmt.Errorf("alive %v, admin %q; want %q", rec.GetAlive(), rec.GetAdminAddress(), n.admin)
+			}
+			return nil
+		})
+	}
+	holder(b)
+
+	// A holder that comes back after its lease expired (paused here;
+	// cut off from the store alike) finds its name taken and stops,
+	// rather than run beside the new holder under one name.
+	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	waitExpired("the paused node's lease expiring")
+	c := startNode(t, optsA)
+	holder(c)
+	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-b.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the paused node still runs 30 s after it resumed under a taken name:\n%s", b.logs.String())
+	}
+	if code := b.cmd.ProcessState.ExitCode(); code != 1 || len(b.logLines("node name taken over", "pid "+strconv.Itoa(c.cmd.Process.Pid))) == 0 {
+		t.Fatalf("the resumed node exited %d; want 1 with a log naming the new holder's pid %d:\n%s", code, c.cmd.Process.Pid, b.logs.String())
+	}
+	holder(c)
 }
 
 // TestUUIDChangeIsRefusedUnlessAdopted (issue 24, finding 6): a node whose

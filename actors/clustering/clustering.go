@@ -17,7 +17,10 @@
 // with the store error, rather than run on without a store; except while
 // the store only cannot be reached (kv.ErrUnavailable: a PostgreSQL server
 // restarting), which it waits out. It never writes anything but its own
-// membership record.
+// membership record. When another process claimed the node's name while
+// this node missed its heartbeats for longer than its lease (cluster.Claim),
+// it exits with an error wrapping cluster.ErrNameTaken, and so do its
+// restarts: the node stops rather than run beside the new holder.
 package clustering
 
 import (
@@ -97,9 +100,12 @@ func Props(deps actors.Deps, opts Options) *actor.Props {
 	_, _ = rand.Read(b[:])
 	inc := hex.EncodeToString(b[:])
 	started := time.Now()
+	// The process that claimed the node's name (couchrep.Start): another
+	// one claiming it later stops this node's heartbeats.
+	owner := cluster.OwnerOf(c.DataDir)
 	return actors.Props(func() actor.Actor {
 		return &clustering{deps: deps, opts: opts, incarnation: inc, startedAt: started,
-			reg: cluster.New(deps.Store, cluster.Options{}),
+			reg: cluster.New(deps.Store, cluster.Options{Owner: &owner}),
 			log: deps.Logger.With().Str("actor", Name).Logger()}
 	}, actors.Handles(&messages.NodesRequest{}))
 }
@@ -182,6 +188,9 @@ func (a *clustering) start(ctx actor.Context) error {
 		_, err = a.reg.Members(c)
 	}
 	cancel()
+	if errors.Is(err, cluster.ErrNameTaken) {
+		return err
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
 	}
@@ -236,6 +245,13 @@ func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *
 		}
 		if err != nil {
 			if ctx.Err() != nil {
+				return
+			}
+			if errors.Is(err, cluster.ErrNameTaken) {
+				// Another process holds the name now: running on beside it
+				// would make two nodes of one name.
+				a.log.Error().Err(err).Dur("since_last_ok", now.Sub(lastOK)).Msg("clustering: the node name was taken over while this node missed its heartbeats; stopping")
+				system.Root.Send(self, &actors.Failed{Err: err})
 				return
 			}
 			a.log.Warn().Err(err).Dur("since_last_ok", now.Sub(lastOK)).Msg("clustering: heartbeat failed")

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -19,6 +21,13 @@ import (
 // ErrNameInUse is returned (as a *NameInUseError) by Claim when a live
 // node already goes by the name.
 var ErrNameInUse = errors.New("cluster: node name in use")
+
+// ErrNameTaken is returned (wrapped) by Heartbeat of a registry whose
+// Options.Owner is set when another process claimed the node's name
+// meanwhile (this node missed its heartbeats for longer than its lease:
+// paused, or cut off from the store): the node must stop rather than run
+// beside the new holder under one name.
+var ErrNameTaken = errors.New("cluster: node name taken over by another process")
 
 // Owner says which process runs a node: the one that claimed its name
 // (Claim). It is kept next to the node's membership record.
@@ -60,6 +69,32 @@ func (e *NameInUseError) Error() string {
 }
 
 func (e *NameInUseError) Unwrap() error { return ErrNameInUse }
+
+// OwnerOf is this process as the owner of a node with data directory dir.
+func OwnerOf(dir string) Owner {
+	host, _ := os.Hostname()
+	if abs, err := filepath.Abs(dir); err == nil && dir != "" {
+		dir = abs
+	}
+	return Owner{Host: host, DataDir: dir, PID: int64(os.Getpid())}
+}
+
+// checkOwner fails with ErrNameTaken when name's recorded owner is not
+// r's own (no recorded owner is fine: a node that never claimed).
+func (r *Registry) checkOwner(tx kv.ReadTx, name string) error {
+	if r.owner == nil {
+		return nil
+	}
+	v, err := tx.Get(r.ownerKey(name))
+	if err != nil || v == nil {
+		return err
+	}
+	var o Owner
+	if err := json.Unmarshal(v, &o); err != nil || o != *r.owner {
+		return fmt.Errorf("%w: %s", ErrNameTaken, o)
+	}
+	return nil
+}
 
 // ownerKey is where the owner of node name is kept.
 func (r *Registry) ownerKey(name string) []byte { return r.owners.Pack(tuple.Tuple{name}) }

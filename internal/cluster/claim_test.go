@@ -222,3 +222,37 @@ func TestProcessGone(t *testing.T) {
 		t.Fatalf("exited child %d counts as running", cmd.Process.Pid)
 	}
 }
+
+// TestHeartbeatAfterTakeover: a registry heartbeating for an owner fails
+// with ErrNameTaken, writing nothing, once another process claimed the
+// name; without a recorded owner, or as the recorded one, it heartbeats.
+func TestHeartbeatAfterTakeover(t *testing.T) {
+	c := &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	db := openTestDB(t)
+	me := Owner{Host: "h1", DataDir: "/a", PID: 1}
+	mine := New(db, Options{Clock: c.Now, Owner: &me})
+	rec := &messages.NodeRecord{Name: "n", Incarnation: "i1", HeartbeatIntervalMs: 1000}
+	if err := mine.Heartbeat(t.Context(), rec); err != nil {
+		t.Fatalf("heartbeat without a recorded owner: %v", err)
+	}
+	if _, err := mine.Claim(t.Context(), "n", me, time.Second); err == nil {
+		t.Fatal("a claim under a live record of the same pid succeeded")
+	}
+	c.add(4 * time.Second) // the lease ran out: paused, or cut off from the store
+	other := Owner{Host: "h2", DataDir: "/b", PID: 2}
+	if _, err := New(db, Options{Clock: c.Now}).Claim(t.Context(), "n", other, time.Second); err != nil {
+		t.Fatalf("claim after the lease expired: %v", err)
+	}
+	err := mine.Heartbeat(t.Context(), rec)
+	if !errors.Is(err, ErrNameTaken) || !strings.Contains(err.Error(), "pid 2 on host h2") {
+		t.Fatalf("heartbeat after the takeover: %v, want ErrNameTaken naming the new owner", err)
+	}
+	ms, err := mine.Members(t.Context())
+	if err != nil || len(ms) != 1 || ms[0].GetPid() != 2 || ms[0].GetIncarnation() == "i1" {
+		t.Fatalf("members after the refused heartbeat: %v, %v; want the new holder's record", ms, err)
+	}
+	theirs := New(db, Options{Clock: c.Now, Owner: &other})
+	if err := theirs.Heartbeat(t.Context(), &messages.NodeRecord{Name: "n", Incarnation: "i2", HeartbeatIntervalMs: 1000}); err != nil {
+		t.Fatalf("the new owner's heartbeat: %v", err)
+	}
+}

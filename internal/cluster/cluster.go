@@ -46,6 +46,7 @@ type Registry struct {
 	owners      tuple.Subspace
 	clock       func() time.Time
 	processGone func(pid int64) bool
+	owner       *Owner
 }
 
 // Options configure a Registry.
@@ -58,12 +59,16 @@ type Options struct {
 	// ProcessGone tells whether no process with a pid runs on this host
 	// (Claim); nil asks the operating system.
 	ProcessGone func(pid int64) bool
+	// Owner, when set, is the process this registry heartbeats for:
+	// Heartbeat fails with ErrNameTaken once another process claimed the
+	// name (Claim).
+	Owner *Owner
 }
 
 // New returns the registry over db.
 func New(db kv.Database, opts Options) *Registry {
 	r := &Registry{db: db, nodes: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "nodes"}),
-		owners: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "owners"}), clock: opts.Clock, processGone: opts.ProcessGone}
+		owners: tuple.NewSubspace(opts.Prefix, tuple.Tuple{"cluster", "owners"}), clock: opts.Clock, processGone: opts.ProcessGone, owner: opts.Owner}
 	if r.clock == nil {
 		r.clock = time.Now
 	}
@@ -83,11 +88,15 @@ type Member struct {
 
 // Heartbeat writes rec (stamped with the current time) as its node's
 // record. The stored drain flag is kept: it is the job server's to change
-// (SetDraining), whatever rec says.
+// (SetDraining), whatever rec says. With Options.Owner set, it fails with
+// ErrNameTaken, writing nothing, once another process claimed the name.
 func (r *Registry) Heartbeat(ctx context.Context, rec *messages.NodeRecord) error {
 	rec = proto.Clone(rec).(*messages.NodeRecord)
 	rec.Heartbeat = timestamppb.New(r.clock())
 	if err := r.db.Transact(ctx, func(tx kv.Tx) error {
+		if err := r.checkOwner(tx, rec.GetName()); err != nil {
+			return err
+		}
 		key := r.nodes.Pack(tuple.Tuple{rec.GetName()})
 		old, err := r.get(tx, key, rec.GetName())
 		if err != nil {
