@@ -70,6 +70,10 @@ var (
 	// runs on another node which is not alive or did not carry out the
 	// request in time; the error names that node.
 	ErrJobElsewhere = actors.ErrJobElsewhere
+	// ErrJobFollowsDocument is returned for canceling the job of a
+	// _replicator document: only its document ends it (deleted or
+	// changed), as in CouchDB.
+	ErrJobFollowsDocument = actors.ErrJobFollowsDocument
 	// ErrNodeNameInUse is returned by Start when a live node of the store
 	// has the node's name; the error (a *cluster.NameInUseError) names
 	// the process holding it and when its membership lease expires.
