@@ -29,6 +29,12 @@ type scenarioResult struct {
 	SessionID      string            `json:"session_id"`
 	SourceLastSeq  json.RawMessage   `json:"source_last_seq"`
 	History        []scenarioHistory `json:"history"`
+	// Only for doc_ids replications (CouchDB 0.11/1.0 compatibility).
+	StartTime        string `json:"start_time"`
+	EndTime          string `json:"end_time"`
+	DocsRead         *int64 `json:"docs_read"`
+	DocsWritten      *int64 `json:"docs_written"`
+	DocWriteFailures *int64 `json:"doc_write_failures"`
 }
 
 type scenarioHistory struct {
@@ -128,6 +134,27 @@ func docIDs(t *testing.T, s *testserver.Server, db string) []string {
 	}
 	sort.Strings(ids)
 	return ids
+}
+
+// verifyOwn is verify on one server (ids nil: every source document)
+// with documents of the target's own (not replicated) left out.
+func verifyOwn(t *testing.T, s *testserver.Server, src, tgt string, ids []string, own ...string) {
+	t.Helper()
+	want := leaves(t, s, src)
+	if ids != nil {
+		sub := map[string][]map[string]any{}
+		for _, id := range ids {
+			sub[id] = want[id]
+		}
+		want = sub
+	}
+	got := leaves(t, s, tgt)
+	for _, id := range own {
+		delete(got, id)
+	}
+	if !reflect.DeepEqual(want, got) {
+		t.Errorf("target's leaves differ from the source's:\n source %v\n target %v", want, got)
+	}
 }
 
 func sortedIDs(ids ...string) []string {
@@ -309,4 +336,64 @@ func TestScenarioSimple(t *testing.T) {
 	if !r.NoChanges {
 		t.Errorf("last run: no_changes missing")
 	}
+}
+
+// TestScenarioSinceSeq is replication_test.exs "replicate with since_seq":
+// five documents, since_seq the third one's seq; only the last two are
+// copied and counted.
+func TestScenarioSinceSeq(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "since-src")
+	tgt := s.CreateDB(t, "since-tgt")
+	for _, d := range makeDocs(1, 5) {
+		putDoc(t, s, src, d) // one seq each
+	}
+	var ch struct {
+		Results []struct {
+			Seq json.RawMessage `json:"seq"`
+			ID  string          `json:"id"`
+		} `json:"results"`
+	}
+	s.GetJSON(t, src+"_changes", &ch)
+	if len(ch.Results) != 5 {
+		t.Fatalf("source _changes: %d rows", len(ch.Results))
+	}
+	want := sortedIDs(ch.Results[3].ID, ch.Results[4].ID)
+	r, _ := runScenario(t, map[string]any{"source": src, "target": tgt, "since_seq": ch.Results[2].Seq})
+	wantHistory(t, r, 1, counts{2, 2, 2, 2, 0})
+	if got := docIDs(t, s, tgt); !equalIDs(got, want) {
+		t.Errorf("target has %v, want %v", got, want)
+	}
+	verify(t, s, s, src, tgt, want)
+}
+
+// TestScenarioValidateDocUpdate is replication_test.exs "validate_doc_update
+// failure replications": the target's validate_doc_update refuses odd
+// integers; the refused documents (one of the accepted ones has an
+// attachment) are counted as doc_write_failures and the job completes.
+func TestScenarioValidateDocUpdate(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "vdu-src")
+	tgt := s.CreateDB(t, "vdu-tgt")
+	docs := makeDocs(1, 7)
+	docs[1]["_attachments"] = map[string]any{"hello.txt": map[string]any{"content_type": "text/plain", "data": "aGVsbG8gd29ybGQ="}}
+	s.PutDocs(t, src, docs...)
+	putDoc(t, s, tgt, map[string]any{"_id": "_design/test", "language": "javascript",
+		"validate_doc_update": `function(newDoc, oldDoc, userCtx, secObj) {
+  if ((newDoc.integer % 2) !== 0) { throw {forbidden: "I only like multiples of 2."}; }
+}`})
+	r, _ := runScenario(t, map[string]any{"source": src, "target": tgt})
+	wantHistory(t, r, 1, counts{7, 7, 7, 3, 4})
+	for i := 1; i <= 7; i++ {
+		status, d := getDoc(t, tgt, fmt.Sprint(i), "")
+		if i%2 == 0 && (status != http.StatusOK || d["integer"] != float64(i)) {
+			t.Errorf("doc %d on the target: %d %v", i, status, d)
+		}
+		if i%2 == 1 && status != http.StatusNotFound {
+			t.Errorf("doc %d on the target: status %d, want 404", i, status)
+		}
+	}
+	verifyOwn(t, s, src, tgt, []string{"2", "4", "6"}, "_design/test")
 }
