@@ -268,7 +268,7 @@ func (w *worker) writeInline(ctx context.Context, docs []couch.Doc, since map[st
 	var stream []couch.Doc
 	for _, d := range docs {
 		if w.inlineable(d, since[d.ID]) {
-			reqs = append(reqs, couch.BulkGetRequest{ID: d.ID, Rev: d.Rev, AttsSince: since[d.ID]})
+			reqs = append(reqs, couch.BulkGetRequest{ID: d.ID, Rev: d.Rev})
 		} else {
 			stream = append(stream, d)
 		}
@@ -302,8 +302,9 @@ func (w *worker) writeInline(ctx context.Context, docs []couch.Doc, since map[st
 	return stream, nil
 }
 
-// inlineable reports whether d's attachments the target lacks are few
-// and unencoded enough to come inline.
+// inlineable reports whether d's attachments are all new to the target
+// (a stub in a _bulk_docs batch the target cannot resolve would fail the
+// batch; a lone PUT is sent again with the data), unencoded, and small.
 func (w *worker) inlineable(d couch.Doc, attsSince []string) bool {
 	stubs, err := d.Stubs()
 	if err != nil {
@@ -312,17 +313,24 @@ func (w *worker) inlineable(d couch.Doc, attsSince []string) bool {
 	pos := d.AncestorPos(attsSince)
 	var need int64
 	for _, s := range stubs {
-		if s.Inline || s.Follows {
+		switch {
+		case s.Inline || s.Follows:
+			return false
+		case !sendAttachment(s, pos):
+			return false
+		case s.Encoding != "" && s.Encoding != "identity":
 			return false
 		}
-		if pos == 0 || s.RevPos == 0 || s.RevPos > pos {
-			if s.Encoding != "" && s.Encoding != "identity" {
-				return false
-			}
-			need += s.Length
-		}
+		need += s.Length
 	}
 	return need <= inlineAttachmentBytes
+}
+
+// sendAttachment is CouchDB's atts_since rule: an attachment added after
+// pos, the generation of the target's most recent possible ancestor,
+// must be sent; one added at or before it the target has.
+func sendAttachment(s couch.AttachmentStub, pos int64) bool {
+	return pos == 0 || s.RevPos == 0 || s.RevPos > pos
 }
 
 // writeStreamed writes a document that came with attachment stubs: a
@@ -346,7 +354,7 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 	put := func(all bool) error {
 		send := make(map[string]bool, len(stubs))
 		for _, s := range stubs {
-			send[s.Name] = all || pos == 0 || s.RevPos == 0 || s.RevPos > pos
+			send[s.Name] = all || sendAttachment(s, pos)
 		}
 		body, parts, err := d.FollowsBody(send)
 		if err != nil {
