@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
@@ -37,6 +38,7 @@ import (
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -65,6 +67,8 @@ type httpAPI struct {
 	ln       net.Listener
 	cancel   context.CancelFunc
 	stopping *atomic.Bool
+	system   *actor.ActorSystem
+	events   *eventstream.Subscription
 }
 
 func (a *httpAPI) Receive(ctx actor.Context) {
@@ -79,6 +83,7 @@ func (a *httpAPI) Receive(ctx actor.Context) {
 }
 
 func (a *httpAPI) start(ctx actor.Context) error {
+	a.system = ctx.ActorSystem()
 	cfg := a.deps.Config
 	if !cfg.HasNodeType(config.NodeTypeAPIFrontend) {
 		a.log.Debug().Msg("not an api_frontend node: no HTTP API")
@@ -135,6 +140,15 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		check = c.Check
 	}
 	server.Metrics().SetCluster(cl, check)
+	// The job actors of this node report their progress about once a
+	// second on the event stream; the API shows it live (the store has it
+	// only every ActivityTimeout/2).
+	metrics := server.Metrics()
+	a.events = ctx.ActorSystem().EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*messages.ReplicationJobEvent); ok {
+			metrics.ObserveLive(e)
+		}
+	})
 	base, cancel := context.WithCancel(context.Background())
 	a.ln, a.cancel, a.stopping = ln, cancel, &atomic.Bool{}
 	a.srv = &http.Server{
@@ -210,6 +224,10 @@ func writeAddr(path, addr string) error {
 
 // stop closes the listener now and drains connections in the background.
 func (a *httpAPI) stop() {
+	if a.events != nil {
+		a.system.EventStream.Unsubscribe(a.events)
+		a.events = nil
+	}
 	if a.srv == nil {
 		return
 	}

@@ -13,7 +13,10 @@
 // StopReplicationJobRequest: rotation, operator, drain); the actor knows no
 // other actor by name: the connection pool and rate limiter it uses come in
 // its Options. It publishes a ReplicationJobEvent on the actor system's
-// event stream at every state change.
+// event stream at every state change, and one with progress set about once
+// a second while the run's stats change (LiveInterval): the node's HTTP API
+// shows those live, the store gets them only every ActivityTimeout/2 and
+// at checkpoints.
 package jobrunner
 
 import (
@@ -404,12 +407,19 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	// too (after recording its reason), so does losing the job.
 	runCtx, cancelRun := ctx, a.cancel
 	pw := newProgressWriter(ctx, a.run, a.log, every, cancelRun, a.o.Timers)
-	onProgress := pw.write
-	if a.o.OnStats != nil {
-		id := a.run.ID()
-		onProgress = func(s replicate.Stats) { pw.write(s); a.o.OnStats(id, s) }
+	// The engine reports about once a second while its stats change: each
+	// report is published at once (the node's API shows it live) and
+	// written to the store at most once per every (and at checkpoints).
+	rec := a.run.Record()
+	id := a.run.ID()
+	onProgress := func(s replicate.Stats) {
+		pw.write(s)
+		a.publishProgress(system, rec, s)
+		if a.o.OnStats != nil {
+			a.o.OnStats(id, s)
+		}
 	}
-	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: every, Limiter: a.o.Limiter,
+	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: LiveInterval, Limiter: a.o.Limiter,
 		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
@@ -417,7 +427,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	if a.lease != nil {
 		o.Clients = leaseClients{a}
 	}
-	if rec := a.run.Record(); rec.GetDbName() != "" {
+	if rec.GetDbName() != "" {
 		o.Principal = "in database " + rec.GetDbName() + ", docid " + rec.GetDocId()
 	} else if rec.GetUser() != "" {
 		o.Principal = "by user " + rec.GetUser()
@@ -457,6 +467,12 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 // progressWriteTimeout bounds one progress write.
 const progressWriteTimeout = 30 * time.Second
 
+// LiveInterval is how often a running job reports its stats while they
+// change: published on the node's event stream each time (the HTTP API of
+// the node shows them), written to the store only every ActivityTimeout/2
+// and at checkpoints.
+const LiveInterval = time.Second
+
 // progressWriter records a running job's progress in the store. A run held
 // under the node's lease (repjob.Store.KeepLease, the usual case) writes
 // only when the engine reports stats that changed: the lease proves it
@@ -486,6 +502,12 @@ type progressWriter struct {
 	// runs: the engine reports only changes).
 	retry     *timerwheel.Timer
 	stopWatch func()
+	// lastWrite is when the stats were last written; a report within
+	// every of it, unless it records a checkpoint, is held (dirty) and
+	// written by flush at lastWrite+every, or when the writer stops.
+	lastWrite time.Time
+	dirty     bool
+	flushT    *timerwheel.Timer
 }
 
 func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger, every time.Duration,
@@ -505,24 +527,46 @@ func newProgressWriter(ctx context.Context, run *repjob.Run, log zerolog.Logger,
 	return w
 }
 
-// write records s (the engine's OnProgress).
+// write records s (the engine's OnProgress, about once a second while the
+// stats change): at once when it records a new checkpoint or nothing was
+// written for every, else at most every after the last write (flush).
 func (w *progressWriter) write(s replicate.Stats) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.last = s
-	if w.beat == nil {
-		st := repjob.StatsProto(s)
-		if w.written != nil && proto.Equal(st, w.written) {
-			return // nothing moved; the lease proves the job alive
-		}
-		w.written = st
+	st := repjob.StatsProto(s)
+	if w.written != nil && proto.Equal(st, w.written) {
+		w.dirty = false
+		return // nothing moved; the lease or the heartbeat proves the job alive
 	}
+	checkpoint := w.written != nil && st.GetCheckpointedSourceSeq() != w.written.GetCheckpointedSourceSeq()
+	if since := time.Since(w.lastWrite); !checkpoint && !w.lastWrite.IsZero() && since < w.every {
+		w.dirty = true
+		if w.flushT == nil {
+			w.flushT = w.timers.AfterFunc(w.every-since, func() { go w.flush() })
+		} else {
+			w.flushT.Reset(w.every - since)
+		}
+		return
+	}
+	w.written = st
 	w.writeLocked()
+}
+
+// flush writes a report that write held back.
+func (w *progressWriter) flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dirty {
+		w.written = repjob.StatsProto(w.last)
+		w.writeLocked()
+	}
 }
 
 func (w *progressWriter) heartbeat() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.written = repjob.StatsProto(w.last)
 	w.writeLocked()
 }
 
@@ -552,6 +596,7 @@ func (w *progressWriter) writeLocked() {
 	if w.beat != nil {
 		w.beat.Reset(w.every)
 	}
+	w.lastWrite, w.dirty = time.Now(), false
 	// The job's context is cancelled by a stop request before the engine
 	// has reported its last stats: write them anyway, bounded.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(w.ctx), progressWriteTimeout)
@@ -582,12 +627,21 @@ func (w *progressWriter) writeLocked() {
 // job was lost.
 func (w *progressWriter) stop() (lost bool) {
 	w.mu.Lock()
+	if w.dirty {
+		// The last report (the engine's final one) was held back: write
+		// it before the run is ended in the store.
+		w.written = repjob.StatsProto(w.last)
+		w.writeLocked()
+	}
 	w.stopped = true
 	if w.beat != nil {
 		w.beat.Stop()
 	}
 	if w.retry != nil {
 		w.retry.Stop()
+	}
+	if w.flushT != nil {
+		w.flushT.Stop()
 	}
 	lost = w.lost
 	w.mu.Unlock()
@@ -664,6 +718,16 @@ func (a *jobActor) finalWrite(fn func(ctx context.Context) error) error {
 		return err
 	}
 	return nil
+}
+
+// publishProgress publishes a progress report of the running job (a
+// ReplicationJobEvent with progress set).
+func (a *jobActor) publishProgress(system *actor.ActorSystem, rec *messages.ReplicationJob, s replicate.Stats) {
+	system.EventStream.Publish(&messages.ReplicationJobEvent{
+		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId,
+		State: repjob.StateRunning.Proto(), Stats: repjob.StatsProto(s), Node: a.o.Node, Timestamp: timestamppb.Now(),
+		Progress: true, Continuous: rec.Continuous, StartedAt: rec.LastStarted,
+	})
 }
 
 func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st repjob.State,

@@ -51,6 +51,7 @@ type Metrics struct {
 	rateLimited prometheus.Counter
 
 	node *nodeMetrics
+	live liveJobs // this node's running jobs' latest stats (ObserveLive)
 
 	mu          sync.Mutex
 	lastWritten map[string]JobCounters // job id → counters last seen
@@ -217,6 +218,7 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return
 	}
+	jobs = c.m.withLiveAll(jobs)
 	c.collectShares(ch, jobs)
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
 	type key struct{ kind, db, state string }

@@ -90,6 +90,9 @@ func New(o Options) *Server {
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
+	if o.Store != nil {
+		s.store = liveStore{Store: o.Store, m: s.metrics}
+	}
 	if s.maxBody <= 0 {
 		s.maxBody = DefaultMaxBodyBytes
 	}
