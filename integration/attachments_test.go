@@ -237,3 +237,55 @@ func TestLargeAttachmentStreams(t *testing.T) {
 		}
 	})
 }
+
+// TestTargetRequestSizeLimit replicates into a target that refuses request
+// bodies over 1 MiB (nginx's client_max_body_size in front of PouchDB
+// Server, as a CouchDB with a small max_http_request_size answers: 413):
+// batches are split, and each document too large for the target fails
+// alone, counted in doc_write_failures, as CouchDB's replicator does
+// (couch_replicator_small_max_request_size_target); the rest arrive.
+func TestTargetRequestSizeLimit(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	ngx := testserver.StartNginx(t, testserver.NewPKI(t), s.URL)
+	src := s.CreateDB(t, "src")
+	var docs []map[string]any
+	for i := range 40 {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("small-%02d", i), "pad": strings.Repeat("s", 40<<10)})
+	}
+	docs = append(docs, map[string]any{"_id": "big-json", "pad": strings.Repeat("j", testserver.SmallBodyLimit+1)})
+	s.PutDocs(t, src, docs...)
+	fits := putLargeAttachment(t, src, "att-fits", 3, testserver.SmallBodyLimit*3/4) // read whole, then PUT
+	putLargeAttachment(t, src, "att-too-big", 4, 2*testserver.SmallBodyLimit)        // streamed, refused
+	putLargeAttachment(t, src, "att-much-too-big", 5, 64*testserver.SmallBodyLimit)  // streamed, refused
+	s.CreateDB(t, "tgt")
+	res, _, _ := replicateOnce(t, src, ngx.SmallBodyURL+"tgt/")
+
+	hist, _ := res["history"].([]any)
+	if len(hist) == 0 {
+		t.Fatalf("result without history: %v", res)
+	}
+	h := hist[0].(map[string]any)
+	if h["docs_written"] != float64(41) || h["doc_write_failures"] != float64(3) {
+		t.Errorf("docs_written %v, doc_write_failures %v; want 41 and 3", h["docs_written"], h["doc_write_failures"])
+	}
+	tgt := s.DBURL("tgt")
+	for _, id := range []string{"big-json", "att-too-big", "att-much-too-big"} {
+		if _, status, _ := doRaw(http.MethodGet, tgt+id, nil); status != http.StatusNotFound {
+			t.Errorf("%s on the target: status %d, want 404", id, status)
+		}
+	}
+	var info struct {
+		DocCount int `json:"doc_count"`
+	}
+	s.GetJSON(t, tgt, &info)
+	if info.DocCount != 41 {
+		t.Errorf("target has %d documents, want 41", info.DocCount)
+	}
+	if n, digest := attachmentDigest(t, tgt, "att-fits"); n != testserver.SmallBodyLimit*3/4 || digest != fits {
+		t.Errorf("att-fits on the target: %d bytes %s, want %d %s", n, digest, testserver.SmallBodyLimit*3/4, fits)
+	}
+	if !strings.Contains(ngx.Access(), `"PUT /tgt/att-much-too-big?new_edits=false HTTP/1.1" 413`) {
+		t.Errorf("nginx did not refuse att-much-too-big's PUT with 413:\n%s", ngx.Access())
+	}
+}

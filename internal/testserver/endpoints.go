@@ -169,6 +169,10 @@ type Nginx struct {
 	// NoSessionURL is a plain-HTTP server root whose /_session answers
 	// 404, as a server without cookie authentication does.
 	NoSessionURL string
+	// SmallBodyURL is a plain-HTTP server root that refuses request bodies
+	// over SmallBodyLimit with 413, as a CouchDB with a small
+	// max_http_request_size does.
+	SmallBodyURL string
 	// AccessLog is the path of nginx's access log: a line per request,
 	// `<addr> "<request line>" <status> auth=<cookie|basic|>` telling
 	// whether an AuthSession cookie and/or Basic credentials were sent
@@ -193,6 +197,9 @@ func (n *Nginx) Restart(t testing.TB) {
 	t.Fatalf("testserver: nginx did not restart: %v", err)
 }
 
+// SmallBodyLimit is the largest request body SmallBodyURL accepts.
+const SmallBodyLimit = 1 << 20
+
 // StartNginx starts nginx with three servers proxying to upstream (a
 // PouchDB Server root URL): plain HTTP, HTTPS with pki's server
 // certificate, and HTTPS requiring a client certificate of pki's CA.
@@ -207,7 +214,7 @@ func StartNginx(t testing.TB, pki *PKI, upstream string) *Nginx {
 	}
 	return retryStart(t, "nginx", func() (*Nginx, error) {
 		dir := t.TempDir()
-		ports := make([]int, 4)
+		ports := make([]int, 5)
 		for i := range ports {
 			if ports[i], err = FreePort(); err != nil {
 				return nil, err
@@ -251,6 +258,11 @@ http {
 		location / { proxy_pass http://pouchdb; }
 	}
 	server {
+		listen 127.0.0.1:%[10]d;
+		client_max_body_size %[11]d;
+		location / { proxy_pass http://pouchdb; }
+	}
+	server {
 		listen 127.0.0.1:%[5]d ssl;
 		ssl_certificate %[6]s;
 		ssl_certificate_key %[7]s;
@@ -259,7 +271,7 @@ http {
 		location / { proxy_pass http://pouchdb; }
 	}
 }
-`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3]))
+`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3], ports[4], SmallBodyLimit))
 		if err != nil {
 			return nil, err
 		}
@@ -268,6 +280,7 @@ http {
 			HTTPSURL:      fmt.Sprintf("https://127.0.0.1:%d/", ports[1]),
 			ClientCertURL: fmt.Sprintf("https://127.0.0.1:%d/", ports[2]),
 			NoSessionURL:  fmt.Sprintf("http://127.0.0.1:%d/", ports[3]),
+			SmallBodyURL:  fmt.Sprintf("http://127.0.0.1:%d/", ports[4]),
 			AccessLog:     filepath.Join(dir, "access.log"),
 		}
 		ready := func() error {
