@@ -1,9 +1,14 @@
 package replicate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
 )
@@ -115,5 +120,42 @@ func TestStatsSeqsAndPending(t *testing.T) {
 				t.Errorf("changes_pending %v, want %d", st.ChangesPending, *c.wantPending)
 			}
 		})
+	}
+}
+
+// TestPendingFromSource: against a CouchDB-shaped source (opaque seqs,
+// "pending" in its paged _changes answers) changes_pending is known — from
+// the source's own count — once the first page was read, and 0 at the
+// end; with opaque seqs there is no estimate to fall back on (before, it
+// stayed unknown).
+func TestPendingFromSource(t *testing.T) {
+	f := newFakeCouch(t)
+	f.addDB("src")
+	f.addDB("tgt")
+	for i := 0; i < 30; i++ {
+		f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+	}
+	p := fakeParams(t, `,"worker_batch_size":5`, f.URL+"/src", f.URL+"/tgt")
+	var reports []Stats
+	var mu sync.Mutex
+	o := Options{ServerUUID: "u", Logger: zerolog.Nop(), RetryBackoff: time.Millisecond, ProgressInterval: time.Millisecond,
+		OnProgress: func(s Stats) { mu.Lock(); reports = append(reports, s); mu.Unlock() }}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := New(p, o).Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stats.ChangesPending == nil || *res.Stats.ChangesPending != 0 {
+		t.Fatalf("final changes_pending %v, want 0", res.Stats.ChangesPending)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	known := false
+	for _, s := range reports {
+		if known && s.ChangesPending == nil {
+			t.Errorf("a report at through_seq %s has changes_pending unknown again", s.ThroughSeq)
+		}
+		known = known || s.ChangesPending != nil
 	}
 }
