@@ -34,10 +34,17 @@ import (
 // runs past it, ends short or does not match its digest fails the write
 // before the target has the whole request (ErrAttachmentMismatch).
 
-// ErrAttachmentMismatch: an attachment's bytes from the source do not match
-// its stub (more or fewer bytes than its length, another encoding, another
-// md5 digest). The document is not written.
-var ErrAttachmentMismatch = errors.New("couch: attachment does not match its stub")
+var (
+	// ErrAttachmentMismatch: an attachment's bytes from the source do not
+	// match its stub (more or fewer bytes than its length, another
+	// encoding, another md5 digest). The document is not written.
+	ErrAttachmentMismatch = errors.New("couch: attachment does not match its stub")
+	// ErrAttachmentDecoded: the source answered the GET of an attachment
+	// it stores encoded with its decoded bytes (it ignores
+	// Accept-Encoding). It matches ErrAttachmentMismatch; write the
+	// document again with the Decoded stubs.
+	ErrAttachmentDecoded = fmt.Errorf("%w: sent decoded", ErrAttachmentMismatch)
+)
 
 // AttachmentSourceError is a PutDocStream that failed on the source's
 // side: an attachment could not be opened or read, or did not match its
@@ -83,6 +90,17 @@ func (a AttachmentStub) wireLength() int64 {
 }
 
 func (a AttachmentStub) encoded() bool { return a.Encoding != "" && a.Encoding != "identity" }
+
+// Decoded is the stub of the attachment's identity bytes: for a source
+// that answers an encoded attachment's GET with its decoded bytes. The
+// digest of those is not known (the target computes its own).
+func (a AttachmentStub) Decoded() AttachmentStub {
+	if !a.encoded() {
+		return a
+	}
+	a.Encoding, a.EncodedLength, a.Digest = "", 0, ""
+	return a
+}
 
 // Stubs lists the document's attachments in the order of its JSON.
 func (d Doc) Stubs() ([]AttachmentStub, error) {
@@ -182,21 +200,18 @@ func (d Doc) AncestorPos(possibleAncestors []string) int64 {
 	return 0
 }
 
-// FollowsBody is the document's JSON for a multipart write: the
-// attachments named in send become {"follows": true} stubs (their data to
-// come as parts, in the order of the returned list), the others plain
-// stubs the target must already have. Every other member is kept as is.
-func (d Doc) FollowsBody(send map[string]bool) ([]byte, []AttachmentStub, error) {
-	stubs, err := d.Stubs()
-	if err != nil {
-		return nil, nil, err
-	}
+// FollowsBody is the document's JSON for a multipart write, its
+// _attachments made from stubs (d's, from Stubs, possibly Decoded): those
+// named in send become {"follows": true} stubs (their data to come as
+// parts, in the order of the returned list), the others plain stubs the
+// target must already have. Every other member is kept as is.
+func (d Doc) FollowsBody(stubs []AttachmentStub, send map[string]bool) ([]byte, []AttachmentStub, error) {
 	var parts []AttachmentStub
 	var buf bytes.Buffer
 	buf.Grow(len(d.Body))
 	buf.WriteByte('{')
 	first := true
-	err = objectMembers(d.Body, func(key, val []byte) error {
+	err := objectMembers(d.Body, func(key, val []byte) error {
 		if !first {
 			buf.WriteByte(',')
 		}
@@ -556,6 +571,9 @@ func (d *DB) OpenAttachment(ctx context.Context, docID, rev string, s Attachment
 		want = ""
 	}
 	switch {
+	case enc == "" && want != "":
+		drain(resp)
+		return nil, fmt.Errorf("%w: attachment %q of %q: its stub says %s", ErrAttachmentDecoded, s.Name, docID, want)
 	case enc != want:
 		drain(resp)
 		return nil, fmt.Errorf("%w: attachment %q of %q: the source sent it with Content-Encoding %q, its stub says %q", ErrAttachmentMismatch, s.Name, docID, enc, want)

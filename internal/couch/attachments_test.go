@@ -62,7 +62,7 @@ func TestDocAttachmentStubs(t *testing.T) {
 			t.Errorf("AncestorPos(%v) = %d, want %d", tc.since, got, tc.want)
 		}
 	}
-	out, parts, err := d.FollowsBody(map[string]bool{"new.gz": true, "mid.bin": true})
+	out, parts, err := d.FollowsBody(stubs, map[string]bool{"new.gz": true, "mid.bin": true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func testPutDocStream(t *testing.T, plain []byte) {
 			},
 		},
 		{
-			name: "identity sent for a gzip stub", wantErr: ErrAttachmentMismatch, wantGets: 2,
+			name: "identity sent for a gzip stub", wantErr: ErrAttachmentDecoded, wantGets: 2,
 			serve: func(w http.ResponseWriter, r *http.Request, _ int32) {
 				if strings.HasSuffix(r.URL.Path, "/z.gz") {
 					_, _ = w.Write([]byte("decoded text"))
@@ -269,7 +269,11 @@ func testPutDocStream(t *testing.T, plain []byte) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			body, parts, err := doc.FollowsBody(map[string]bool{"a b.bin": true, "z.gz": true})
+			stubs, err := doc.Stubs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, parts, err := doc.FollowsBody(stubs, map[string]bool{"a b.bin": true, "z.gz": true})
 			if err != nil {
 				t.Fatal(err)
 			}

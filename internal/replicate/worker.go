@@ -351,12 +351,17 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		}
 	}
 	pos := d.AncestorPos(attsSince)
-	put := func(all bool) error {
+	all, decoded := false, false
+	put := func() error {
 		send := make(map[string]bool, len(stubs))
-		for _, s := range stubs {
+		write := make([]couch.AttachmentStub, len(stubs))
+		for i, s := range stubs {
 			send[s.Name] = all || sendAttachment(s, pos)
+			if write[i] = s; decoded && send[s.Name] {
+				write[i] = s.Decoded()
+			}
 		}
-		body, parts, err := d.FollowsBody(send)
+		body, parts, err := d.FollowsBody(write, send)
 		if err != nil {
 			return err
 		}
@@ -368,9 +373,15 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		}
 		return w.r.tgt.PutDocStream(ctx, d.ID, body, atts)
 	}
-	err = put(false)
+	err = put()
+	if errors.Is(err, couch.ErrAttachmentDecoded) {
+		// The source ignores Accept-Encoding: send what it sends, decoded.
+		decoded = true
+		err = put()
+	}
 	if errors.Is(err, couch.ErrMissingStub) && pos > 0 {
-		err = put(true)
+		all = true
+		err = put()
 	}
 	var serr *couch.AttachmentSourceError
 	if errors.As(err, &serr) {
