@@ -114,9 +114,15 @@ func TestRouting(t *testing.T) {
 		is    error
 	}{
 		{name: "table: actor by name", msg: &messages.NodesRequest{},
-			check: func(m proto.Message) bool { r, ok := m.(*messages.NodesResponse); return ok && r.GetNodes()[0].GetName() == "n1" }},
+			check: func(m proto.Message) bool {
+				r, ok := m.(*messages.NodesResponse)
+				return ok && r.GetNodes()[0].GetName() == "n1"
+			}},
 		{name: "table: actor by path", msg: &messages.GetJobRequest{Id: "j1"},
-			check: func(m proto.Message) bool { r, ok := m.(*messages.GetJobResponse); return ok && r.GetJob().GetId() == "j1" }},
+			check: func(m proto.Message) bool {
+				r, ok := m.(*messages.GetJobResponse)
+				return ok && r.GetJob().GetId() == "j1"
+			}},
 		{name: "table: function", msg: &messages.StopNodeRequest{},
 			check: func(m proto.Message) bool { r, ok := m.(*messages.StopNodeResponse); return ok && r.GetNode() == "n1" }},
 		{name: "the actor's own error", msg: &messages.GetJobRequest{Id: "missing"}, code: connect.CodeNotFound, is: actors.ErrJobNotFound},
