@@ -397,3 +397,113 @@ func TestScenarioValidateDocUpdate(t *testing.T) {
 	}
 	verifyOwn(t, s, src, tgt, []string{"2", "4", "6"}, "_design/test")
 }
+
+// TestScenarioFiltered is couch_replicator_filtered_tests (a filter, a
+// filter with query_params, the _view filter) and replication_test.exs
+// "filtered replications" (query_params, counters across two runs) and
+// "replication restarts after filter change - COUCHDB-892" (a changed
+// filter is a new replication id: a new history from zero).
+func TestScenarioFiltered(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	eunitSrc := s.CreateDB(t, "filtered-src")
+	s.PutDocs(t, eunitSrc,
+		map[string]any{"_id": "_design/filter_ddoc",
+			"filters": map[string]any{
+				// CouchDB's has a newline before "function": PouchDB Server
+				// evaluates "return " + code and crashes on it.
+				"testfilter": "function(doc, req){if (doc.class == 'mammal') return true;}\n  ",
+				"queryfilter": `function(doc, req) {
+  if (doc.class && req.query.starts) { return doc.class.indexOf(req.query.starts) === 0; }
+  else { return false; }
+}`},
+			"views": map[string]any{"mammals": map[string]any{"map": "function(doc) { if (doc.class == 'mammal') { emit(doc._id, null); } }"}}},
+		map[string]any{"_id": "doc1", "class": "mammal", "value": 1},
+		map[string]any{"_id": "doc2", "class": "amphibians", "value": 2},
+		map[string]any{"_id": "doc3", "class": "reptiles", "value": 3},
+		map[string]any{"_id": "doc4", "class": "arthropods", "value": 2},
+	)
+	for _, c := range []struct {
+		name string
+		rep  map[string]any
+		want []string
+	}{
+		{"should_succeed", map[string]any{"filter": "filter_ddoc/testfilter"}, []string{"doc1"}},
+		{"should_succeed_with_query", map[string]any{"filter": "filter_ddoc/queryfilter", "query_params": map[string]any{"starts": "a"}}, []string{"doc2", "doc4"}},
+		{"should_succeed_with_view", map[string]any{"filter": "_view", "query_params": map[string]any{"view": "filter_ddoc/mammals"}}, []string{"doc1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tgt := s.CreateDB(t, "filtered-"+strings.ReplaceAll(c.name, "_", "-"))
+			c.rep["source"], c.rep["target"] = eunitSrc, tgt
+			r, _ := runScenario(t, c.rep)
+			n := int64(len(c.want))
+			wantHistory(t, r, 1, counts{n, n, n, n, 0})
+			if got := docIDs(t, s, tgt); !equalIDs(got, c.want) {
+				t.Errorf("target has %v, want %v", got, c.want)
+			}
+			verify(t, s, s, eunitSrc, tgt, c.want)
+		})
+	}
+
+	t.Run("filtered replications", func(t *testing.T) {
+		src := s.CreateDB(t, "qp-src")
+		tgt := s.CreateDB(t, "qp-tgt")
+		// CouchDB's filter compares doc.string === req.query.special;
+		// PouchDB Server hands filters JSON-parsed query parameters ("7"
+		// arrives as 7), so the filter compares with String().
+		s.PutDocs(t, src, append([]map[string]any{{"_id": "_design/mydesign", "language": "javascript",
+			"filters": map[string]any{"myfilter": `function(doc, req) {
+  var modulus = Number(req.query.modulus);
+  var special = String(req.query.special);
+  return (doc.integer % modulus === 0) || (doc.string === special);
+}`}}}, makeDocs(1, 30)...)...)
+		rep := map[string]any{"source": src, "target": tgt, "filter": "mydesign/myfilter",
+			"query_params": map[string]any{"modulus": "2", "special": "7"}}
+		r, _ := runScenario(t, rep)
+		// 15 even integers and "7".
+		wantHistory(t, r, 1, counts{16, 16, 16, 16, 0})
+		var want []string
+		for i := 1; i <= 30; i++ {
+			if i%2 == 0 || i == 7 {
+				want = append(want, fmt.Sprint(i))
+			}
+		}
+		s.PutDocs(t, src, makeDocs(50, 55)...)
+		r, _ = runScenario(t, rep)
+		wantHistory(t, r, 2, counts{19, 19, 19, 19, 0})
+		want = sortedIDs(append(want, "50", "52", "54")...)
+		if got := docIDs(t, s, tgt); !equalIDs(got, want) {
+			t.Errorf("target has %v, want %v", got, want)
+		}
+		verify(t, s, s, src, tgt, want)
+	})
+
+	t.Run("replication restarts after filter change - COUCHDB-892", func(t *testing.T) {
+		src := s.CreateDB(t, "fc-src")
+		tgt := s.CreateDB(t, "fc-tgt")
+		ddoc := map[string]any{"_id": "_design/mydesign", "language": "javascript", "filters": map[string]any{
+			"myfilter": "function(doc, req) { if (doc.value < Number(req.query.maxvalue)) { return true; } else { return false; } }"}}
+		s.PutDocs(t, src, ddoc,
+			map[string]any{"_id": "foo1", "value": 1}, map[string]any{"_id": "foo2", "value": 2},
+			map[string]any{"_id": "foo3", "value": 3}, map[string]any{"_id": "foo4", "value": 4})
+		rep := map[string]any{"source": src, "target": tgt, "filter": "mydesign/myfilter", "query_params": map[string]any{"maxvalue": "3"}}
+		r, res1 := runScenario(t, rep)
+		wantHistory(t, r, 1, counts{2, 2, 2, 2, 0})
+		if got := docIDs(t, s, tgt); !equalIDs(got, []string{"foo1", "foo2"}) {
+			t.Errorf("target has %v, want foo1, foo2", got)
+		}
+		_, d := getDoc(t, src, "_design/mydesign", "")
+		d["filters"] = map[string]any{"myfilter": "function(doc, req) { return true; }"}
+		putDoc(t, s, src, d)
+		r, res2 := runScenario(t, rep)
+		if res1.ID == res2.ID {
+			t.Errorf("the replication id %s did not change with the filter's code", res1.ID)
+		}
+		// From zero: foo3, foo4 and the design document are new to the
+		// target; foo1 and foo2 are there already.
+		if len(r.History) != 1 || r.History[0].DocsRead != 3 || r.History[0].DocsWritten != 3 || r.History[0].DocWriteFailures != 0 {
+			t.Errorf("second run history %+v, want one entry with docs_read 3, docs_written 3", r.History)
+		}
+		verify(t, s, s, src, tgt, nil)
+	})
+}
