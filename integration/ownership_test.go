@@ -129,7 +129,9 @@ func TestSameNodeNameOnOneStore(t *testing.T) {
 
 func testSameNodeName(t *testing.T, store string) {
 	root := t.TempDir()
-	env := []string{"COUCHREP_COUCHREP_HEARTBEAT_INTERVAL=300ms"}
+	// A lease of 3 s: long enough that a loaded machine does not make a
+	// live node look gone, short enough to wait out twice.
+	env := []string{"COUCHREP_COUCHREP_HEARTBEAT_INTERVAL=1s"}
 	optsA := nodeOptions{name: "twin", dataDir: filepath.Join(root, "a"), store: store, env: env}
 	optsB := nodeOptions{name: "twin", dataDir: filepath.Join(root, "b"), store: store, env: env}
 	a := startNode(t, optsA)
