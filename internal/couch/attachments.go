@@ -305,31 +305,17 @@ const smallAttachments = 1 << 20
 // Other errors match ErrForbidden, ErrUnauthorized, ErrTooLarge,
 // ErrMissingStub, ... as PutDoc's.
 func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []StreamAttachment) error {
-	var rnd [16]byte
-	_, _ = rand.Read(rnd[:])
-	boundary := hex.EncodeToString(rnd[:])
-	head := []byte("--" + boundary + "\r\nContent-Type: application/json\r\n\r\n")
+	boundary := newBoundary()
+	head := jsonPartHead(boundary)
 	heads := make([][]byte, len(atts))
 	n := int64(len(head) + len(body))
 	var data int64
 	for i, a := range atts {
-		var h strings.Builder
-		h.WriteString("\r\n--" + boundary + "\r\n")
-		h.WriteString("Content-Disposition: attachment; filename=" + strconv.Quote(a.Name) + "\r\n")
-		ct := a.ContentType
-		if ct == "" {
-			ct = "application/octet-stream"
-		}
-		h.WriteString("Content-Type: " + ct + "\r\n")
-		if a.encoded() {
-			h.WriteString("Content-Encoding: " + a.Encoding + "\r\n")
-		}
-		h.WriteString("Content-Length: " + strconv.FormatInt(a.wireLength(), 10) + "\r\n\r\n")
-		heads[i] = []byte(h.String())
+		heads[i] = attachmentPartHead(boundary, a.Name, a.ContentType, a.Encoding, a.wireLength())
 		n += int64(len(heads[i])) + a.wireLength()
 		data += a.wireLength()
 	}
-	end := []byte("\r\n--" + boundary + "--")
+	end := multipartEnd(boundary)
 	n += int64(len(end))
 	r := &request{
 		method: http.MethodPut, path: escapeDocID(id), query: "new_edits=false", bodyLen: n,
@@ -370,6 +356,37 @@ func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []St
 	drain(resp) // CouchDB: {"ok":true,"id","rev"}; PouchDB Server: []
 	return nil
 }
+
+// The pieces of a multipart/related document write, as CouchDB's
+// replicator sends them (couch_httpd_multipart): the JSON part, then one
+// part per attachment, each with a filename (PouchDB Server needs it) and
+// its length.
+func newBoundary() string {
+	var rnd [16]byte
+	_, _ = rand.Read(rnd[:])
+	return hex.EncodeToString(rnd[:])
+}
+
+func jsonPartHead(boundary string) []byte {
+	return []byte("--" + boundary + "\r\nContent-Type: application/json\r\n\r\n")
+}
+
+func attachmentPartHead(boundary, name, contentType, encoding string, length int64) []byte {
+	var h strings.Builder
+	h.WriteString("\r\n--" + boundary + "\r\n")
+	h.WriteString("Content-Disposition: attachment; filename=" + strconv.Quote(name) + "\r\n")
+	if contentType == "" {
+		contentType = "application/octet-stream"
+	}
+	h.WriteString("Content-Type: " + contentType + "\r\n")
+	if encoding != "" && encoding != "identity" {
+		h.WriteString("Content-Encoding: " + encoding + "\r\n")
+	}
+	h.WriteString("Content-Length: " + strconv.FormatInt(length, 10) + "\r\n\r\n")
+	return []byte(h.String())
+}
+
+func multipartEnd(boundary string) []byte { return []byte("\r\n--" + boundary + "--") }
 
 // readAttachment reads a's bytes whole, checked against its stub. A read
 // cut short by the connection is started again, as a failed request is

@@ -3,7 +3,6 @@ package couch
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -743,27 +742,13 @@ func (d *DB) PutDoc(ctx context.Context, doc Doc) error {
 		r.body, r.bodyLen = bytesBody(doc.Body)
 		r.contentType = "application/json"
 	} else {
-		var rnd [16]byte
-		_, _ = rand.Read(rnd[:])
-		boundary := hex.EncodeToString(rnd[:])
-		pieces := make([][]byte, 0, 3+3*len(doc.Attachments))
-		pieces = append(pieces, []byte("--"+boundary+"\r\nContent-Type: application/json\r\n\r\n"), doc.Body)
+		boundary := newBoundary()
+		pieces := make([][]byte, 0, 3+2*len(doc.Attachments))
+		pieces = append(pieces, jsonPartHead(boundary), doc.Body)
 		for _, a := range doc.Attachments {
-			var h strings.Builder
-			h.WriteString("\r\n--" + boundary + "\r\n")
-			h.WriteString("Content-Disposition: attachment; filename=" + strconv.Quote(a.Name) + "\r\n")
-			ct := a.ContentType
-			if ct == "" {
-				ct = "application/octet-stream"
-			}
-			h.WriteString("Content-Type: " + ct + "\r\n")
-			if a.Encoding != "" && a.Encoding != "identity" {
-				h.WriteString("Content-Encoding: " + a.Encoding + "\r\n")
-			}
-			h.WriteString("Content-Length: " + strconv.Itoa(len(a.Data)) + "\r\n\r\n")
-			pieces = append(pieces, []byte(h.String()), a.Data)
+			pieces = append(pieces, attachmentPartHead(boundary, a.Name, a.ContentType, a.Encoding, int64(len(a.Data))), a.Data)
 		}
-		pieces = append(pieces, []byte("\r\n--"+boundary+"--"))
+		pieces = append(pieces, multipartEnd(boundary))
 		var n int64
 		for _, p := range pieces {
 			n += int64(len(p))
