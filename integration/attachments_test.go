@@ -236,6 +236,29 @@ func TestLargeAttachmentStreams(t *testing.T) {
 			t.Errorf("node VmHWM grew by %d MiB for a %d MiB attachment (limit %d MiB)", (peak-base)>>20, largeAttachment>>20, maxAttachmentGrowth>>20)
 		}
 	})
+	t.Run("_replicator document", func(t *testing.T) {
+		plainReplicatorDB(t, s, true)
+		cfg := filepath.Join(t.TempDir(), "couchrep.ini")
+		if err := os.WriteFile(cfg, []byte("[couchrep]\nwatch = "+strings.TrimSuffix(s.URL, "/")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n := startNode(t, nodeOptions{config: cfg})
+		rdb := s.DBURL("_replicator")
+		completed := func(id string) func() bool {
+			return func() bool { return docField(t, s, "_replicator", id, "_replication_state") == "completed" }
+		}
+		s.Do(t, "PUT", rdb+"small", map[string]any{"source": small, "target": s.DBURL("small-doc"), "create_target": true}, 201)
+		waitUntil(t, "the small document's replication completed", 2*time.Minute, completed("small"))
+		base := vmHWM(t, n.cmd.Process.Pid)
+		s.Do(t, "PUT", rdb+"large", map[string]any{"source": large, "target": s.DBURL("large-doc"), "create_target": true}, 201)
+		waitUntil(t, "the large document's replication completed", 2*time.Minute, completed("large"))
+		check(t, s.DBURL("large-doc"), largeAttachment, largeDigest)
+		peak := vmHWM(t, n.cmd.Process.Pid)
+		t.Logf("node VmHWM: %d MiB after a 1 KiB attachment, %d MiB after %d MiB", base>>20, peak>>20, largeAttachment>>20)
+		if peak-base > maxAttachmentGrowth {
+			t.Errorf("node VmHWM grew by %d MiB for a %d MiB attachment (limit %d MiB)", (peak-base)>>20, largeAttachment>>20, maxAttachmentGrowth>>20)
+		}
+	})
 }
 
 // TestTargetRequestSizeLimit replicates into a target that refuses request
