@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -69,4 +71,17 @@ func adoptUUID(ctx context.Context, cfg *config.Config, from string, logger zero
 	cfg.CouchDB.UUID, cfg.CouchDB.Adopted = uuid, true
 	logger.Info().Str("uuid", uuid).Msg("adopted the server uuid: replication ids are the CouchDB server's, so jobs resume from its checkpoints")
 	return nil
+}
+
+// printUUIDChange tells the operator, in plain words on stderr, which jobs
+// an adopted uuid restarts from zero (the node logs the same at warn level).
+func printUUIDChange(w io.Writer, c couchrep.UUIDChange) {
+	fmt.Fprintf(w, "couchrepd: server uuid changed from %s to %s (--adopt-uuid): replication ids are computed from it, so %d unfinished job(s) restart from zero unless a checkpoint exists under the new uuid (CouchDB's own, for replications CouchDB ran)", c.From, c.To, len(c.Jobs))
+	if c.Err != nil {
+		fmt.Fprintf(w, "; listing them failed: %v", c.Err)
+	}
+	if len(c.Jobs) > 0 {
+		fmt.Fprintf(w, ":\n  %s", strings.Join(c.Jobs, "\n  "))
+	}
+	fmt.Fprintln(w)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
 )
 
@@ -40,5 +42,18 @@ func TestAdoptBareUUID(t *testing.T) {
 				t.Fatalf("adopt %q: %v; file %q (%v), config %q adopted %v; want %q", tc.from, err, b, rerr, cfg.CouchDB.UUID, cfg.CouchDB.Adopted, tc.want)
 			}
 		})
+	}
+}
+
+// TestPrintUUIDChange: the stderr note of an adopted uuid lists the old and
+// new uuid, the count and every job id.
+func TestPrintUUIDChange(t *testing.T) {
+	var b bytes.Buffer
+	printUUIDChange(&b, couchrep.UUIDChange{From: "old", To: "new", Jobs: []string{"j1", "j2"}})
+	out := b.String()
+	for _, want := range []string{"from old to new", "2 unfinished job(s) restart from zero", "\n  j1\n  j2\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("%q does not say %q", out, want)
+		}
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"github.com/couchrep/couchrep"
 )
 
 // LockFile is the file in the data directory that couchrepd holds an
@@ -104,17 +102,4 @@ func (l *dataDirLock) release() {
 	_ = l.f.Truncate(0)
 	_ = l.f.Close()
 	l.f = nil
-}
-
-// printUUIDChange tells the operator, in plain words on stderr, which jobs
-// an adopted uuid restarts from zero (the node logs the same at warn level).
-func printUUIDChange(w io.Writer, c couchrep.UUIDChange) {
-	fmt.Fprintf(w, "couchrepd: server uuid changed from %s to %s (--adopt-uuid): replication ids are computed from it, so %d unfinished job(s) restart from zero unless a checkpoint exists under the new uuid (CouchDB's own, for replications CouchDB ran)", c.From, c.To, len(c.Jobs))
-	if c.Err != nil {
-		fmt.Fprintf(w, "; listing them failed: %v", c.Err)
-	}
-	if len(c.Jobs) > 0 {
-		fmt.Fprintf(w, ":\n  %s", strings.Join(c.Jobs, "\n  "))
-	}
-	fmt.Fprintln(w)
 }

@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/couchrep/couchrep"
 )
 
 // TestLockDataDir: the second lock on a data directory fails at once,
@@ -52,19 +50,6 @@ func TestVersionFlag(t *testing.T) {
 		}
 		if out := stdout.String(); !strings.HasPrefix(out, "couchrepd ") || !strings.Contains(out, "go1.") || strings.Count(out, "\n") != 1 {
 			t.Fatalf("couchrepd %v printed %q, want one line with the version and the Go version", args, out)
-		}
-	}
-}
-
-// TestPrintUUIDChange: the stderr note of an adopted uuid lists the old and
-// new uuid, the count and every job id.
-func TestPrintUUIDChange(t *testing.T) {
-	var b bytes.Buffer
-	printUUIDChange(&b, couchrep.UUIDChange{From: "old", To: "new", Jobs: []string{"j1", "j2"}})
-	out := b.String()
-	for _, want := range []string{"from old to new", "2 unfinished job(s) restart from zero", "\n  j1\n  j2\n"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("%q does not say %q", out, want)
 		}
 	}
 }
