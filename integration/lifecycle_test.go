@@ -34,7 +34,8 @@ const gone = "gone"
 const lifecycleUUID = "3b9d2f0c4e6a48b1a7c5d3e1f2a4b6c8"
 
 // lifecycleConfig is the node config: the given servers watched, a 1 s
-// scheduler tick, half-second checkpoints, and an activity timeout of a
+// scheduler tick, half-second checkpoints, a crashing job's backoff of ten
+// minutes (it stays crashing through the test), and an activity timeout of a
 // minute: the node lease is renewed every 20 s, so a job actor that stops
 // within actorBound was stopped by a request to its node, not found out
 // at a renewal.
@@ -48,8 +49,8 @@ uuid = %s
 startup_jitter = 0
 interval = 1000
 checkpoint_interval = 500
-min_backoff_penalty_sec = 2
-max_backoff_penalty_sec = 8
+min_backoff_penalty_sec = 600
+max_backoff_penalty_sec = 1200
 `, strings.Join(watch, ","), lifecycleUUID)
 }
 
@@ -283,11 +284,22 @@ func openJobStore(t *testing.T, path string) *repjob.Store {
 		repjob.Options{ServerUUID: lifecycleUUID})
 }
 
-// docRev returns the current revision of document id in db on s.
+// docRev returns the current revision of document id in db on s, or ""
+// if it has none.
 func docRev(t *testing.T, s *testserver.Server, db, id string) string {
 	t.Helper()
+	resp, err := http.Get(s.DBURL(db) + id)
+	if err != nil {
+		t.Fatalf("GET %s: %v", id, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return ""
+	}
 	var m map[string]any
-	s.GetJSON(t, s.DBURL(db)+id, &m)
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", id, resp.StatusCode, err)
+	}
 	rev, _ := m["_rev"].(string)
 	return rev
 }
@@ -303,22 +315,31 @@ func exists(t *testing.T, u string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
-// TestJobLifecycle drives one job per entry point through a real couchrepd
-// watching two PouchDB Servers, on SQLite and on PostgreSQL, and checks
-// that each ends in the state CouchDB would show, in the store, `couchrepctl
-// jobs`, _scheduler/jobs, _scheduler/docs, _active_tasks, the running-jobs
-// metric and the node's job actors, and still after a restart of the node:
+// TestJobLifecycle drives jobs in every state through every entry point
+// on a real couchrepd watching two PouchDB Servers, on SQLite and on
+// PostgreSQL, and checks that each ends in the state CouchDB would show, in
+// the store, `couchrepctl jobs`, _scheduler/jobs, _scheduler/docs,
+// _active_tasks, the running-jobs metric and the node's job actors, and
+// still after a restart of the node:
 //
-//	entry point                           resulting state
-//	job cancel, transient job             gone
-//	job cancel, document's job            refused (failed_precondition); still running
-//	job stop, document's job              running again (a "stopped" event in its history)
-//	job restart, document's job           running again
-//	document deleted                      gone
-//	document changed                      running with the new parameters
-//	server no longer watched (restart)    gone, continuous and completed alike; its
-//	                                      document deleted later changes nothing; the
-//	                                      replication checkpoint stays on the endpoint
+//	entry point         job (state)                   resulting state
+//	job cancel          transient (running)           gone
+//	job cancel          transient (crashing)          gone
+//	job cancel          document's (running)          refused (failed_precondition); running
+//	job cancel          document's (completed)        refused; completed
+//	job stop            document's (running)          running again ("stopped" in its history)
+//	job stop            document's (crashing)         refused (failed_precondition); crashing
+//	job restart         document's (running)          running again
+//	job restart         document's (completed)        runs again; completed
+//	document deleted    running                       gone
+//	document deleted    failed (invalid document)     gone
+//	document changed    running                       running with the new parameters
+//	document changed    crashing (source fixed)       running
+//	drain / undrain     running                       pending, across a restart; running again
+//	server unwatched    running, completed            gone at the next start; deleting the
+//	                                                  document then changes nothing; the
+//	                                                  checkpoint stays on the endpoint
+//	database deleted    running, completed            gone
 func TestJobLifecycle(t *testing.T) {
 	skipShort(t)
 	backends := []struct {
@@ -355,55 +376,91 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 		return &lifecycleNode{t: t, n: n, addr: n.httpAddr(""), store: openJobStore(t, storePath)}
 	}
 	l := start()
+	ctx := context.Background()
 
 	// ids: job id -> document id ("" for a transient job).
 	ids := map[string]string{}
-	docJob := func(s *testserver.Server, server, docID string, continuous bool, tgt string) string {
+	putDoc := func(s *testserver.Server, docID string, body map[string]any, want int) {
 		t.Helper()
-		src := srcA
-		if s == srvB {
-			src = srcB
+		if rev := docRev(t, s, "_replicator", docID); rev != "" {
+			body["_rev"] = rev
 		}
-		s.Do(t, "PUT", s.DBURL("_replicator")+docID, map[string]any{"source": src, "target": s.DBURL(tgt),
-			"create_target": true, "continuous": continuous}, 201)
+		s.Do(t, "PUT", s.DBURL("_replicator")+docID, body, want)
+	}
+	repDoc := func(src, tgt string, continuous bool) map[string]any {
+		return map[string]any{"source": src, "target": tgt, "create_target": true, "continuous": continuous}
+	}
+	docJob := func(s *testserver.Server, server, docID string, body map[string]any) string {
+		t.Helper()
+		putDoc(s, docID, body, 201)
 		id := repjob.PersistentJobID(server, "_replicator", docID)
 		ids[id] = docID
 		return id
 	}
-	aCancel := docJob(srvA, urlA, "a-cancel", true, "t-cancel")
-	aStop := docJob(srvA, urlA, "a-stop", true, "t-stop")
-	aRestart := docJob(srvA, urlA, "a-restart", true, "t-restart")
-	aDelete := docJob(srvA, urlA, "a-delete", true, "t-delete")
-	aChange := docJob(srvA, urlA, "a-change", true, "t-change")
-	bCont := docJob(srvB, urlB, "b-continuous", true, "t-continuous")
-	bOnce := docJob(srvB, urlB, "b-oneshot", false, "t-oneshot")
-	var rep messages.ReplicateResponse
-	ctlJSON(t, l.n, &rep, "replicate", "--continuous", "--create-target", srcA, srvA.DBURL("t-transient"))
-	tCancel := rep.GetId()
-	ids[tCancel] = ""
+	deleteDoc := func(s *testserver.Server, docID string) {
+		t.Helper()
+		s.Do(t, "DELETE", s.DBURL("_replicator")+docID+"?rev="+docRev(t, s, "_replicator", docID), nil, 200)
+	}
+	missing := srvA.DBURL("no-such-db")
+	aCancel := docJob(srvA, urlA, "a-cancel", repDoc(srcA, srvA.DBURL("t-cancel"), true))
+	aStop := docJob(srvA, urlA, "a-stop", repDoc(srcA, srvA.DBURL("t-stop"), true))
+	aRestart := docJob(srvA, urlA, "a-restart", repDoc(srcA, srvA.DBURL("t-restart"), true))
+	aDelete := docJob(srvA, urlA, "a-delete", repDoc(srcA, srvA.DBURL("t-delete"), true))
+	aChange := docJob(srvA, urlA, "a-change", repDoc(srcA, srvA.DBURL("t-change"), true))
+	aOnce := docJob(srvA, urlA, "a-oneshot", repDoc(srcA, srvA.DBURL("t-oneshot"), false))
+	aCrash := docJob(srvA, urlA, "a-crash", repDoc(missing, srvA.DBURL("t-crash"), true))
+	aInvalid := docJob(srvA, urlA, "a-invalid", map[string]any{"source": srcA, "target": srvA.DBURL("t-invalid"), "worker_processes": "four"})
+	bCont := docJob(srvB, urlB, "b-continuous", repDoc(srcB, srvB.DBURL("t-continuous"), true))
+	bOnce := docJob(srvB, urlB, "b-oneshot", repDoc(srcB, srvB.DBURL("t-oneshot"), false))
+	transient := func(src, tgt string) string {
+		t.Helper()
+		var rep messages.ReplicateResponse
+		ctlJSON(t, l.n, &rep, "replicate", "--continuous", "--create-target", src, tgt)
+		ids[rep.GetId()] = ""
+		return rep.GetId()
+	}
+	tCancel := transient(srcA, srvA.DBURL("t-transient"))
+	tCrash := transient(srvA.DBURL("no-such-db-either"), srvA.DBURL("t-transient-crash"))
 
 	want := map[string]string{aCancel: "running", aStop: "running", aRestart: "running", aDelete: "running",
-		aChange: "running", bCont: "running", bOnce: "completed", tCancel: "running"}
+		aChange: "running", aOnce: "completed", aCrash: "crashing", aInvalid: "failed",
+		bCont: "running", bOnce: "completed", tCancel: "running", tCrash: "crashing"}
 	l.settle("started", want, ids)
+	onceStarted := func() time.Time {
+		rec, err := l.store.Get(ctx, aOnce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec.GetLastStarted().AsTime()
+	}
+	firstRun := onceStarted()
 
 	// Every entry point at once.
-	ctlFails(t, l.n, 1, []string{"failed_precondition", `"a-cancel"`, "delete or change the document"}, "job", "cancel", aCancel)
-	if out := ctlOK(t, l.n, "job", "cancel", tCancel); !strings.Contains(out, "canceled job "+tCancel) {
-		t.Fatalf("job cancel of a transient job: %q", out)
+	refused := []string{"failed_precondition", "delete or change the document"}
+	ctlFails(t, l.n, 1, append(refused, `"a-cancel"`), "job", "cancel", aCancel)
+	ctlFails(t, l.n, 1, append(refused, `"a-oneshot"`), "job", "cancel", aOnce)
+	ctlFails(t, l.n, 1, []string{"failed_precondition", "crashing"}, "job", "stop", aCrash)
+	for _, id := range []string{tCancel, tCrash} {
+		if out := ctlOK(t, l.n, "job", "cancel", id); !strings.Contains(out, "canceled job "+id) {
+			t.Fatalf("job cancel of a transient job: %q", out)
+		}
 	}
 	if out := ctlOK(t, l.n, "job", "stop", aStop); !strings.Contains(out, "stopped job "+aStop) {
 		t.Fatalf("job stop: %q", out)
 	}
 	ctlOK(t, l.n, "job", "restart", aRestart)
-	srvA.Do(t, "DELETE", srvA.DBURL("_replicator")+"a-delete?rev="+docRev(t, srvA, "_replicator", "a-delete"), nil, 200)
-	srvA.Do(t, "PUT", srvA.DBURL("_replicator")+"a-change", map[string]any{"_rev": docRev(t, srvA, "_replicator", "a-change"),
-		"source": srcA, "target": srvA.DBURL("t-changed"), "create_target": true, "continuous": true}, 201)
-	want[tCancel], want[aDelete] = gone, gone
+	ctlOK(t, l.n, "job", "restart", aOnce)
+	deleteDoc(srvA, "a-delete")
+	deleteDoc(srvA, "a-invalid")
+	putDoc(srvA, "a-change", repDoc(srcA, srvA.DBURL("t-changed"), true), 201)
+	putDoc(srvA, "a-crash", repDoc(srcA, srvA.DBURL("t-crash"), true), 201)
+	want[tCancel], want[tCrash], want[aDelete], want[aInvalid], want[aCrash] = gone, gone, gone, gone, "running"
 	changedTarget := func() bool {
-		rec, err := l.store.Get(context.Background(), aChange)
+		rec, err := l.store.Get(ctx, aChange)
 		return err == nil && strings.Contains(rec.GetTarget(), "t-changed")
 	}
 	waitUntil(t, "the changed document's job replaced", 60*time.Second, changedTarget)
+	waitUntil(t, "the restarted one-shot job run again", 60*time.Second, func() bool { return onceStarted().After(firstRun) })
 	l.settle("after every entry point", want, ids)
 	var show messages.GetJobResponse
 	ctlJSON(t, l.n, &show, "job", "show", aStop)
@@ -412,7 +469,7 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 	}
 
 	// The same after a restart of the node.
-	rec, err := l.store.Get(context.Background(), bCont)
+	rec, err := l.store.Get(ctx, bCont)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -431,6 +488,26 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 		t.Fatal("the changed document's job lost its new parameters across the restart")
 	}
 
+	// Drain: every running job goes back to the queue and stays there,
+	// across a restart, until undrained.
+	running := func(st string) map[string]string {
+		m := map[string]string{}
+		for id, s := range want {
+			if s == "running" {
+				s = st
+			}
+			m[id] = s
+		}
+		return m
+	}
+	ctlOK(t, l.n, "drain")
+	l.settle("drained", running("pending"), ids)
+	stop()
+	l = start()
+	l.settle("drained, after a restart", running("pending"), ids)
+	ctlOK(t, l.n, "undrain")
+	l.settle("undrained", want, ids)
+
 	// Server B no longer watched: its jobs stop and are forgotten at the
 	// next start; deleting its document then changes nothing; the
 	// checkpoint stays on the endpoint.
@@ -442,7 +519,7 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 	if lines := l.n.logLines("server no longer watched", urlB); len(lines) == 0 {
 		t.Error("the node did not log forgetting server B")
 	}
-	srvB.Do(t, "DELETE", srvB.DBURL("_replicator")+"b-continuous?rev="+docRev(t, srvB, "_replicator", "b-continuous"), nil, 200)
+	deleteDoc(srvB, "b-continuous")
 	if !exists(t, checkpoint) {
 		t.Errorf("the checkpoint %s of the forgotten job is gone from its source", checkpoint)
 	}
@@ -452,4 +529,16 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 	if n := len(l.n.logLines("server no longer watched")); n != 0 {
 		t.Errorf("a second start forgot servers again: %d lines", n)
 	}
+
+	// Server A's _replicator database deleted: its jobs are removed.
+	srvA.Do(t, "DELETE", srvA.DBURL("_replicator"), nil, 200)
+	for id, doc := range ids {
+		if doc != "" {
+			want[id] = gone
+		}
+	}
+	l.settle("_replicator deleted", want, ids)
+	stop()
+	l = start()
+	l.settle("_replicator deleted, after a restart", want, ids)
 }
