@@ -69,7 +69,8 @@ type AttachmentStub struct {
 	// empty when the server gave none.
 	Digest string
 	// Length is the identity length; EncodedLength the stored length when
-	// Encoding is set (gzip).
+	// Encoding is set (gzip). -1 when the stub does not say (a server
+	// whose stubs lack them cannot have its attachments streamed: Sized).
 	Length        int64
 	Encoding      string
 	EncodedLength int64
@@ -90,6 +91,9 @@ func (a AttachmentStub) wireLength() int64 {
 }
 
 func (a AttachmentStub) encoded() bool { return a.Encoding != "" && a.Encoding != "identity" }
+
+// Sized reports whether the stub says how many bytes its data has.
+func (a AttachmentStub) Sized() bool { return a.wireLength() >= 0 }
 
 // Decoded is the stub of the attachment's identity bytes: for a source
 // that answers an encoded attachment's GET with its decoded bytes. The
@@ -148,12 +152,11 @@ func (d Doc) Stubs() ([]AttachmentStub, error) {
 		if a.EncodedLength != nil {
 			s.EncodedLength = *a.EncodedLength
 		}
-		switch {
-		case s.Inline || s.Follows:
-		case a.Length == nil || s.Length < 0:
-			return fmt.Errorf("document %q: attachment %q: stub without a length", d.ID, name)
-		case s.encoded() && (a.EncodedLength == nil || s.EncodedLength < 0):
-			return fmt.Errorf("document %q: attachment %q: %s-encoded stub without encoded_length", d.ID, name, s.Encoding)
+		if a.Length == nil || s.Length < 0 {
+			s.Length = -1
+		}
+		if s.encoded() && (a.EncodedLength == nil || s.EncodedLength < 0) {
+			s.EncodedLength = -1
 		}
 		out = append(out, s)
 		return nil

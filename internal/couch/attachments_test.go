@@ -88,8 +88,8 @@ func TestDocAttachmentStubs(t *testing.T) {
 		t.Errorf("new.gz = %v, want follows with its encoding", a)
 	}
 
-	if _, err := (Doc{ID: "x", HasAttachments: true, Body: []byte(`{"_attachments":{"a":{"stub":true}}}`)}).Stubs(); err == nil {
-		t.Error("a stub without length was accepted")
+	if s, err := (Doc{ID: "x", HasAttachments: true, Body: []byte(`{"_attachments":{"a":{"stub":true}}}`)}).Stubs(); err != nil || len(s) != 1 || s[0].Sized() {
+		t.Errorf("a stub without length: %+v, %v; want one not Sized", s, err)
 	}
 }
 

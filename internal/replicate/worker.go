@@ -318,7 +318,7 @@ func (w *worker) inlineable(d couch.Doc, attsSince []string) bool {
 			return false
 		case !sendAttachment(s, pos):
 			return false
-		case s.Encoding != "" && s.Encoding != "identity":
+		case s.Encoding != "" && s.Encoding != "identity", !s.Sized():
 			return false
 		}
 		need += s.Length
@@ -344,13 +344,18 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 	if err != nil {
 		return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, d.ID, err)
 	}
+	pos := d.AncestorPos(attsSince)
 	for _, s := range stubs {
 		if s.Inline || s.Follows {
 			// The source sent data though asked for stubs: write it as is.
 			return w.write(ctx, d)
 		}
+		if !s.Sized() && sendAttachment(s, pos) {
+			// Its stubs do not say how long the data is: fetch it with
+			// the document (bounded by max_document_bytes).
+			return w.writeFetched(ctx, d, attsSince)
+		}
 	}
-	pos := d.AncestorPos(attsSince)
 	all, decoded := false, false
 	put := func() error {
 		send := make(map[string]bool, len(stubs))
@@ -391,6 +396,17 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		return fmt.Errorf("%w: open_doc_revs_failed for %q from %s: %w", ErrWorkerFailed, d.ID, w.r.src, err)
 	}
 	return w.counted(d, err)
+}
+
+// writeFetched writes d's revision fetched again with its attachment data
+// (open_revs, attachments=true): inline data into the _bulk_docs batch,
+// MIME parts in a PUT of their own.
+func (w *worker) writeFetched(ctx context.Context, d couch.Doc, attsSince []string) error {
+	err := w.r.src.OpenRevs(ctx, d.ID, []string{d.Rev}, attsSince, func(x couch.Doc) error { return w.write(ctx, x) })
+	if err != nil && !errors.Is(err, ErrWorkerFailed) {
+		return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, d.ID, err)
+	}
+	return err
 }
 
 // counted records the outcome of writing one document alone: written, a
