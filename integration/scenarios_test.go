@@ -507,3 +507,110 @@ func TestScenarioFiltered(t *testing.T) {
 		verify(t, s, s, src, tgt, nil)
 	})
 }
+
+// TestScenarioDocIDs is replication_test.exs "replication by doc ids"
+// (six cases: ids that exist, ids that do not, design documents by plain
+// and by %2F-encoded id, an empty list; then a second list, an update with
+// two attachments, and a conflict made through doc_ids) and
+// couch_replicator_doc_ids_tests (a design document among the ids).
+func TestScenarioDocIDs(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	att1 := []byte(strings.Repeat("some readme text ", 200))
+	att2 := bytes.Repeat([]byte{9, 8, 7, 0, 255}, 300)
+	cases := []struct {
+		initial, after []string
+		conflictID     string
+	}{
+		{[]string{"1", "2", "10"}, []string{}, "2"},
+		{[]string{"1", "2"}, []string{"7"}, "1"},
+		{[]string{"1", "foo_666", "10"}, []string{"7"}, "10"},
+		{[]string{"_design/foo", "8"}, []string{"foo_5"}, "8"},
+		{[]string{"_design%2Ffoo", "8"}, []string{"foo_5"}, "8"},
+		{[]string{}, []string{"foo_1000", "_design/foo", "1"}, "1"},
+	}
+	for i, c := range cases {
+		t.Run(fmt.Sprintf("%v then %v", c.initial, c.after), func(t *testing.T) {
+			src := s.CreateDB(t, fmt.Sprintf("byid%d-src", i))
+			tgt := s.CreateDB(t, fmt.Sprintf("byid%d-tgt", i))
+			s.PutDocs(t, src, append([]map[string]any{{"_id": "_design/foo", "language": "javascript", "integer": 1}}, makeDocs(1, 10)...)...)
+			replicated := []string{} // never nil: verify reads nil as every document
+			step := func(ids []string) {
+				t.Helper()
+				var n int64
+				for _, id := range ids {
+					if !strings.HasPrefix(id, "foo_") {
+						n++
+						replicated = append(replicated, strings.ReplaceAll(id, "%2F", "/"))
+					}
+				}
+				r, _ := runScenario(t, map[string]any{"source": src, "target": tgt, "doc_ids": ids})
+				if n == 0 {
+					if !r.NoChanges {
+						t.Errorf("doc_ids %v: no_changes missing", ids)
+					}
+				} else if r.StartTime == "" || r.EndTime == "" || r.DocsRead == nil || *r.DocsRead != n || *r.DocsWritten != n || *r.DocWriteFailures != 0 {
+					t.Errorf("doc_ids %v: answer's start_time %q, end_time %q, docs_read %v, docs_written %v, doc_write_failures %v; want %d read and written",
+						ids, r.StartTime, r.EndTime, r.DocsRead, r.DocsWritten, r.DocWriteFailures, n)
+				}
+				if got, want := docIDs(t, s, tgt), sortedIDs(append([]string(nil), replicated...)...); !equalIDs(got, want) {
+					t.Errorf("target has %v, want %v", got, want)
+				}
+				verify(t, s, s, src, tgt, replicated)
+			}
+			step(c.initial)
+			step(c.after)
+
+			// Update the doc on the source (no conflict), add two attachments.
+			_, d := getDoc(t, src, c.conflictID, "")
+			d["integer"] = 666
+			rev := putDoc(t, s, src, d)
+			rev = s.PutAttachment(t, src, c.conflictID, rev, "readme.txt", "text/plain", att1)
+			s.PutAttachment(t, src, c.conflictID, rev, "data.dat", "application/binary", att2)
+			rep := map[string]any{"source": src, "target": tgt, "doc_ids": []string{c.conflictID}}
+			r, _ := runScenario(t, rep)
+			if r.DocsRead == nil || *r.DocsRead != 1 || *r.DocsWritten != 1 || *r.DocWriteFailures != 0 {
+				t.Errorf("update: docs_read %v, docs_written %v, doc_write_failures %v; want 1, 1, 0", r.DocsRead, r.DocsWritten, r.DocWriteFailures)
+			}
+			_, cp := getDoc(t, tgt, c.conflictID, "conflicts=true")
+			if cp["integer"] != float64(666) || !strings.HasPrefix(fmt.Sprint(cp["_rev"]), "4-") || cp["_conflicts"] != nil {
+				t.Errorf("target %s: integer %v, _rev %v, _conflicts %v; want 666, 4-..., none", c.conflictID, cp["integer"], cp["_rev"], cp["_conflicts"])
+			}
+			for name, data := range map[string][]byte{"readme.txt": att1, "data.dat": att2} {
+				b, status, err := doRaw(http.MethodGet, tgt+c.conflictID+"/"+name, nil)
+				if err != nil || status != http.StatusOK || !bytes.Equal(b, data) {
+					t.Errorf("target %s/%s: %d, %d bytes (want %d), %v", c.conflictID, name, status, len(b), len(data), err)
+				}
+			}
+			verify(t, s, s, src, tgt, replicated)
+
+			// A conflict made through doc_ids: both sides edit the doc.
+			_, d = getDoc(t, src, c.conflictID, "")
+			d["integer"] = d["integer"].(float64) + 100
+			putDoc(t, s, src, d)
+			_, cp = getDoc(t, tgt, c.conflictID, "")
+			cp["integer"] = cp["integer"].(float64) + 1
+			putDoc(t, s, tgt, cp)
+			r, _ = runScenario(t, rep)
+			if r.DocsRead == nil || *r.DocsRead != 2 || *r.DocsWritten != 2 || *r.DocWriteFailures != 0 {
+				t.Errorf("conflict: docs_read %v, docs_written %v, doc_write_failures %v; want 2, 2, 0", r.DocsRead, r.DocsWritten, r.DocWriteFailures)
+			}
+			_, cp = getDoc(t, tgt, c.conflictID, "conflicts=true")
+			cs, _ := cp["_conflicts"].([]any)
+			if !strings.HasPrefix(fmt.Sprint(cp["_rev"]), "5-") || len(cs) != 1 || !strings.HasPrefix(fmt.Sprint(cs[0]), "5-") {
+				t.Errorf("target %s: _rev %v, _conflicts %v; want 5-... with one 5-... conflict", c.conflictID, cp["_rev"], cs)
+			}
+		})
+	}
+
+	t.Run("t_should_replicate_with_ddoc_ids", func(t *testing.T) {
+		src := s.CreateDB(t, "ddocids-src")
+		tgt := s.CreateDB(t, "ddocids-tgt")
+		s.PutDocs(t, src, map[string]any{"_id": "doc1"}, map[string]any{"_id": "doc2"}, map[string]any{"_id": "_design/doc3"})
+		runScenario(t, map[string]any{"source": src, "target": tgt, "doc_ids": []string{"doc1", "_design/doc3"}})
+		if got := docIDs(t, s, tgt); !equalIDs(got, []string{"_design/doc3", "doc1"}) {
+			t.Errorf("target has %v, want _design/doc3, doc1", got)
+		}
+		verify(t, s, s, src, tgt, []string{"doc1", "_design/doc3"})
+	})
+}
