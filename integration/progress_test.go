@@ -142,7 +142,8 @@ func TestLiveProgress(t *testing.T) {
 
 // TestNoChangesAnswer: a one-shot POST /_replicate that has nothing to
 // replicate answers as CouchDB 3.4.3: {"ok":true,"no_changes":true} for
-// doc_ids matching nothing or none, and no_changes with the existing
+// doc_ids matching nothing or none and a filter matching nothing, and
+// no_changes with the existing
 // checkpoint's history when nothing changed since the last run
 // (replication_test.exs "nothing to replicate").
 func TestNoChangesAnswer(t *testing.T) {
@@ -151,13 +152,18 @@ func TestNoChangesAnswer(t *testing.T) {
 	addr := n.httpAddr("")
 	src, tgt := testserver.StartPouchDB(t), testserver.StartPouchDB(t)
 	srcDB, tgtDB := src.CreateDB(t, "src"), tgt.CreateDB(t, "tgt")
-	src.PutDocs(t, srcDB, map[string]any{"_id": "a"}, map[string]any{"_id": "b"}, map[string]any{"_id": "foo_c"})
-	for _, c := range []struct{ name, ids string }{
-		{"doc_ids matching nothing", `["foo_1","foo_2"]`},
-		{"empty doc_ids", `[]`},
+	src.PutDocs(t, srcDB, map[string]any{"_id": "a"}, map[string]any{"_id": "b"}, map[string]any{"_id": "foo_c"},
+		map[string]any{"_id": "_design/f", "filters": map[string]any{"none": "function(doc, req) { return false; }"}})
+	for _, c := range []struct{ name, extra string }{
+		{"doc_ids matching nothing", `"doc_ids":["foo_1","foo_2"]`},
+		{"empty doc_ids", `"doc_ids":[]`},
+		// PouchDB Server answers this feed with the database's last_seq
+		// (CouchDB does for every filtered feed): still no change
+		// processed, so no checkpoint and no_changes.
+		{"a filter matching nothing", `"filter":"f/none"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := api(t, addr, "POST", "/_replicate", `{"source":"`+srcDB+`","target":"`+tgtDB+`","doc_ids":`+c.ids+`}`)
+			r := api(t, addr, "POST", "/_replicate", `{"source":"`+srcDB+`","target":"`+tgtDB+`",`+c.extra+`}`)
 			if r.status != 200 || strings.TrimSpace(string(r.body)) != `{"ok":true,"no_changes":true}` {
 				t.Fatalf("answer %d %s, want 200 {\"ok\":true,\"no_changes\":true}", r.status, r.body)
 			}
