@@ -72,6 +72,29 @@ func (m *Metrics) withLiveAll(jobs []*Job) []*Job {
 	return jobs
 }
 
+// pruneLive drops the live stats of jobs that all, every job in the store,
+// does not show running on the node that reported them: a job actor that
+// died without a last event (killed) leaves its entry until then.
+func (m *Metrics) pruneLive(all []*Job) {
+	l := &m.live
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.m) == 0 {
+		return
+	}
+	running := make(map[string]string, len(all))
+	for _, j := range all {
+		if j.State == repjob.StateRunning {
+			running[j.JobID] = j.Node
+		}
+	}
+	for id, e := range l.m {
+		if node, ok := running[id]; !ok || node != e.node {
+			delete(l.m, id)
+		}
+	}
+}
+
 // liveStore is the API's view of the store: what it reads, with the live
 // stats of the jobs this node runs.
 type liveStore struct {
@@ -91,6 +114,9 @@ func (s liveStore) FindByRepID(ctx context.Context, repID string) (*Job, error) 
 
 func (s liveStore) List(ctx context.Context) ([]*Job, error) {
 	jobs, err := s.Store.List(ctx)
+	if err == nil {
+		s.m.pruneLive(jobs)
+	}
 	return s.m.withLiveAll(jobs), err
 }
 

@@ -218,6 +218,7 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return
 	}
+	c.m.pruneLive(jobs)
 	jobs = c.m.withLiveAll(jobs)
 	c.collectShares(ch, jobs)
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)

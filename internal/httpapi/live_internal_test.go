@@ -1,0 +1,73 @@
+package httpapi
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// TestLiveStats: a running job's progress event replaces its stored stats
+// for the job the store shows running on the reporting node in the same
+// run; other events drop them; a full listing drops those of jobs that do
+// not run there any more.
+func TestLiveStats(t *testing.T) {
+	started := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	stored := &messages.ReplicationStats{DocsWritten: 1}
+	job := func(state repjob.State, node string, at time.Time) *Job {
+		return &Job{JobID: "j", State: state, Node: node, LastStarted: at, Stats: stored}
+	}
+	progress := func(node string, at time.Time, written int64) *messages.ReplicationJobEvent {
+		return &messages.ReplicationJobEvent{JobId: "j", Node: node, Progress: true, State: repjob.StateRunning.Proto(),
+			StartedAt: timestamppb.New(at), Stats: &messages.ReplicationStats{DocsWritten: written}}
+	}
+	cases := []struct {
+		name   string
+		events []*messages.ReplicationJobEvent
+		job    *Job
+		want   int64
+	}{
+		{"no event", nil, job(repjob.StateRunning, "n1", started), 1},
+		{"progress of the running job", []*messages.ReplicationJobEvent{progress("n1", started, 5), progress("n1", started, 9)},
+			job(repjob.StateRunning, "n1", started), 9},
+		{"the job runs elsewhere now", []*messages.ReplicationJobEvent{progress("n1", started, 5)}, job(repjob.StateRunning, "n2", started), 1},
+		{"an earlier run's report", []*messages.ReplicationJobEvent{progress("n1", started, 5)},
+			job(repjob.StateRunning, "n1", started.Add(time.Minute)), 1},
+		{"the job is no longer running", []*messages.ReplicationJobEvent{progress("n1", started, 5)}, job(repjob.StatePending, "n1", started), 1},
+		{"the run ended", []*messages.ReplicationJobEvent{progress("n1", started, 5),
+			{JobId: "j", Node: "n1", State: repjob.StatePending.Proto()}}, job(repjob.StateRunning, "n1", started), 1},
+		{"a new run started", []*messages.ReplicationJobEvent{progress("n1", started, 5),
+			{JobId: "j", Node: "n1", State: repjob.StateRunning.Proto()}}, job(repjob.StateRunning, "n1", started), 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := &Metrics{}
+			for _, e := range c.events {
+				m.ObserveLive(e)
+			}
+			got := m.withLive(c.job)
+			if got.Stats.GetDocsWritten() != c.want {
+				t.Fatalf("docs_written %d, want %d", got.Stats.GetDocsWritten(), c.want)
+			}
+			if c.job.Stats != stored {
+				t.Fatal("withLive changed the store's job")
+			}
+		})
+	}
+
+	t.Run("a listing prunes jobs not running there", func(t *testing.T) {
+		m := &Metrics{}
+		m.ObserveLive(progress("n1", started, 5))
+		m.pruneLive([]*Job{job(repjob.StateRunning, "n1", started)})
+		if len(m.live.m) != 1 {
+			t.Fatalf("the running job's entry was pruned")
+		}
+		m.pruneLive([]*Job{job(repjob.StateCrashing, "n1", started)})
+		if len(m.live.m) != 0 {
+			t.Fatalf("%d entries left after the job stopped running", len(m.live.m))
+		}
+	})
+}
