@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bytes"
+	"crypto/md5"
+	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -613,4 +615,122 @@ func TestScenarioDocIDs(t *testing.T) {
 		}
 		verify(t, s, s, src, tgt, []string{"doc1", "_design/doc3"})
 	})
+}
+
+// manyLeaves is couch_replicator_many_leaves_tests' ?DOCS_CONFLICTS: a
+// document, a design document and one with more leaves than fit in one
+// 7,000-character open_revs URL.
+var manyLeaves = []struct {
+	id        string
+	conflicts int
+}{{"doc1", 10}, {"_design/doc2", 100}, {"doc3", 210}}
+
+// populateManyLeaves writes each document of manyLeaves as CouchDB's
+// populate_db does: a generation-2 winner and n generation-1 siblings.
+func populateManyLeaves(t *testing.T, s *testserver.Server, db string) {
+	t.Helper()
+	var docs []map[string]any
+	for _, d := range manyLeaves {
+		docs = append(docs, testserver.Doc(d.id, []string{"2-winner", "1-first"}, map[string]any{"value": "0"}))
+		for i := d.conflicts; i > 0; i-- {
+			v := fmt.Sprint(i)
+			docs = append(docs, testserver.Doc(d.id, []string{fmt.Sprintf("1-%x", md5.Sum([]byte(v)))}, map[string]any{"value": v}))
+		}
+	}
+	s.PutRevs(t, db, docs...)
+}
+
+// addLeafAttachments gives every leaf of every manyLeaves document a
+// child revision with two new 100-byte attachments (add_attachments/3).
+func addLeafAttachments(t *testing.T, s *testserver.Server, db string) {
+	t.Helper()
+	var docs []map[string]any
+	for _, d := range manyLeaves {
+		var revs []map[string]any
+		s.GetJSON(t, db+d.id+"?open_revs=all&revs=true", &revs)
+		if len(revs) != d.conflicts+1 {
+			t.Fatalf("%s has %d leaves on the source, want %d", d.id, len(revs), d.conflicts+1)
+		}
+		for _, x := range revs {
+			leaf := x["ok"].(map[string]any)
+			rev := leaf["_rev"].(string)
+			gen, hash, _ := strings.Cut(rev, "-")
+			var g int
+			fmt.Sscan(gen, &g)
+			child := testserver.Doc(d.id, []string{fmt.Sprintf("%d-a%s", g+1, hash), rev}, map[string]any{"value": leaf["value"]})
+			if g == 2 {
+				child = testserver.Doc(d.id, []string{"3-a" + hash, rev, "1-first"}, map[string]any{"value": leaf["value"]})
+			}
+			for i := 1; i <= 2; i++ {
+				data := make([]byte, 100)
+				_, _ = crand.Read(data)
+				testserver.WithAttachment(child, fmt.Sprintf("att_%d_%s", i, rev), "application/foobar", data)
+			}
+			docs = append(docs, child)
+		}
+	}
+	s.PutRevs(t, db, docs...)
+}
+
+// TestScenarioManyLeaves is couch_replicator_many_leaves_tests: documents
+// with 10, 100 (a design document) and 210 leaves replicate with every
+// leaf, then again after every leaf got two attachments; with
+// winning_revs_only the target holds the source's winner only. Each runs
+// with _bulk_get and without it (open_revs, whose URL must be split).
+func TestScenarioManyLeaves(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	for _, c := range []struct {
+		name    string
+		winning bool
+		bulkGet bool
+	}{
+		{"should_populate_replicate_compact", false, true},
+		{"should_populate_replicate_compact/use_bulk_get=false", false, false},
+		{"should_replicate_winning_revs_only", true, true},
+		{"should_replicate_winning_revs_only/use_bulk_get=false", true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := strings.NewReplacer("_", "-", "/", "-", "=", "-").Replace(c.name)
+			src := s.CreateDB(t, name+"-src")
+			tgt := s.CreateDB(t, name+"-tgt")
+			populateManyLeaves(t, s, src)
+			rep := map[string]any{"source": src, "target": tgt, "use_bulk_get": c.bulkGet, "winning_revs_only": c.winning}
+			check := func() {
+				t.Helper()
+				if !c.winning {
+					verify(t, s, s, src, tgt, nil)
+					return
+				}
+				got := leaves(t, s, tgt)
+				for _, d := range manyLeaves {
+					var winner map[string]any
+					s.GetJSON(t, src+d.id+"?revs=true", &winner)
+					if atts, ok := winner["_attachments"].(map[string]any); ok {
+						for name, a := range atts {
+							m := a.(map[string]any)
+							atts[name] = map[string]any{"content_type": m["content_type"], "digest": m["digest"], "length": m["length"]}
+						}
+					}
+					if len(got[d.id]) != 1 || !reflect.DeepEqual(got[d.id][0], winner) {
+						t.Errorf("%s: target leaves %v, want only the source's winner %v", d.id, got[d.id], winner)
+					}
+				}
+				if len(got) != len(manyLeaves) {
+					t.Errorf("target has %d documents, want %d", len(got), len(manyLeaves))
+				}
+			}
+			r, _ := runScenario(t, rep)
+			if h := r.History[0]; h.DocWriteFailures != 0 {
+				t.Errorf("first run: doc_write_failures %d", h.DocWriteFailures)
+			}
+			check()
+			addLeafAttachments(t, s, src)
+			r, _ = runScenario(t, rep)
+			if h := r.History[0]; h.DocWriteFailures != 0 {
+				t.Errorf("second run: doc_write_failures %d", h.DocWriteFailures)
+			}
+			check()
+		})
+	}
 }
