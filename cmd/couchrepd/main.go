@@ -5,6 +5,7 @@
 //	          [--admin ADDR] [--node-name NAME] [--log-level LEVEL]
 //	couchrepd --version
 //	couchrepd replicate [flags] SOURCE_URL TARGET_URL
+//	couchrepd hash-password < password
 //
 // Settings come from CouchDB's defaults, then the ini file, then COUCHREP_*
 // environment variables, then flags. SIGINT or SIGTERM stops the node
@@ -47,6 +48,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		logger, _ := clog.New(stderr, "warn", "auto")
 		return runReplicate(ctx, args[1:], stdout, stderr, logger)
 	}
+	if len(args) > 0 && args[0] == "hash-password" {
+		return runHashPassword(args[1:], os.Stdin, stdout, stderr)
+	}
 	cfg, adoptFrom, err := loadConfig(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -73,12 +77,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	defer lock.release()
 	// As CouchDB: plain [admins] passwords are hashed on start, in the
 	// config file too, so that it holds no password after the first start.
+	// A config file the node may not write (a read-only /etc under
+	// systemd's ProtectSystem=strict) keeps them: they are hashed in memory
+	// only, with a warning, and the node starts (never a crash loop).
 	admins, files, err := cfg.HashAdmins(httpapi.HashPassword)
-	if err != nil {
+	switch {
+	case errors.Is(err, config.ErrAdminsNotRewritten):
+		logger.Warn().Err(err).Strs("admins", admins).Strs("rewritten", files).
+			Msg("plain [admins] passwords hashed in memory only: the config file still holds them in plain text; " +
+				"put the hash `couchrepd hash-password` prints in their place (see README, Install)")
+	case err != nil:
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 1
-	}
-	if len(admins) > 0 {
+	case len(admins) > 0:
 		logger.Info().Strs("admins", admins).Strs("rewritten", files).Msg("plain [admins] passwords replaced by their pbkdf2 hash")
 	}
 	if adoptFrom != "" {
@@ -116,7 +127,7 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, string, error) 
 		fs.BoolVar(&version, "version", false, "print the version (module version, VCS revision, Go version) and exit")
 		cfg.RegisterFlags(fs)
 		fs.Usage = func() {
-			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
+			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n  couchrepd hash-password                    read a password on stdin, print its [admins] hash\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
 			fs.PrintDefaults()
 		}
 		return fs

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -16,13 +17,22 @@ func IsPasswordHash(v string) bool {
 	return strings.HasPrefix(v, "-pbkdf2-") || strings.HasPrefix(v, "-pbkdf2:") || strings.HasPrefix(v, "-hashed-")
 }
 
+// ErrAdminsNotRewritten is wrapped by HashAdmins' error when a file that
+// sets a plain [admins] password could not be rewritten with its hash (a
+// read-only /etc, as under systemd's ProtectSystem=strict, or a file the
+// node's user may not write). The passwords are hashed in memory all the
+// same: the node can run, and the file still holds them in plain text.
+var ErrAdminsNotRewritten = errors.New("config: plain [admins] passwords hashed in memory only")
+
 // HashAdmins replaces every plain [admins] password with hash(password),
 // as CouchDB does when it starts: in c, and in the ini file that set it,
 // where only that line's value changes (comments, order, the other lines
 // and the value's inline comment are kept; the file is replaced
 // atomically). Passwords set by environment variables or flags are hashed
 // in memory only. It returns the names whose passwords were hashed and the
-// files rewritten.
+// files rewritten. A file that cannot be rewritten is an error wrapping
+// ErrAdminsNotRewritten (and naming the file, never a password), after
+// every password in c was hashed: the caller may go on with c.
 func (c *Config) HashAdmins(hash func(password string) (string, error)) (names, files []string, err error) {
 	type edit struct {
 		line                int
@@ -44,10 +54,12 @@ func (c *Config) HashAdmins(hash func(password string) (string, error)) (names, 
 			edits[o.file] = append(edits[o.file], edit{o.line, name, plain, h})
 		}
 	}
+	var notRewritten []error
 	for _, file := range slices.Sorted(maps.Keys(edits)) {
 		data, err := os.ReadFile(file)
 		if err != nil {
-			return names, files, fmt.Errorf("config: rewriting %s with hashed [admins] passwords: %w", file, err)
+			notRewritten = append(notRewritten, fmt.Errorf("rewriting %s with hashed [admins] passwords: %w", file, err))
+			continue
 		}
 		lines := strings.Split(string(data), "\n")
 		changed := false
@@ -64,9 +76,13 @@ func (c *Config) HashAdmins(hash func(password string) (string, error)) (names, 
 		}
 		text := strings.Join(lines, "\n")
 		if err := placeFile(filepath.Dir(file), filepath.Base(file), strings.TrimSuffix(text, "\n"), os.Rename); err != nil {
-			return names, files, err
+			notRewritten = append(notRewritten, err)
+			continue
 		}
 		files = append(files, file)
+	}
+	if len(notRewritten) > 0 {
+		return names, files, fmt.Errorf("%w: %w", ErrAdminsNotRewritten, errors.Join(notRewritten...))
 	}
 	return names, files, nil
 }
