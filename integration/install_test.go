@@ -237,4 +237,3 @@ func TestInstallReadOnlyConfig(t *testing.T) {
 		t.Fatalf("the node's store is not in %s (%v): the scan for the password looked at nothing", data, err)
 	}
 }
-
