@@ -442,6 +442,8 @@ type runState struct {
 	pendingAt    couch.Seq
 	pendingAsked time.Time
 	noPending    bool // the source answered PendingSince without "pending"
+	// tm are the run's timers once started (pokeProgress).
+	tm *runTimers
 
 	cmu   sync.Mutex
 	ended bool // the timers are stopped
@@ -640,17 +642,79 @@ type runTimers struct {
 	// mu guards what follows; it is never held across I/O.
 	mu                 sync.Mutex
 	stopped            bool
+	busy               bool // a run goroutine is under way; it re-arms the timer
 	nextCkpt, nextProg time.Time
+	// progWait is the current wait between progress checks:
+	// ProgressInterval while batches are in flight or the stats change,
+	// doubling up to idleProgressFactor times it while nothing is in
+	// flight and nothing changed, back to ProgressInterval when a batch is
+	// cut (poke).
+	progWait time.Duration
 }
+
+// idleProgressFactor bounds how far an idle run's progress checks back
+// off: ProgressInterval (the job actor's one second) times 16, about the
+// 15 s they were before progress was shown live.
+const idleProgressFactor = 16
 
 func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimers {
 	now := time.Now()
+	iv := s.r.o.ProgressInterval
 	tm := &runTimers{s: s, ctx: ctx, abort: abort,
-		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(s.r.o.ProgressInterval)}
+		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(iv), progWait: iv}
 	tm.mu.Lock() // fire uses tm.t under mu
 	tm.t = s.r.timers().AfterFunc(tm.wait(now), tm.fire)
 	tm.mu.Unlock()
+	s.mu.Lock()
+	s.tm = tm
+	s.mu.Unlock()
 	return tm
+}
+
+// idleWait is the wait before the next progress check after one that
+// found nothing to report; tm.mu is held.
+func (tm *runTimers) idleWait() time.Duration {
+	iv := tm.s.r.o.ProgressInterval
+	if tm.s.inFlight() {
+		return iv
+	}
+	return min(max(tm.progWait*2, iv), iv*idleProgressFactor)
+}
+
+// poke brings the next progress check to at most ProgressInterval from now
+// (a batch was cut: its progress is shown within that).
+func (tm *runTimers) poke() {
+	iv := tm.s.r.o.ProgressInterval
+	tm.mu.Lock()
+	defer tm.mu.Unlock()
+	if tm.stopped || tm.progWait <= iv {
+		return
+	}
+	tm.progWait = iv
+	now := time.Now()
+	if next := now.Add(iv); next.Before(tm.nextProg) {
+		tm.nextProg = next
+		if !tm.busy {
+			tm.t.Reset(tm.wait(now))
+		}
+	}
+}
+
+// inFlight reports whether batches are cut and not yet through.
+func (s *runState) inFlight() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tracker.low < s.tracker.next
+}
+
+// pokeProgress is timers' poke, once they are started.
+func (s *runState) pokeProgress() {
+	s.mu.Lock()
+	tm := s.tm
+	s.mu.Unlock()
+	if tm != nil {
+		tm.poke()
+	}
 }
 
 // timers is the wheel of the run's timers.
@@ -689,13 +753,15 @@ func (tm *runTimers) fire() {
 	}
 	if !now.Before(tm.nextProg) {
 		if prog = s.changed(); !prog {
-			tm.nextProg = now.Add(r.o.ProgressInterval)
+			tm.progWait = tm.idleWait()
+			tm.nextProg = now.Add(tm.progWait)
 		}
 	}
 	if h := r.timerFired; h != nil {
 		h(ckpt, prog)
 	}
 	if ckpt || prog {
+		tm.busy = true
 		go tm.run(ckpt, prog)
 		return
 	}
@@ -707,6 +773,11 @@ func (tm *runTimers) fire() {
 // the pipeline).
 func (tm *runTimers) run(ckpt, prog bool) {
 	s, r := tm.s, tm.s.r
+	if prog {
+		// A request to the source, not under cmu: the final checkpoint
+		// does not wait for it.
+		s.refreshPending(tm.ctx)
+	}
 	s.cmu.Lock()
 	if s.ended {
 		s.cmu.Unlock()
@@ -717,7 +788,6 @@ func (tm *runTimers) run(ckpt, prog bool) {
 		err = s.checkpoint(tm.ctx) // reports the stats when it recorded one
 	}
 	if err == nil && prog && s.changed() {
-		s.refreshPending(tm.ctx)
 		s.progress()
 	}
 	s.cmu.Unlock()
@@ -729,6 +799,7 @@ func (tm *runTimers) run(ckpt, prog bool) {
 	}
 	tm.mu.Lock()
 	defer tm.mu.Unlock()
+	tm.busy = false
 	if tm.stopped {
 		return
 	}
@@ -737,7 +808,8 @@ func (tm *runTimers) run(ckpt, prog bool) {
 		tm.nextCkpt = now.Add(r.p.CheckpointInterval)
 	}
 	if prog {
-		tm.nextProg = now.Add(r.o.ProgressInterval)
+		tm.progWait = r.o.ProgressInterval
+		tm.nextProg = now.Add(tm.progWait)
 	}
 	tm.t.Reset(tm.wait(now))
 }

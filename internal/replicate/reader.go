@@ -316,7 +316,8 @@ func (b *batcher) end(seq couch.Seq, mark bool) error {
 	return b.submit(out)
 }
 
-// cut takes the current batch and registers it with the seq tracker; b.mu
+// cut takes the current batch and registers it with the seq tracker, and
+// brings the run's next progress check to within ProgressInterval; b.mu
 // is held.
 func (b *batcher) cut() batch {
 	changes := b.cur
@@ -333,6 +334,7 @@ func (b *batcher) cut() batch {
 		s.readSeq = seq
 	}
 	s.mu.Unlock()
+	s.pokeProgress()
 	return batch{n: n, changes: changes, seq: seq}
 }
 

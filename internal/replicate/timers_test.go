@@ -223,3 +223,96 @@ func TestTimersFireForEachRun(t *testing.T) {
 		t.Errorf("wheel holds %d timers after every run stopped, want 0", l)
 	}
 }
+
+// TestIdleProgressBacksOff: while nothing moves, an idle continuous run's
+// progress checks back off (each wait doubles, up to 16 progress
+// intervals), so an idle job costs about as few timer calls as before
+// progress was shown live; a batch cut brings the next check back to one
+// interval, so the moved document is reported.
+func TestIdleProgressBacksOff(t *testing.T) {
+	f, fs := continuousSource(t)
+	wheel := timerwheel.New()
+	progress, o := progressOptions()
+	o.ProgressInterval = 10 * time.Millisecond
+	o.Timers = wheel
+	p := fakeParams(t, `,"continuous":true,"checkpoint_interval":600000`, f.URL+"/src", f.URL+"/tgt")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	r := New(p, o)
+	var mu sync.Mutex
+	var idle []time.Time // when checks found nothing to report
+	fr := newFirings()
+	r.timerFired = func(ckpt, prog bool) {
+		if !ckpt && !prog {
+			mu.Lock()
+			idle = append(idle, time.Now())
+			mu.Unlock()
+		}
+		fr.fired(ckpt, prog)
+	}
+	r.Start(ctx, func(_ Result, err error) { done <- err })
+	awaitWritten(t, progress, done, 1)
+
+	// Idle: wait for 6 checks in a row that found nothing.
+	mu.Lock()
+	idle = nil
+	mu.Unlock()
+	for {
+		fr.await(t, 1)
+		mu.Lock()
+		n := len(idle)
+		mu.Unlock()
+		if n >= 6 {
+			break
+		}
+	}
+	mu.Lock()
+	gap := idle[5].Sub(idle[4])
+	mu.Unlock()
+	// The waits were 20, 40, 80, 160 ms... (at least; a slower machine
+	// only makes them longer): the fifth gap is at least 8 intervals.
+	if gap < 8*o.ProgressInterval {
+		t.Errorf("gap between idle checks %v, want at least %v (backing off)", gap, 8*o.ProgressInterval)
+	}
+
+	f.put("src", map[string]any{"_id": "b"})
+	fs.notify <- struct{}{}
+	awaitWritten(t, progress, done, 2)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("stopped: %v", err)
+	}
+}
+
+// TestPokeBringsProgressCheckForward: a batch cut while the progress
+// checks are backed off brings the next one to within one progress
+// interval (so a job's first batch after a quiet while is shown within a
+// second), and does nothing while the checks are at their shortest.
+func TestPokeBringsProgressCheckForward(t *testing.T) {
+	const iv = time.Hour // no firing during the test
+	s := &runState{r: New(Params{}, Options{ProgressInterval: iv, Timers: timerwheel.New()}), tracker: newSeqTracker(nil)}
+	tm := s.startTimers(context.Background(), func(error) {})
+	defer tm.stop()
+	tm.mu.Lock()
+	far := time.Now().Add(idleProgressFactor * iv)
+	tm.progWait, tm.nextProg = idleProgressFactor*iv, far
+	tm.mu.Unlock()
+
+	before := time.Now()
+	s.pokeProgress()
+	tm.mu.Lock()
+	next, wait := tm.nextProg, tm.progWait
+	tm.mu.Unlock()
+	if wait != iv || next.After(time.Now().Add(iv)) || next.Before(before.Add(iv)) {
+		t.Fatalf("after a poke: next check in %v (wait %v), want one interval %v", next.Sub(before), wait, iv)
+	}
+
+	s.pokeProgress() // already at the shortest: unchanged
+	tm.mu.Lock()
+	again := tm.nextProg
+	tm.mu.Unlock()
+	if !again.Equal(next) {
+		t.Fatalf("a second poke moved the check from %v to %v", next, again)
+	}
+}
