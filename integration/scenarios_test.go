@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -731,6 +734,163 @@ func TestScenarioManyLeaves(t *testing.T) {
 				t.Errorf("second run: doc_write_failures %d", h.DocWriteFailures)
 			}
 			check()
+		})
+	}
+}
+
+// recorder is a reverse proxy in front of one PouchDB Server that records
+// every request line ("METHOD /path?query").
+type recorder struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []string
+}
+
+func newRecorder(t *testing.T, target string) *recorder {
+	u, _ := url.Parse(target)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rec := &recorder{}
+	rec.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		line := r.Method + " " + r.URL.EscapedPath()
+		if r.URL.RawQuery != "" {
+			line += "?" + r.URL.RawQuery
+		}
+		rec.mu.Lock()
+		rec.reqs = append(rec.reqs, line)
+		rec.mu.Unlock()
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(rec.Close)
+	return rec
+}
+
+// count returns how many recorded requests match method, have path
+// ending in suffix and, if query is not empty, a query containing it.
+func (rec *recorder) count(method, suffix, query string) int {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	n := 0
+	for _, l := range rec.reqs {
+		m, rest, _ := strings.Cut(l, " ")
+		p, q, _ := strings.Cut(rest, "?")
+		if m == method && strings.HasSuffix(p, suffix) && (query == "" || strings.Contains(q, query)) {
+			n++
+		}
+	}
+	return n
+}
+
+func (rec *recorder) reset() {
+	rec.mu.Lock()
+	rec.reqs = nil
+	rec.mu.Unlock()
+}
+
+func (rec *recorder) String() string {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return strings.Join(rec.reqs, "\n")
+}
+
+// TestScenarioUseCheckpoints is couch_replicator_use_checkpoints_tests:
+// 100 documents replicate either way; with checkpoints the answer has a
+// session_id (and _local checkpoints exist on both sides), without them
+// it is exactly {"ok":true,"use_checkpoints":false} and none is written.
+func TestScenarioUseCheckpoints(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "ckpt-src")
+	var docs []map[string]any
+	for i := 1; i <= 100; i++ {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("doc%d", i), "value": fmt.Sprintf("val%d", i)})
+	}
+	s.PutDocs(t, src, docs...)
+	for _, use := range []bool{true, false} {
+		t.Run(fmt.Sprintf("use_checkpoints=%v", use), func(t *testing.T) {
+			tgt := s.CreateDB(t, fmt.Sprintf("ckpt-tgt-%v", use))
+			_, res := runScenario(t, map[string]any{"source": src, "target": tgt, "use_checkpoints": use})
+			verify(t, s, s, src, tgt, nil)
+			id, _, _ := strings.Cut(res.ID, "+")
+			_, srcStatus, _ := doRaw(http.MethodGet, src+"_local/"+id, nil)
+			_, tgtStatus, _ := doRaw(http.MethodGet, tgt+"_local/"+id, nil)
+			if use {
+				var r scenarioResult
+				_ = json.Unmarshal(res.Body, &r)
+				if r.SessionID == "" || len(r.History) != 1 {
+					t.Errorf("answer %s: want a session_id and one history entry", res.Body)
+				}
+				if srcStatus != http.StatusOK || tgtStatus != http.StatusOK {
+					t.Errorf("_local/%s: source %d, target %d; want 200 on both", id, srcStatus, tgtStatus)
+				}
+				return
+			}
+			if string(res.Body) != `{"ok":true,"use_checkpoints":false}` {
+				t.Errorf("answer %s, want {\"ok\":true,\"use_checkpoints\":false}", res.Body)
+			}
+			if srcStatus != http.StatusNotFound || tgtStatus != http.StatusNotFound {
+				t.Errorf("_local/%s: source %d, target %d; want 404 on both", id, srcStatus, tgtStatus)
+			}
+		})
+	}
+}
+
+// TestScenarioBulkGet is couch_replicator_bulk_get_tests, counted at a
+// proxy in front of the source and the target. As in CouchDB: with
+// use_bulk_get plain documents come through _bulk_get and are written with
+// _bulk_docs (no open_revs GET, no PUT); without it through one open_revs
+// GET each; a document with attachments is then written with one PUT.
+// Where couchrep differs by design: design documents are fetched and
+// written in bulk like any other (CouchDB: one open_revs GET and one PUT
+// each), and documents whose new attachments are small come through
+// _bulk_get with their data and go into the _bulk_docs batch (CouchDB: one
+// GET and one PUT each).
+func TestScenarioBulkGet(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	rec := newRecorder(t, s.URL)
+	const n = 10
+	kinds := map[string]func(i int) map[string]any{
+		"docs":  func(i int) map[string]any { return map[string]any{"_id": fmt.Sprint(i)} },
+		"ddocs": func(i int) map[string]any { return map[string]any{"_id": fmt.Sprintf("_design/%d", i)} },
+		"attachments": func(i int) map[string]any {
+			return testserver.WithAttachment(map[string]any{"_id": fmt.Sprint(i)}, "a", "app/binary", []byte("x"))
+		},
+	}
+	for _, c := range []struct {
+		kind                 string
+		use                  bool
+		bulkGets             bool // at least one _bulk_get (else none)
+		justGets, puts       int
+		couchGets, couchPuts int // CouchDB's, where they differ
+	}{
+		{"docs", true, true, 0, 0, 0, 0},
+		{"docs", false, false, n, 0, n, 0},
+		{"ddocs", true, true, 0, 0, n, n},
+		{"ddocs", false, false, n, 0, n, n},
+		{"attachments", true, true, 0, 0, n, n},
+		{"attachments", false, false, n, n, n, n},
+	} {
+		name := fmt.Sprintf("%s/use_bulk_get=%v", c.kind, c.use)
+		t.Run(name, func(t *testing.T) {
+			src := fmt.Sprintf("bg-%s-%v-src", c.kind, c.use)
+			tgt := fmt.Sprintf("bg-%s-%v-tgt", c.kind, c.use)
+			s.CreateDB(t, src)
+			s.CreateDB(t, tgt)
+			var docs []map[string]any
+			for i := 1; i <= n; i++ {
+				docs = append(docs, kinds[c.kind](i))
+			}
+			s.PutDocs(t, s.DBURL(src), docs...)
+			rec.reset()
+			runScenario(t, map[string]any{"source": rec.URL + "/" + src + "/", "target": rec.URL + "/" + tgt + "/", "use_bulk_get": c.use})
+			verify(t, s, s, s.DBURL(src), s.DBURL(tgt), nil)
+			bulkGets := rec.count(http.MethodPost, "/_bulk_get", "")
+			justGets := rec.count(http.MethodGet, "", "open_revs=")
+			puts := rec.count(http.MethodPut, "", "new_edits=false")
+			if (bulkGets > 0) != c.bulkGets || justGets != c.justGets || puts != c.puts {
+				t.Errorf("%d _bulk_get, %d open_revs GETs, %d PUTs; want _bulk_get %v, %d GETs, %d PUTs (CouchDB: %d GETs, %d PUTs)\n%s",
+					bulkGets, justGets, puts, c.bulkGets, c.justGets, c.puts, c.couchGets, c.couchPuts, rec)
+			}
 		})
 	}
 }
