@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"crypto/md5"
 	crand "crypto/rand"
 	"encoding/json"
@@ -15,6 +16,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -893,4 +897,66 @@ func TestScenarioBulkGet(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestScenarioCreateTarget is couch_replicator_create_target_with_options_tests
+// and replication_test.exs "create_target filter option": the target is
+// created by a PUT that carries create_target_params as its query (PouchDB
+// Server has no shards: the q and n it would get are checked on the
+// request instead of in GET /db's "cluster"); without create_target the
+// replication fails and creates nothing.
+func TestScenarioCreateTarget(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	rec := newRecorder(t, s.URL)
+	src := s.CreateDB(t, "ct-src")
+	s.PutDocs(t, src, makeDocs(1, 2)...)
+	for _, c := range []struct {
+		name   string
+		params map[string]any
+		query  url.Values
+	}{
+		{"should_create_target_with_q_4", map[string]any{"q": "4"}, url.Values{"q": {"4"}}},
+		{"should_create_target_with_q_2_n_1", map[string]any{"q": "2", "n": "1"}, url.Values{"q": {"2"}, "n": {"1"}}},
+		{"should_create_target_with_default", nil, url.Values{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			tgt := strings.ReplaceAll(c.name, "_", "-")
+			rec.reset()
+			rep := map[string]any{"source": src, "target": rec.URL + "/" + tgt + "/", "create_target": true}
+			if c.params != nil {
+				rep["create_target_params"] = c.params
+			}
+			r, _ := runScenario(t, rep)
+			wantHistory(t, r, 1, counts{2, 2, 2, 2, 0})
+			verify(t, s, s, src, s.DBURL(tgt), nil)
+			var put []string
+			for _, l := range strings.Split(rec.String(), "\n") {
+				if strings.HasPrefix(l, "PUT /"+tgt+"/") && !strings.Contains(l, "_local") {
+					put = append(put, l)
+				}
+			}
+			if len(put) != 1 {
+				t.Fatalf("PUTs of the target: %q, want one", put)
+			}
+			_, q, _ := strings.Cut(put[0], "?")
+			got, _ := url.ParseQuery(q)
+			if !reflect.DeepEqual(got, c.query) {
+				t.Errorf("PUT /%s query %v, want %v", tgt, got, c.query)
+			}
+		})
+	}
+	t.Run("should_not_create_target_with_q_any", func(t *testing.T) {
+		tgt := s.DBURL("ct-not-created")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := replicate.New(params(t, map[string]any{"source": src, "target": tgt, "create_target": false,
+			"create_target_params": map[string]any{"q": "1"}}), replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop()}).Run(ctx)
+		if err == nil || !strings.Contains(err.Error(), "db_not_found") {
+			t.Fatalf("replication to a missing target without create_target: %v, want db_not_found", err)
+		}
+		if _, status, _ := doRaw(http.MethodGet, tgt, nil); status != http.StatusNotFound {
+			t.Errorf("GET target: %d, want 404", status)
+		}
+	})
 }
