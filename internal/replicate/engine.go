@@ -434,12 +434,12 @@ type runState struct {
 	reported progressMark // what the last progress report showed
 	// readSeq is the highest seq read from the feed (the last batch cut,
 	// or a page's last_seq): the source's seq as far as the run knows.
-	readSeq couch.Seq
-	// srcPending is the source's own count of the changes after pendingAt
-	// (a _changes answer's "pending"), nil when it gave none;
+	// cutSeq is the seq of the last batch cut.
+	readSeq, cutSeq couch.Seq
+	// srcPending is the source's own count of the changes after what the
+	// run read (a _changes answer's "pending"), nil when it gave none;
 	// pendingAsked is when it was last asked for one (PendingSince).
 	srcPending   *int64
-	pendingAt    couch.Seq
 	pendingAsked time.Time
 	noPending    bool // the source answered PendingSince without "pending"
 	// tm are the run's timers once started (pokeProgress).
@@ -459,13 +459,13 @@ func (s *runState) through() couch.Seq {
 // the start or the highest seq read since, whichever is later, so it is
 // never behind through_seq (CouchDB's tasks show the highest seq done).
 // changes_pending is the source's own count where it gave one (CouchDB's
-// _changes answers carry "pending"), plus the changes read after through_seq
-// that are still in flight; else, for numeric seqs, source_seq minus
+// _changes answers carry "pending"), plus, for numeric seqs, the changes cut
+// into batches and not yet through; else, for numeric seqs, source_seq minus
 // through_seq (PouchDB Server gives no "pending"); else unknown.
 func (s *runState) stats() Stats {
 	st := s.r.ctr.snapshot()
 	s.mu.Lock()
-	through, read, pend, at := s.tracker.through, s.readSeq, s.srcPending, s.pendingAt
+	through, read, pend, cut := s.tracker.through, s.readSeq, s.srcPending, s.cutSeq
 	st.CheckpointedSourceSeq = seqOrZero(s.committed)
 	s.mu.Unlock()
 	st.ThroughSeq = seqOrZero(through)
@@ -479,8 +479,8 @@ func (s *runState) stats() Stats {
 	switch {
 	case pend != nil:
 		n := *pend
-		if a, ok := at.Int(); ok && thOK {
-			n += max(a-th, 0)
+		if c, ok := cut.Int(); ok && thOK {
+			n += max(c-th, 0) // cut, not yet through
 		}
 		st.ChangesPending = &n
 	case thOK:
@@ -527,10 +527,10 @@ func (s *runState) feedRead(end couch.FeedEnd, exhausted bool) {
 	}
 	switch {
 	case end.Pending != nil:
-		s.srcPending, s.pendingAt, s.pendingAsked = end.Pending, end.LastSeq, s.r.now()
+		s.srcPending, s.pendingAsked = end.Pending, s.r.now()
 	case exhausted:
 		zero := int64(0)
-		s.srcPending, s.pendingAt = &zero, end.LastSeq
+		s.srcPending = &zero
 	}
 }
 
@@ -562,7 +562,7 @@ func (s *runState) refreshPending(ctx context.Context) {
 	case n == nil:
 		s.noPending = true
 	default:
-		s.srcPending, s.pendingAt = n, through
+		s.srcPending = n
 	}
 }
 

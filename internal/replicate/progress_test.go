@@ -82,29 +82,35 @@ func TestNoChanges(t *testing.T) {
 
 // TestStatsSeqsAndPending: source_seq is never behind through_seq, and
 // changes_pending is the source's own "pending" where a _changes answer
-// gave one (plus the numeric seqs still in flight), else source_seq minus
-// through_seq for numeric seqs, else unknown.
+// gave one (plus, for numeric seqs, the changes cut into batches and not
+// yet through), else source_seq minus through_seq for numeric seqs, else
+// unknown.
 func TestStatsSeqsAndPending(t *testing.T) {
 	n := func(v int64) *int64 { return &v }
 	cases := []struct {
-		name           string
-		start, through string // source update_seq at the start; through_seq
-		read           couch.FeedEnd
-		exhausted      bool
-		wantSource     string
-		wantPending    *int64
+		name                string
+		start, cut, through string // source update_seq at the start; last batch cut; through_seq
+		read                couch.FeedEnd
+		exhausted           bool
+		wantSource          string
+		wantPending         *int64
 	}{
-		{"numeric estimate", "10", "4", couch.FeedEnd{}, false, "10", n(6)},
-		{"continuous past the start seq", "10", "25", couch.FeedEnd{LastSeq: couch.Seq("25")}, false, "25", n(0)},
-		{"through past everything read", "10", "30", couch.FeedEnd{}, false, "30", n(0)},
-		{"source pending, numeric in flight", "10", "4", couch.FeedEnd{LastSeq: couch.Seq("6"), Pending: n(4)}, false, "10", n(6)},
-		{"source pending, opaque", `"10-x"`, `"4-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"6-x"`), Pending: n(4)}, false, `"6-x"`, n(4)},
-		{"opaque without pending", `"10-x"`, `"4-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"6-x"`)}, false, `"6-x"`, nil},
-		{"one-shot feed read to its end", `"10-x"`, `"9-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"10-x"`)}, true, `"10-x"`, n(0)},
+		{"numeric estimate", "10", "", "4", couch.FeedEnd{}, false, "10", n(6)},
+		{"continuous past the start seq", "10", "25", "25", couch.FeedEnd{LastSeq: couch.Seq("25")}, false, "25", n(0)},
+		{"through past everything read", "10", "", "30", couch.FeedEnd{}, false, "30", n(0)},
+		{"source pending, numeric in flight", "10", "6", "4", couch.FeedEnd{LastSeq: couch.Seq("6"), Pending: n(4)}, false, "10", n(6)},
+		{"source pending, opaque", `"10-x"`, `"6-x"`, `"4-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"6-x"`), Pending: n(4)}, false, `"6-x"`, n(4)},
+		{"opaque without pending", `"10-x"`, `"6-x"`, `"4-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"6-x"`)}, false, `"6-x"`, nil},
+		{"one-shot feed read to its end", `"10-x"`, `"9-x"`, `"9-x"`, couch.FeedEnd{LastSeq: couch.Seq(`"10-x"`)}, true, `"10-x"`, n(0)},
+		{"filtered one-shot done, numeric", "10", "7", "7", couch.FeedEnd{LastSeq: couch.Seq("10")}, true, "10", n(0)},
+		{"filtered one-shot finishing, numeric", "10", "7", "5", couch.FeedEnd{LastSeq: couch.Seq("10")}, true, "10", n(2)},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			s := &runState{r: New(Params{}, Options{}), sourceSeq: couch.Seq(c.start), tracker: newSeqTracker(nil)}
+			if c.cut != "" {
+				s.cutSeq, s.readSeq = couch.Seq(c.cut), couch.Seq(c.cut)
+			}
 			if c.read.LastSeq != nil || c.read.Pending != nil || c.exhausted {
 				s.feedRead(c.read, c.exhausted)
 			}

@@ -331,7 +331,7 @@ func (b *batcher) cut() batch {
 	s.mu.Lock()
 	n := s.tracker.start(seq)
 	if seq != nil {
-		s.readSeq = seq
+		s.cutSeq, s.readSeq = seq, laterSeq(s.readSeq, seq)
 	}
 	s.mu.Unlock()
 	s.pokeProgress()
