@@ -72,8 +72,8 @@ func TestLiveProgress(t *testing.T) {
 		}
 		return nil
 	}
-	// The job's first report (written to the store too) shows the first
-	// document; the next store write is 5 minutes away.
+	// Once the first document shows, the store has had at most the job's
+	// first report; its next write is 5 minutes away.
 	waitUntil(t, "the first report", time.Minute, func() bool {
 		tk := task()
 		return tk != nil && tk["docs_written"] == 1.0
