@@ -1,0 +1,208 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// CouchDB's replicator scenarios that need a replicator server: the HTTP
+// API of a real couchrepd (POST /_replicate, _active_tasks,
+// _scheduler/jobs) and its job server. See scenarios_test.go.
+
+// rejectEvenVDU is couch_replicator_retain_stats_between_job_runs' vdu().
+const rejectEvenVDU = `function(newDoc, oldDoc, userCtx) {
+  if (newDoc.nope === true) { throw({forbidden: 'nope'}); } else { return; }
+}`
+
+// populateRejectEven writes docs start..end, the even ones with
+// {"nope":true} (populate_db_reject_even_docs).
+func populateRejectEven(t *testing.T, s *testserver.Server, db string, start, end int) {
+	t.Helper()
+	var docs []map[string]any
+	for i := start; i <= end; i++ {
+		d := map[string]any{"_id": fmt.Sprint(i)}
+		if i%2 == 0 {
+			d["nope"] = true
+		}
+		docs = append(docs, d)
+	}
+	s.PutDocs(t, db, docs...)
+}
+
+// jobStats are the counters CouchDB's retained-stats test reads from a
+// task of _active_tasks and from a job's info in _scheduler/jobs.
+type jobStats struct {
+	DocsRead         *int64 `json:"docs_read"`
+	DocsWritten      *int64 `json:"docs_written"`
+	DocWriteFailures *int64 `json:"doc_write_failures"`
+	BulkGetDocs      *int64 `json:"bulk_get_docs"`
+	BulkGetAttempts  *int64 `json:"bulk_get_attempts"`
+}
+
+func (s jobStats) is(read, written, failed int64) bool {
+	eq := func(p *int64, v int64) bool { return p != nil && *p == v }
+	return eq(s.DocsRead, read) && eq(s.BulkGetDocs, read) && eq(s.BulkGetAttempts, read) &&
+		eq(s.DocsWritten, written) && eq(s.DocWriteFailures, failed)
+}
+
+func (s jobStats) String() string {
+	v := func(p *int64) string {
+		if p == nil {
+			return "absent"
+		}
+		return fmt.Sprint(*p)
+	}
+	return fmt.Sprintf("docs_read %s, bulk_get_docs %s, bulk_get_attempts %s, docs_written %s, doc_write_failures %s",
+		v(s.DocsRead), v(s.BulkGetDocs), v(s.BulkGetAttempts), v(s.DocsWritten), v(s.DocWriteFailures))
+}
+
+// waitJobStats waits until the job's task in _active_tasks and its info in
+// _scheduler/jobs both show the counters (check_active_tasks/3 and
+// check_scheduler_jobs/3); the info must also have every key CouchDB's
+// test lists.
+func waitJobStats(t *testing.T, addr, id string, read, written, failed int64) {
+	t.Helper()
+	var task, info jobStats
+	var infoRaw map[string]json.RawMessage
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var tasks []struct {
+			jobStats
+			ReplicationID string `json:"replication_id"`
+		}
+		task = jobStats{}
+		if r := api(t, addr, "GET", "/_active_tasks", ""); r.status == http.StatusOK {
+			_ = json.Unmarshal(r.body, &tasks)
+			for _, x := range tasks {
+				if x.ReplicationID == id {
+					task = x.jobStats
+				}
+			}
+		}
+		var job struct {
+			Info json.RawMessage `json:"info"`
+		}
+		info, infoRaw = jobStats{}, nil
+		if r := api(t, addr, "GET", "/_scheduler/jobs/"+id, ""); r.status == http.StatusOK {
+			_ = json.Unmarshal(r.body, &job)
+			_ = json.Unmarshal(job.Info, &info)
+			_ = json.Unmarshal(job.Info, &infoRaw)
+		}
+		if task.is(read, written, failed) && info.is(read, written, failed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s after 1 min: _active_tasks %v; _scheduler/jobs info %v; want docs_read = bulk_get_docs = bulk_get_attempts = %d, docs_written %d, doc_write_failures %d",
+				id, task, info, read, written, failed)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, k := range []string{"changes_pending", "doc_write_failures", "docs_read", "bulk_get_docs", "bulk_get_attempts",
+		"docs_written", "missing_revisions_found", "checkpointed_source_seq", "source_seq", "revisions_checked"} {
+		if _, ok := infoRaw[k]; !ok {
+			t.Errorf("_scheduler/jobs info has no %q: %v", k, infoRaw)
+		}
+	}
+}
+
+// replicateContinuous posts a continuous replication and returns its id.
+func replicateContinuous(t *testing.T, addr, src, tgt string) string {
+	t.Helper()
+	r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true}`, src, tgt))
+	id, _ := r.obj(t)["_local_id"].(string)
+	if r.status != http.StatusAccepted || id == "" {
+		t.Fatalf("POST /_replicate continuous: %d %s", r.status, r.body)
+	}
+	return id
+}
+
+// TestScenarioNode runs the scenarios of a replicator server against one
+// couchrepd process and one PouchDB Server: replication_test.exs "source
+// database not found with host" and "replication cancellation", and
+// couch_replicator_retain_stats_between_job_runs.
+func TestScenarioNode(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	dir := t.TempDir()
+	n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, jobsConfig)})
+	addr := n.httpAddr("")
+
+	t.Run("source database not found with host", func(t *testing.T) {
+		r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q}`, s.DBURL("nf-src"), s.DBURL("nf-tgt")))
+		if m := r.obj(t); m["error"] != "db_not_found" {
+			t.Errorf("POST /_replicate with a missing source: %d %s, want error db_not_found", r.status, r.body)
+		}
+	})
+
+	t.Run("replication cancellation", func(t *testing.T) {
+		src := s.CreateDB(t, "cancel-src")
+		s.PutDocs(t, src, makeDocs(1, 6)...)
+		r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,"create_target":true}`, src, s.DBURL("cancel-tgt")))
+		id, _ := r.obj(t)["_local_id"].(string)
+		if r.obj(t)["ok"] != true || id == "" {
+			t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
+		}
+		task := func() bool {
+			var tasks []map[string]any
+			_ = json.Unmarshal(api(t, addr, "GET", "/_active_tasks", "").body, &tasks)
+			for _, x := range tasks {
+				if x["replication_id"] == id {
+					return true
+				}
+			}
+			return false
+		}
+		waitUntil(t, "the task in _active_tasks", time.Minute, task)
+		cancel := fmt.Sprintf(`{"replication_id":%q,"cancel":true}`, id)
+		if r := api(t, addr, "POST", "/_replicate", cancel); r.status != http.StatusOK {
+			t.Fatalf("cancel: %d %s", r.status, r.body)
+		}
+		waitUntil(t, "the task gone from _active_tasks", time.Minute, func() bool { return !task() })
+		if r := api(t, addr, "POST", "/_replicate", cancel); r.status != http.StatusNotFound {
+			t.Errorf("second cancel: %d %s, want 404", r.status, r.body)
+		}
+	})
+
+	t.Run("t_stats_retained_by_scheduler", func(t *testing.T) {
+		src := s.CreateDB(t, "retain1-src")
+		tgt := s.CreateDB(t, "retain1-tgt")
+		putDoc(t, s, tgt, map[string]any{"_id": "_design/vdu", "language": "javascript", "validate_doc_update": rejectEvenVDU})
+		populateRejectEven(t, s, src, 1, 10)
+		id := replicateContinuous(t, addr, src, tgt)
+		waitDocCount(t, s, tgt, 6) // 5 + the vdu
+		waitJobStats(t, addr, id, 10, 5, 5)
+		// Stopped and started again (CouchDB: max_jobs 0, then 500).
+		ctlOK(t, n, "job", "stop", id)
+		waitCtlJob(t, n, id, statusRunning)
+		waitJobStats(t, addr, id, 10, 5, 5)
+		if r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"replication_id":%q,"cancel":true}`, id)); r.status != http.StatusOK {
+			t.Fatalf("cancel: %d %s", r.status, r.body)
+		}
+	})
+
+	t.Run("t_stats_retained_on_job_removal", func(t *testing.T) {
+		src := s.CreateDB(t, "retain2-src")
+		tgt := s.CreateDB(t, "retain2-tgt")
+		putDoc(t, s, tgt, map[string]any{"_id": "_design/vdu", "language": "javascript", "validate_doc_update": rejectEvenVDU})
+		for i, want := range []int{6, 11, 16} {
+			populateRejectEven(t, s, src, 10*i+1, 10*i+10)
+			id := replicateContinuous(t, addr, src, tgt)
+			waitDocCount(t, s, tgt, want)
+			k := int64(10 * (i + 1))
+			waitJobStats(t, addr, id, k, k/2, k/2)
+			// Removed; the next run of the same replication starts from
+			// its checkpoint and its counters.
+			if r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"replication_id":%q,"cancel":true}`, id)); r.status != http.StatusOK {
+				t.Fatalf("cancel: %d %s", r.status, r.body)
+			}
+			waitUntil(t, "the job gone", time.Minute, func() bool {
+				return api(t, addr, "GET", "/_scheduler/jobs/"+id, "").status == http.StatusNotFound
+			})
+		}
+	})
+}
