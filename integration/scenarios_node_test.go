@@ -206,3 +206,42 @@ func TestScenarioNode(t *testing.T) {
 		}
 	})
 }
+
+// TestScenarioNodeConfig runs the [replicator] settings cases CouchDB's
+// modules test that pass against couchrepd:
+// couch_replicator_id_too_long_tests should_succeed (an id as long as
+// max_document_id_length replicates) and couch_replicator_bulk_get_tests
+// job_enable_overrides_global_disable (use_bulk_get true on the job with
+// [replicator] use_bulk_get = false: _bulk_get is used). Their other
+// halves (should_fail, global_disable_works) fail: couchrepd never applies
+// max_document_id_length nor the per-job defaults of [replicator] (see
+// integration/README.md, "CouchDB's replicator scenarios").
+func TestScenarioNodeConfig(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	rec := newRecorder(t, s.URL)
+	src := s.CreateDB(t, "cfg-src")
+	putDoc(t, s, src, map[string]any{"_id": "12345"})
+	for i, c := range []struct {
+		name, config, extra string
+		bulkGet             bool
+	}{
+		{"id_too_long/should_succeed", "max_document_id_length = 5\n", "", true},
+		{"bulk_get/job_enable_overrides_global_disable", "use_bulk_get = false\n", `,"use_bulk_get":true`, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, jobsConfig+c.config)})
+			tgt := fmt.Sprintf("cfg%d-tgt", i)
+			rec.reset()
+			r := api(t, n.httpAddr(""), "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true%s}`, rec.URL+"/cfg-src/", rec.URL+"/"+tgt+"/", c.extra))
+			if r.status != http.StatusOK || r.obj(t)["ok"] != true {
+				t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
+			}
+			verify(t, s, s, src, s.DBURL(tgt), nil)
+			if got := rec.count(http.MethodPost, "/_bulk_get", "") > 0; got != c.bulkGet {
+				t.Errorf("_bulk_get used: %v, want %v\n%s", got, c.bulkGet, rec)
+			}
+		})
+	}
+}
