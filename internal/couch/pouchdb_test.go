@@ -216,9 +216,24 @@ func TestPouchDBReplicateByHand(t *testing.T) {
 			reqs = append(reqs, couch.BulkGetRequest{ID: id, Rev: rev})
 		}
 	}
+	// With stubs only (what the replicator asks first), the attachment's
+	// stub says how long it is.
+	err = src.BulkGet(ctx, reqs, func(d couch.Doc) error {
+		if d.ID != "with-att" {
+			return nil
+		}
+		stubs, err := d.Stubs()
+		if err != nil || len(stubs) != 1 || stubs[0].Inline || stubs[0].Length != int64(len("hello, world")) {
+			t.Errorf("with-att stubs %+v, %v; want one stub of %d bytes", stubs, err, len("hello, world"))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("BulkGet: %v", err)
+	}
 	var docs []json.RawMessage
 	fetched := map[string]bool{}
-	err = src.BulkGet(ctx, reqs, func(d couch.Doc) error {
+	err = src.BulkGetWithData(ctx, reqs, func(d couch.Doc) error {
 		fetched[d.ID+" "+d.Rev] = true
 		if d.ID == "with-att" && (!d.HasAttachments || !strings.Contains(string(d.Body), base64.StdEncoding.EncodeToString([]byte("hello, world")))) {
 			t.Errorf("with-att body lacks inline data: %s", d.Body)
