@@ -7,6 +7,7 @@ import (
 	crand "crypto/rand"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -959,4 +960,124 @@ func TestScenarioCreateTarget(t *testing.T) {
 			t.Errorf("GET target: %d, want 404", status)
 		}
 	})
+}
+
+// TestScenarioRevsDiff is couch_replicator_revs_diff_tests (100 documents,
+// one worker, batches of 5), counted at a proxy: when the target has them
+// all, every batch asks _revs_diff; when the target is empty, _revs_diff
+// is skipped for at least half of the batches.
+func TestScenarioRevsDiff(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	rec := newRecorder(t, s.URL)
+	const docCount, batch = 100, 5
+	var docs []map[string]any
+	for i := 1; i <= docCount; i++ {
+		docs = append(docs, testserver.Doc(fmt.Sprint(i), []string{"1-a"}, nil))
+	}
+	src := s.CreateDB(t, "rd-src")
+	s.PutRevs(t, src, docs...)
+	for _, c := range []struct {
+		name    string
+		present bool
+	}{{"use_revs_diff_when_most_docs_are_present", true}, {"skip_revs_diff_when_most_docs_are_missing", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			tgt := "rd-" + fmt.Sprint(c.present)
+			s.CreateDB(t, tgt)
+			if c.present {
+				s.PutRevs(t, s.DBURL(tgt), docs...)
+			}
+			rec.reset()
+			runScenario(t, map[string]any{"source": rec.URL + "/rd-src/", "target": rec.URL + "/" + tgt + "/",
+				"worker_processes": 1, "worker_batch_size": batch})
+			verify(t, s, s, src, s.DBURL(tgt), nil)
+			calls := rec.count(http.MethodPost, "/_revs_diff", "")
+			if c.present && calls < docCount/batch || !c.present && calls > docCount/batch/2 {
+				t.Errorf("%d _revs_diff requests for %d batches", calls, docCount/batch)
+			}
+		})
+	}
+}
+
+// tooLargeProxy forwards to a PouchDB Server but answers 413, as CouchDB
+// with [chttpd] max_http_request_size = limit does, to any request to the
+// target database whose body is larger than limit. The body is read
+// whole first, so PouchDB Server never sees a cut upload.
+func tooLargeProxy(t *testing.T, target, tgtDB string, limit int) *httptest.Server {
+	u, _ := url.Parse(target)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/"+tgtDB+"/") && r.Body != nil {
+			var b bytes.Buffer
+			_, _ = b.ReadFrom(r.Body)
+			if b.Len() > limit {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusRequestEntityTooLarge)
+				_, _ = w.Write([]byte(`{"error":"too_large","reason":"the request entity is too large"}`))
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(b.Bytes()))
+			r.ContentLength = int64(b.Len())
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestScenarioSmallMaxRequestSize is
+// couch_replicator_small_max_request_size_target: a target refusing
+// requests over 10,000 bytes (413). Five 3,000-byte documents are split
+// into _bulk_docs batches that fit; a 12,000-byte document is skipped and
+// counted; so is a document with a 70,000-byte attachment.
+func TestScenarioSmallMaxRequestSize(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	doc := func(id string, size, attSize int) map[string]any {
+		d := map[string]any{"_id": id, "x": strings.Repeat("x", size)}
+		if attSize > 0 {
+			testserver.WithAttachment(d, "att1", "app/binary", bytes.Repeat([]byte("x"), attSize))
+		}
+		return d
+	}
+	five := func() []map[string]any {
+		var docs []map[string]any
+		for i := 1; i <= 5; i++ {
+			docs = append(docs, doc(fmt.Sprintf("doc%d", i), 3000, 0))
+		}
+		return docs
+	}
+	for _, c := range []struct {
+		name    string
+		docs    []map[string]any
+		skipped []string
+	}{
+		{"should_replicate_all_docs", five(), nil},
+		{"should_replicate_one", []map[string]any{doc("doc0", 12000, 0), doc("doc1", 3000, 0)}, []string{"doc0"}},
+		{"should_replicate_one_with_attachment", append([]map[string]any{doc("doc0", 70000, 70000)}, five()...), []string{"doc0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			name := strings.ReplaceAll(c.name, "_", "-")
+			src := s.CreateDB(t, name+"-src")
+			tgt := name + "-tgt"
+			s.CreateDB(t, tgt)
+			for _, d := range c.docs {
+				putDoc(t, s, src, d)
+			}
+			p := tooLargeProxy(t, s.URL, tgt, 10000)
+			r, _ := runScenario(t, map[string]any{"source": src, "target": p.URL + "/" + tgt + "/", "worker_processes": 1})
+			n, k := int64(len(c.docs)), int64(len(c.skipped))
+			wantHistory(t, r, 1, counts{n, n, n, n - k, k})
+			var want []string
+			for _, d := range c.docs {
+				if id := d["_id"].(string); !strings.Contains(strings.Join(c.skipped, ","), id) {
+					want = append(want, id)
+				}
+			}
+			if got := docIDs(t, s, s.DBURL(tgt)); !equalIDs(got, sortedIDs(want...)) {
+				t.Errorf("target has %v, want %v", got, want)
+			}
+			verify(t, s, s, src, s.DBURL(tgt), want)
+		})
+	}
 }
