@@ -9,16 +9,18 @@ export PATH   := $(BIN):$(PATH)
 BUF_VERSION           := v1.70.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 CONNECT_GO_VERSION    := v1.21.1
+NFPM_VERSION          := v2.45.2
 
 BUF                  := $(BIN)/.stamp-buf-$(BUF_VERSION)
 PROTOC_GEN_GO        := $(BIN)/.stamp-protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_CONNECT   := $(BIN)/.stamp-protoc-gen-connect-go-$(CONNECT_GO_VERSION)
+NFPM                 := $(BIN)/.stamp-nfpm-$(NFPM_VERSION)
 NODE_MODULES         := integration/node_modules/.couchrep-stamp
 
 DATA       ?= $(CURDIR)/.data
 GOTESTFLAGS ?=
 
-.PHONY: help run build test test-short bench chaos fuzz proto proto-check lint tools testdeps clean
+.PHONY: help run build release install uninstall deb test test-short bench chaos fuzz proto proto-check lint tools testdeps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -72,7 +74,7 @@ proto-check: tools ## fail if `make proto` would change a committed file
 	  diff -r $$tmp/messages messages >/dev/null || \
 	  { echo "messages/ is stale: run 'make proto' and commit"; diff -r $$tmp/messages messages | head -20; exit 1; }
 
-tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_CONNECT) ## install pinned Go tools into ./bin
+tools: $(BUF) $(PROTOC_GEN_GO) $(PROTOC_GEN_CONNECT) $(NFPM) ## install pinned Go tools into ./bin
 
 $(BUF):
 	GOBIN=$(BIN) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
@@ -83,8 +85,11 @@ $(PROTOC_GEN_GO):
 $(PROTOC_GEN_CONNECT):
 	GOBIN=$(BIN) $(GO) install connectrpc.com/connect/cmd/protoc-gen-connect-go@$(CONNECT_GO_VERSION)
 	@mkdir -p $(@D) && touch $@
+$(NFPM):
+	GOBIN=$(BIN) $(GO) install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
+	@mkdir -p $(@D) && touch $@
 
-testdeps: $(NODE_MODULES) chromium curl postgresql nginx tinyproxy microsocks ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
+testdeps: $(NODE_MODULES) $(NFPM) chromium curl postgresql nginx tinyproxy microsocks systemd-analyze ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
 
 # Debian packages, installed only when their binary is missing (other jobs may
 # hold the dpkg lock meanwhile: wait for it). apt-get update only if the
@@ -119,9 +124,81 @@ tinyproxy: ## Debian's tinyproxy (HTTP forward proxy of the real-endpoint tests)
 microsocks: ## Debian's microsocks (SOCKS5 server of the real-endpoint tests)
 	@command -v microsocks >/dev/null 2>&1 || { $(call APT_INSTALL,microsocks); }
 
+.PHONY: systemd-analyze
+systemd-analyze: ## Debian's systemd, for systemd-analyze verify of the installed unit (integration/install_test.go); nothing is started
+	@PATH="$$PATH:/usr/bin:/bin" command -v systemd-analyze >/dev/null 2>&1 || { $(call APT_INSTALL,systemd); }
+
 $(NODE_MODULES): integration/package.json integration/package-lock.json
 	cd integration && npm ci --no-audit --no-fund --loglevel=error
 	@mkdir -p $(@D) && touch $@
 
+# --- install and package ---------------------------------------------------
+# `make release` builds the binaries that `make install` and `make deb` ship:
+# with the VCS revision (couchrepd --version; -buildvcs=true over the
+# machine's GOFLAGS), without local paths (-trimpath), static (CGO_ENABLED=0;
+# a FoundationDB build is `go build -tags fdb`, see internal/kv/fdb). They are
+# rebuilt only when a Go file changed, so that `make release && sudo make
+# install` does not build as root.
+PREFIX       ?= /usr/local
+DESTDIR      ?=
+BINDIR       ?= $(PREFIX)/bin
+SYSCONFDIR   ?= /etc
+UNITDIR      ?= $(PREFIX)/lib/systemd/system
+BASHCOMPDIR  ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR   ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR  ?= $(PREFIX)/share/fish/vendor_completions.d
+RELEASE_BIN  ?= $(CURDIR)/build/bin
+RELEASE_ENV  ?= CGO_ENABLED=0
+RELEASE_FLAGS ?= -buildvcs=true -trimpath
+GO_SOURCES   := $(wildcard $(shell git ls-files -co --exclude-standard -- '*.go' go.mod go.sum 2>/dev/null))
+
+release: $(RELEASE_BIN)/couchrepd $(RELEASE_BIN)/couchrepctl ## build the binaries install and deb ship into ./build/bin (-buildvcs=true -trimpath)
+
+$(RELEASE_BIN)/couchrepd $(RELEASE_BIN)/couchrepctl &: $(GO_SOURCES)
+	@mkdir -p $(RELEASE_BIN)
+	$(RELEASE_ENV) $(GO) build $(RELEASE_FLAGS) -o $(RELEASE_BIN)/ ./cmd/couchrepd ./cmd/couchrepctl
+
+install: release ## install the binaries, systemd unit, /etc/couchrep/couchrep.ini (kept if present) and shell completion (PREFIX=/usr/local, DESTDIR, SYSCONFDIR=/etc)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/couchrep \
+	  $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	install -m 0755 $(RELEASE_BIN)/couchrepd $(RELEASE_BIN)/couchrepctl $(DESTDIR)$(BINDIR)/
+	sed -e '/^ExecStart=/ s|/usr/local/bin/|$(BINDIR)/|; /^ExecStart=/ s|/etc/couchrep/|$(SYSCONFDIR)/couchrep/|' \
+	  deploy/systemd/couchrepd.service > $(DESTDIR)$(UNITDIR)/.couchrepd.service.tmp
+	chmod 0644 $(DESTDIR)$(UNITDIR)/.couchrepd.service.tmp
+	mv -f $(DESTDIR)$(UNITDIR)/.couchrepd.service.tmp $(DESTDIR)$(UNITDIR)/couchrepd.service
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/couchrep/couchrep.ini ]; then \
+	  echo "kept $(DESTDIR)$(SYSCONFDIR)/couchrep/couchrep.ini (this version's is couchrep.ini in the repository)"; \
+	else \
+	  echo "install -m 0644 couchrep.ini $(DESTDIR)$(SYSCONFDIR)/couchrep/couchrep.ini"; \
+	  install -m 0644 couchrep.ini $(DESTDIR)$(SYSCONFDIR)/couchrep/couchrep.ini; \
+	fi
+	$(RELEASE_BIN)/couchrepctl completion bash > $(DESTDIR)$(BASHCOMPDIR)/couchrepctl
+	$(RELEASE_BIN)/couchrepctl completion zsh > $(DESTDIR)$(ZSHCOMPDIR)/_couchrepctl
+	$(RELEASE_BIN)/couchrepctl completion fish > $(DESTDIR)$(FISHCOMPDIR)/couchrepctl.fish
+	chmod 0644 $(DESTDIR)$(BASHCOMPDIR)/couchrepctl $(DESTDIR)$(ZSHCOMPDIR)/_couchrepctl $(DESTDIR)$(FISHCOMPDIR)/couchrepctl.fish
+
+uninstall: ## remove what install installed, except the config (same PREFIX, DESTDIR, SYSCONFDIR)
+	rm -f $(DESTDIR)$(BINDIR)/couchrepd $(DESTDIR)$(BINDIR)/couchrepctl $(DESTDIR)$(UNITDIR)/couchrepd.service \
+	  $(DESTDIR)$(BASHCOMPDIR)/couchrepctl $(DESTDIR)$(ZSHCOMPDIR)/_couchrepctl $(DESTDIR)$(FISHCOMPDIR)/couchrepctl.fish
+
+# The Debian package holds exactly what `make install PREFIX=/usr` lays out
+# in DEB_ROOT (zsh completion where Debian's zsh looks), packed by nfpm
+# (deploy/nfpm.yaml; maintainer scripts in deploy/debian/). Its version is
+# the git tag (v1.2.3 -> 1.2.3, +N.g<hash> after it) or 0.0.0~git<commit
+# time>.<hash> before the first tag.
+DEB_ROOT     ?= $(CURDIR)/build/deb/root
+DEB_ARCH     ?= $(shell $(GO) env GOARCH)
+DEB_VERSION  ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | sed 's/-\([0-9]*\)-g/+\1.g/' || \
+                  echo "0.0.0~git$$(git log -1 --format=%cd --date=format:%Y%m%d%H%M%S).$$(git rev-parse --short=12 HEAD)")
+DEB_FILE     ?= $(CURDIR)/build/couchrep_$(DEB_VERSION)_$(DEB_ARCH).deb
+DEB_MAINTAINER ?= couchrep maintainers <maintainers@couchrep.invalid>
+
+deb: $(NFPM) release ## build the Debian package (nfpm) into ./build: binaries, unit, conffile, completion; a couchrep user and /var/lib/couchrep; starts nothing
+	rm -rf $(DEB_ROOT)
+	$(MAKE) --no-print-directory install DESTDIR=$(DEB_ROOT) PREFIX=/usr SYSCONFDIR=/etc ZSHCOMPDIR=/usr/share/zsh/vendor-completions
+	@mkdir -p $(dir $(DEB_FILE))
+	DEB_ROOT=$(DEB_ROOT) DEB_VERSION=$(DEB_VERSION) DEB_ARCH=$(DEB_ARCH) DEB_MAINTAINER='$(DEB_MAINTAINER)' \
+	  nfpm package --config deploy/nfpm.yaml --packager deb --target $(DEB_FILE)
+
 clean: ## remove build outputs and the local data directory
-	rm -rf $(BIN) $(DATA)
+	rm -rf $(BIN) $(DATA) $(CURDIR)/build
