@@ -10,11 +10,13 @@ BUF_VERSION           := v1.70.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 CONNECT_GO_VERSION    := v1.21.1
 NFPM_VERSION          := v2.45.2
+TOXIPROXY_VERSION     := v2.12.0
 
 BUF                  := $(BIN)/.stamp-buf-$(BUF_VERSION)
 PROTOC_GEN_GO        := $(BIN)/.stamp-protoc-gen-go-$(PROTOC_GEN_GO_VERSION)
 PROTOC_GEN_CONNECT   := $(BIN)/.stamp-protoc-gen-connect-go-$(CONNECT_GO_VERSION)
 NFPM                 := $(BIN)/.stamp-nfpm-$(NFPM_VERSION)
+TOXIPROXY            := $(BIN)/.stamp-toxiproxy-$(TOXIPROXY_VERSION)
 NODE_MODULES         := integration/node_modules/.couchrep-stamp
 
 DATA       ?= $(CURDIR)/.data
@@ -89,7 +91,15 @@ $(NFPM):
 	GOBIN=$(BIN) $(GO) install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
 	@mkdir -p $(@D) && touch $@
 
-testdeps: $(NODE_MODULES) $(NFPM) chromium curl postgresql nginx tinyproxy microsocks systemd-analyze ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
+# toxiproxy's server (the WAN of integration/wan_*_test.go, started by
+# internal/testserver.StartToxiproxy): its main package is cmd/server, so it
+# is installed into a scratch GOBIN and renamed ./bin/toxiproxy-server.
+$(TOXIPROXY):
+	@tmp=$$(mktemp -d) && GOBIN=$$tmp $(GO) install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && \
+	  mkdir -p $(BIN) && mv $$tmp/server $(BIN)/toxiproxy-server && rm -rf $$tmp
+	@mkdir -p $(@D) && touch $@
+
+testdeps: $(NODE_MODULES) $(NFPM) $(TOXIPROXY) chromium curl postgresql nginx tinyproxy microsocks systemd-analyze ## install the pinned test servers (PouchDB Server) from npm and the Debian packages the tests drive
 
 # Debian packages, installed only when their binary is missing (other jobs may
 # hold the dpkg lock meanwhile: wait for it). apt-get update only if the
