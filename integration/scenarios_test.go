@@ -1088,10 +1088,10 @@ func TestScenarioSmallMaxRequestSize(t *testing.T) {
 // request body is read whole first). It counts the requests it refused.
 type failProxy struct {
 	*httptest.Server
-	mu                                   sync.Mutex
+	mu                                 sync.Mutex
 	method, suffix, query, body, ctype string
-	status                               int
-	refused                              int
+	status                             int
+	refused                            int
 }
 
 func newFailProxy(t *testing.T, target string) *failProxy {
