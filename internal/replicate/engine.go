@@ -1,6 +1,7 @@
 package replicate
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -307,40 +308,43 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 		return nil, err
 	}
 	p := r.p
-	if p.CreateTarget {
-		params := url.Values{}
-		if p.CreateTargetParams != nil {
-			var m map[string]any
-			_ = json.Unmarshal(p.CreateTargetParams, &m)
-			for k, v := range m {
-				params.Set(k, queryValue(v))
-			}
+	// Start-up costs round trips, not requests (issue 25): what needs only
+	// the endpoints goes out at once (the source's info, the target's
+	// creation then info, the filter's code), then both checkpoints.
+	var (
+		srcInfo, tgtInfo couch.DBInfo
+		srcErr, tgtErr   error
+		code             string
+		codeErr          error
+		wg               sync.WaitGroup
+	)
+	wg.Go(func() { srcInfo, srcErr = r.src.Info(ctx) })
+	wg.Go(func() {
+		if tgtErr = r.createTarget(ctx); tgtErr == nil {
+			tgtInfo, tgtErr = r.tgt.Info(ctx)
 		}
-		if err := r.tgt.Create(ctx, params); err != nil && !errors.Is(err, couch.ErrExists) {
-			if errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) {
-				return nil, openError("target", r.tgt, err)
-			}
-			r.log.Warn().Err(err).Msg("replication: create_target failed; opening the target anyway")
-		}
+	})
+	needCode := p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet
+	if needCode {
+		wg.Go(func() { code, codeErr = FetchFilterCode(ctx, r.src, p.Filter) })
 	}
-	srcInfo, err := r.src.Info(ctx)
-	if err != nil {
-		return nil, openError("source", r.src, err)
+	wg.Wait()
+	if srcErr != nil {
+		return nil, openError("source", r.src, srcErr)
 	}
-	tgtInfo, err := r.tgt.Info(ctx)
-	if err != nil {
-		return nil, openError("target", r.tgt, err)
+	if tgtErr != nil {
+		return nil, openError("target", r.tgt, tgtErr)
 	}
 	if tgtInfo.DocCount == 0 && tgtInfo.DocDelCount == 0 {
 		r.fetch.emptyTarget(r.now())
 	}
-	if p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet {
-		code, err := FetchFilterCode(ctx, r.src, p.Filter)
-		if err != nil {
-			return nil, err
+	if needCode {
+		if codeErr != nil {
+			return nil, codeErr
 		}
 		p = p.WithFilterCode(code)
 	}
+	var err error
 	if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
 		return nil, err
 	}
@@ -348,12 +352,12 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 	r.log = log
 	localID := "_local/" + r.base
 
-	srcLog, err := r.readCheckpoint(ctx, r.src, localID)
-	if err != nil {
-		return nil, err
-	}
-	tgtLog, err := r.readCheckpoint(ctx, r.tgt, localID)
-	if err != nil {
+	var srcLog, tgtLog storedCheckpoint
+	var srcLogErr, tgtLogErr error
+	wg.Go(func() { srcLog, srcLogErr = r.readCheckpoint(ctx, r.src, localID) })
+	wg.Go(func() { tgtLog, tgtLogErr = r.readCheckpoint(ctx, r.tgt, localID) })
+	wg.Wait()
+	if err := cmp.Or(srcLogErr, tgtLogErr); err != nil {
 		return nil, err
 	}
 	startSeq, history, startFrom := compareCheckpointsFrom(srcLog.Checkpoint, tgtLog.Checkpoint)
@@ -379,6 +383,31 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 		sourceSeq: srcInfo.UpdateSeq, localID: localID, tracker: newSeqTracker(startSeq),
 	}
 	return st, nil
+}
+
+// createTarget creates the target database when create_target asks for
+// it. It fails only when the target refuses the credentials; any other
+// failure is logged and the target opened anyway.
+func (r *Replication) createTarget(ctx context.Context) error {
+	p := r.p
+	if !p.CreateTarget {
+		return nil
+	}
+	params := url.Values{}
+	if p.CreateTargetParams != nil {
+		var m map[string]any
+		_ = json.Unmarshal(p.CreateTargetParams, &m)
+		for k, v := range m {
+			params.Set(k, queryValue(v))
+		}
+	}
+	if err := r.tgt.Create(ctx, params); err != nil && !errors.Is(err, couch.ErrExists) {
+		if errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) {
+			return err
+		}
+		r.log.Warn().Err(err).Msg("replication: create_target failed; opening the target anyway")
+	}
+	return nil
 }
 
 func queryValue(v any) string {
@@ -937,43 +966,54 @@ func (s *runState) checkpoint(ctx context.Context) (err error) {
 	if !r.p.UseCheckpoints || seqOrZero(through).Equal(seqOrZero(s.committed)) {
 		return nil
 	}
-	type res struct {
-		ist string
-		err error
-	}
-	srcCh := make(chan res, 1)
-	go func() {
-		ist, err := r.src.EnsureFullCommit(ctx)
-		srcCh <- res{ist, err}
-	}()
-	tgtIST, terr := r.tgt.EnsureFullCommit(ctx)
-	sr := <-srcCh
-	if terr != nil {
-		return fmt.Errorf("%w: failure on target commit: %w", ErrCheckpointFailed, terr)
-	}
-	if sr.err != nil {
-		return fmt.Errorf("%w: failure on source commit: %w", ErrCheckpointFailed, sr.err)
-	}
-	same := func(now, start string) bool {
-		return now == start || now == "0" || start == "0" || now == "" || start == ""
-	}
-	switch srcOK, tgtOK := same(sr.ist, s.srcStart), same(tgtIST, s.tgtStart); {
-	case !srcOK && !tgtOK:
-		return fmt.Errorf("%w: instance_start_time on source and target database has changed since last checkpoint", ErrCheckpointFailed)
-	case !srcOK:
-		return fmt.Errorf("%w: instance_start_time on source database has changed since last checkpoint", ErrCheckpointFailed)
-	case !tgtOK:
-		return fmt.Errorf("%w: instance_start_time on target database has changed since last checkpoint", ErrCheckpointFailed)
-	}
 	c := newCheckpoint(s.session, s.startSeq, through, s.startTime, r.now(), r.ctr.snapshot(), s.history, r.p.DocIDs != nil)
 	body, err := json.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrCheckpointFailed, err)
 	}
-	if s.srcRev, err = s.putCheckpoint(ctx, r.src, s.srcRev, body, "source"); err != nil {
+	// _ensure_full_commit on both sides, then the checkpoint on both sides,
+	// each pair at once. Endpoints whose instance_start_time is "0"
+	// (CouchDB 2 and later, PouchDB Server) cannot fail the start-time
+	// check and commit every write anyway: the four requests go together,
+	// one round trip.
+	var srcIST, tgtIST string
+	var srcErr, tgtErr error
+	var wg sync.WaitGroup
+	commit := func() {
+		wg.Go(func() { srcIST, srcErr = r.src.EnsureFullCommit(ctx) })
+		wg.Go(func() { tgtIST, tgtErr = r.tgt.EnsureFullCommit(ctx) })
+	}
+	var srcPutErr, tgtPutErr error
+	put := func() {
+		// Each side's rev is its own goroutine's: a side written keeps its
+		// new rev whatever the other side did.
+		wg.Go(func() {
+			var rev string
+			if rev, srcPutErr = s.putCheckpoint(ctx, r.src, s.srcRev, body, "source"); srcPutErr == nil {
+				s.srcRev = rev
+			}
+		})
+		wg.Go(func() {
+			var rev string
+			if rev, tgtPutErr = s.putCheckpoint(ctx, r.tgt, s.tgtRev, body, "target"); tgtPutErr == nil {
+				s.tgtRev = rev
+			}
+		})
+	}
+	together := zeroStart(s.srcStart) && zeroStart(s.tgtStart)
+	commit()
+	if together {
+		put()
+	}
+	wg.Wait()
+	if err := s.checkCommit(srcIST, tgtIST, srcErr, tgtErr); err != nil {
 		return err
 	}
-	if s.tgtRev, err = s.putCheckpoint(ctx, r.tgt, s.tgtRev, body, "target"); err != nil {
+	if !together {
+		put()
+		wg.Wait()
+	}
+	if err := cmp.Or(srcPutErr, tgtPutErr); err != nil {
 		return err
 	}
 	s.mu.Lock() // moved and mark read it under mu
@@ -983,6 +1023,32 @@ func (s *runState) checkpoint(ctx context.Context) (err error) {
 	r.log.Debug().Str("seq", through.String()).Msg("replication: checkpoint recorded")
 	r.event(EventCheckpointRecorded)
 	s.progress()
+	return nil
+}
+
+// zeroStart reports an instance_start_time that says nothing: "0"
+// (CouchDB 2 and later) or none.
+func zeroStart(ist string) bool { return ist == "0" || ist == "" }
+
+// checkCommit checks the _ensure_full_commit answers: both succeeded and
+// neither database restarted since the run began (its
+// instance_start_time changed), as CouchDB's replicator checks.
+func (s *runState) checkCommit(srcIST, tgtIST string, srcErr, tgtErr error) error {
+	if tgtErr != nil {
+		return fmt.Errorf("%w: failure on target commit: %w", ErrCheckpointFailed, tgtErr)
+	}
+	if srcErr != nil {
+		return fmt.Errorf("%w: failure on source commit: %w", ErrCheckpointFailed, srcErr)
+	}
+	same := func(now, start string) bool { return now == start || zeroStart(now) || zeroStart(start) }
+	switch srcOK, tgtOK := same(srcIST, s.srcStart), same(tgtIST, s.tgtStart); {
+	case !srcOK && !tgtOK:
+		return fmt.Errorf("%w: instance_start_time on source and target database has changed since last checkpoint", ErrCheckpointFailed)
+	case !srcOK:
+		return fmt.Errorf("%w: instance_start_time on source database has changed since last checkpoint", ErrCheckpointFailed)
+	case !tgtOK:
+		return fmt.Errorf("%w: instance_start_time on target database has changed since last checkpoint", ErrCheckpointFailed)
+	}
 	return nil
 }
 
