@@ -82,7 +82,16 @@ func TestToxiproxy(t *testing.T) {
 			if b := get(t, l); !bytes.Equal(b, direct) {
 				t.Fatalf("through the link: %d bytes, direct %d", len(b), len(direct))
 			}
+			// toxiproxy counts a chunk after passing it on (its metrics
+			// lag the bytes the client read): wait for the whole answer.
 			st := l.Stats(t)
+			for deadline := time.Now().Add(10 * time.Second); st.SentDown < int64(len(direct)) || st.SentUp == 0; {
+				if time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+				st = l.Stats(t)
+			}
 			if st.ReceivedDown < int64(len(direct)) || st.SentDown != st.ReceivedDown || st.ReceivedUp == 0 || st.SentUp != st.ReceivedUp {
 				t.Fatalf("toxiproxy's byte counts %+v, want the %d-byte answer downstream and the request upstream", st, len(direct))
 			}
