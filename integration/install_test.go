@@ -500,9 +500,10 @@ var debFiles = shipped("/usr", "/etc", "/usr/share/zsh/vendor-completions")
 // with the installed config and a data directory of the test's: /_up
 // answers, the installed couchrepctl reaches it, SIGTERM stops it. dpkg -r
 // removes the files but the config and data; dpkg --purge those too. The
-// whole cycle runs twice (the user exists the second time) with a
-// reinstall over the installed package, and a couchrep package left by an
-// earlier interrupted run is purged first.
+// whole cycle runs twice (the user exists the second time, as purge keeps
+// it) with a reinstall over the installed package. A couchrep package and
+// user found on the machine (an earlier interrupted run) are removed first,
+// and again at the end.
 func TestInstallDeb(t *testing.T) {
 	skipShort(t)
 	if os.Geteuid() != 0 {
@@ -514,15 +515,22 @@ func TestInstallDeb(t *testing.T) {
 	deb := filepath.Join(tmp, "couchrep.deb")
 	runIn(t, repo, "make", "--no-print-directory", "deb", "DEB_FILE="+deb, "DEB_ROOT="+filepath.Join(tmp, "root"), "RELEASE_BIN="+filepath.Join(tmp, "bin"))
 
-	if st := debStatus(); st != "" && !strings.HasPrefix(st, "unknown ") && st != "deinstall ok not-installed" {
-		t.Logf("couchrep package present before the test (%s): purging it", st)
-		dpkg(t, "--purge", "couchrep")
-	}
-	t.Cleanup(func() {
-		if st := debStatus(); st != "" && st != "deinstall ok not-installed" && !strings.HasPrefix(st, "unknown ") {
+	// A clean slate, so that round 1 sees postinst create the user; and
+	// none left behind.
+	clean := func() {
+		if st := debStatus(); st != "" && !strings.HasPrefix(st, "unknown ") && st != "deinstall ok not-installed" {
+			t.Logf("couchrep package present (%s): purging it", st)
 			dpkg(t, "--purge", "couchrep")
 		}
-	})
+		if _, err := user.Lookup("couchrep"); err == nil {
+			runIn(t, "/", "userdel", "couchrep")
+		}
+		if _, err := user.LookupGroup("couchrep"); err == nil {
+			runIn(t, "/", "groupdel", "couchrep")
+		}
+	}
+	clean()
+	t.Cleanup(clean)
 
 	for round := 1; round <= 2; round++ {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
