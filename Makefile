@@ -22,7 +22,7 @@ NODE_MODULES         := integration/node_modules/.couchrep-stamp
 DATA       ?= $(CURDIR)/.data
 GOTESTFLAGS ?=
 
-.PHONY: help run build release install uninstall deb test test-short bench chaos fuzz proto proto-check lint tools testdeps clean
+.PHONY: help run build release install uninstall deb test test-couchdb test-short bench chaos fuzz proto proto-check lint tools testdeps clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,6 +39,17 @@ test: proto-check lint testdeps build ## everything CI runs: generated code, lin
 
 test-short: ## the fast unit tests only (go test -short)
 	$(GO) test -short -count=1 ./...
+
+# The integration tests that matter for compatibility, against a CouchDB you
+# run (issue 23): its URL with a server admin's credentials; the tests make
+# databases named couchrep-test-<random>-* and delete them. Turn its own
+# replicator off first ([replicator] max_jobs = 0) or it races couchrep.
+COUCH_URL     ?=
+COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress)$$
+COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
+test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 (not part of make test)
+	@[ -n "$(COUCH_URL)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/"; exit 2; }
+	COUCHREP_TEST_COUCH_URL='$(COUCH_URL)' $(GO) test -count=1 -timeout 30m -run '$(COUCHDB_TESTS)' -skip '$(COUCHDB_SKIP)' ./integration/ ./internal/couch/
 
 CHAOS_DURATION ?= 10m
 CHAOS_SEED     ?=

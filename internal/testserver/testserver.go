@@ -15,7 +15,9 @@ package testserver
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -48,6 +50,12 @@ type Server struct {
 	client  *http.Client
 	// admin credentials the helpers send once AddAdmin made an account.
 	adminUser, adminPass string
+	// external is set for a server the tests did not start
+	// (COUCHREP_TEST_COUCH_URL): its databases' names carry prefix, and
+	// the ones named through DBURL are deleted when the test ends.
+	external bool
+	prefix   string
+	named    map[string]bool
 }
 
 // AddAdmin creates a server admin (PUT /_config/admins/<user>), so that
@@ -57,7 +65,11 @@ type Server struct {
 func (s *Server) AddAdmin(t testing.TB, user, pass string) {
 	t.Helper()
 	b, _ := json.Marshal(pass)
-	s.Do(t, http.MethodPut, s.URL+"_config/admins/"+url.PathEscape(user), b, http.StatusOK)
+	config := "_config/"
+	if s.external {
+		config = "_node/_local/_config/" // CouchDB 2 and later
+	}
+	s.Do(t, http.MethodPut, s.URL+config+"admins/"+url.PathEscape(user), b, http.StatusOK)
 	s.mu.Lock()
 	s.adminUser, s.adminPass = user, pass
 	s.mu.Unlock()
@@ -92,8 +104,18 @@ func PouchDBServerBin() (string, error) {
 // requests), the test fails with the tail of its log.
 //
 // Without integration/node_modules the test fails: run `make testdeps`.
+//
+// With COUCHREP_TEST_COUCH_URL set (`make test-couchdb COUCH_URL=…`), it
+// starts nothing and returns that server instead, an Apache CouchDB whose
+// URL carries a server admin's credentials: the tests' databases are named
+// with a prefix of their own and deleted when the test ends. Such a server
+// cannot be stopped or crash-checked: the tests that do either are not
+// among those `make test-couchdb` runs.
 func StartPouchDB(t testing.TB) *Server {
 	t.Helper()
+	if u := os.Getenv(ExternalURLEnv); u != "" {
+		return external(t, u)
+	}
 	bin, err := PouchDBServerBin()
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +182,57 @@ func start(t testing.TB, bin string) (*Server, error) {
 	return s, nil
 }
 
+// ExternalURLEnv names the variable that points the tests at a server
+// they do not start (StartPouchDB).
+const ExternalURLEnv = "COUCHREP_TEST_COUCH_URL"
+
+// external is the server at rawURL, for one test.
+func external(t testing.TB, rawURL string) *Server {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		t.Fatalf("testserver: %s=%q is not an http(s):// server URL", ExternalURLEnv, redactURL(rawURL))
+	}
+	u.Path, u.RawPath, u.RawQuery = "/", "", ""
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	s := &Server{
+		URL: u.String(), external: true, exited: make(chan struct{}),
+		prefix: "couchrep-test-" + hex.EncodeToString(rnd[:]) + "-", named: map[string]bool{},
+		client: &http.Client{Timeout: 60 * time.Second},
+	}
+	if u.User != nil {
+		s.adminUser = u.User.Username()
+		s.adminPass, _ = u.User.Password()
+	}
+	if err := s.awaitReady(); err != nil {
+		t.Fatalf("testserver: %s: %v", redactURL(rawURL), err)
+	}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		names := make([]string, 0, len(s.named))
+		for name := range s.named {
+			names = append(names, name)
+		}
+		s.mu.Unlock()
+		for _, name := range names {
+			_, _, _ = s.do(http.MethodDelete, s.DBURL(name), nil)
+		}
+	})
+	return s
+}
+
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable)"
+	}
+	return u.Redacted()
+}
+
+// External reports whether the server is one the tests did not start
+// (COUCHREP_TEST_COUCH_URL).
+func (s *Server) External() bool { return s.external }
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
 // a server that takes its port on the command line.
 func FreePort() (int, error) {
@@ -174,6 +247,13 @@ func FreePort() (int, error) {
 // awaitReady polls GET / until the server answers, it exits, or the
 // deadline passes.
 func (s *Server) awaitReady() error {
+	if s.external {
+		b, status, err := s.do(http.MethodGet, s.URL, nil)
+		if err != nil || status != http.StatusOK {
+			return fmt.Errorf("GET /: %d %.200s %v", status, b, err)
+		}
+		return nil
+	}
 	deadline := time.Now().Add(startTimeout)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
@@ -204,7 +284,7 @@ func (s *Server) awaitReady() error {
 func (s *Server) Crashed() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.stopped {
+	if s.stopped || s.external {
 		return false
 	}
 	select {
@@ -228,6 +308,9 @@ func (s *Server) Stop() {
 }
 
 func (s *Server) kill() {
+	if s.external {
+		return
+	}
 	if s.cmd.Process != nil {
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	}
@@ -236,6 +319,9 @@ func (s *Server) kill() {
 
 // LogTail returns up to n bytes from the end of the server's output.
 func (s *Server) LogTail(n int) string {
+	if s.external {
+		return "(a server the tests did not start: no log)"
+	}
 	b, err := os.ReadFile(s.logPath)
 	if err != nil {
 		return err.Error()
@@ -246,8 +332,15 @@ func (s *Server) LogTail(n int) string {
 	return string(b)
 }
 
-// DBURL returns the URL of database name (escaped, trailing slash).
+// DBURL returns the URL of database name (escaped, trailing slash). On an
+// external server a name not starting with "_" gets the test's prefix.
 func (s *Server) DBURL(name string) string {
+	if s.external && !strings.HasPrefix(name, "_") {
+		s.mu.Lock()
+		s.named[name] = true
+		s.mu.Unlock()
+		name = s.prefix + name
+	}
 	return s.URL + url.PathEscape(name) + "/"
 }
 
@@ -256,6 +349,13 @@ func (s *Server) DBURL(name string) string {
 func (s *Server) CreateDB(t testing.TB, name string) string {
 	t.Helper()
 	u := s.DBURL(name)
+	if s.external {
+		// A CouchDB cluster answers 202 when not every copy was written yet.
+		if b, status, err := s.do(http.MethodPut, u, nil); err != nil || (status != http.StatusCreated && status != http.StatusAccepted) {
+			t.Fatalf("testserver: PUT %s: %d %s %v", redactURL(u), status, b, err)
+		}
+		return u
+	}
 	s.Do(t, http.MethodPut, u, nil, http.StatusCreated)
 	return u
 }
@@ -266,10 +366,10 @@ func (s *Server) Do(t testing.TB, method, u string, body any, want int) []byte {
 	t.Helper()
 	b, status, err := s.do(method, u, body)
 	if err != nil {
-		t.Fatalf("testserver: %s %s: %v", method, u, err)
+		t.Fatalf("testserver: %s %s: %v", method, redactURL(u), err)
 	}
 	if status != want {
-		t.Fatalf("testserver: %s %s: status %d, want %d: %s", method, u, status, want, b)
+		t.Fatalf("testserver: %s %s: status %d, want %d: %s", method, redactURL(u), status, want, b)
 	}
 	return b
 }
@@ -399,16 +499,16 @@ func (s *Server) PutAttachment(t testing.TB, dbURL, id, rev, name, contentType s
 	req.Header.Set("Accept", "application/json")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		t.Fatalf("testserver: PUT %s: %v", u, err)
+		t.Fatalf("testserver: PUT %s: %v", redactURL(u), err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusCreated {
-		t.Fatalf("testserver: PUT %s: status %d: %s", u, resp.StatusCode, b)
+		t.Fatalf("testserver: PUT %s: status %d: %s", redactURL(u), resp.StatusCode, b)
 	}
 	var r struct{ Rev string }
 	if err := json.Unmarshal(b, &r); err != nil {
-		t.Fatalf("testserver: PUT %s: %s: %v", u, b, err)
+		t.Fatalf("testserver: PUT %s: %s: %v", redactURL(u), b, err)
 	}
 	return r.Rev
 }
@@ -419,6 +519,6 @@ func (s *Server) GetJSON(t testing.TB, u string, v any) {
 	t.Helper()
 	b := s.Do(t, http.MethodGet, u, nil, http.StatusOK)
 	if err := json.Unmarshal(b, v); err != nil {
-		t.Fatalf("testserver: GET %s: %s: %v", u, b, err)
+		t.Fatalf("testserver: GET %s: %s: %v", redactURL(u), b, err)
 	}
 }

@@ -2,6 +2,7 @@ package testserver
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -57,5 +58,40 @@ func TestStartPouchDB(t *testing.T) {
 	}
 	if s.Crashed() {
 		t.Fatal("a stopped server counts as crashed")
+	}
+}
+
+// TestExternalServer: with COUCHREP_TEST_COUCH_URL set, StartPouchDB starts
+// nothing and hands out that server, the test's databases named with a
+// prefix of their own and deleted when the test ends (`make test-couchdb`).
+// A PouchDB Server stands in for the user's CouchDB here.
+func TestExternalServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts pouchdb-server")
+	}
+	real := StartPouchDB(t)
+	t.Setenv(ExternalURLEnv, real.URL)
+	var created string
+	t.Run("a test on the external server", func(t *testing.T) {
+		s := StartPouchDB(t)
+		if !s.External() || s.URL != real.URL {
+			t.Fatalf("StartPouchDB gave %s (external %v), want the external %s", s.URL, s.External(), real.URL)
+		}
+		db := s.CreateDB(t, "harness")
+		created = strings.TrimSuffix(strings.TrimPrefix(db, real.URL), "/")
+		if !strings.HasPrefix(created, "couchrep-test-") || !strings.HasSuffix(created, "-harness") || db != s.DBURL("harness") {
+			t.Errorf("database %q: want couchrep-test-<random>-harness, the same through DBURL", created)
+		}
+		s.PutDocs(t, db, map[string]any{"_id": "a"})
+		if got := s.DBURL("_replicator"); got != real.URL+"_replicator/" {
+			t.Errorf("DBURL(_replicator) = %s: system databases keep their names", got)
+		}
+		s.Stop()
+		if s.Crashed() {
+			t.Error("an external server counts as crashed")
+		}
+	})
+	if _, status, err := real.do(http.MethodGet, real.DBURL(created), nil); err != nil || status != http.StatusNotFound {
+		t.Errorf("GET %s after the test: %d %v, want 404 (deleted)", created, status, err)
 	}
 }
