@@ -147,7 +147,7 @@ microsocks: ## Debian's microsocks (SOCKS5 server of the real-endpoint tests)
 
 .PHONY: systemd-analyze
 systemd-analyze: ## Debian's systemd, for systemd-analyze verify of the installed unit (integration/install_test.go); nothing is started
-	@PATH="$$PATH:/usr/bin:/bin" command -v systemd-analyze >/dev/null 2>&1 || { $(call APT_INSTALL,systemd); }
+	@command -v systemd-analyze >/dev/null 2>&1 || { $(call APT_INSTALL,systemd); }
 
 $(NODE_MODULES): integration/package.json integration/package-lock.json
 	cd integration && npm ci --no-audit --no-fund --loglevel=error
