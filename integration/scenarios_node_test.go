@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -341,4 +344,120 @@ func TestScenarioCompaction(t *testing.T) {
 		t.Fatalf("cancel: %d %s", r.status, r.body)
 	}
 	verify(t, s, s, src, tgt, nil)
+}
+
+// TestScenarioContinuous is replication_test.exs "continuous replication"
+// against couchrepd: documents, attachments on documents and on a design
+// document, new documents and deletions arrive while the job runs, each
+// step waited for on _active_tasks (revisions_checked reaching CouchDB's
+// count and nothing in the source's _changes after through_seq); the
+// cancel by body answers the same _local_id and the job copies nothing
+// more.
+func TestScenarioContinuous(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	dir := t.TempDir()
+	n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, jobsConfig)})
+	addr := n.httpAddr("")
+	src := s.CreateDB(t, "cont-src")
+	tgt := s.CreateDB(t, "cont-tgt")
+	readme := []byte("some text")
+	data := bytes.Repeat([]byte("att1 data\n"), 300)
+	s.PutDocs(t, src, append(makeDocs(1, 25), map[string]any{"_id": "_design/mydesign", "language": "javascript",
+		"filters": map[string]any{"myfilter": "function(doc, req) { return true; }"}})...)
+	rev := func(id string) string {
+		_, d := getDoc(t, src, id, "")
+		return d["_rev"].(string)
+	}
+	for i := 10; i < 15; i++ {
+		s.PutAttachment(t, src, fmt.Sprint(i), rev(fmt.Sprint(i)), "readme.txt", "text/plain", readme)
+	}
+	id := replicateContinuous(t, addr, src, tgt)
+	task := func() map[string]any {
+		var tasks []map[string]any
+		_ = json.Unmarshal(api(t, addr, "GET", "/_active_tasks", "").body, &tasks)
+		for _, x := range tasks {
+			if x["replication_id"] == id {
+				return x
+			}
+		}
+		return nil
+	}
+	waitRepl := func(revsChecked float64) {
+		t.Helper()
+		waitUntil(t, fmt.Sprintf("revisions_checked %v and through_seq at the source's last change", revsChecked), time.Minute, func() bool {
+			x := task()
+			if x == nil {
+				return false
+			}
+			if rc, _ := x["revisions_checked"].(float64); rc < revsChecked {
+				return false
+			}
+			through, _ := json.Marshal(x["through_seq"])
+			var ch struct {
+				Results []any `json:"results"`
+			}
+			s.GetJSON(t, src+"_changes?since="+url.QueryEscape(strings.Trim(string(through), `"`)), &ch)
+			return len(ch.Results) == 0
+		})
+	}
+	checkAtts := func(id string, want map[string][]byte) {
+		t.Helper()
+		_, d := getDoc(t, tgt, id, "")
+		atts, _ := d["_attachments"].(map[string]any)
+		if len(atts) != len(want) {
+			t.Errorf("target %s attachments %v, want %d", id, atts, len(want))
+		}
+		for name, b := range want {
+			got, status, err := doRaw(http.MethodGet, tgt+id+"/"+name, nil)
+			if err != nil || status != http.StatusOK || !bytes.Equal(got, b) {
+				t.Errorf("target %s/%s: %d, %d bytes (want %d), %v", id, name, status, len(got), len(b), err)
+			}
+		}
+	}
+	waitRepl(26)
+	verify(t, s, s, src, tgt, nil)
+	for i := 10; i < 15; i++ {
+		checkAtts(fmt.Sprint(i), map[string][]byte{"readme.txt": readme})
+	}
+
+	for i := 10; i < 15; i++ {
+		s.PutAttachment(t, src, fmt.Sprint(i), rev(fmt.Sprint(i)), "data.dat", "application/binary", data)
+	}
+	s.PutAttachment(t, src, "_design/mydesign", rev("_design/mydesign"), "readme.txt", "text/plain", readme)
+	waitRepl(32)
+	verify(t, s, s, src, tgt, nil)
+	for i := 10; i < 15; i++ {
+		checkAtts(fmt.Sprint(i), map[string][]byte{"readme.txt": readme, "data.dat": data})
+	}
+	checkAtts("_design/mydesign", map[string][]byte{"readme.txt": readme})
+
+	s.PutAttachment(t, src, "_design/mydesign", rev("_design/mydesign"), "data.dat", "application/binary", data)
+	waitRepl(33)
+	checkAtts("_design/mydesign", map[string][]byte{"readme.txt": readme, "data.dat": data})
+
+	s.PutDocs(t, src, makeDocs(26, 35)...)
+	waitRepl(43)
+	verify(t, s, s, src, tgt, nil)
+
+	for _, del := range []string{"26", "32"} {
+		putDoc(t, s, src, map[string]any{"_id": del, "_rev": rev(del), "_deleted": true})
+	}
+	waitRepl(45)
+	for _, del := range []string{"26", "32"} {
+		if status, _ := getDoc(t, tgt, del, ""); status != http.StatusNotFound {
+			t.Errorf("deleted %s on the target: status %d", del, status)
+		}
+	}
+	verify(t, s, s, src, tgt, nil)
+
+	r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,"cancel":true}`, src, tgt))
+	if m := r.obj(t); r.status != http.StatusOK || m["ok"] != true || m["_local_id"] != id {
+		t.Fatalf("cancel by body: %d %s, want ok with _local_id %s", r.status, r.body, id)
+	}
+	waitUntil(t, "the task gone", time.Minute, func() bool { return task() == nil })
+	putDoc(t, s, src, map[string]any{"_id": "foobar", "value": 666})
+	if status, _ := getDoc(t, tgt, "foobar", ""); status != http.StatusNotFound {
+		t.Errorf("foobar on the target after the cancel: status %d", status)
+	}
 }
