@@ -451,13 +451,16 @@ func dpkg(t *testing.T, args ...string) string {
 		if err == nil {
 			return out
 		}
-		if !strings.Contains(out, "lock") || time.Now().After(deadline) {
+		if !dpkgLocked.MatchString(out) || time.Now().After(deadline) {
 			t.Fatalf("dpkg %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 		t.Logf("dpkg %s: locked, trying again in 5 s: %s", strings.Join(args, " "), strings.TrimSpace(out))
 		<-time.After(5 * time.Second)
 	}
 }
+
+// dpkgLocked matches dpkg's refusal while another process holds its lock.
+var dpkgLocked = regexp.MustCompile(`lock was locked by another process|database is locked by another process`)
 
 // debStatus is dpkg's status of the couchrep package ("" when unknown).
 func debStatus() string {
