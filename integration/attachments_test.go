@@ -281,8 +281,8 @@ func TestTargetRequestSizeLimit(t *testing.T) {
 	fits := putLargeAttachment(t, src, "att-fits", 3, testserver.SmallBodyLimit*3/4) // read whole, then PUT
 	putLargeAttachment(t, src, "att-too-big", 4, 2*testserver.SmallBodyLimit)        // streamed, refused
 	putLargeAttachment(t, src, "att-much-too-big", 5, 64*testserver.SmallBodyLimit)  // streamed, refused
-	s.CreateDB(t, "tgt")
-	res, _, _ := replicateOnce(t, src, ngx.SmallBodyURL+"tgt/")
+	tgtPath := strings.TrimPrefix(s.CreateDB(t, "tgt"), s.URL) // "tgt/", prefixed on an external server
+	res, _, _ := replicateOnce(t, src, ngx.SmallBodyURL+tgtPath)
 
 	hist, _ := res["history"].([]any)
 	if len(hist) == 0 {
@@ -308,7 +308,7 @@ func TestTargetRequestSizeLimit(t *testing.T) {
 	if n, digest := attachmentDigest(t, tgt, "att-fits"); n != testserver.SmallBodyLimit*3/4 || digest != fits {
 		t.Errorf("att-fits on the target: %d bytes %s, want %d %s", n, digest, testserver.SmallBodyLimit*3/4, fits)
 	}
-	if !strings.Contains(ngx.Access(), `"PUT /tgt/att-much-too-big?new_edits=false HTTP/1.1" 413`) {
+	if !strings.Contains(ngx.Access(), `"PUT /`+tgtPath+`att-much-too-big?new_edits=false HTTP/1.1" 413`) {
 		t.Errorf("nginx did not refuse att-much-too-big's PUT with 413:\n%s", ngx.Access())
 	}
 }
