@@ -65,8 +65,8 @@ type lifecycleNode struct {
 
 // views returns the state every view shows for each of ids: the store,
 // `couchrepctl jobs`, _scheduler/jobs, _scheduler/docs (by document id:
-// the tests' document ids are unique across servers) and _active_tasks
-// (running or absent), in that order, with the view's name.
+// the tests' document ids are unique across servers), the status page and
+// _active_tasks (running or absent), in that order, with the view's name.
 func (l *lifecycleNode) views(ids map[string]string) (names []string, got []map[string]string) {
 	t := l.t
 	t.Helper()
@@ -142,6 +142,20 @@ func (l *lifecycleNode) views(ids map[string]string) (names []string, got []map[
 	for id, doc := range ids {
 		if doc == "" {
 			sd[id] = store[id] // a transient job has no document
+		}
+	}
+
+	sp := add("status page")
+	var status struct {
+		Jobs []struct {
+			ID    string `json:"id"`
+			State string `json:"state"`
+		} `json:"jobs"`
+	}
+	getJSON(t, l.addr, "/_status/data", &status)
+	for _, j := range status.Jobs {
+		if _, ok := ids[j.ID]; ok {
+			sp[j.ID] = j.State
 		}
 	}
 
@@ -318,8 +332,9 @@ func exists(t *testing.T, u string) bool {
 // TestJobLifecycle drives jobs in every state through every entry point
 // on a real couchrepd watching two PouchDB Servers, on SQLite and on
 // PostgreSQL, and checks that each ends in the state CouchDB would show, in
-// the store, `couchrepctl jobs`, _scheduler/jobs, _scheduler/docs,
-// _active_tasks, the running-jobs metric and the node's job actors, and
+// the store, `couchrepctl jobs`, _scheduler/jobs, _scheduler/docs, the
+// status page, _active_tasks, the running-jobs metric and the node's job
+// actors, and
 // still after a restart of the node:
 //
 //	entry point         job (state)                   resulting state
@@ -339,7 +354,7 @@ func exists(t *testing.T, u string) bool {
 //	server unwatched    running, completed            gone at the next start; deleting the
 //	                                                  document then changes nothing; the
 //	                                                  checkpoint stays on the endpoint
-//	database deleted    running, completed            gone
+//	database deleted    running, completed            gone, across a restart
 func TestJobLifecycle(t *testing.T) {
 	skipShort(t)
 	backends := []struct {
@@ -530,7 +545,14 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 		t.Errorf("a second start forgot servers again: %d lines", n)
 	}
 
-	// Server A's _replicator database deleted: its jobs are removed.
+	// Server A's _replicator database deleted: its jobs are removed. A
+	// new document's job completing first shows that the doc processor
+	// follows the database's feed (PouchDB Server recreates a database
+	// that a request reaches right after its deletion: a follower starting
+	// at that moment would bring it back).
+	aLast := docJob(srvA, urlA, "a-last", repDoc(srcA, srvA.DBURL("t-last"), false))
+	want[aLast] = "completed"
+	l.settle("a last document", want, ids)
 	srvA.Do(t, "DELETE", srvA.DBURL("_replicator"), nil, 200)
 	for id, doc := range ids {
 		if doc != "" {
