@@ -461,3 +461,101 @@ func TestScenarioContinuous(t *testing.T) {
 		t.Errorf("foobar on the target after the cancel: status %d", status)
 	}
 }
+
+// TestScenarioReplicatorDB is couch_replicator_scheduler_docs_tests on the
+// _replicator database of a PouchDB Server watched by couchrepd, with
+// [replicator] update_docs false and true: _scheduler/docs' total_rows
+// matches its docs; _local and design documents can be written and make no
+// job; a completed document gets _replication_state "completed", a new
+// _replication_state_time and _replication_stats whatever state fields it
+// was written with; unknown fields are ignored. CouchDB writes
+// _replication_id only with update_docs; couchrep always does. A malformed document, which CouchDB's
+// before_doc_update refuses with 403, is stored by the server couchrep
+// watches (it cannot refuse writes to a database it does not serve) and
+// shows as failed in _scheduler/docs.
+func TestScenarioReplicatorDB(t *testing.T) {
+	skipShort(t)
+	for _, updateDocs := range []bool{false, true} {
+		t.Run(fmt.Sprintf("update_docs=%v", updateDocs), func(t *testing.T) {
+			s := testserver.StartPouchDB(t)
+			plainReplicatorDB(t, s, true)
+			src := s.CreateDB(t, "src")
+			s.PutDocs(t, src, makeDocs(1, 3)...)
+			dir := t.TempDir()
+			n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, fmt.Sprintf("[couchrep]\nwatch = %s\n%supdate_docs = %v\n",
+				strings.TrimSuffix(s.URL, "/"), jobsConfig, updateDocs))})
+			addr := n.httpAddr("")
+			rdb := s.DBURL("_replicator")
+			docState := func(id string) string {
+				r := api(t, addr, "GET", "/_scheduler/docs/_replicator/"+url.PathEscape(id), "")
+				if r.status != http.StatusOK {
+					return fmt.Sprintf("HTTP %d", r.status)
+				}
+				st, _ := r.obj(t)["state"].(string)
+				return st
+			}
+
+			// t_doc_fields_are_updated
+			s.Do(t, "PUT", rdb+"updated", map[string]any{"source": src, "target": s.DBURL("tgt-updated"), "create_target": true,
+				"_replication_id": "foo3", "_replication_state": "triggered", "_replication_state_time": "foo5", "_replication_state_reason": "foo6"}, http.StatusCreated)
+			// t_doc_fields_are_ignored
+			s.Do(t, "PUT", rdb+"ignored", map[string]any{"source": src, "target": s.DBURL("tgt-ignored"), "create_target": true,
+				"replication_id": "foo1", "id": "foo2", "other_junk": true}, http.StatusCreated)
+			for _, id := range []string{"updated", "ignored"} {
+				var doc map[string]any
+				waitUntil(t, id+" completed", time.Minute, func() bool {
+					doc = nil
+					s.GetJSON(t, rdb+id, &doc)
+					return doc["_replication_state"] == "completed"
+				})
+				if st, ok := doc["_replication_state_time"].(string); !ok || st == "foo5" {
+					t.Errorf("%s: _replication_state_time %v", id, doc["_replication_state_time"])
+				}
+				if _, ok := doc["_replication_stats"].(map[string]any); !ok {
+					t.Errorf("%s: _replication_stats %v", id, doc["_replication_stats"])
+				}
+				if _, ok := doc["_replication_state_reason"]; ok {
+					t.Errorf("%s: _replication_state_reason %v after completing", id, doc["_replication_state_reason"])
+				}
+				// CouchDB writes _replication_id only with update_docs (and
+				// removes the one the document came with); couchrep writes
+				// the job's id in either case (README: fails).
+				if rid, _ := doc["_replication_id"].(string); rid == "" || rid == "foo3" {
+					t.Errorf("%s (update_docs %v): _replication_id %v, want the job's id", id, updateDocs, doc["_replication_id"])
+				}
+				verify(t, s, s, src, s.DBURL("tgt-"+id), nil)
+			}
+
+			// t_local_docs_can_be_written, t_design_docs_can_be_written
+			s.Do(t, "PUT", rdb+"_local/doc1", map[string]any{}, http.StatusCreated)
+			s.Do(t, "PUT", rdb+"_local/doc2", map[string]any{"foo": "bar"}, http.StatusCreated)
+			s.Do(t, "PUT", rdb+"_design/ddoc1", map[string]any{}, http.StatusCreated)
+			s.Do(t, "PUT", rdb+"_design/ddoc2", map[string]any{"foo": "bar"}, http.StatusCreated)
+			// t_malformed_docs_are_rejected (couchrep: failed, see above)
+			s.Do(t, "PUT", rdb+"rep1", map[string]any{}, http.StatusCreated)
+			s.Do(t, "PUT", rdb+"rep2", map[string]any{"foo": "bar"}, http.StatusCreated)
+			for _, id := range []string{"rep1", "rep2"} {
+				waitUntil(t, id+" failed in _scheduler/docs", time.Minute, func() bool { return docState(id) == "failed" })
+			}
+
+			// t_scheduler_docs_total_rows: the rows are the four
+			// replication documents, none of the _local or design ones.
+			var body struct {
+				TotalRows int `json:"total_rows"`
+				Docs      []struct {
+					DocID string `json:"doc_id"`
+				} `json:"docs"`
+			}
+			if err := json.Unmarshal(api(t, addr, "GET", "/_scheduler/docs", "").body, &body); err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, d := range body.Docs {
+				ids = append(ids, d.DocID)
+			}
+			if body.TotalRows != len(body.Docs) || !equalIDs(sortedIDs(ids...), []string{"ignored", "rep1", "rep2", "updated"}) {
+				t.Errorf("_scheduler/docs: total_rows %d, docs %v; want 4 rows: ignored, rep1, rep2, updated", body.TotalRows, ids)
+			}
+		})
+	}
+}
