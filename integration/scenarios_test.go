@@ -1241,3 +1241,41 @@ func TestScenarioErrorReporting(t *testing.T) {
 		})
 	}
 }
+
+// TestScenarioAttachmentWithoutConflict is replication_test.exs
+// "replicating attachment without conflict - COUCHDB-885": a document is
+// replicated, then gets two attachments on the source; the second run
+// writes the new revision without making a conflict, with both
+// attachments' data. (CouchDB also checks that the text/plain attachment
+// is stored gzip'd on the target; PouchDB Server stores no encodings.)
+func TestScenarioAttachmentWithoutConflict(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "c885-src")
+	tgt := s.CreateDB(t, "c885-tgt")
+	rev := putDoc(t, s, src, map[string]any{"_id": "doc1"})
+	rep := map[string]any{"source": src, "target": tgt}
+	r, _ := runScenario(t, rep)
+	wantHistory(t, r, 1, counts{1, 1, 1, 1, 0})
+	putDoc(t, s, src, map[string]any{"_id": "doc1", "_rev": rev, "_attachments": map[string]any{
+		"hello.txt": map[string]any{"content_type": "text/plain", "data": "aGVsbG8gd29ybGQ="},
+		"foo.dat":   map[string]any{"content_type": "not/compressible", "data": "aSBhbSBub3QgZ3ppcGVk"},
+	}})
+	r, _ = runScenario(t, rep)
+	wantHistory(t, r, 2, counts{2, 2, 2, 2, 0})
+	_, d := getDoc(t, tgt, "doc1", "conflicts=true&deleted_conflicts=true&attachments=true&att_encoding_info=true")
+	if d["_conflicts"] != nil || d["_deleted_conflicts"] != nil {
+		t.Errorf("target doc1 has conflicts: %v, %v", d["_conflicts"], d["_deleted_conflicts"])
+	}
+	atts, _ := d["_attachments"].(map[string]any)
+	for name, want := range map[string][2]string{"hello.txt": {"text/plain", "aGVsbG8gd29ybGQ="}, "foo.dat": {"not/compressible", "aSBhbSBub3QgZ3ppcGVk"}} {
+		a, _ := atts[name].(map[string]any)
+		if a == nil || a["content_type"] != want[0] || a["data"] != want[1] {
+			t.Errorf("target doc1 attachment %s: %v, want %s %s", name, a, want[0], want[1])
+		}
+	}
+	if a, _ := atts["foo.dat"].(map[string]any); a != nil && a["encoding"] != nil {
+		t.Errorf("foo.dat has encoding %v", a["encoding"])
+	}
+	verify(t, s, s, src, tgt, nil)
+}
