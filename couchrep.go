@@ -10,6 +10,7 @@ package couchrep
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -39,6 +40,7 @@ import (
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
+	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
@@ -203,7 +205,12 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		n.cfg = cfg
 	}
 	if n.system == nil {
-		n.system = actor.NewActorSystem()
+		// protoactor's own lines (warn and above) go to the node's logger,
+		// in its format: its default handler writes coloured text to
+		// stderr, terminal or not.
+		n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+			return slog.New(clog.SlogHandler(n.log))
+		}))
 		n.ownSystem = true
 	}
 	metrics := httpapi.NewMetrics(nil)

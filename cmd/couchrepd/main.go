@@ -24,12 +24,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep"
+	"github.com/couchrep/couchrep/actors/httpserver"
 	"github.com/couchrep/couchrep/internal/buildinfo"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/httpapi"
@@ -189,7 +191,11 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger, stderr
 		_ = node.Stop(context.Background())
 		return err
 	}
-	logger.Info().Str("admin", adminAddr).Str("node", node.Name()).Msg("couchrepd ready")
+	ready := logger.Info().Str("admin", adminAddr).Str("node", node.Name())
+	if u := statusPageURL(cfg); u != "" {
+		ready = ready.Str("status_page", u)
+	}
+	ready.Msg("couchrepd ready")
 	if err := sdNotify("READY=1\nSTATUS=node " + node.Name() + " running"); err != nil {
 		logger.Warn().Err(err).Msg("sd_notify READY")
 	}
@@ -223,6 +229,32 @@ func serve(ctx context.Context, cfg config.Config, logger zerolog.Logger, stderr
 		runErr = err
 	}
 	return runErr
+}
+
+// statusPageURL is the address of the node's status page, from the address
+// its HTTP API wrote to <data>/http.addr as it started listening ("" on a
+// node without the API). An unspecified host (0.0.0.0, ::) is shown as
+// 127.0.0.1, where a browser on this machine reaches it.
+func statusPageURL(cfg config.Config) string {
+	if !cfg.HasNodeType(config.NodeTypeAPIFrontend) {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.Couchrep.DataDir, httpserver.AddrFile))
+	if err != nil {
+		return ""
+	}
+	host, port, err := net.SplitHostPort(strings.TrimSpace(string(b)))
+	if err != nil {
+		return ""
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	scheme := "http"
+	if cfg.SSL.Enable {
+		scheme = "https"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + "/_status"
 }
 
 // startAdmin serves the admin endpoint. The address it really listens on
