@@ -263,10 +263,11 @@ func (d *DB) do(ctx context.Context, r *request) (*http.Response, error) {
 
 // doRead sends r with retries like do and hands a successful response to
 // read, which consumes and closes it. When request_timeout or
-// connection_timeout ends the read (read's error matches
-// ErrRequestTimeout or ErrStalled and is not a finalError) the request is
-// sent again, within the same retries and error budget, as ibrowse's
-// req_timedout and a closed connection are by couch_replicator_httpc.
+// connection_timeout ends the read, or the connection is lost before the
+// body's end (read's error matches ErrRequestTimeout, ErrStalled or
+// errConnectionLost and is not a finalError) the request is sent again,
+// within the same retries and error budget, as ibrowse's req_timedout and
+// a closed connection are by couch_replicator_httpc.
 func (d *DB) doRead(ctx context.Context, r *request, read func(*http.Response) error) error {
 	_, err := d.exchange(ctx, r, read)
 	return err
@@ -349,9 +350,7 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 				d.opts.Limiter.Success(key)
 			}
 			if code/100 == 2 || (r.okStatus != nil && r.okStatus(code)) {
-				if dl != nil {
-					resp.Body = &guardedBody{rc: resp.Body, ctx: rctx, dl: dl, method: r.method, url: r.redactedURL(d)}
-				}
+				resp.Body = &guardedBody{rc: resp.Body, ctx: rctx, dl: dl, method: r.method, url: r.redactedURL(d)}
 				if read == nil {
 					return resp, nil
 				}
@@ -363,7 +362,8 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 					return nil, nil
 				case errors.As(err, &final):
 					return nil, final.err
-				case !(errors.Is(err, ErrRequestTimeout) || errors.Is(err, ErrStalled)) || ctx.Err() != nil || attempt >= retries || d.overBudget(&firstErr):
+				case !(errors.Is(err, ErrRequestTimeout) || errors.Is(err, ErrStalled) || errors.Is(err, errConnectionLost)) ||
+					ctx.Err() != nil || attempt >= retries || d.overBudget(&firstErr):
 					return nil, err
 				}
 				d.log.Warn().Str("method", r.method).Str("url", r.redactedURL(d)).Err(err).

@@ -190,10 +190,11 @@ func (dl *deadline) err(ctx context.Context, method, url, phase string) error {
 	return nil
 }
 
-// guardedBody is a response body under a deadline: every read that
-// delivers bytes pushes the read deadline back; a read a deadline ended
-// returns an error matching ErrStalled or ErrRequestTimeout; Close
-// releases the deadline.
+// guardedBody is a response body under a deadline (or none: dl nil):
+// every read that delivers bytes pushes the read deadline back; a read a
+// deadline ended returns an error matching ErrStalled or
+// ErrRequestTimeout, another read error of the transport one matching
+// errConnectionLost; Close releases the deadline.
 type guardedBody struct {
 	rc     io.ReadCloser
 	ctx    context.Context
@@ -204,16 +205,33 @@ type guardedBody struct {
 
 func (g *guardedBody) Read(p []byte) (int, error) {
 	n, err := g.rc.Read(p)
-	if n > 0 && g.dl.timer != nil {
+	if n > 0 && g.dl != nil && g.dl.timer != nil {
 		g.dl.timer.Reset(g.dl.after)
 	}
 	if err != nil && err != io.EOF {
 		if derr := g.dl.err(g.ctx, g.method, g.url, "in the response body"); derr != nil {
 			err = derr
+		} else if g.ctx.Err() == nil {
+			err = &lostError{err}
 		}
 	}
 	return n, err
 }
+
+// errConnectionLost matches a response body that ended before its end
+// because the connection did (cut, reset: the transport's read error,
+// e.g. io.ErrUnexpectedEOF short of the Content-Length), not because of
+// what the server sent; a request whose answer is read whole is sent again
+// (retries_per_request), as couch_replicator_httpc retries ibrowse's
+// closed connections.
+var errConnectionLost = errors.New("couch: connection lost in the response body")
+
+// lostError is a body read error of the transport: its text is the
+// transport's, and it matches both that error and errConnectionLost.
+type lostError struct{ err error }
+
+func (e *lostError) Error() string   { return e.err.Error() }
+func (e *lostError) Unwrap() []error { return []error{e.err, errConnectionLost} }
 
 func (g *guardedBody) Close() error {
 	err := g.rc.Close()
