@@ -308,16 +308,33 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 		return nil, err
 	}
 	p := r.p
-	// Start-up costs round trips, not requests (issue 25): what needs only
-	// the endpoints goes out at once (the source's info, the target's
-	// creation then info, the filter's code), then both checkpoints.
+	// Start-up costs round trips, not requests (issue 25): everything goes
+	// out at once — the source's info, the target's creation then info,
+	// and both checkpoints, whose id depends on nothing the endpoints say
+	// — except for a named filter, whose code is part of the replication
+	// id: it is fetched beside the infos, the checkpoints in a second
+	// round.
 	var (
-		srcInfo, tgtInfo couch.DBInfo
-		srcErr, tgtErr   error
-		code             string
-		codeErr          error
-		wg               sync.WaitGroup
+		srcInfo, tgtInfo     couch.DBInfo
+		srcErr, tgtErr       error
+		code                 string
+		codeErr              error
+		srcLog, tgtLog       storedCheckpoint
+		srcLogErr, tgtLogErr error
+		localID              string
+		wg                   sync.WaitGroup
 	)
+	readCheckpoints := func() error {
+		var err error
+		if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
+			return err
+		}
+		r.log = clog.With(r.log, "replication_id", r.base+r.ext)
+		localID = "_local/" + r.base
+		wg.Go(func() { srcLog, srcLogErr = r.readCheckpoint(ctx, r.src, localID) })
+		wg.Go(func() { tgtLog, tgtLogErr = r.readCheckpoint(ctx, r.tgt, localID) })
+		return nil
+	}
 	wg.Go(func() { srcInfo, srcErr = r.src.Info(ctx) })
 	wg.Go(func() {
 		if tgtErr = r.createTarget(ctx); tgtErr == nil {
@@ -325,8 +342,11 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 		}
 	})
 	needCode := p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet
+	var idErr error
 	if needCode {
 		wg.Go(func() { code, codeErr = FetchFilterCode(ctx, r.src, p.Filter) })
+	} else {
+		idErr = readCheckpoints()
 	}
 	wg.Wait()
 	if srcErr != nil {
@@ -343,23 +363,13 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 			return nil, codeErr
 		}
 		p = p.WithFilterCode(code)
+		idErr = readCheckpoints()
+		wg.Wait()
 	}
-	var err error
-	if r.base, r.ext, err = ID(p, r.o.ServerUUID); err != nil {
+	if err := cmp.Or(idErr, srcLogErr, tgtLogErr); err != nil {
 		return nil, err
 	}
-	log := clog.With(r.log, "replication_id", r.base+r.ext)
-	r.log = log
-	localID := "_local/" + r.base
-
-	var srcLog, tgtLog storedCheckpoint
-	var srcLogErr, tgtLogErr error
-	wg.Go(func() { srcLog, srcLogErr = r.readCheckpoint(ctx, r.src, localID) })
-	wg.Go(func() { tgtLog, tgtLogErr = r.readCheckpoint(ctx, r.tgt, localID) })
-	wg.Wait()
-	if err := cmp.Or(srcLogErr, tgtLogErr); err != nil {
-		return nil, err
-	}
+	log := r.log
 	startSeq, history, startFrom := compareCheckpointsFrom(srcLog.Checkpoint, tgtLog.Checkpoint)
 	if startSeq.IsZero() {
 		startSeq, startFrom = nil, StartZero
