@@ -1279,3 +1279,104 @@ func TestScenarioAttachmentWithoutConflict(t *testing.T) {
 	}
 	verify(t, s, s, src, tgt, nil)
 }
+
+// TestScenarioMissingStubs is couch_replicator_missing_stubs_tests
+// (COUCHDB-1365): a document with a 6,000-byte attachment is replicated,
+// then updated 6 times on the source; the target, whose revs_limit of 3
+// has stemmed the history the attachment's revpos points into, answers
+// the PUT with the attachment as a stub 412 missing_stub, and the
+// replicator sends the document again with its attachment. PouchDB Server
+// has neither _revs_limit nor possible_ancestors in _revs_diff (so every
+// attachment would be sent anyway): a proxy adds the target's leaf as
+// possible_ancestors, as CouchDB answers, and answers the first PUT of
+// the document with CouchDB's 412.
+func TestScenarioMissingStubs(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "stubs-src")
+	s.CreateDB(t, "stubs-tgt")
+	tgt := s.DBURL("stubs-tgt")
+	u, _ := url.Parse(s.URL)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	var mu sync.Mutex
+	var puts, refused int
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodPost && r.URL.Path == "/stubs-tgt/_revs_diff":
+			body, status, err := doRaw(http.MethodPost, tgt+"_revs_diff", mustRead(r.Body))
+			var diff map[string]map[string]any
+			if err != nil || status != http.StatusOK || json.Unmarshal(body, &diff) != nil {
+				http.Error(w, "revs_diff", http.StatusBadGateway)
+				return
+			}
+			for id, d := range diff {
+				var leafs []map[string]any
+				if b, st, _ := doRaw(http.MethodGet, tgt+url.PathEscape(id)+"?open_revs=all", nil); st == http.StatusOK && json.Unmarshal(b, &leafs) == nil {
+					var pa []string
+					for _, l := range leafs {
+						if ok, _ := l["ok"].(map[string]any); ok != nil {
+							pa = append(pa, ok["_rev"].(string))
+						}
+					}
+					if len(pa) > 0 {
+						d["possible_ancestors"] = pa
+					}
+				}
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(diff)
+			return
+		case r.Method == http.MethodPut && r.URL.Path == "/stubs-tgt/doc1":
+			mu.Lock()
+			puts++
+			first := puts == 1
+			if first {
+				refused++
+			}
+			mu.Unlock()
+			if first {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusPreconditionFailed)
+				_, _ = w.Write([]byte(`{"error":"missing_stub","reason":"Invalid attachment stub in doc1 for doc1_att1"}`))
+				return
+			}
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+
+	att := make([]byte, 6000)
+	_, _ = crand.Read(att)
+	rev := putDoc(t, s, src, testserver.WithAttachment(map[string]any{"_id": "doc1"}, "doc1_att1", "application/foobar", att))
+	rep := map[string]any{"source": src, "target": proxy.URL + "/stubs-tgt/"}
+	runScenario(t, rep)
+	verify(t, s, s, src, tgt, nil)
+	mu.Lock()
+	puts = 0
+	mu.Unlock()
+	for i := 0; i < 6; i++ {
+		_, d := getDoc(t, src, "doc1", "")
+		d["value"] = fmt.Sprint(i)
+		rev = putDoc(t, s, src, d)
+	}
+	r, _ := runScenario(t, rep)
+	mu.Lock()
+	if puts != 2 || refused != 1 {
+		t.Errorf("%d PUTs of doc1 (%d refused with 412), want 2: one with the stub, one with the attachment", puts, refused)
+	}
+	mu.Unlock()
+	wantHistory(t, r, 2, counts{2, 2, 2, 2, 0})
+	verify(t, s, s, src, tgt, nil)
+	if b, status, err := doRaw(http.MethodGet, tgt+"doc1/doc1_att1", nil); err != nil || status != http.StatusOK || !bytes.Equal(b, att) {
+		t.Errorf("target doc1/doc1_att1: %d, %d bytes, %v", status, len(b), err)
+	}
+	if _, d := getDoc(t, tgt, "doc1", ""); d["_rev"] != rev {
+		t.Errorf("target doc1 at %v, want %s", d["_rev"], rev)
+	}
+}
+
+func mustRead(r io.Reader) []byte {
+	b, _ := io.ReadAll(r)
+	return b
+}
