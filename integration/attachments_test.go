@@ -281,7 +281,8 @@ func TestTargetRequestSizeLimit(t *testing.T) {
 	fits := putLargeAttachment(t, src, "att-fits", 3, testserver.SmallBodyLimit*3/4) // read whole, then PUT
 	putLargeAttachment(t, src, "att-too-big", 4, 2*testserver.SmallBodyLimit)        // streamed, refused
 	putLargeAttachment(t, src, "att-much-too-big", 5, 64*testserver.SmallBodyLimit)  // streamed, refused
-	tgtPath := strings.TrimPrefix(s.CreateDB(t, "tgt"), s.URL) // "tgt/", prefixed on an external server
+	// "tgt/", prefixed on an external server (make test-couchdb).
+	tgtPath := strings.TrimPrefix(s.CreateDB(t, "tgt"), s.URL)
 	res, _, _ := replicateOnce(t, src, ngx.SmallBodyURL+tgtPath)
 
 	hist, _ := res["history"].([]any)
