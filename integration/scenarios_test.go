@@ -5,9 +5,12 @@ import (
 	"context"
 	"crypto/md5"
 	crand "crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
+	"mime"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -1379,4 +1382,98 @@ func TestScenarioMissingStubs(t *testing.T) {
 func mustRead(r io.Reader) []byte {
 	b, _ := io.ReadAll(r)
 	return b
+}
+
+// TestScenarioAttachmentsTooLarge is couch_replicator_attachments_too_large:
+// a document with a 1,000-byte attachment replicates to a target whose
+// [couchdb] max_attachment_size is 1,000 and is skipped (counted) by one
+// whose limit is 999. PouchDB Server has no such limit: a proxy answers
+// as CouchDB does, 413 to a _bulk_docs or PUT carrying a larger
+// attachment (the document goes in a _bulk_docs batch with its data
+// inline in couchrep, in a PUT in CouchDB).
+func TestScenarioAttachmentsTooLarge(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "atl-src")
+	putDoc(t, s, src, testserver.WithAttachment(map[string]any{"_id": "doc"}, "att", "app/binary", bytes.Repeat([]byte("x"), 1000)))
+	u, _ := url.Parse(s.URL)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	for _, c := range []struct {
+		name string
+		max  int
+		ok   bool
+	}{{"should_succeed", 1000, true}, {"should_fail", 999, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			tgt := "atl-" + strings.ReplaceAll(c.name, "_", "-")
+			s.CreateDB(t, tgt)
+			var tooLarge int
+			var mu sync.Mutex
+			proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if strings.HasPrefix(r.URL.Path, "/"+tgt+"/") && (r.Method == http.MethodPost || r.Method == http.MethodPut) {
+					body := mustRead(r.Body)
+					large := false
+					if strings.HasSuffix(r.URL.Path, "/_bulk_docs") {
+						var req struct {
+							Docs []struct {
+								Atts map[string]struct {
+									Data   string `json:"data"`
+									Length int    `json:"length"`
+								} `json:"_attachments"`
+							} `json:"docs"`
+						}
+						_ = json.Unmarshal(body, &req)
+						for _, d := range req.Docs {
+							for _, a := range d.Atts {
+								n := base64.StdEncoding.DecodedLen(len(a.Data)) - strings.Count(a.Data, "=")
+								large = large || n > c.max || a.Length > c.max
+							}
+						}
+					} else if mt, ps, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); r.Method == http.MethodPut && mt == "multipart/related" {
+						mr := multipart.NewReader(bytes.NewReader(body), ps["boundary"])
+						for i := 0; ; i++ {
+							part, err := mr.NextPart()
+							if err != nil {
+								break
+							}
+							if n := len(mustRead(part)); i > 0 && n > c.max { // part 0 is the JSON
+								large = true
+							}
+						}
+					}
+					if large {
+						mu.Lock()
+						tooLarge++
+						mu.Unlock()
+						w.Header().Set("Content-Type", "application/json")
+						w.WriteHeader(http.StatusRequestEntityTooLarge)
+						_, _ = w.Write([]byte(`{"error":"attachment_too_large","reason":"att"}`))
+						return
+					}
+					r.Body = io.NopCloser(bytes.NewReader(body))
+					r.ContentLength = int64(len(body))
+				}
+				rp.ServeHTTP(w, r)
+			}))
+			t.Cleanup(proxy.Close)
+			r, _ := runScenario(t, map[string]any{"source": src, "target": proxy.URL + "/" + tgt + "/"})
+			mu.Lock()
+			refused := tooLarge
+			mu.Unlock()
+			if c.ok {
+				wantHistory(t, r, 1, counts{1, 1, 1, 1, 0})
+				verify(t, s, s, src, s.DBURL(tgt), nil)
+				if refused != 0 {
+					t.Errorf("%d requests refused", refused)
+				}
+				return
+			}
+			wantHistory(t, r, 1, counts{1, 1, 1, 0, 1})
+			if refused == 0 {
+				t.Error("no request was refused")
+			}
+			if status, _ := getDoc(t, s.DBURL(tgt), "doc", ""); status != http.StatusNotFound {
+				t.Errorf("doc on the target: status %d, want 404", status)
+			}
+		})
+	}
 }
