@@ -52,13 +52,8 @@ func (d *dbProc) follow(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// A numeric checkpoint beyond the database's update_seq belongs to a
-	// deleted database of the same name: start over.
-	if n, ok := seq.Int(); ok {
-		if u, ok := info.UpdateSeq.Int(); ok && u < n {
-			d.log.Info().Stringer("checkpoint", seq).Stringer("update_seq", info.UpdateSeq).Msg("checkpoint ahead of database: reprocessing")
-			seq = nil
-		}
+	if seq, err = d.recreated(ctx, info.UpdateSeq, seq); err != nil {
+		return err
 	}
 	if err := d.scanUnwritten(ctx); err != nil {
 		return err
@@ -83,6 +78,18 @@ func (d *dbProc) follow(ctx context.Context) error {
 					return err
 				}
 			}
+			// The feed ended (its timeout): the database may have been
+			// deleted, or deleted and created again, without discovery
+			// seeing it between two listings.
+			info, err := d.db.Info(ctx)
+			switch {
+			case errors.Is(err, couch.ErrNotFound):
+				return errDBDeleted
+			case err == nil:
+				if seq, err = d.recreated(ctx, info.UpdateSeq, seq); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		if errors.Is(err, couch.ErrNotFound) {
@@ -94,6 +101,27 @@ func (d *dbProc) follow(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// recreated returns the seq to follow from: seq, unless a numeric
+// checkpoint is beyond the database's update_seq, which means it belongs to
+// a deleted database of the same name (deleted and created again). That
+// database's documents are gone with it: their jobs are removed and its
+// records and checkpoint forgotten (as for a deleted database), and the new
+// one is processed from its start.
+func (d *dbProc) recreated(ctx context.Context, updateSeq, seq couch.Seq) (couch.Seq, error) {
+	n, ok := seq.Int()
+	u, uok := updateSeq.Int()
+	if !ok || !uok || u >= n {
+		return seq, nil
+	}
+	removed, err := d.p.removeDBJobs(ctx, d.st, d.log)
+	if err != nil {
+		return seq, err
+	}
+	d.log.Info().Stringer("checkpoint", seq).Stringer("update_seq", updateSeq).Int("jobs_removed", removed).
+		Msg("checkpoint ahead of database: it was deleted and created again; the old documents' jobs removed, processing it from the start")
+	return nil, nil
 }
 
 // scanUnwritten writes back the terminal states reached while no node

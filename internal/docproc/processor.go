@@ -280,8 +280,10 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 		if ok {
 			err = p.leasedRun(ctx, srv, st, log)
 			if errors.Is(err, errDBDeleted) || errors.Is(context.Cause(ctx), errDBDeleted) {
-				p.dbDeleted(srv, st, log)
-				return
+				if !p.dbDeleted(srv, st, log) || ctx.Err() != nil {
+					return
+				}
+				continue // created again meanwhile: follow the new one
 			}
 			if ctx.Err() != nil || errors.Is(err, errCompeting) {
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -308,22 +310,36 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 
 // dbDeleted removes the jobs of a deleted database, if this node holds (or
 // can take) its lease: another node may already follow a new database of
-// the same name.
-func (p *Processor) dbDeleted(srv server, st *state, log zerolog.Logger) {
+// the same name. It reports whether the database is there again (or was
+// never gone): its jobs are then kept, and the follower's start removes
+// them if it is a new database (a checkpoint beyond its update_seq).
+func (p *Processor) dbDeleted(srv server, st *state, log zerolog.Logger) (back bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ok, err := st.acquire(ctx, p.opts.Node, p.opts.Clock(), p.opts.LeaseTTL)
 	if err != nil || !ok {
-		return
+		return false
 	}
 	defer func() { _ = st.release(ctx, p.opts.Node) }()
 	if _, err := couch.NewDB(srv.dbEndpoint(st.db), p.couchOpts()).Info(ctx); err == nil {
-		return // it is back (or was never gone): keep its jobs
+		return true
 	}
+	n, err := p.removeDBJobs(ctx, st, log)
+	if err != nil {
+		log.Error().Err(err).Msg("removing the jobs of a deleted database failed")
+		return false
+	}
+	log.Info().Int("jobs_removed", n).Msg("database deleted: jobs removed")
+	return false
+}
+
+// removeDBJobs removes the jobs of every document recorded for st's
+// database, then forgets its records and checkpoint; it returns how many
+// jobs it removed.
+func (p *Processor) removeDBJobs(ctx context.Context, st *state, log zerolog.Logger) (int, error) {
 	recs, err := st.records(ctx)
 	if err != nil {
-		log.Error().Err(err).Msg("listing documents of deleted database failed")
-		return
+		return 0, err
 	}
 	n := 0
 	for id, rec := range recs {
@@ -331,16 +347,15 @@ func (p *Processor) dbDeleted(srv server, st *state, log zerolog.Logger) {
 			continue
 		}
 		if err := p.opts.Jobs.Remove(ctx, rec.JobID); err != nil && !errors.Is(err, ErrJobNotFound) {
-			log.Error().Err(err).Str("doc_id", id).Msg("removing job failed")
-			return
+			return n, fmt.Errorf("docproc: remove job of %s/%s: %w", st.db, id, err)
 		}
 		n++
 	}
 	if err := st.forget(ctx); err != nil {
-		log.Error().Err(err).Msg("forgetting deleted database failed")
-		return
+		return n, err
 	}
-	log.Info().Int("jobs_removed", n).Msg("database deleted: jobs removed")
+	log.Debug().Int("jobs_removed", n).Msg("database's jobs removed, its records forgotten")
+	return n, nil
 }
 
 // leasedRun follows the database while the lease is renewed.
