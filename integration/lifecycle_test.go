@@ -547,9 +547,10 @@ func testJobLifecycle(t *testing.T, dir, storePath string) {
 
 	// Server A's _replicator database deleted: its jobs are removed. A
 	// new document's job completing first shows that the doc processor
-	// follows the database's feed (PouchDB Server recreates a database
-	// that a request reaches right after its deletion: a follower starting
-	// at that moment would bring it back).
+	// follows the database's feed: a deletion racing the follower's start
+	// was seen to go unnoticed by discovery on PouchDB Server (the
+	// database listed again), and is then found only when the follower's
+	// feed ends, after a minute (TestRecreatedDatabase in internal/docproc).
 	aLast := docJob(srvA, urlA, "a-last", repDoc(srcA, srvA.DBURL("t-last"), false))
 	want[aLast] = "completed"
 	l.settle("a last document", want, ids)
