@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -19,12 +20,15 @@ import (
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
-// The README's examples are tested: every shell block after a marker
+// The README's and the guides' examples are tested: every shell block
+// after a marker
 //
 //	<!-- test: NAME [wait] [no-output] [exit=N] -->
 //
-// runs, in README order, in one bash per block, against a couchrep node and
-// two PouchDB Servers this test starts. The fenced block that follows the
+// in README.md and in the files of docFiles runs, file after file in that
+// order and in each file's order, in one bash per block, against one
+// couchrep node and two PouchDB Servers this test starts (so a guide's
+// examples may use what an earlier file's made). The fenced block that follows the
 // commands (before any other marker or heading) is what the README says they
 // print; the test fails when they print something else. `wait` re-runs the
 // block until its output matches (for states that take a moment to reach),
@@ -33,7 +37,8 @@ import (
 // The block marked `<!-- test: env -->` sets the variables the examples use
 // (`export NAME=value`): the test runs the examples with its own servers'
 // URLs in those variables instead, and replaces the README's values with them
-// in the expected outputs.
+// in the expected outputs. README.md's first marked block is one; a guide
+// may have its own (its values then stand for the test's in that file).
 //
 // Expected outputs match structurally when they are JSON (one or more
 // values, indented or not): the same keys and values, where a string
@@ -376,32 +381,92 @@ func TestReadmeMatcher(t *testing.T) {
 	}
 }
 
-// TestReadmeExamples runs the README's marked examples (see above).
+// docFiles are the files whose marked examples run after README.md's, in
+// this order (paths from the repository's root). A file of docs/ with a
+// marker that is not listed fails the test, so no guide's examples go
+// untested.
+var docFiles = []string{
+	"docs/replicate.md",
+	"docs/takeover.md",
+	"docs/operations.md",
+	"docs/http-api.md",
+	"docs/security.md",
+	"docs/job-stores.md",
+	"docs/embedding.md",
+}
+
+// docExamples are one file's marked examples.
+type docExamples struct {
+	file string
+	vars map[string]string // its env block's values (README.md's if it has none)
+	exs  []readmeExample   // without the env block
+}
+
+// readDocExamples reads README.md's and docFiles' marked examples, and
+// checks that no other file of docs/ has any.
+func readDocExamples(t *testing.T) []docExamples {
+	t.Helper()
+	var out []docExamples
+	var readmeVars map[string]string
+	for _, f := range append([]string{"README.md"}, docFiles...) {
+		raw, err := os.ReadFile(filepath.Join("..", filepath.FromSlash(f)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		exs, err := parseReadme(string(raw))
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		vars := readmeVars
+		if len(exs) > 0 && exs[0].name == "env" {
+			vars = readmeEnv(exs[0].script)
+			for _, v := range []string{"COUCHREP", "SOURCE", "TARGET"} {
+				if vars[v] == "" {
+					t.Fatalf("%s: the env block does not export %s", f, v)
+				}
+			}
+			exs = exs[1:]
+		} else if f == "README.md" {
+			t.Fatalf("README.md: the first marked block must be `<!-- test: env -->`")
+		}
+		if f == "README.md" {
+			readmeVars = vars
+		}
+		for _, ex := range exs {
+			if ex.name == "env" {
+				t.Fatalf("%s:%d: an env block must be the file's first marked block", f, ex.line)
+			}
+		}
+		out = append(out, docExamples{file: f, vars: vars, exs: exs})
+	}
+	others, _ := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	for _, o := range others {
+		name := "docs/" + filepath.Base(o)
+		if slices.Contains(docFiles, name) {
+			continue
+		}
+		raw, err := os.ReadFile(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if exs, _ := parseReadme(string(raw)); len(exs) > 0 {
+			t.Fatalf("%s has marked examples but is not in docFiles (integration/readme_test.go): add it there", name)
+		}
+	}
+	return out
+}
+
+// TestReadmeExamples runs the marked examples of README.md and of the
+// guides in docs/ (see above).
 func TestReadmeExamples(t *testing.T) {
 	skipShort(t)
 	start := time.Now()
-	raw, err := os.ReadFile(filepath.Join("..", "README.md"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	exs, err := parseReadme(string(raw))
-	if err != nil {
-		t.Fatalf("README.md: %v", err)
-	}
-	if len(exs) == 0 || exs[0].name != "env" {
-		t.Fatalf("README.md: the first marked block must be `<!-- test: env -->`")
-	}
-	readmeVars := readmeEnv(exs[0].script)
-	for _, v := range []string{"COUCHREP", "SOURCE", "TARGET"} {
-		if readmeVars[v] == "" {
-			t.Fatalf("README.md: the env block does not export %s", v)
-		}
-	}
+	files := readDocExamples(t)
 
 	src := testserver.StartPouchDB(t)
 	tgt := testserver.StartPouchDB(t)
 	// pouchdb-server drives _replicator itself; move its replicator away
-	// (CouchDB users stop theirs as "Replacing CouchDB's replicator" says).
+	// (CouchDB users stop theirs as docs/takeover.md says).
 	plainReplicatorDB(t, src, false)
 	vars := map[string]string{
 		"SOURCE": strings.TrimSuffix(src.URL, "/"),
@@ -428,33 +493,44 @@ func TestReadmeExamples(t *testing.T) {
 	for k, v := range vars {
 		env = append(env, k+"="+v)
 	}
-	for _, ex := range exs[1:] {
-		want := substitute(ex.want, readmeVars, vars)
-		deadline := time.Now().Add(90 * time.Second)
-		for attempt := 1; ; attempt++ {
-			out, errOut, code := runExample(t, work, env, ex.script)
-			diff := ""
-			switch {
-			case code != ex.exit:
-				diff = fmt.Sprintf("exit status %d, want %d", code, ex.exit)
-			case !ex.noOutput:
-				diff = matchOutput(want, out)
-			}
-			if diff == "" {
-				if os.Getenv("COUCHREP_README_SHOW") != "" {
-					t.Logf("README.md:%d %s:\n%s", ex.line, ex.name, out)
-				}
-				break
-			}
-			if !ex.wait || time.Now().After(deadline) {
-				t.Fatalf("README.md:%d example %q (attempt %d): %s\n--- script\n%s\n--- output\n%s", ex.line, ex.name, attempt, diff, ex.script, out+"--- stderr\n"+errOut)
-			}
-			time.Sleep(200 * time.Millisecond) // polling another process's state
+	ran := 0
+	for _, f := range files {
+		for _, ex := range f.exs {
+			runDocExample(t, f.file, f.vars, vars, work, env, ex)
+			ran++
 		}
 	}
-	t.Logf("%d README examples ran in %v", len(exs)-1, time.Since(start).Round(time.Millisecond))
+	t.Logf("%d examples of README.md and docs/ ran in %v", ran, time.Since(start).Round(time.Millisecond))
 	if f := os.Getenv("COUCHREP_README_LOG"); f != "" {
 		_ = os.WriteFile(f, []byte(n.logs.String()), 0o644)
+	}
+}
+
+// runDocExample runs one marked example of file until its output is the
+// one shown (once, unless it is marked wait).
+func runDocExample(t *testing.T, file string, docVars, vars map[string]string, work string, env []string, ex readmeExample) {
+	t.Helper()
+	want := substitute(ex.want, docVars, vars)
+	deadline := time.Now().Add(90 * time.Second)
+	for attempt := 1; ; attempt++ {
+		out, errOut, code := runExample(t, work, env, ex.script)
+		diff := ""
+		switch {
+		case code != ex.exit:
+			diff = fmt.Sprintf("exit status %d, want %d", code, ex.exit)
+		case !ex.noOutput:
+			diff = matchOutput(want, out)
+		}
+		if diff == "" {
+			if os.Getenv("COUCHREP_README_SHOW") != "" {
+				t.Logf("%s:%d %s:\n%s", file, ex.line, ex.name, out)
+			}
+			break
+		}
+		if !ex.wait || time.Now().After(deadline) {
+			t.Fatalf("%s:%d example %q (attempt %d): %s\n--- script\n%s\n--- output\n%s", file, ex.line, ex.name, attempt, diff, ex.script, out+"--- stderr\n"+errOut)
+		}
+		time.Sleep(200 * time.Millisecond) // polling another process's state
 	}
 }
 

@@ -87,7 +87,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, config.ErrAdminsNotRewritten):
 		logger.Warn().Err(err).Strs("admins", admins).Strs("rewritten", files).
 			Msg("plain [admins] passwords hashed in memory only: the config file still holds them in plain text; " +
-				"put the hash `couchrepd hash-password` prints in their place (see README, Install)")
+				"put the hash `couchrepd hash-password` prints in their place (see docs/operations.md, Under systemd)")
 	case err != nil:
 		fmt.Fprintf(stderr, "couchrepd: %v\n", err)
 		return 1
