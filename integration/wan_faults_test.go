@@ -100,7 +100,6 @@ type faultProxy struct {
 	written  map[string]int   // "id rev" (a PUT: id) -> times written (_bulk_docs, PUT)
 	batch    int              // most revisions in one _bulk_get or _bulk_docs
 	injected string           // what was done, for the report
-	stalls   sync.WaitGroup
 }
 
 func newFaultProxy(t *testing.T, upstream, kind, fault string, nth int64, seed uint64) *faultProxy {

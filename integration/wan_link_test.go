@@ -78,12 +78,13 @@ func TestWANLink(t *testing.T) {
 				res replicate.Result
 				err error
 			}
+			p := params(t, doc)
 			runOnce := func() <-chan outcome {
 				ch := make(chan outcome, 1)
 				go func() {
 					ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 					defer cancel()
-					res, err := replicate.New(params(t, doc), replicate.Options{ServerUUID: "wan-uuid", Logger: log}).Run(ctx)
+					res, err := replicate.New(p, replicate.Options{ServerUUID: "wan-uuid", Logger: log}).Run(ctx)
 					ch <- outcome{res, err}
 				}()
 				return ch
