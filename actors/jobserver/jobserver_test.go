@@ -616,3 +616,71 @@ func TestStopDuringStartupJitter(t *testing.T) {
 		})
 	}
 }
+
+// TestDocumentJobLifecycle: a _replicator document's job cannot be
+// canceled (actors.ErrJobFollowsDocument; it keeps running, its actor
+// too); removing it, as the doc processor does when its document is
+// deleted, stops its actor through a request to the node running it, and
+// replacing it (its document changed) runs the new parameters. The node lease is renewed only every activity timeout / 3,
+// so an actor gone within stopBound was stopped by the request, not found
+// out at a renewal.
+func TestDocumentJobLifecycle(t *testing.T) {
+	s := newShared(t)
+	worker := s.startNode(t, "worker", true, 10)
+	front := s.startNode(t, "front", false, 10)
+	ctx := context.Background()
+	doc := repjob.PersistentDoc{Server: "http://c/", DB: "_replicator", DocID: "d1",
+		Body: []byte(`{"source":"http://a/s","target":"http://b/t","continuous":true}`)}
+	res, err := s.store.AddPersistent(ctx, doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := res.JobID
+	running := func() bool { return slices.Contains(s.runningOn(t, "worker"), id) && slices.Contains(worker.reg.Jobs(), id) }
+	waitFor(t, "the document's job running on worker", running)
+	first, err := s.store.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const stopBound = 3 * time.Second
+	if every := s.store.ActivityTimeout() / 3; every <= stopBound {
+		t.Fatalf("lease renewed every %v: the test cannot tell a request from a renewal", every)
+	}
+	gone := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(stopBound)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not within %v", what, stopBound)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	if _, err := ask[*messages.CancelJobResponse](t, front, &messages.CancelJobRequest{Id: id}); !errors.Is(err, actors.ErrJobFollowsDocument) ||
+		!strings.Contains(err.Error(), `"d1"`) {
+		t.Fatalf("cancel of a document's job: %v, want ErrJobFollowsDocument naming the document", err)
+	}
+	if r, err := s.store.Get(ctx, id); err != nil || r.State() != repjob.StateRunning || r.Version != first.Version || !running() {
+		t.Fatalf("the document's job after a refused cancel: %v %v, actors %v", r, err, worker.reg.Jobs())
+	}
+
+	changed := doc
+	changed.Body = []byte(`{"source":"http://a/other","target":"http://b/t","continuous":true}`)
+	if _, err := s.store.AddPersistent(ctx, changed); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the changed document's new run", func() bool {
+		r, err := s.store.Get(ctx, id)
+		return err == nil && r.State() == repjob.StateRunning && strings.HasPrefix(r.GetSource(), "http://a/other") &&
+			r.GetLastStarted().AsTime().After(first.GetLastStarted().AsTime()) && running()
+	})
+
+	if err := s.store.Remove(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	gone("the removed job's actor stopped", func() bool { return len(worker.reg.Jobs()) == 0 })
+	if n, err := s.store.CleanupControls(ctx); err != nil || n != 0 {
+		t.Fatalf("control requests left behind: %d %v", n, err)
+	}
+}
