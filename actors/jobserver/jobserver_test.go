@@ -636,7 +636,9 @@ func TestDocumentJobLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := res.JobID
-	running := func() bool { return slices.Contains(s.runningOn(t, "worker"), id) && slices.Contains(worker.reg.Jobs(), id) }
+	running := func() bool {
+		return slices.Contains(s.runningOn(t, "worker"), id) && slices.Contains(worker.reg.Jobs(), id)
+	}
 	waitFor(t, "the document's job running on worker", running)
 	first, err := s.store.Get(ctx, id)
 	if err != nil {
