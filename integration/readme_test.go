@@ -379,6 +379,20 @@ func TestReadmeMatcher(t *testing.T) {
 	if _, err := parseReadme("<!-- test: x -->\nprose\n```sh\necho\n```\n"); err == nil {
 		t.Fatal("a marker followed by prose was accepted")
 	}
+	// A guide with marked examples must be listed in docFiles.
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "new.md"), []byte("<!-- test: x no-output -->\n```sh\ntrue\n```\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plain.md"), []byte("# no examples\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := unlistedExamples(dir, []string{"docs/other.md"}); err == nil || !strings.Contains(err.Error(), "docs/new.md") {
+		t.Fatalf("an unlisted guide with examples: %v", err)
+	}
+	if err := unlistedExamples(dir, []string{"docs/new.md"}); err != nil {
+		t.Fatalf("a listed guide: %v", err)
+	}
 }
 
 // docFiles are the files whose marked examples run after README.md's, in
@@ -439,21 +453,33 @@ func readDocExamples(t *testing.T) []docExamples {
 		}
 		out = append(out, docExamples{file: f, vars: vars, exs: exs})
 	}
-	others, _ := filepath.Glob(filepath.Join("..", "docs", "*.md"))
-	for _, o := range others {
-		name := "docs/" + filepath.Base(o)
-		if slices.Contains(docFiles, name) {
-			continue
-		}
-		raw, err := os.ReadFile(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if exs, _ := parseReadme(string(raw)); len(exs) > 0 {
-			t.Fatalf("%s has marked examples but is not in docFiles (integration/readme_test.go): add it there", name)
-		}
+	if err := unlistedExamples(filepath.Join("..", "docs"), docFiles); err != nil {
+		t.Fatal(err)
 	}
 	return out
+}
+
+// unlistedExamples returns an error naming a file of dir (docs/) with
+// marked examples that listed does not name.
+func unlistedExamples(dir string, listed []string) error {
+	files, err := filepath.Glob(filepath.Join(dir, "*.md"))
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		name := "docs/" + filepath.Base(f)
+		if slices.Contains(listed, name) {
+			continue
+		}
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		if exs, _ := parseReadme(string(raw)); len(exs) > 0 {
+			return fmt.Errorf("%s has marked examples but is not in docFiles (integration/readme_test.go): add it there", name)
+		}
+	}
+	return nil
 }
 
 // TestReadmeExamples runs the marked examples of README.md and of the
