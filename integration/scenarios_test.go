@@ -616,6 +616,35 @@ func TestScenarioDocIDs(t *testing.T) {
 		})
 	}
 
+	// doc_ids are unquoted as CouchDB's couch_httpd:unquote does: percent
+	// escapes decoded, "+" read as a space.
+	t.Run("special characters", func(t *testing.T) {
+		src := s.CreateDB(t, "special-src")
+		ids := []string{"a b", "ü", "a+b", "a/b", "%", "a?c#d&e", "_design/x y"}
+		var docs []map[string]any
+		for _, id := range ids {
+			docs = append(docs, map[string]any{"_id": id})
+		}
+		s.PutDocs(t, src, docs...)
+		for i, c := range []struct {
+			docIDs, want []string
+		}{
+			{[]string{"a%20b", "%C3%BC", "a%2Bb", "a%2Fb", "%25", "a%3Fc%23d%26e", "_design%2Fx%20y"}, ids},
+			{[]string{"ü", "a/b", "a?c#d&e"}, []string{"ü", "a/b", "a?c#d&e"}},
+			{[]string{"a+b"}, []string{"a b"}},
+		} {
+			tgt := s.CreateDB(t, fmt.Sprintf("special-tgt%d", i))
+			r, _ := runScenario(t, map[string]any{"source": src, "target": tgt, "doc_ids": c.docIDs})
+			if n := int64(len(c.want)); r.DocsWritten == nil || *r.DocsWritten != n {
+				t.Errorf("doc_ids %q: docs_written %v, want %d", c.docIDs, r.DocsWritten, n)
+			}
+			if got := docIDs(t, s, tgt); !equalIDs(got, sortedIDs(append([]string(nil), c.want...)...)) {
+				t.Errorf("doc_ids %q: target has %q, want %q", c.docIDs, got, c.want)
+			}
+			verify(t, s, s, src, tgt, c.want)
+		}
+	})
+
 	t.Run("t_should_replicate_with_ddoc_ids", func(t *testing.T) {
 		src := s.CreateDB(t, "ddocids-src")
 		tgt := s.CreateDB(t, "ddocids-tgt")
