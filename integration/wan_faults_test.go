@@ -48,7 +48,7 @@ const (
 	wanJitter     = 2 * time.Millisecond
 	wanBatch      = 10 // worker_batch_size of the fault runs
 	wanRetries    = 3  // retries_per_request of the fault runs
-	wanConnTimout = 2000
+	wanConnTimout = 3000
 )
 
 // classify names the request type of r (the replication's source is
