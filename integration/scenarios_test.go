@@ -1506,3 +1506,105 @@ func TestScenarioAttachmentsTooLarge(t *testing.T) {
 		})
 	}
 }
+
+// TestScenarioNonAdminUser is replication_test.exs "non-admin user on
+// target" and "non-admin or reader user on source": the replication runs
+// as joe, who may write documents to the target but not design documents
+// (the target's _security names other admins), or may not read the target
+// at all (other readers). PouchDB Server enforces no _security, so a proxy
+// answers as CouchDB 3.4.3 does for joe: the design document's row of
+// _bulk_docs is {"error":"unauthorized"} (its PUT 401), and every request
+// to an unreadable database 403 forbidden.
+func TestScenarioNonAdminUser(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	u, _ := url.Parse(s.URL)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	const notAdmin = `You are not a db or server admin.`
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/na-reader-tgt/"):
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"error":"forbidden","reason":"You are not allowed to access this db."}`))
+			return
+		case r.URL.Path == "/na-tgt/_bulk_docs":
+			var req map[string]json.RawMessage
+			var docs []map[string]json.RawMessage
+			if json.Unmarshal(mustRead(r.Body), &req) != nil || json.Unmarshal(req["docs"], &docs) != nil {
+				http.Error(w, "bad _bulk_docs", http.StatusBadRequest)
+				return
+			}
+			var keep []map[string]json.RawMessage
+			var refused []map[string]string
+			for _, d := range docs {
+				var id string
+				_ = json.Unmarshal(d["_id"], &id)
+				if strings.HasPrefix(id, "_design/") {
+					refused = append(refused, map[string]string{"id": id, "error": "unauthorized", "reason": notAdmin})
+					continue
+				}
+				keep = append(keep, d)
+			}
+			var rows []any
+			if len(keep) > 0 {
+				b, status, err := doRaw(http.MethodPost, s.DBURL("na-tgt")+"_bulk_docs", mustMarshal(map[string]any{"new_edits": false, "docs": keep}))
+				if err != nil || status != http.StatusCreated || json.Unmarshal(b, &rows) != nil {
+					http.Error(w, "upstream _bulk_docs", http.StatusBadGateway)
+					return
+				}
+			}
+			for _, x := range refused {
+				rows = append(rows, x)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(rows)
+			return
+		case r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/na-tgt/_design/"):
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			_, _ = w.Write([]byte(`{"error":"unauthorized","reason":"` + notAdmin + `"}`))
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(proxy.Close)
+	src := s.CreateDB(t, "na-src")
+	s.PutDocs(t, src, append([]map[string]any{{"_id": "_design/foo", "language": "javascript"}}, makeDocs(1, 6)...)...)
+
+	t.Run("non-admin user on target", func(t *testing.T) {
+		tgt := s.CreateDB(t, "na-tgt")
+		r, _ := runScenario(t, map[string]any{"source": src, "target": proxy.URL + "/na-tgt/"})
+		if h := r.History[0]; h.DocsRead != 7 || h.DocsWritten != 6 || h.DocWriteFailures != 1 {
+			t.Errorf("docs_read %d, docs_written %d, doc_write_failures %d; want 7, 6, 1", h.DocsRead, h.DocsWritten, h.DocWriteFailures)
+		}
+		want := []string{"1", "2", "3", "4", "5", "6"}
+		if got := docIDs(t, s, tgt); !equalIDs(got, want) {
+			t.Errorf("target has %v, want %v", got, want)
+		}
+		verify(t, s, s, src, tgt, want)
+	})
+
+	t.Run("non-admin or reader user on source", func(t *testing.T) {
+		tgt := s.CreateDB(t, "na-reader-tgt")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := replicate.New(params(t, map[string]any{"source": src, "target": proxy.URL + "/na-reader-tgt/"}),
+			replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop(), RetryBackoff: 10 * time.Millisecond}).Run(ctx)
+		// CouchDB: unauthorized "unauthorized to access or create database <url>".
+		if err == nil || !strings.Contains(err.Error(), "unauthorized to access or create database") {
+			t.Fatalf("replication to a target joe may not read: %v, want CouchDB's unauthorized", err)
+		}
+		if got := docIDs(t, s, tgt); len(got) != 0 {
+			t.Errorf("target has %v, want nothing", got)
+		}
+	})
+}
+
+func mustMarshal(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
