@@ -1206,18 +1206,14 @@ func TestScenarioErrorReporting(t *testing.T) {
 		{"t_skip_doc_put_403_errors", "PUT", "/6", "", `{"error":"forbidden", "reason":"vdu"}`, 403, true, nil, nil, 5, 1, 1},
 		{"t_skip_doc_put_413_errors", "PUT", "/6", "", `{"error":"too_large", "reason":"too_large"}`, 413, true, nil, nil, 5, 1, 1},
 		{"t_skip_doc_put_415_errors", "PUT", "/6", "", `{"error":"unsupported_media_type", "reason":"bad_media"}`, 415, true, nil, nil, 5, 1, 1},
-		// Differs from CouchDB (README: fails): CouchDB skips and counts
-		// the document; couchrep's worker crashes the job on any 400.
-		{"t_skip_doc_put_invalid_attachment_name/couchrep_fails_the_job", "PUT", "/6", "", `{"error":"bad_request", "reason":"Attachment name '_foo' starts with prohibited character '_'"}`, 400, true, nil, []string{"doc_write_failed", "Attachment name"}, 0, 0, 1},
+		{"t_skip_doc_put_invalid_attachment_name", "PUT", "/6", "", `{"error":"bad_request", "reason":"Attachment name '_foo' starts with prohibited character '_'"}`, 400, true, nil, nil, 5, 1, 1},
 		{"t_fail_revs_diff", "POST", "/_revs_diff", "", `{"x":"y"}`, 407, false, nil, []string{"revs_diff_failed", "407"}, 0, 0, 1},
 		{"t_fail_bulk_get/501", "POST", "/_bulk_get", "", `not_implemented`, 501, false, nil, nil, 6, 0, 1},
 		{"t_fail_bulk_get/418", "POST", "/_bulk_get", "", `{"x":"y"}`, 418, false, nil, nil, 6, 0, 1},
-		// Differs from CouchDB (README: fails): CouchDB retries the GET
-		// and crashes the job with open_doc_revs_failed; couchrep takes a
-		// 404 for a document that vanished from the source, skips it
-		// without counting it and checkpoints past it.
-		{"t_fail_open_docs_get/couchrep_skips_the_doc", "GET", "/6", "open_revs", `{"error":"not_found","reason":"missing"}`, 404, false,
-			map[string]any{"use_bulk_get": false, "retries_per_request": 2}, nil, 5, 0, 1},
+		// Asked again after missing_doc_retry_msec, then the job fails
+		// (it restarts from its checkpoint): the document is not lost.
+		{"t_fail_open_docs_get", "GET", "/6", "open_revs", `{"error":"not_found","reason":"missing"}`, 404, false,
+			map[string]any{"use_bulk_get": false, "retries_per_request": 2}, []string{"open_doc_revs_failed", "404"}, 0, 0, 1},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -1237,7 +1233,7 @@ func TestScenarioErrorReporting(t *testing.T) {
 			defer p.arm("", "", "", 0, "")
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			res, err := replicate.New(params(t, rep), replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop(), RetryBackoff: 10 * time.Millisecond}).Run(ctx)
+			res, err := replicate.New(params(t, rep), replicate.Options{ServerUUID: "test-uuid", Logger: zerolog.Nop(), RetryBackoff: 10 * time.Millisecond, MissingDocRetry: 10 * time.Millisecond}).Run(ctx)
 			if got := int64(p.refusedCount()); got < c.refusedMin {
 				t.Errorf("the proxy refused %d requests, want at least %d", got, c.refusedMin)
 			}

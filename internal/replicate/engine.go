@@ -79,6 +79,10 @@ type Options struct {
 	// RetryBackoff is the first wait before retrying a request (doubling);
 	// zero is CouchDB's 250 ms.
 	RetryBackoff time.Duration
+	// MissingDocRetry is the wait before asking the source again for a
+	// document it answered 404 for (missing_doc_retry_msec); zero is
+	// CouchDB's 2 s.
+	MissingDocRetry time.Duration
 	// OnEvent, if set, is told of checkpoints and changes-feed failures
 	// (metrics); it must return quickly.
 	OnEvent func(Event)
@@ -151,6 +155,9 @@ func New(p Params, o Options) *Replication {
 	}
 	if r.o.ProgressInterval <= 0 {
 		r.o.ProgressInterval = time.Second
+	}
+	if r.o.MissingDocRetry <= 0 {
+		r.o.MissingDocRetry = DefaultMissingDocRetry
 	}
 	if r.p.WorkerProcesses < 1 {
 		r.p.WorkerProcesses = 1

@@ -58,6 +58,9 @@ const (
 	DefaultConnectionTimeout  = 30 * time.Second
 	DefaultRetriesPerRequest  = 5
 	DefaultCheckpointInterval = 30 * time.Second
+	// DefaultMissingDocRetry is missing_doc_retry_msec: the wait before
+	// asking the source again for a document it answered 404 for.
+	DefaultMissingDocRetry = 2 * time.Second
 )
 
 // Header is one HTTP header given for an endpoint.

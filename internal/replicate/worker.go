@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
 )
 
 // worker runs CouchDB's per-batch protocol: _revs_diff, fetch the missing
@@ -220,12 +222,20 @@ func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest)
 	}
 	for _, id := range pendingIDs {
 		err := w.r.src.OpenRevsStubs(ctx, id, pending[id], handle)
+		if errors.Is(err, couch.ErrNotFound) && writeErr == nil {
+			// The feed listed it: as CouchDB's replicator does, ask once
+			// more after missing_doc_retry_msec, then fail (the job
+			// restarts from its checkpoint: a 404 that passes costs a
+			// restart, not the document).
+			w.r.log.Warn().Str("doc_id", id).Dur("retry_in", w.r.o.MissingDocRetry).
+				Msg("replication: document unexpectedly missing from the source; asking again")
+			if perr := pause.For(ctx, w.r.o.MissingDocRetry); perr != nil {
+				return perr
+			}
+			err = w.r.src.OpenRevsStubs(ctx, id, pending[id], handle)
+		}
 		if writeErr != nil {
 			return writeErr
-		}
-		if errors.Is(err, couch.ErrNotFound) {
-			w.r.log.Warn().Str("doc_id", id).Msg("replication: document vanished from the source")
-			continue
 		}
 		if err != nil {
 			return fmt.Errorf("%w: open_doc_revs_failed for %q: %w", ErrWorkerFailed, id, err)
@@ -425,13 +435,16 @@ func (w *worker) counted(d couch.Doc, err error) error {
 }
 
 // skippable reports CouchDB's "count it and move on" write errors:
-// 401, 403, 413, 415.
+// 401, 403, 413, 415, and a 400 for an invalid attachment name
+// (couch_replicator_worker:handle_doc_write_error).
 func skippable(err error) bool {
 	var herr *couch.HTTPError
 	if errors.As(err, &herr) {
 		switch herr.Status {
 		case 401, 403, 413, 415:
 			return true
+		case 400:
+			return strings.HasPrefix(herr.Reason, "Attachment name ")
 		}
 	}
 	return errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) || errors.Is(err, couch.ErrTooLarge)
