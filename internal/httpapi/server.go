@@ -107,6 +107,9 @@ type apiError struct {
 	status       int
 	code, reason string
 	retryAfter   time.Duration // sent as Retry-After when set
+	// bare sends the error name alone, without a reason, as CouchDB does
+	// for some answers (errCancelNotFound).
+	bare bool
 }
 
 func (e *apiError) Error() string { return fmt.Sprintf("%d %s: %s", e.status, e.code, e.reason) }
@@ -246,6 +249,10 @@ func methodAllowed(methods, m string) bool {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	if e.bare {
+		writeJSON(w, e.status, map[string]string{"error": e.code})
+		return
+	}
 	writeJSON(w, e.status, map[string]string{"error": e.code, "reason": redact.Text(e.reason)})
 }
 

@@ -285,8 +285,8 @@ func TestUsersOwnJobs(t *testing.T) {
 	if r := cancelBody("http://c.example:5984/src", "admin", "admin-pw"); r.status != 200 || r.json(t)["_local_id"] != bossJob {
 		t.Fatalf("an admin cancels another's job by its body: %d %s", r.status, r.body)
 	}
-	assertError(t, cancel(joeJob, "joe", "erly-pw"), 404, "not_found", "")
-	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 404, "not_found", "")
+	assertError(t, cancel(joeJob, "joe", "erly-pw"), 404, "not found", "")
+	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 404, "not found", "")
 	assertNoSecret(t, "the log", logs.Bytes())
 }
 

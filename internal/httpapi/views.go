@@ -99,6 +99,13 @@ func startError(j *Job) *apiError {
 	return errorf(http.StatusInternalServerError, "error", "%s", reason)
 }
 
+// cancelNotFound is CouchDB's answer to the cancel of a replication that
+// does not exist (couch_replicator_httpd: 404 {"error":"not found"}, no
+// reason): it names no id, so it shows no internal job id either.
+func cancelNotFound() *apiError {
+	return &apiError{status: http.StatusNotFound, code: "not found", reason: "replication not found", bare: true}
+}
+
 // cancel stops a transient replication named by ID or by its body.
 func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.ReplicateRequest, body []byte, user string) error {
 	ctx := r.Context()
@@ -119,7 +126,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.Re
 		}
 	}
 	if errors.Is(err, ErrNotFound) {
-		return errorf(http.StatusNotFound, "not_found", "replication %s not found", id)
+		return cancelNotFound()
 	}
 	if err != nil {
 		return err
@@ -132,7 +139,7 @@ func (s *Server) cancel(w http.ResponseWriter, r *http.Request, req replicate.Re
 	}
 	if err := s.store.Remove(ctx, job.JobID); err != nil {
 		if errors.Is(err, ErrNotFound) {
-			return errorf(http.StatusNotFound, "not_found", "replication %s not found", id)
+			return cancelNotFound()
 		}
 		return err
 	}
@@ -284,7 +291,7 @@ func jobView(j *Job) jobJSON {
 	if v.History == nil {
 		v.History = schedpolicy.History{}
 	}
-	v.Info = statsJSON(j.Stats)
+	v.Info = infoJSON(j)
 	if (j.State == repjob.StateCrashing || j.State == repjob.StateFailed) && j.LastError != "" {
 		if v.Info == nil {
 			v.Info = map[string]any{}
@@ -329,6 +336,17 @@ func statsJSON(st *messages.ReplicationStats) map[string]any {
 		}
 	}
 	return m
+}
+
+// infoJSON is a job's "info" in _scheduler/jobs and _scheduler/docs, as
+// CouchDB's job_summary: a running job's stats, all zero until its first
+// report (CouchDB's job has them once it started); null for a job that
+// never ran.
+func infoJSON(j *Job) map[string]any {
+	if j.Stats == nil && j.State == repjob.StateRunning {
+		return statsJSON(&messages.ReplicationStats{})
+	}
+	return statsJSON(j.Stats)
 }
 
 // foldedStates are CouchDB 2.x/3.x states _scheduler/docs accepts as a
@@ -467,7 +485,7 @@ func docView(j *Job) map[string]any {
 		"target":       redact.URL(j.Target),
 		"state":        j.State,
 		"error_count":  j.ErrorCount,
-		"info":         statsJSON(j.Stats),
+		"info":         infoJSON(j),
 		"start_time":   timeOrNil(j.CreatedAt),
 		"last_updated": timeOrNil(j.LastUpdated),
 	}
