@@ -228,9 +228,15 @@ func TestScenarioNodeConfig(t *testing.T) {
 	for i, c := range []struct {
 		name, config, extra string
 		bulkGet             bool
+		copied              bool // the document reaches the target
+		failures            float64
+		checkpoints         bool
 	}{
-		{"id_too_long/should_succeed", "max_document_id_length = 5\n", "", true},
-		{"bulk_get/job_enable_overrides_global_disable", "use_bulk_get = false\n", `,"use_bulk_get":true`, true},
+		{"id_too_long/should_succeed", "max_document_id_length = 5\n", "", true, true, 0, true},
+		{"id_too_long/should_fail", "max_document_id_length = 4\n", "", false, false, 1, true},
+		{"bulk_get/global_disable_works", "use_bulk_get = false\n", "", false, true, 0, true},
+		{"bulk_get/job_enable_overrides_global_disable", "use_bulk_get = false\n", `,"use_bulk_get":true`, true, true, 0, true},
+		{"use_checkpoints/global_disable", "use_checkpoints = false\n", "", true, true, 0, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -241,9 +247,25 @@ func TestScenarioNodeConfig(t *testing.T) {
 			if r.status != http.StatusOK || r.obj(t)["ok"] != true {
 				t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
 			}
-			verify(t, s, s, src, s.DBURL(tgt), nil)
+			ids := []string{}
+			if c.copied {
+				ids = nil // all of them
+			}
+			verify(t, s, s, src, s.DBURL(tgt), ids)
+			var res struct {
+				History []struct {
+					DocWriteFailures float64 `json:"doc_write_failures"`
+				} `json:"history"`
+			}
+			_ = json.Unmarshal(r.body, &res)
+			if c.checkpoints && (len(res.History) == 0 || res.History[0].DocWriteFailures != c.failures) {
+				t.Errorf("result %s: want doc_write_failures %v", r.body, c.failures)
+			}
 			if got := rec.count(http.MethodPost, "/_bulk_get", "") > 0; got != c.bulkGet {
 				t.Errorf("_bulk_get used: %v, want %v\n%s", got, c.bulkGet, rec)
+			}
+			if got := rec.count(http.MethodPost, "/_ensure_full_commit", "") > 0; got != c.checkpoints {
+				t.Errorf("checkpoints recorded: %v, want %v\n%s", got, c.checkpoints, rec)
 			}
 		})
 	}

@@ -79,6 +79,14 @@ type Options struct {
 	// Endpoints are the node's [replicator] settings for endpoint
 	// connections and authentication (TLS, auth plugins, error budget).
 	Endpoints replicate.EndpointConfig
+	// JobDefaults are the options a job's document does not give, from
+	// the node's [replicator] section (replicate.JobDefaults); the zero
+	// value is CouchDB's defaults.
+	JobDefaults replicate.Params
+	// MaxDocumentIDLength and MissingDocRetry are [replicator]
+	// max_document_id_length and missing_doc_retry_msec (zero: none, 2 s).
+	MaxDocumentIDLength int
+	MissingDocRetry     time.Duration
 	// Released is called once when the actor has stopped (the job
 	// server's registry).
 	Released func()
@@ -240,7 +248,11 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	rec := run.Record()
 	a.publish(system, rec, repjob.StateRunning, "", nil)
 
-	p, err := replicate.ParseParams(rec.Body)
+	defaults := a.o.JobDefaults
+	if defaults.WorkerProcesses == 0 {
+		defaults = replicate.DefaultParams()
+	}
+	p, err := replicate.ParseParamsWith(rec.Body, defaults)
 	if err != nil {
 		return a.fail(system, err.Error())
 	}
@@ -420,7 +432,8 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		}
 	}
 	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: LiveInterval, Limiter: a.o.Limiter,
-		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers}
+		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers,
+		MaxDocumentIDLength: a.o.MaxDocumentIDLength, MissingDocRetry: a.o.MissingDocRetry}
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
 	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport

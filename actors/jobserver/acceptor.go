@@ -238,7 +238,10 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		Store: a.deps.RepJobs, Node: a.deps.NodeName(), ServerUUID: a.deps.Config.CouchDB.UUID,
 		Logger: a.deps.Logger, Released: exited, Claim: claim, Pool: a.w.Pool, Limits: limitsOf(a.deps.Config),
 		Endpoints: replicate.EndpointConfigFrom(a.deps.Config.Replicator), Timers: a.deps.Timers,
-		Feeds: a.w.Feeds,
+		JobDefaults:         replicate.JobDefaults(a.deps.Config.Replicator),
+		MaxDocumentIDLength: a.deps.Config.Replicator.MaxDocumentIDLength,
+		MissingDocRetry:     a.deps.Config.Replicator.MissingDocRetry,
+		Feeds:               a.w.Feeds,
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine

@@ -83,6 +83,10 @@ type Options struct {
 	// document it answered 404 for (missing_doc_retry_msec); zero is
 	// CouchDB's 2 s.
 	MissingDocRetry time.Duration
+	// MaxDocumentIDLength skips the changes of documents whose id is
+	// longer (bytes), each counted in doc_write_failures
+	// (max_document_id_length); zero is no limit.
+	MaxDocumentIDLength int
 	// OnEvent, if set, is told of checkpoints and changes-feed failures
 	// (metrics); it must return quickly.
 	OnEvent func(Event)

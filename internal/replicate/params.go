@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/redact"
 )
 
@@ -168,11 +169,49 @@ func urlErr(field, format string, a ...any) error {
 // strings and that user_ctx has CouchDB's shape, and it reports every problem
 // as a 400-class error (CouchDB answers some with a 500).
 func ParseParams(doc []byte) (Params, error) {
+	return ParseParamsWith(doc, DefaultParams())
+}
+
+// ParseParamsWith is ParseParams with the options the document does not
+// give taken from defaults (a node's [replicator] section: JobDefaults),
+// as CouchDB fills a job's options from its config.
+func ParseParamsWith(doc []byte, defaults Params) (Params, error) {
 	fields, err := objectFields(doc, "replication document must be a JSON object")
 	if err != nil {
-		return DefaultParams(), err
+		return defaults, err
 	}
-	return parseFields(fields, true)
+	return parseFieldsWith(fields, true, defaults)
+}
+
+// JobDefaults are the per-job options of a node's [replicator] section
+// (worker_processes, worker_batch_size, http_connections,
+// connection_timeout, retries_per_request, checkpoint_interval,
+// use_checkpoints, use_bulk_get) as the defaults of ParseParamsWith. A
+// section that was never parsed (its zero value: worker_processes 0) gives
+// CouchDB's defaults.
+func JobDefaults(c config.Replicator) Params {
+	p := DefaultParams()
+	if c.WorkerProcesses <= 0 {
+		return p
+	}
+	p.WorkerProcesses = c.WorkerProcesses
+	if c.WorkerBatchSize > 0 {
+		p.WorkerBatchSize = c.WorkerBatchSize
+	}
+	if c.HTTPConnections > 0 {
+		p.HTTPConnections = c.HTTPConnections
+	}
+	if c.ConnectionTimeout > 0 {
+		p.ConnectionTimeout = c.ConnectionTimeout
+	}
+	if c.RetriesPerRequest >= 0 {
+		p.RetriesPerRequest = c.RetriesPerRequest
+	}
+	if c.CheckpointInterval > 0 {
+		p.CheckpointInterval = c.CheckpointInterval
+	}
+	p.UseCheckpoints, p.UseBulkGet = c.UseCheckpoints, c.UseBulkGet
+	return p
 }
 
 // ReplicateRequest is a parsed POST /_replicate body.
@@ -284,7 +323,11 @@ func checkSize(fields map[string]json.RawMessage) error {
 
 // parseFields checks every known field; the endpoints only with endpoints.
 func parseFields(fields map[string]json.RawMessage, endpoints bool) (Params, error) {
-	p := DefaultParams()
+	return parseFieldsWith(fields, endpoints, DefaultParams())
+}
+
+func parseFieldsWith(fields map[string]json.RawMessage, endpoints bool, defaults Params) (Params, error) {
+	p := defaults
 	if err := checkSize(fields); err != nil {
 		return p, err
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/config"
 )
 
 const (
@@ -237,5 +239,42 @@ func TestParseParamsSize(t *testing.T) {
 	}
 	if _, err := ParseParams([]byte(strings.Replace(doc, `"i`, `"ii`, 1))); err == nil {
 		t.Fatalf("a document of %d bytes was accepted", MaxDocumentBytes+1)
+	}
+}
+
+// A node's [replicator] section fills the options a document does not
+// give; the document's own win (couch_replicator_parse's defaults).
+func TestParseParamsWithJobDefaults(t *testing.T) {
+	node := config.Default().Replicator
+	node.WorkerProcesses, node.WorkerBatchSize, node.HTTPConnections = 2, 100, 8
+	node.ConnectionTimeout, node.RetriesPerRequest, node.CheckpointInterval = 5*time.Second, 1, time.Minute
+	node.UseCheckpoints, node.UseBulkGet = false, false
+	doc := `{"source":"http://h/a","target":"http://h/b"`
+	for _, tc := range []struct {
+		name     string
+		defaults Params
+		doc      string
+		want     func(p Params) bool
+	}{
+		{"CouchDB's defaults", JobDefaults(config.Replicator{}), doc + `}`, func(p Params) bool {
+			return p.WorkerProcesses == DefaultWorkerProcesses && p.UseBulkGet && p.UseCheckpoints && p.RetriesPerRequest == DefaultRetriesPerRequest
+		}},
+		{"the node's", JobDefaults(node), doc + `}`, func(p Params) bool {
+			return p.WorkerProcesses == 2 && p.WorkerBatchSize == 100 && p.HTTPConnections == 8 && p.ConnectionTimeout == 5*time.Second &&
+				p.RetriesPerRequest == 1 && p.CheckpointInterval == time.Minute && !p.UseBulkGet && !p.UseCheckpoints
+		}},
+		{"the document's over the node's", JobDefaults(node), doc + `,"use_bulk_get":true,"worker_processes":3}`, func(p Params) bool {
+			return p.UseBulkGet && p.WorkerProcesses == 3 && p.WorkerBatchSize == 100 && !p.UseCheckpoints
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := ParseParamsWith([]byte(tc.doc), tc.defaults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.want(p) {
+				t.Errorf("params %+v", p)
+			}
+		})
 	}
 }

@@ -95,6 +95,20 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 	defer func() { w.r.ctr.add(w.stats) }()
 
 	revs := make(map[string][]string, len(changes))
+	if max := w.r.o.MaxDocumentIDLength; max > 0 {
+		kept := changes[:0:0]
+		for _, c := range changes {
+			if len(c.ID) > max {
+				// As CouchDB's changes reader: dropped, counted as a failure.
+				w.stats.DocWriteFailures++
+				w.r.log.Error().Str("doc_id", c.ID[:max]+"...").Int("max_document_id_length", max).
+					Msg("replication: document id too long, ignoring")
+				continue
+			}
+			kept = append(kept, c)
+		}
+		changes = kept
+	}
 	for _, c := range changes {
 		if _, seen := revs[c.ID]; !seen {
 			revs[c.ID] = make([]string, 0, len(c.Revs))
