@@ -95,20 +95,17 @@ func (s *server) list(ctx context.Context, req *messages.ListJobsRequest) (*mess
 	return resp, nil
 }
 
-// find finds a job by job id, else by replication id.
+// find finds the job id names (admin.FindJob: job id, replication id,
+// actor name or a unique prefix, credentials matched after redaction).
 func (s *server) find(ctx context.Context, id string) (*repjob.Record, error) {
-	if id == "" {
-		return nil, fmt.Errorf("%w: no job id given", actors.ErrJobNotFound)
-	}
-	rec, err := s.store.Get(ctx, id)
-	if errors.Is(err, repjob.ErrNotFound) {
-		rec, err = s.store.FindByRepID(ctx, id)
-	}
+	rec, err := admin.FindJob(ctx, s.store, id)
 	switch {
-	case errors.Is(err, repjob.ErrNotFound):
-		return nil, fmt.Errorf("%w: %q", actors.ErrJobNotFound, id)
+	case errors.Is(err, admin.ErrNoSuchJob):
+		return nil, fmt.Errorf("%w: %w", actors.ErrJobNotFound, err)
+	case errors.Is(err, admin.ErrAmbiguousJob):
+		return nil, fmt.Errorf("%w: %w", actors.ErrInvalidRequest, err)
 	case err != nil:
-		return nil, fmt.Errorf("couchrep: find job %q: %w", id, err)
+		return nil, fmt.Errorf("couchrep: %w", err)
 	}
 	return rec, nil
 }
@@ -132,7 +129,7 @@ func (s *server) control(ctx context.Context, id string, action messages.JobCont
 	case errors.Is(err, repjob.ErrNotRunning):
 		return nil, fmt.Errorf("%w: job %s stopped meanwhile", actors.ErrJobNotRunning, rec.GetJobId())
 	case errors.Is(err, repjob.ErrNotFound):
-		return nil, fmt.Errorf("%w: %q", actors.ErrJobNotFound, id)
+		return nil, fmt.Errorf("%w: %q", actors.ErrJobNotFound, rec.GetJobId())
 	case err != nil:
 		return nil, fmt.Errorf("couchrep: %s job %s: %w", actionName(action), rec.GetJobId(), err)
 	}

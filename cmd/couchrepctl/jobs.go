@@ -118,7 +118,8 @@ func watchJobs(ctx context.Context, e *env, req *messages.ListJobsRequest, inter
 }
 
 // startedFrom says where a job's run started: its own checkpoint,
-// CouchDB's (couchdb_checkpoint), since_seq or zero, with the sequence.
+// CouchDB's (couchdb_checkpoint), since_seq or zero, with the sequence's
+// number (ShortSeq): "checkpoint@12345".
 func startedFrom(st *messages.JobStats) string {
 	if st.GetStartFrom() == "" {
 		return "-"
@@ -126,7 +127,39 @@ func startedFrom(st *messages.JobStats) string {
 	if st.GetStartFrom() == "zero" {
 		return "zero"
 	}
-	return st.GetStartFrom() + "@" + st.GetStartSeq()
+	return st.GetStartFrom() + "@" + ShortSeq(st.GetStartSeq())
+}
+
+// maxSeqWidth bounds a sequence ShortSeq shows that has no number part.
+const maxSeqWidth = 16
+
+// ShortSeq is a sequence as a table shows it: its number part, as CouchDB
+// operators read one ("12345-g1AAAA…" → "12345", "[12,\"g1…\"]" → "12"),
+// anything else clipped to maxSeqWidth characters.
+func ShortSeq(seq string) string {
+	s := strings.TrimSpace(seq)
+	var v any
+	if json.Unmarshal([]byte(s), &v) == nil {
+		switch x := v.(type) {
+		case string:
+			s = x
+		case float64:
+			return strings.TrimSpace(s)
+		case []any:
+			if len(x) > 0 {
+				if n, ok := x[0].(float64); ok {
+					return fmt.Sprint(int64(n))
+				}
+			}
+		}
+	}
+	if num, _, ok := strings.Cut(s, "-"); ok && num != "" && strings.Trim(num, "0123456789") == "" {
+		return num
+	}
+	if r := []rune(s); len(r) > maxSeqWidth {
+		return string(r[:maxSeqWidth-1]) + "…"
+	}
+	return s
 }
 
 // printJobs prints the job table; with prev (docs written per job at the
@@ -239,9 +272,26 @@ func runJobRestart(ctx context.Context, e *env, args []string) error {
 		})
 }
 
-// printJobNow prints what was done to job j and its new state.
+// printJobNow prints what was done to job j and what happened next: a
+// stopped job goes back to the queue, and on a node with a free slot the
+// scheduler may start it again at once (it stays due).
 func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
-	_, err := fmt.Fprintf(w, "%s job %s: now %s\n", done, j.GetId(), admin.StatusName(j.GetStatus()))
+	st := admin.StatusName(j.GetStatus())
+	var msg string
+	switch {
+	case done == "stopped" && st == "running":
+		msg = fmt.Sprintf("stopped job %s: it checkpointed and went back to the queue, and node %s started it again at once "+
+			"(a stopped job stays due; delete its document, or `job cancel` a transient job, to end it)", j.GetId(), j.GetNode())
+	case done == "stopped" && st == "pending":
+		msg = fmt.Sprintf("stopped job %s: it checkpointed and is back in the queue (pending); a node with a free slot starts it again", j.GetId())
+	case done == "restarted" && st == "running":
+		msg = fmt.Sprintf("restarted job %s: running on node %s", j.GetId(), j.GetNode())
+	case done == "restarted" && st == "pending":
+		msg = fmt.Sprintf("restarted job %s: due now (pending); a node with a free slot starts it", j.GetId())
+	default:
+		msg = fmt.Sprintf("%s job %s: it is %s now", done, j.GetId(), st)
+	}
+	_, err := fmt.Fprintln(w, msg)
 	return err
 }
 

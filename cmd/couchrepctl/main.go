@@ -92,7 +92,7 @@ func simple(r runFunc) func(*flag.FlagSet) runFunc { return func(*flag.FlagSet) 
 var commands = []command{
 	{"tree", "", "print the node's live supervision tree", simple(runTree)},
 	{"jobs", "", "list replication jobs (filters: --state, --db, --node-name, --limit; --watch for live progress)", setupJobs},
-	{"job show", "ID", "show one job (job id or replication id) with its stats and history", simple(runJobShow)},
+	{"job show", "ID", "show one job (its id as jobs shows it, replication id, actor name, or a unique prefix of either id) with its stats and history", simple(runJobShow)},
 	{"job stop", "ID", "stop a job running on this node: it checkpoints and goes back to the queue", simple(runJobStop)},
 	{"job restart", "ID", "run a job again now (a crashing job's backoff is skipped; a running one is stopped and requeued)", simple(runJobRestart)},
 	{"job cancel", "ID", "cancel a transient job (it is removed); a _replicator document's job is refused, as in CouchDB: delete or change its document", simple(runJobCancel)},

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/couchrep/couchrep/messages"
+)
+
+// TestShortSeq: STARTED_FROM shows a sequence's number part, never a
+// CouchDB sequence's 300 characters.
+func TestShortSeq(t *testing.T) {
+	long := "12345-g1AAAAJneJzLYWBgYMpgTmEQTM4vTc5ISXIwNDLXMwBCwxygFFMiQ5L8____szKYExlygQLsiWZJlolJSZjKcRqRxwIkGRqA1H-oSYFgkxLNjJMMDNMwdWQBAHI" + strings.Repeat("A", 200)
+	for _, tc := range []struct{ in, want string }{
+		{`"` + long + `"`, "12345"},
+		{long, "12345"},
+		{`42`, "42"},
+		{`"0"`, "0"},
+		{`[7,"g1AAAA"]`, "7"},
+		{`"abcdefghijklmnopqrstuvwxyz"`, "abcdefghijklmno…"},
+		{``, ""},
+	} {
+		if got := ShortSeq(tc.in); got != tc.want {
+			t.Errorf("ShortSeq(%.40q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	got := startedFrom(&messages.JobStats{StartFrom: "couchdb_checkpoint", StartSeq: `"` + long + `"`})
+	if got != "couchdb_checkpoint@12345" {
+		t.Fatalf("startedFrom = %q", got)
+	}
+}
+
+// TestPrintJobNow: a stop says what happened, also when the scheduler
+// started the job again at once.
+func TestPrintJobNow(t *testing.T) {
+	for _, tc := range []struct {
+		done   string
+		status messages.JobStatus
+		want   string
+	}{
+		{"stopped", messages.JobStatus_JOB_STATUS_RUNNING, "stopped job j1: it checkpointed and went back to the queue, and node n1 started it again at once"},
+		{"stopped", messages.JobStatus_JOB_STATUS_PENDING, "stopped job j1: it checkpointed and is back in the queue (pending)"},
+		{"restarted", messages.JobStatus_JOB_STATUS_RUNNING, "restarted job j1: running on node n1"},
+		{"restarted", messages.JobStatus_JOB_STATUS_PENDING, "restarted job j1: due now (pending)"},
+		{"restarted", messages.JobStatus_JOB_STATUS_COMPLETED, "restarted job j1: it is completed now"},
+	} {
+		var b strings.Builder
+		if err := printJobNow(&b, tc.done, &messages.JobSummary{Id: "j1", Node: "n1", Status: tc.status}); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(b.String(), tc.want) || strings.Contains(b.String(), "now running") {
+			t.Errorf("%s %s: %q, want %q", tc.done, tc.status, b.String(), tc.want)
+		}
+	}
+}
