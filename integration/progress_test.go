@@ -131,8 +131,8 @@ func TestLiveProgress(t *testing.T) {
 
 	met := string(api(t, addr, "GET", "/metrics", "").body)
 	for _, want := range []string{
-		fmt.Sprintf(`couchrep_replication_docs_written{database="",kind="transient"} %d`, 1+more),
-		`couchrep_replication_changes_pending{database="",kind="transient"} 0`,
+		fmt.Sprintf(`couchrep_replication_docs_written{database="",kind="transient",server=""} %d`, 1+more),
+		`couchrep_replication_changes_pending{database="",kind="transient",server=""} 0`,
 	} {
 		if !strings.Contains(met, want) {
 			t.Errorf("/metrics lacks %s", want)

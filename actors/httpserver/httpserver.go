@@ -134,6 +134,7 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		Cluster:  cl,
 
 		Competing: competing,
+		Servers:   cfg.Couchrep.Watch,
 	})
 	var check func(context.Context) error
 	if c, ok := a.deps.Store.(kv.Checker); ok {

@@ -17,10 +17,10 @@ import (
 
 // Metrics are the node's Prometheus metrics, served by GET /metrics:
 //
-//   - couchrep_replication_jobs{kind,database,state}: jobs in the shared
+//   - couchrep_replication_jobs{kind,server,database,state}: jobs in the shared
 //     store by state (read from the store at scrape time, so every node
 //     shows the whole cluster);
-//   - couchrep_replication_docs_written{kind,database}: docs_written summed
+//   - couchrep_replication_docs_written{kind,server,database}: docs_written summed
 //     over the jobs in the store;
 //   - couchrep_replication_docs_written_total: documents written by this
 //     node's jobs (from their progress events);
@@ -39,7 +39,9 @@ import (
 //     usage per _replicator database;
 //   - the Go runtime and process collectors.
 //
-// Labels have bounded cardinality: no job ids, no URLs.
+// Labels have bounded cardinality: no job ids, no endpoint URLs; server is
+// a watched server's URL without credentials (ServerName, bounded by
+// [couchrep] watch), empty for transient jobs.
 type Metrics struct {
 	reg         *prometheus.Registry
 	handler     http.Handler
@@ -197,11 +199,11 @@ type jobsCollector struct {
 
 var (
 	jobsDesc = prometheus.NewDesc("couchrep_replication_jobs",
-		"Replication jobs in the shared store by kind, _replicator database (empty for transient jobs) and state.",
-		[]string{"kind", "database", "state"}, nil)
+		"Replication jobs in the shared store by kind, watched server and _replicator database (empty for transient jobs) and state.",
+		[]string{"kind", "server", "database", "state"}, nil)
 	storeDocsDesc = prometheus.NewDesc("couchrep_replication_docs_written",
 		"docs_written summed over the replication jobs in the shared store.",
-		[]string{"kind", "database"}, nil)
+		[]string{"kind", "server", "database"}, nil)
 	scrapeErrDesc = prometheus.NewDesc("couchrep_replication_jobs_scrape_error",
 		"1 if the job store could not be read for this scrape.", nil, nil)
 )
@@ -222,13 +224,13 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	jobs = c.m.withLiveAll(jobs)
 	c.collectShares(ch, jobs)
 	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
-	type key struct{ kind, db, state string }
+	type key struct{ kind, server, db, state string }
 	counts := map[key]int{}
 	// Transient jobs always have series, so that an empty store shows 0.
 	written := map[key]int64{{kind: "transient"}: 0}
 	pending := map[key]int64{{kind: "transient"}: 0}
 	for _, j := range jobs {
-		k := key{kind: "persistent", db: j.Database}
+		k := key{kind: "persistent", server: j.Server, db: j.Database}
 		if j.Transient {
 			k = key{kind: "transient"}
 		}
@@ -249,19 +251,19 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	// dropping to zero is a 0 and not a vanished series.
 	for k := range written {
 		for _, st := range []repjob.State{repjob.StatePending, repjob.StateRunning, repjob.StateCrashing} {
-			kk := key{k.kind, k.db, st.String()}
+			kk := key{k.kind, k.server, k.db, st.String()}
 			if _, ok := counts[kk]; !ok {
 				counts[kk] = 0
 			}
 		}
 	}
 	for k, n := range counts {
-		ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), k.kind, k.db, k.state)
+		ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db, k.state)
 	}
 	for k, n := range written {
-		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.db)
+		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
 	}
 	for k, n := range pending {
-		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.db)
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
 	}
 }

@@ -253,7 +253,7 @@ var (
 	storeHealthyDesc = prometheus.NewDesc("couchrep_store_healthy",
 		"1 if the job store answered a health check at this scrape.", nil, nil)
 	pendingDesc = prometheus.NewDesc("couchrep_replication_changes_pending",
-		"changes_pending summed over the running replication jobs (live on the node running them, else as stored).", []string{"kind", "database"}, nil)
+		"changes_pending summed over the running replication jobs (live on the node running them, else as stored).", []string{"kind", "server", "database"}, nil)
 	shareWeightDesc = prometheus.NewDesc("couchrep_replicator_share_weight",
 		"Fair-share weight of a _replicator database ([replicator.shares]).", []string{"database"}, nil)
 	shareUsageDesc = prometheus.NewDesc("couchrep_replicator_share_usage_ratio",

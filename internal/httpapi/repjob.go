@@ -149,6 +149,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 		JobID:       m.GetJobId(),
 		RepID:       m.GetRepId(),
 		Transient:   m.GetKind() != messages.ReplicationKind_REPLICATION_KIND_PERSISTENT,
+		Server:      ServerName(m.GetServer()),
 		Database:    m.GetDbName(),
 		DocID:       m.GetDocId(),
 		User:        m.GetUser(),

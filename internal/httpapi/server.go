@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,6 +64,11 @@ type Options struct {
 	Warnings []string
 	// Users lets CouchDB users of an auth server in (see UsersOptions).
 	Users UsersOptions
+	// Servers are the servers this node watches ([couchrep] watch; their
+	// credentials are dropped here): GET /_scheduler/docs/{db}/{docid}
+	// refuses a document id that is in db on several of them unless
+	// ?server= names one.
+	Servers []string
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -80,6 +86,7 @@ type Server struct {
 	guard          *authGuard
 	users          *users
 	warnings       []string
+	servers        []string // ServerName of each watched server
 }
 
 // New returns the API handler.
@@ -87,6 +94,11 @@ func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
 		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing, warnings: o.Warnings,
 		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval), users: newUsers(o.Users, o.Admins)}
+	for _, w := range o.Servers {
+		if n := ServerName(w); n != "" && !slices.Contains(s.servers, n) {
+			s.servers = append(s.servers, n)
+		}
+	}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
 	}
@@ -108,7 +120,7 @@ type apiError struct {
 	code, reason string
 	retryAfter   time.Duration // sent as Retry-After when set
 	// bare sends the error name alone, without a reason, as CouchDB does
-	// for some answers (errCancelNotFound).
+	// for some answers (cancelNotFound).
 	bare bool
 }
 

@@ -329,7 +329,7 @@ func TestContinuousLifecycle(t *testing.T) {
 
 	// Metrics see the running job.
 	mr := e.get("/metrics")
-	if !strings.Contains(string(mr.body), `couchrep_replication_jobs{database="",kind="transient",state="running"} 1`) ||
+	if !strings.Contains(string(mr.body), `couchrep_replication_jobs{database="",kind="transient",server="",state="running"} 1`) ||
 		!strings.Contains(string(mr.body), `couchrep_http_requests_total{code="202",endpoint="replicate",method="POST"} 2`) {
 		t.Fatalf("metrics lack the running job or the requests:\n%s", mr.body)
 	}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net/http"
 	"path"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -116,6 +117,7 @@ type statusJob struct {
 	RepID       string    `json:"rep_id"`
 	State       string    `json:"state"`
 	Kind        string    `json:"kind"`
+	Server      string    `json:"server"`
 	Database    string    `json:"database"`
 	DocID       string    `json:"doc_id"`
 	Source      string    `json:"source"`
@@ -134,12 +136,16 @@ type statusJob struct {
 }
 
 type statusShare struct {
-	Database string  `json:"database"`
-	Weight   int     `json:"weight"`
-	Running  int     `json:"running"`
-	Waiting  int     `json:"waiting"`
-	Usage    float64 `json:"usage"`
-	Entitled float64 `json:"entitled"`
+	Database string `json:"database"`
+	// Servers are the watched servers whose _replicator database of this
+	// name has jobs: the scheduler's fair-share account is the database
+	// name (CouchDB's couch_replicator_share:key/1), one for all of them.
+	Servers  []string `json:"servers"`
+	Weight   int      `json:"weight"`
+	Running  int      `json:"running"`
+	Waiting  int      `json:"waiting"`
+	Usage    float64  `json:"usage"`
+	Entitled float64  `json:"entitled"`
 }
 
 type statusTree struct {
@@ -214,7 +220,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 // between samples (a job's stats carry over from its earlier runs, so they
 // say nothing of its current speed): 0 until two samples were taken.
 func statusJobOf(j *Job, sm *jobSamples) statusJob {
-	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State.String(), Kind: "persistent", Database: j.Database, DocID: j.DocID,
+	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State.String(), Kind: "persistent", Server: j.Server, Database: j.Database, DocID: j.DocID,
 		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
 		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}}
 	if j.Transient {
@@ -245,7 +251,7 @@ func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
 		if sh, ok := byDB[db]; ok {
 			return sh
 		}
-		sh := &statusShare{Database: db, Weight: share.DefaultShares}
+		sh := &statusShare{Database: db, Weight: share.DefaultShares, Servers: []string{}}
 		if w, ok := weights[db]; ok {
 			sh.Weight = w
 		}
@@ -261,6 +267,9 @@ func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
 			continue
 		}
 		sh := get(j.Database)
+		if j.Server != "" && !slices.Contains(sh.Servers, j.Server) {
+			sh.Servers = append(sh.Servers, j.Server)
+		}
 		switch j.State {
 		case repjob.StateRunning:
 			sh.Running++
@@ -282,6 +291,7 @@ func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
 		if activeWeight > 0 && sh.Running+sh.Waiting > 0 {
 			sh.Entitled = float64(sh.Weight) / float64(activeWeight)
 		}
+		slices.Sort(sh.Servers)
 		out = append(out, *sh)
 	}
 	sort.Slice(out, func(a, b int) bool { return out[a].Database < out[b].Database })

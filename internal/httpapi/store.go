@@ -26,6 +26,9 @@ type Job struct {
 	// Transient is true for POST /_replicate jobs, false for jobs of
 	// _replicator documents.
 	Transient bool
+	// Server is the CouchDB server whose _replicator database holds a
+	// persistent job's document: its URL without credentials (ServerName).
+	Server string
 	// Database and DocID locate a persistent job's document.
 	Database, DocID string
 	// User created the job.

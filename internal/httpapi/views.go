@@ -245,6 +245,7 @@ type jobJSON struct {
 	PID       *string             `json:"pid"`
 	Source    string              `json:"source"`
 	Target    string              `json:"target"`
+	Server    *string             `json:"server"`
 	Database  *string             `json:"database"`
 	User      *string             `json:"user"`
 	DocID     *string             `json:"doc_id"`
@@ -283,7 +284,7 @@ func jobView(j *Job) jobJSON {
 		SourceProxy: strOrNil(redact.URL(j.SourceProxy)), TargetProxy: strOrNil(redact.URL(j.TargetProxy)),
 	}
 	if !j.Transient {
-		v.Database, v.DocID = strOrNil(j.Database), strOrNil(j.DocID)
+		v.Server, v.Database, v.DocID = strOrNil(j.Server), strOrNil(j.Database), strOrNil(j.DocID)
 	}
 	if j.State == repjob.StateRunning {
 		v.PID = strOrNil("<" + j.JobID + "@" + j.Node + ">")
@@ -429,18 +430,19 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 	if err != nil {
 		return err
 	}
+	server, err := s.serverParam(r)
+	if err != nil {
+		return err
+	}
 	if docID != "" {
-		j, err := s.store.SchedulerDoc(r.Context(), db, docID)
-		if errors.Is(err, ErrNotFound) {
-			return errorf(http.StatusNotFound, "not_found", "no replication document %s in %s", docID, db)
-		}
+		j, err := s.schedulerDoc(r.Context(), server, db, docID)
 		if err != nil {
 			return err
 		}
 		writeJSON(w, http.StatusOK, docView(j))
 		return nil
 	}
-	if states == nil {
+	if states == nil && server == "" {
 		// The store reads only the page.
 		page, total, err := s.store.SchedulerDocs(r.Context(), db, pg.skip, pg.limit)
 		if err != nil {
@@ -453,14 +455,15 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 		writeJSON(w, http.StatusOK, map[string]any{"total_rows": total, "offset": min(pg.skip, total), "docs": out})
 		return nil
 	}
-	// A state filter reads every document's job (in order), then pages.
+	// A state or server filter reads every document's job (in order),
+	// then pages.
 	all, _, err := s.store.SchedulerDocs(r.Context(), db, 0, -1)
 	if err != nil {
 		return err
 	}
 	var docs []*Job
 	for _, j := range all {
-		if states[j.State] {
+		if (states == nil || states[j.State]) && (server == "" || j.Server == server) {
 			docs = append(docs, j)
 		}
 	}
@@ -478,6 +481,7 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 // "id": null and no node.
 func docView(j *Job) map[string]any {
 	v := map[string]any{
+		"server":       j.Server,
 		"database":     j.Database,
 		"doc_id":       j.DocID,
 		"id":           strOrNil(j.RepID),
@@ -532,9 +536,9 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 		t["type"] = "replication"
 		t["user"] = strOrNil(j.User)
 		t["replication_id"] = shownID(j)
-		t["database"], t["doc_id"] = nil, nil
+		t["server"], t["database"], t["doc_id"] = nil, nil, nil
 		if !j.Transient {
-			t["database"], t["doc_id"] = j.Database, j.DocID
+			t["server"], t["database"], t["doc_id"] = j.Server, j.Database, j.DocID
 		}
 		t["source"], t["target"] = redact.URL(j.Source), redact.URL(j.Target)
 		t["continuous"] = j.Continuous

@@ -115,9 +115,9 @@
       if (!r) { r = jobRow(j); jobRows.set(j.id, r); }
       const c = r.cells;
       if (r.state !== j.state) { c.state.replaceChildren(stateBadge(j.state)); r.state = j.state; r.tr.dataset.state = j.state; }
-      setText(c.id, (j.rep_id || j.id).slice(0, 12));
+      setText(c.id, (j.rep_id || j.id).slice(0, 12)); // couchrepctl job show accepts it (a unique prefix)
       c.id.title = j.rep_id ? "job " + j.id + "\nreplication " + j.rep_id : "job " + j.id;
-      setText(c.doc, j.kind === "transient" ? "(transient)" : j.database + " / " + j.doc_id);
+      setText(c.doc, j.kind === "transient" ? "(transient)" : (j.server ? j.server + " " : "") + j.database + " / " + j.doc_id);
       setText(c.ends, j.source + " → " + j.target + (j.continuous ? " (continuous)" : ""));
       setText(c.node, j.node);
       setText(c.read, num(j.docs_read));
@@ -151,7 +151,7 @@
       bar.title = "running " + Math.round(100 * s.usage) + "% of the persistent jobs, entitled to " + Math.round(100 * s.entitled) + "%";
       const cell = el("td");
       cell.append(bar);
-      tr.append(el("td", "mono", s.database), el("td", "num", s.weight), el("td", "num", s.running), el("td", "num", s.waiting), cell);
+      tr.append(el("td", "mono", s.database), el("td", "url", (s.servers || []).join(", ")), el("td", "num", s.weight), el("td", "num", s.running), el("td", "num", s.waiting), cell);
       return tr;
     }));
   }
