@@ -213,6 +213,11 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	row("state", admin.StatusName(j.GetStatus()))
 	row("kind", j.GetKind())
 	if j.GetDatabase() != "" {
+		// A document's job id is "SERVER|DB|DOCID", the server's URL
+		// without credentials.
+		if server, _, ok := strings.Cut(j.GetId(), "|"); ok {
+			row("server", server)
+		}
 		row("database", j.GetDatabase())
 		row("doc_id", j.GetDocId())
 	}
@@ -221,6 +226,7 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	row("continuous", j.GetContinuous())
 	if j.GetNode() != "" {
 		row("node", j.GetNode())
+		row("actor", admin.ActorName(j.GetId())+" (in couchrepctl tree)")
 	}
 	if j.GetStartTime() != nil {
 		row("started", j.GetStartTime().AsTime().UTC().Format(time.RFC3339))

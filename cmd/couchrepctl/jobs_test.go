@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -50,6 +51,22 @@ func TestPrintJobNow(t *testing.T) {
 		}
 		if !strings.HasPrefix(b.String(), tc.want) || strings.Contains(b.String(), "now running") {
 			t.Errorf("%s %s: %q, want %q", tc.done, tc.status, b.String(), tc.want)
+		}
+	}
+}
+
+// TestPrintJobNamesServerAndActor: job show links the ids a user meets:
+// the server of a document's job and the actor name tree shows.
+func TestPrintJobNamesServerAndActor(t *testing.T) {
+	var b strings.Builder
+	j := &messages.JobSummary{Id: "http://couch-a:5984|_replicator|backup", Database: "_replicator", DocId: "backup",
+		Node: "n1", Status: messages.JobStatus_JOB_STATUS_RUNNING}
+	if err := printJob(&b, j); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"server", "http://couch-a:5984", "actor", admin.ActorName(j.GetId())} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("job show lacks %q:\n%s", want, b.String())
 		}
 	}
 }
