@@ -79,7 +79,8 @@ func idForms(id string) []string {
 // MinPrefix characters) of its job id or replication id. Ids that hold
 // credentials are matched after redaction. A prefix of several jobs gives
 // an error wrapping ErrAmbiguousJob naming them; nothing found, one
-// wrapping ErrNoSuchJob. Errors never hold the credentials of id.
+// wrapping ErrNoSuchJob. Errors never hold the credentials of id (a store
+// error is wrapped as is: the admin endpoint redacts every error it sends).
 func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error) {
 	id = strings.TrimSpace(id)
 	shown := redactID(id)
@@ -93,14 +94,14 @@ func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error)
 			return rec, nil
 		}
 		if !errors.Is(err, repjob.ErrNotFound) {
-			return nil, fmt.Errorf("find job %q: %w", shown, errors.New(redact.Text(err.Error())))
+			return nil, fmt.Errorf("find job %q: %w", shown, err)
 		}
 		rec, err = s.FindByRepID(ctx, f)
 		if err == nil {
 			return rec, nil
 		}
 		if !errors.Is(err, repjob.ErrNotFound) {
-			return nil, fmt.Errorf("find job %q: %w", shown, errors.New(redact.Text(err.Error())))
+			return nil, fmt.Errorf("find job %q: %w", shown, err)
 		}
 	}
 	// An actor name or a prefix: one pass over the jobs.
@@ -126,7 +127,7 @@ func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error)
 		return nil
 	})
 	if err != nil && !errors.Is(err, errStop) {
-		return nil, fmt.Errorf("find job %q: %w", shown, errors.New(redact.Text(err.Error())))
+		return nil, fmt.Errorf("find job %q: %w", shown, err)
 	}
 	switch len(matches) {
 	case 0:
