@@ -2,48 +2,43 @@ package docproc
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/pause"
+	"github.com/couchrep/couchrep/internal/takeover"
 )
 
 // A watched server's own replicator (Apache CouchDB's) processes the same
-// _replicator documents unless it was stopped: both then copy the data and
-// race to write _replication_state back. The processor asks each watched
-// server's scheduler (GET /_scheduler/docs) which documents it runs jobs
-// for, every Options.CompetingInterval, and records what it found in a
-// Competition that GET /_up and couchrepctl nodes read.
+// _replicator documents unless it was stopped, and so does another couchrep
+// store watching the same server: both then copy the data and race to write
+// _replication_state back. Every Options.CompetingInterval the processor
+// refreshes this store's marker in the databases it follows and asks each
+// watched server for the facts of internal/takeover ([replicator] max_jobs,
+// _active_tasks, _scheduler/docs, other stores' markers), the same facts
+// couchrepctl takeover checks, and records the verdict in a Competition
+// that GET /_up and couchrepctl nodes read.
 
 // Statuses of a server's check (ServerCheck.Status).
 const (
 	// CheckPending: not checked yet.
 	CheckPending = "not_checked"
-	// CheckNoneFound: the server runs no replication job for a
-	// _replicator document, or has no _scheduler (PouchDB Server, CouchDB
-	// 1.x): no competing replicator.
-	CheckNoneFound = "none_found"
-	// CheckCompeting: the server runs jobs for the documents of Databases.
-	CheckCompeting = "competing"
-	// CheckUnknown: the check failed (Reason says why; e.g. the server
-	// requires admin credentials for _scheduler/docs).
-	CheckUnknown = "unknown"
+	// CheckNoneFound: every fact was read and none says another replicator
+	// works on the server: [replicator] max_jobs = 0, no replication task,
+	// no running document, no other couchrep store's marker.
+	CheckNoneFound = takeover.StatusNone
+	// CheckCompeting: the server's own replicator is on (ServerWide), runs
+	// jobs for the documents of Databases, or another couchrep store
+	// follows them (OtherStores).
+	CheckCompeting = takeover.StatusCompeting
+	// CheckUnknown: nothing found, but not every fact could be read
+	// (Reason says which and why: a server without /_node/_local/_config,
+	// such as PouchDB Server, or without admin credentials).
+	CheckUnknown = takeover.StatusUnknown
 )
-
-// competingStates are the _scheduler/docs states of a document whose job
-// the server runs or will retry. "pending" is not among them: with
-// [replicator] max_jobs = 0 (the way to stop CouchDB 3.x's replicator)
-// every document stays pending and nothing runs.
-var competingStates = []string{"running", "crashing", "error"}
 
 // CompetingDB is one _replicator database the server's own replicator
 // works on.
@@ -63,8 +58,15 @@ type ServerCheck struct {
 	Server string `json:"server"`
 	// Status is CheckPending, CheckNoneFound, CheckCompeting or CheckUnknown.
 	Status string `json:"status"`
-	// Reason explains a none_found without _scheduler, or an unknown.
+	// Reason says what the check found, or what it could not read.
 	Reason string `json:"reason,omitempty"`
+	// ServerWide: the server's own replicator is on ([replicator] max_jobs
+	// > 0, or replication tasks run): all its _replicator databases
+	// compete.
+	ServerWide bool `json:"server_wide,omitempty"`
+	// OtherStores are the other couchrep stores whose marker is live in
+	// the server's _replicator databases.
+	OtherStores []string `json:"other_stores,omitempty"`
 	// Action is what the node does about it: "warn" or "refuse".
 	Action string `json:"action"`
 	// Checked is when the server was last asked.
@@ -98,6 +100,7 @@ func (c *Competition) Snapshot() []ServerCheck {
 	for _, s := range c.servers {
 		cp := *s
 		cp.Databases = slices.Clone(s.Databases)
+		cp.OtherStores = slices.Clone(s.OtherStores)
 		out = append(out, cp)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Server < out[j].Server })
@@ -111,6 +114,9 @@ func (c *Competition) competing(server, db string) bool {
 	s := c.servers[server]
 	if s == nil {
 		return false
+	}
+	if s.ServerWide {
+		return true
 	}
 	for _, d := range s.Databases {
 		if d.DB == db {
@@ -139,11 +145,16 @@ func (c *Competition) register(server, action string) {
 	c.servers[server] = &ServerCheck{Server: server, Status: CheckPending, Action: action}
 }
 
-// record stores a check's result: jobs per competing database (nil when
-// none), or the status and reason of a check that found none or failed.
-// A failed check keeps the databases found before. It returns the
-// databases that started and stopped competing.
-func (c *Competition) record(server, status, reason string, jobs map[string]int, now time.Time) (started, stopped []string) {
+// change is what one check changed: databases that started and stopped
+// competing, and the server's own replicator turned on or off.
+type change struct {
+	started, stopped    []string
+	serverOn, serverOff bool
+}
+
+// record stores a check's verdict. A verdict that could read no fact at
+// all (Keep) keeps what was found before.
+func (c *Competition) record(server string, v takeover.Verdict, keep bool, now time.Time) change {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.servers[server]
@@ -152,36 +163,38 @@ func (c *Competition) record(server, status, reason string, jobs map[string]int,
 		c.servers[server] = s
 	}
 	first := s.Status == CheckPending
-	s.Status, s.Reason, s.Checked = status, reason, now
-	if status == CheckUnknown {
+	s.Status, s.Reason, s.Checked = v.Status, v.Reason, now
+	if v.Status == CheckUnknown && keep {
 		if first {
 			c.notify()
 		}
-		return nil, nil
+		return change{}
 	}
+	var ch change
 	since := map[string]time.Time{}
 	for _, d := range s.Databases {
 		since[d.DB] = d.Since
 	}
 	var dbs []CompetingDB
-	for _, db := range slices.Sorted(maps.Keys(jobs)) {
+	for _, db := range slices.Sorted(maps.Keys(v.Jobs)) {
 		t, ok := since[db]
 		if !ok {
 			t = now
-			started = append(started, db)
+			ch.started = append(ch.started, db)
 		}
-		dbs = append(dbs, CompetingDB{DB: db, Jobs: jobs[db], Since: t})
+		dbs = append(dbs, CompetingDB{DB: db, Jobs: v.Jobs[db], Since: t})
 	}
 	for _, d := range s.Databases {
-		if _, ok := jobs[d.DB]; !ok {
-			stopped = append(stopped, d.DB)
+		if _, ok := v.Jobs[d.DB]; !ok {
+			ch.stopped = append(ch.stopped, d.DB)
 		}
 	}
-	s.Databases = dbs
-	if first || len(started) > 0 || len(stopped) > 0 {
+	ch.serverOn, ch.serverOff = v.ServerWide && !s.ServerWide, !v.ServerWide && s.ServerWide
+	s.Databases, s.ServerWide, s.OtherStores = dbs, v.ServerWide, slices.Clone(v.OtherStores)
+	if first || len(ch.started) > 0 || len(ch.stopped) > 0 || ch.serverOn || ch.serverOff {
 		c.notify()
 	}
-	return started, stopped
+	return ch
 }
 
 // notify wakes those waiting on changes; c.mu is held.
@@ -201,77 +214,98 @@ func (c *Competition) blocked(server, db string) bool {
 	return pending || c.competing(server, db)
 }
 
-// schedulerDocs is the part of GET /_scheduler/docs the check reads.
-type schedulerDocs struct {
-	Docs []struct {
-		Database string `json:"database"`
-		DocID    string `json:"doc_id"`
-		State    string `json:"state"`
-	} `json:"docs"`
+// prober asks srv for the facts of internal/takeover as this store.
+func (p *Processor) prober(srv server) takeover.Prober {
+	return takeover.Prober{Endpoint: srv.ep, Options: p.couchOpts(), StoreID: p.storeID, Clock: p.opts.Clock}
 }
 
-// checkServer asks srv's scheduler which _replicator documents it runs
-// jobs for: status CheckCompeting with the job count per database,
-// CheckNoneFound (with a reason when the server has no _scheduler), or
-// CheckUnknown with the reason.
-func (p *Processor) checkServer(ctx context.Context, srv server) (status, reason string, jobs map[string]int) {
-	// GET <server>/_scheduler/docs, the "/" unescaped (a document id
-	// "_scheduler/docs" would be sent as _scheduler%2Fdocs, a database).
-	sched := couch.NewDB(srv.dbEndpoint("_scheduler"), p.couchOpts())
-	q := url.Values{"states": {"running,crashing"}, "limit": {"10000"}}
-	raw, err := sched.GetDoc(ctx, "docs", q)
-	var he *couch.HTTPError
-	switch {
-	case errors.As(err, &he) && (he.Status == http.StatusUnauthorized || he.Status == http.StatusForbidden):
-		return CheckUnknown, fmt.Sprintf("GET /_scheduler/docs answered %d: watch the server with server-admin credentials", he.Status), nil
-	case errors.As(err, &he) && he.Status >= 400 && he.Status < 500, errors.As(err, &he) && he.Status == http.StatusNotImplemented:
-		return CheckNoneFound, fmt.Sprintf("GET /_scheduler/docs answered %d: no replication scheduler", he.Status), nil
-	case err != nil:
-		return CheckUnknown, err.Error(), nil
-	}
-	var sd schedulerDocs
-	if err := json.Unmarshal(raw, &sd); err != nil {
-		return CheckNoneFound, "GET /_scheduler/docs is not a scheduler's answer: no replication scheduler", nil
-	}
-	for _, d := range sd.Docs {
-		if d.Database == "" || !IsReplicatorDB(d.Database) || !slices.Contains(competingStates, d.State) {
-			continue
+// checkServer refreshes this store's marker in the databases of srv this
+// node follows, then reads the server's facts and returns the verdict, and
+// whether no fact at all could be read (keep what was found before).
+func (p *Processor) checkServer(ctx context.Context, srv server) (takeover.Verdict, bool) {
+	pr := p.prober(srv)
+	for _, db := range p.followed(srv.key) {
+		if err := pr.Mark(ctx, db, p.opts.Node, p.opts.ServerUUID, p.opts.CompetingInterval); err != nil && ctx.Err() == nil {
+			p.log.Debug().Str("server", srv.key).Str("db", db).Err(err).Msg("writing this store's marker failed")
 		}
-		if jobs == nil {
-			jobs = map[string]int{}
+	}
+	f := pr.Probe(ctx, p.knownDBs(srv.key))
+	keep := !f.Replicator.Known && !f.Tasks.Known && !f.Scheduler.Known && !f.Markers.Known
+	return takeover.Assess(f, p.opts.Clock()), keep
+}
+
+// followed returns the databases of server this node follows now.
+func (p *Processor) followed(server string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for k := range p.leased {
+		if k.server == server {
+			out = append(out, k.db)
 		}
-		jobs[d.Database]++
 	}
-	if len(jobs) > 0 {
-		return CheckCompeting, "", jobs
+	sort.Strings(out)
+	return out
+}
+
+// knownDBs returns server's _replicator databases as discovery last listed
+// them; nil before the first listing (the probe lists them itself).
+func (p *Processor) knownDBs(server string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.known[server]
+}
+
+// setKnown records discovery's latest listing of server's databases.
+func (p *Processor) setKnown(server string, dbs map[string]bool) {
+	list := slices.Sorted(maps.Keys(dbs))
+	if list == nil {
+		list = []string{}
 	}
-	return CheckNoneFound, "", nil
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.known[server] = list
 }
 
 // watchCompetition checks server i now and then every CompetingInterval,
-// until ctx ends, and logs each database that starts or stops competing.
+// until ctx ends, and logs what starts or stops competing.
 func (p *Processor) watchCompetition(ctx context.Context, i int) {
 	srv := p.servers[i]
 	log := p.log.With().Str("server", srv.key).Logger()
+	stopIt := "stop it with [replicator] max_jobs = 0 on the server; couchrepctl takeover checks every precondition"
 	for {
-		status, reason, jobs := p.checkServer(ctx, srv)
+		v, keep := p.checkServer(ctx, srv)
 		if ctx.Err() != nil {
 			return
 		}
-		started, stopped := p.comp.record(srv.key, status, reason, jobs, p.opts.Clock().UTC().Truncate(time.Second))
-		for _, db := range started {
-			ev := log.Warn().Str("db", db).Int("jobs", jobs[db]).Str("on_competing_replicator", p.opts.OnCompeting)
+		ch := p.comp.record(srv.key, v, keep, p.opts.Clock().UTC().Truncate(time.Second))
+		what := "both copy the data and race to write _replication_state"
+		if p.refuse() {
+			what = "leaving its _replicator databases alone until it stops"
+		}
+		if ch.serverOn {
+			log.Warn().Str("reason", v.Reason).Str("on_competing_replicator", p.opts.OnCompeting).
+				Msgf("competing replicator: the server's own replicator is on and processes the same _replicator documents: %s (%s)", what, stopIt)
+		}
+		if ch.serverOff {
+			log.Info().Msg("competing replicator stopped: the server's own replicator is off ([replicator] max_jobs = 0) and runs no replication task")
+		}
+		for _, db := range ch.started {
+			ev := log.Warn().Str("db", db).Int("jobs", v.Jobs[db]).Str("on_competing_replicator", p.opts.OnCompeting)
+			if len(v.OtherStores) > 0 {
+				ev = ev.Strs("other_stores", v.OtherStores)
+			}
 			if p.refuse() {
-				ev.Msg("competing replicator: the server's own replicator runs jobs for documents of this _replicator database; leaving it alone until it stops (stop it with [replicator] max_jobs = 0 on the server)")
+				ev.Msgf("competing replicator: another replicator works on this _replicator database (%s); leaving it alone until it stops (%s)", v.Reason, stopIt)
 			} else {
-				ev.Msg("competing replicator: the server's own replicator runs jobs for documents of this _replicator database too: both copy the data and race to write _replication_state (stop it with [replicator] max_jobs = 0 on the server)")
+				ev.Msgf("competing replicator: another replicator works on this _replicator database too (%s): both copy the data and race to write _replication_state (%s)", v.Reason, stopIt)
 			}
 		}
-		for _, db := range stopped {
-			log.Info().Str("db", db).Msg("competing replicator stopped: the server's own replicator runs no job for this _replicator database any more")
+		for _, db := range ch.stopped {
+			log.Info().Str("db", db).Msg("competing replicator stopped: no other replicator works on this _replicator database any more")
 		}
-		if status == CheckUnknown {
-			log.Debug().Str("reason", reason).Msg("competing replicator check failed")
+		if v.Status == CheckUnknown {
+			log.Debug().Str("reason", v.Reason).Msg("competing replicator check: not every fact could be read")
 		}
 		if pause.For(ctx, p.opts.CompetingInterval) != nil {
 			return

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -18,6 +19,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/takeover"
+	"github.com/couchrep/couchrep/internal/takeover/takeovertest"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
@@ -35,57 +38,58 @@ const (
 		{"database":"_replicator","doc_id":"f","state":"completed"}]}`
 )
 
+// TestCheckServer runs the node's check against a CouchDB-shaped fake
+// (internal/takeover/takeovertest): the verdict follows the facts.
 func TestCheckServer(t *testing.T) {
+	off := `{"max_jobs":"0"}`
 	for _, tc := range []struct {
 		name       string
-		status     int
-		body       string
+		set        func(f *takeovertest.Fake)
 		want       string
+		serverWide bool
 		reason     string
 		competing  map[string]int
-		wantStates bool
+		keep       bool
 	}{
-		{"CouchDB running jobs", 200, schedulerCompeting, CheckCompeting, "", map[string]int{"_replicator": 2, "other/_replicator": 1}, true},
-		{"CouchDB with max_jobs = 0", 200, schedulerIdle, CheckNoneFound, "", nil, true},
-		{"no _scheduler (PouchDB Server)", 404, `{"error":"not_found","reason":"no_db_file"}`, CheckNoneFound, "answered 404", nil, true},
-		{"not an admin", 401, `{"error":"unauthorized","reason":"You are not a server admin."}`, CheckUnknown, "server-admin credentials", nil, true},
-		{"server error", 500, `{"error":"unknown_error","reason":"boom"}`, CheckUnknown, "500", nil, true},
-		{"not a scheduler", 200, `[1,2]`, CheckNoneFound, "not a scheduler", nil, true},
+		{"CouchDB's replicator on, no job running yet (finding 5)", func(f *takeovertest.Fake) {}, CheckCompeting, true, "max_jobs = 500", nil, false},
+		{"CouchDB running jobs", func(f *takeovertest.Fake) { f.Scheduler = schedulerCompeting }, CheckCompeting, true, "3 document(s)", map[string]int{"_replicator": 2, "other/_replicator": 1}, false},
+		{"CouchDB with max_jobs = 0", func(f *takeovertest.Fake) { f.NodeConfig, f.Scheduler = off, schedulerIdle }, CheckNoneFound, false, "max_jobs = 0", nil, false},
+		{"max_jobs = 0, a replication task still running", func(f *takeovertest.Fake) {
+			f.NodeConfig, f.Tasks = off, `[{"type":"replication"}]`
+		}, CheckCompeting, true, "1 replication task", nil, false},
+		{"another couchrep store", func(f *takeovertest.Fake) {
+			f.NodeConfig = off
+			f.Markers = map[string]string{"_replicator": fmt.Sprintf(`{"stores":{"0ther":{"node":"n9","updated":%q,"every_s":30}}}`, time.Now().UTC().Format(time.RFC3339))}
+		}, CheckCompeting, false, "store 0ther (node n9)", map[string]int{"_replicator": 0}, false},
+		{"no _node config, no _scheduler (PouchDB Server)", func(f *takeovertest.Fake) {
+			f.NodeConfig, f.OldConfig, f.Scheduler = "", `{"db":"_replicator"}`, ""
+		}, CheckUnknown, false, "/_config/replicator has no max_jobs", nil, false},
+		{"not an admin", func(f *takeovertest.Fake) { f.Status = 401 }, CheckUnknown, false, "server-admin credentials", nil, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var gotQuery url.Values
-			ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.URL.EscapedPath() != "/_scheduler/docs" {
-					http.NotFound(w, r)
-					return
-				}
-				gotQuery = r.URL.Query()
-				w.Header().Set("Content-Type", "application/json")
-				w.WriteHeader(tc.status)
-				w.Write([]byte(tc.body))
-			}))
-			defer ts.Close()
+			f := takeovertest.New(t)
+			f.Set(tc.set)
 			// Credentials in the watched URL never show in what the check reports.
-			withCreds := strings.Replace(ts.URL, "http://", "http://admin:s3cret@", 1)
+			withCreds := strings.Replace(f.URL, "http://", "http://admin:s3cret@", 1)
 			p, err := New(Options{Servers: []string{withCreds}, Store: nopStore(t), Jobs: newFakeJobs(), Logger: zerolog.Nop()})
 			if err != nil {
 				t.Fatal(err)
 			}
-			status, reason, jobs := p.checkServer(context.Background(), p.servers[0])
-			if status != tc.want || !strings.Contains(reason, tc.reason) || len(jobs) != len(tc.competing) {
-				t.Fatalf("got %s %q %v, want %s %q %v", status, reason, jobs, tc.want, tc.reason, tc.competing)
+			v, keep := p.checkServer(context.Background(), p.servers[0])
+			if v.Status != tc.want || v.ServerWide != tc.serverWide || !strings.Contains(v.Reason, tc.reason) || len(v.Jobs) != len(tc.competing) || keep != tc.keep {
+				t.Fatalf("got %+v keep %v, want %s server-wide %v %q %v keep %v", v, keep, tc.want, tc.serverWide, tc.reason, tc.competing, tc.keep)
 			}
 			for db, n := range tc.competing {
-				if jobs[db] != n {
-					t.Fatalf("jobs[%s] = %d, want %d", db, jobs[db], n)
+				if v.Jobs[db] != n {
+					t.Fatalf("jobs[%s] = %d, want %d", db, v.Jobs[db], n)
 				}
 			}
-			if gotQuery.Get("states") != "running,crashing" {
-				t.Fatalf("query %v", gotQuery)
+			p.comp.record(p.servers[0].key, v, keep, time.Now())
+			if got := p.comp.competing(p.servers[0].key, "any/_replicator"); got != tc.serverWide {
+				t.Fatalf("any database competing = %v, want %v (server-wide)", got, tc.serverWide)
 			}
-			p.comp.record(p.servers[0].key, status, reason, jobs, time.Now())
-			if b, _ := json.Marshal(p.comp.Snapshot()); strings.Contains(string(b), "s3cret") || strings.Contains(reason, "s3cret") {
-				t.Fatalf("credentials in the check: %s %s", b, reason)
+			if b, _ := json.Marshal(p.comp.Snapshot()); strings.Contains(string(b), "s3cret") || strings.Contains(v.Reason, "s3cret") {
+				t.Fatalf("credentials in the check: %s %s", b, v.Reason)
 			}
 		})
 	}
@@ -109,9 +113,12 @@ func TestCompetitionRecord(t *testing.T) {
 		t.Fatal("not blocked before the first check")
 	}
 	ch := c.changes()
-	started, stopped := c.record("http://h/", CheckCompeting, "", map[string]int{"_replicator": 2}, t0)
-	if len(started) != 1 || len(stopped) != 0 || !c.competing("http://h/", "_replicator") || c.competing("http://h/", "x/_replicator") {
-		t.Fatalf("first competing check: started %v stopped %v", started, stopped)
+	competing := func(jobs map[string]int) takeover.Verdict {
+		return takeover.Verdict{Status: CheckCompeting, Jobs: jobs}
+	}
+	got := c.record("http://h/", competing(map[string]int{"_replicator": 2}), false, t0)
+	if len(got.started) != 1 || len(got.stopped) != 0 || !c.competing("http://h/", "_replicator") || c.competing("http://h/", "x/_replicator") {
+		t.Fatalf("first competing check: %+v", got)
 	}
 	select {
 	case <-ch:
@@ -119,19 +126,26 @@ func TestCompetitionRecord(t *testing.T) {
 		t.Fatal("changes not signalled")
 	}
 	// Found again: nothing new to warn about, and since stays.
-	started, _ = c.record("http://h/", CheckCompeting, "", map[string]int{"_replicator": 3}, t0.Add(time.Minute))
+	got = c.record("http://h/", competing(map[string]int{"_replicator": 3}), false, t0.Add(time.Minute))
 	snap := c.Snapshot()
-	if len(started) != 0 || len(snap) != 1 || snap[0].Databases[0].Jobs != 3 || !snap[0].Databases[0].Since.Equal(t0) || snap[0].Action != "refuse" {
-		t.Fatalf("second check: started %v, snapshot %+v", started, snap)
+	if len(got.started) != 0 || len(snap) != 1 || snap[0].Databases[0].Jobs != 3 || !snap[0].Databases[0].Since.Equal(t0) || snap[0].Action != "refuse" {
+		t.Fatalf("second check: %+v, snapshot %+v", got, snap)
 	}
-	// A failed check keeps what was found.
-	c.record("http://h/", CheckUnknown, "timeout", nil, t0.Add(2*time.Minute))
+	// A check that read nothing keeps what was found.
+	c.record("http://h/", takeover.Verdict{Status: CheckUnknown, Reason: "timeout"}, true, t0.Add(2*time.Minute))
 	if !c.competing("http://h/", "_replicator") || c.Snapshot()[0].Status != CheckUnknown {
 		t.Fatal("a failed check forgot the competing database")
 	}
-	_, stopped = c.record("http://h/", CheckNoneFound, "", nil, t0.Add(3*time.Minute))
-	if len(stopped) != 1 || c.blocked("http://h/", "_replicator") {
-		t.Fatalf("stopped %v, still blocked %v", stopped, c.blocked("http://h/", "_replicator"))
+	// The server's own replicator turns on: every database competes.
+	got = c.record("http://h/", takeover.Verdict{Status: CheckCompeting, ServerWide: true}, false, t0.Add(3*time.Minute))
+	if !got.serverOn || len(got.stopped) != 1 || !c.blocked("http://h/", "x/_replicator") {
+		t.Fatalf("server-wide: %+v", got)
+	}
+	// Unknown with facts read (no max_jobs to read, nothing else found):
+	// nothing competes any more.
+	got = c.record("http://h/", takeover.Verdict{Status: CheckUnknown, Reason: "no max_jobs"}, false, t0.Add(4*time.Minute))
+	if !got.serverOff || c.blocked("http://h/", "_replicator") {
+		t.Fatalf("off: %+v, still blocked %v", got, c.blocked("http://h/", "_replicator"))
 	}
 	var nilComp *Competition
 	if nilComp.Snapshot() != nil {
@@ -203,9 +217,12 @@ func TestCompetingReplicatorPouchDB(t *testing.T) {
 	plainReplicatorDB(t, srv, true)
 	proxy := newSchedulerProxy(t, srv.URL)
 	rdb := srv.DBURL("_replicator")
+	// One job store for both runs: the marker the first run leaves names
+	// this store, not another one's.
+	store := nopStore(t)
 	run := func(t *testing.T, action string, fj *fakeJobs, logs *syncBuf) (*Processor, func()) {
 		comp := NewCompetition()
-		p, err := New(Options{Servers: []string{proxy.URL}, Node: "n1", Store: nopStore(t), Jobs: fj,
+		p, err := New(Options{Servers: []string{proxy.URL}, Node: "n1", Store: store, Jobs: fj,
 			Logger:       zerolog.New(logs).Level(zerolog.InfoLevel),
 			PollInterval: 100 * time.Millisecond, LeaseTTL: 3 * time.Second, FeedTimeout: 2 * time.Second,
 			Competition: comp, OnCompeting: action, CompetingInterval: 50 * time.Millisecond})

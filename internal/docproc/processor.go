@@ -14,6 +14,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/pause"
+	"github.com/couchrep/couchrep/internal/takeover"
 )
 
 // Defaults for Options.
@@ -63,9 +64,12 @@ type Options struct {
 	// OnCompeting is [couchrep] on_competing_replicator: "warn" (or empty)
 	// or "refuse" (leave competing databases alone).
 	OnCompeting string
-	// CompetingInterval is how often each server is checked; zero means
-	// PollInterval.
+	// CompetingInterval is how often each server is checked (and this
+	// store's marker refreshed); zero means PollInterval.
 	CompetingInterval time.Duration
+	// ServerUUID is the node's server uuid, written into this store's
+	// marker (informative).
+	ServerUUID string
 }
 
 // Processor turns _replicator documents into jobs (see the package
@@ -77,9 +81,12 @@ type Processor struct {
 	servers []server
 
 	comp *Competition
+	// storeID is the job store's id, named by the marker (Run sets it).
+	storeID string
 
 	mu     sync.Mutex
-	leased map[dbKey]*dbProc // databases this processor follows now
+	leased map[dbKey]*dbProc   // databases this processor follows now
+	known  map[string][]string // discovery's latest _replicator databases per server
 }
 
 // server is one watched server.
@@ -114,7 +121,7 @@ func New(opts Options) (*Processor, error) {
 		return nil, errors.New("docproc: Store and Jobs are required")
 	}
 	p := &Processor{opts: opts, log: opts.Logger.With().Str("component", "doc_processor").Logger(),
-		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}, comp: opts.Competition}
+		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}, known: map[string][]string{}, comp: opts.Competition}
 	action := "warn"
 	if p.refuse() {
 		action = "refuse"
@@ -170,6 +177,17 @@ func (p *Processor) Run(ctx context.Context) error {
 		p.log.Warn().Err(err).Msg("forgetting servers no longer watched failed; trying again at the next start")
 	}
 
+	// The marker this store writes into the databases it follows names
+	// the store (internal/takeover).
+	id, err := takeover.StoreID(ctx, p.opts.Store)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("docproc: %w", err)
+	}
+	p.storeID = id
+
 	// Follow job state changes first, so that no terminal state is missed
 	// between a database's scan of unwritten records and the feed.
 	followErr := make(chan error, 1)
@@ -221,6 +239,7 @@ func (p *Processor) Run(ctx context.Context) error {
 			delete(runners, k)
 		case s := <-snaps:
 			srv := p.servers[s.server]
+			p.setKnown(srv.key, s.dbs)
 			for k, r := range runners {
 				if k.server == srv.key && !s.dbs[k.db] {
 					r.cancel(errDBDeleted)
