@@ -250,7 +250,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 	docCell := `[...document.querySelectorAll('#jobs td.doc')].find(td => td.textContent.includes('onerror'))`
 	b.waitPage(t, "the markup document's job", docCell)
 	text = eval[string](t, b, docCell+`.textContent`)
-	if text != "_replicator / "+xssDocID {
+	if text != strings.TrimSuffix(srv.URL, "/")+" _replicator / "+xssDocID { // the server, then the document
 		t.Fatalf("document cell shows %q, want the id as text", text)
 	}
 	if imgs := eval[int](t, b, `document.querySelectorAll('img').length`); imgs != 0 {
