@@ -334,6 +334,7 @@ func (n *Node) routes() router.Table {
 		{Msg: &messages.SchedulerStatusRequest{}, Actor: scheduler.Name},
 		{Msg: &messages.NodesRequest{}, Actor: clustering.Name},
 		{Msg: &messages.StopNodeRequest{}, Func: n.stopRequested},
+		{Msg: &messages.TakeoverRequest{}, Func: n.takeoverRequested},
 	}
 }
 

@@ -1912,6 +1912,208 @@ func (x *ReplicateResponse) GetReplicationId() string {
 	return ""
 }
 
+// TakeoverRequest asks the node to check every precondition of taking over
+// a CouchDB server's _replicator documents (couchrepctl takeover): the
+// node's uuid is the server's, the server's own replicator is off, no other
+// couchrep store follows its _replicator databases. It changes nothing. It
+// has no RPC of its own: send it with Send (no actor) or Node.Request.
+type TakeoverRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's URL. When it names a watched server (credentials aside),
+	// the watched URL's credentials are used.
+	Server        string `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeoverRequest) Reset() {
+	*x = TakeoverRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeoverRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeoverRequest) ProtoMessage() {}
+
+func (x *TakeoverRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeoverRequest.ProtoReflect.Descriptor instead.
+func (*TakeoverRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TakeoverRequest) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+type TakeoverResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server's URL without credentials.
+	Server string `protobuf:"bytes,1,opt,name=server,proto3" json:"server,omitempty"`
+	// The answering node and its job store's id (the marker's name).
+	Node    string `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	StoreId string `protobuf:"bytes,3,opt,name=store_id,json=storeId,proto3" json:"store_id,omitempty"`
+	// True when every check is "ok".
+	Ready         bool             `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	Checks        []*TakeoverCheck `protobuf:"bytes,5,rep,name=checks,proto3" json:"checks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeoverResponse) Reset() {
+	*x = TakeoverResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeoverResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeoverResponse) ProtoMessage() {}
+
+func (x *TakeoverResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeoverResponse.ProtoReflect.Descriptor instead.
+func (*TakeoverResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *TakeoverResponse) GetServer() string {
+	if x != nil {
+		return x.Server
+	}
+	return ""
+}
+
+func (x *TakeoverResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TakeoverResponse) GetStoreId() string {
+	if x != nil {
+		return x.StoreId
+	}
+	return ""
+}
+
+func (x *TakeoverResponse) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *TakeoverResponse) GetChecks() []*TakeoverCheck {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+// TakeoverCheck is one precondition: what the server said and, unless it
+// is met, the exact next step.
+type TakeoverCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "watched", "uuid", "replicator", "tasks", "scheduler", "other_stores".
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// "ok", "fail" or "unknown" (not met either).
+	Result        string `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	Found         string `protobuf:"bytes,3,opt,name=found,proto3" json:"found,omitempty"`
+	Next          string `protobuf:"bytes,4,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeoverCheck) Reset() {
+	*x = TakeoverCheck{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeoverCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeoverCheck) ProtoMessage() {}
+
+func (x *TakeoverCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeoverCheck.ProtoReflect.Descriptor instead.
+func (*TakeoverCheck) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *TakeoverCheck) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *TakeoverCheck) GetResult() string {
+	if x != nil {
+		return x.Result
+	}
+	return ""
+}
+
+func (x *TakeoverCheck) GetFound() string {
+	if x != nil {
+		return x.Found
+	}
+	return ""
+}
+
+func (x *TakeoverCheck) GetNext() string {
+	if x != nil {
+		return x.Next
+	}
+	return ""
+}
+
 // SendRequest is the generic actor message envelope.
 type SendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1926,7 +2128,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1938,7 +2140,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1951,7 +2153,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SendRequest) GetVersion() uint32 {
@@ -1985,7 +2187,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2199,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2212,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SendResponse) GetVersion() uint32 {
@@ -2161,7 +2363,20 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"J\n" +
 	"\x11ReplicateResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
-	"\x0ereplication_id\x18\x02 \x01(\tR\rreplicationId\"m\n" +
+	"\x0ereplication_id\x18\x02 \x01(\tR\rreplicationId\")\n" +
+	"\x0fTakeoverRequest\x12\x16\n" +
+	"\x06server\x18\x01 \x01(\tR\x06server\"\xa3\x01\n" +
+	"\x10TakeoverResponse\x12\x16\n" +
+	"\x06server\x18\x01 \x01(\tR\x06server\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x19\n" +
+	"\bstore_id\x18\x03 \x01(\tR\astoreId\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\bR\x05ready\x122\n" +
+	"\x06checks\x18\x05 \x03(\v2\x1a.couchrep.v1.TakeoverCheckR\x06checks\"e\n" +
+	"\rTakeoverCheck\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06result\x18\x02 \x01(\tR\x06result\x12\x14\n" +
+	"\x05found\x18\x03 \x01(\tR\x05found\x12\x12\n" +
+	"\x04next\x18\x04 \x01(\tR\x04next\"m\n" +
 	"\vSendRequest\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12\x14\n" +
 	"\x05actor\x18\x02 \x01(\tR\x05actor\x12.\n" +
@@ -2210,7 +2425,7 @@ func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_couchrep_v1_admin_proto_goTypes = []any{
 	(AdminProtocolVersion)(0),        // 0: couchrep.v1.AdminProtocolVersion
 	(JobStatus)(0),                   // 1: couchrep.v1.JobStatus
@@ -2245,76 +2460,80 @@ var file_couchrep_v1_admin_proto_goTypes = []any{
 	(*CompetingDatabase)(nil),        // 30: couchrep.v1.CompetingDatabase
 	(*ReplicateRequest)(nil),         // 31: couchrep.v1.ReplicateRequest
 	(*ReplicateResponse)(nil),        // 32: couchrep.v1.ReplicateResponse
-	(*SendRequest)(nil),              // 33: couchrep.v1.SendRequest
-	(*SendResponse)(nil),             // 34: couchrep.v1.SendResponse
-	nil,                              // 35: couchrep.v1.GetSharesResponse.SharesEntry
-	nil,                              // 36: couchrep.v1.SetSharesRequest.SharesEntry
-	nil,                              // 37: couchrep.v1.SetSharesResponse.SharesEntry
-	(*timestamppb.Timestamp)(nil),    // 38: google.protobuf.Timestamp
-	(*JobEvent)(nil),                 // 39: couchrep.v1.JobEvent
-	(*anypb.Any)(nil),                // 40: google.protobuf.Any
-	(*TreeRequest)(nil),              // 41: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),              // 42: couchrep.v1.KillRequest
-	(*TreeResponse)(nil),             // 43: couchrep.v1.TreeResponse
-	(*KillResponse)(nil),             // 44: couchrep.v1.KillResponse
+	(*TakeoverRequest)(nil),          // 33: couchrep.v1.TakeoverRequest
+	(*TakeoverResponse)(nil),         // 34: couchrep.v1.TakeoverResponse
+	(*TakeoverCheck)(nil),            // 35: couchrep.v1.TakeoverCheck
+	(*SendRequest)(nil),              // 36: couchrep.v1.SendRequest
+	(*SendResponse)(nil),             // 37: couchrep.v1.SendResponse
+	nil,                              // 38: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                              // 39: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                              // 40: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
+	(*JobEvent)(nil),                 // 42: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),                // 43: google.protobuf.Any
+	(*TreeRequest)(nil),              // 44: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),              // 45: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),             // 46: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),             // 47: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
-	38, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
-	38, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	41, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	41, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
-	39, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	42, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
 	1,  // 5: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
 	3,  // 6: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
 	3,  // 7: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 8: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 9: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	35, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	36, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	37, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	38, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	38, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	39, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	40, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	41, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
 	27, // 14: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
 	29, // 15: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
-	38, // 16: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
+	41, // 16: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
 	30, // 17: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
-	38, // 18: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
-	40, // 19: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	40, // 20: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	41, // 21: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	42, // 22: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
-	4,  // 23: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
-	6,  // 24: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
-	8,  // 25: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
-	10, // 26: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
-	12, // 27: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
-	14, // 28: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
-	16, // 29: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
-	18, // 30: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
-	20, // 31: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
-	22, // 32: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
-	24, // 33: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
-	26, // 34: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
-	33, // 35: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	43, // 36: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	44, // 37: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	5,  // 38: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
-	7,  // 39: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
-	9,  // 40: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
-	11, // 41: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
-	13, // 42: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
-	15, // 43: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
-	17, // 44: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
-	19, // 45: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
-	21, // 46: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
-	23, // 47: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
-	25, // 48: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
-	28, // 49: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	34, // 50: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
-	36, // [36:51] is the sub-list for method output_type
-	21, // [21:36] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	41, // 18: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
+	35, // 19: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
+	43, // 20: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	43, // 21: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	44, // 22: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	45, // 23: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	4,  // 24: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
+	6,  // 25: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
+	8,  // 26: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
+	10, // 27: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
+	12, // 28: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
+	14, // 29: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
+	16, // 30: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
+	18, // 31: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
+	20, // 32: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
+	22, // 33: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
+	24, // 34: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
+	26, // 35: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
+	36, // 36: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	46, // 37: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	47, // 38: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	5,  // 39: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	7,  // 40: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	9,  // 41: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	11, // 42: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	13, // 43: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	15, // 44: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	17, // 45: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	19, // 46: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	21, // 47: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	23, // 48: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	25, // 49: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	28, // 50: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	37, // 51: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	37, // [37:52] is the sub-list for method output_type
+	22, // [22:37] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_admin_proto_init() }
@@ -2331,7 +2550,7 @@ func file_couchrep_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -96,6 +96,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 		CreateReplicatorDB: cfg.Replicator.CreateReplicatorDB,
 		Competition:        a.deps.Competition,
 		OnCompeting:        cfg.Couchrep.OnCompetingReplicator,
+		ServerUUID:         cfg.CouchDB.UUID,
 	})
 	if err != nil {
 		supervisor.Exit(ctx, fmt.Errorf("docprocessor: %w", err))

@@ -6,7 +6,7 @@
 //	couchrepctl [--node ADDR] [--token T] [--json] [--timeout D] COMMAND [ARGS]
 //
 // Commands: tree, jobs, job show|stop|restart|cancel, replicate, kill,
-// shares get|set, config set, drain, undrain, stop, nodes, send. Every
+// shares get|set, config set, drain, undrain, stop, nodes, takeover, send. Every
 // command takes --help. Exit codes: 0 ok, 1 error (the node said no or could
 // not be reached), 2 usage.
 //
@@ -14,8 +14,9 @@
 // request.go the one request helper every command sends through (ask,
 // request: --timeout, --json or the command's text printer); one file per
 // command group: jobs.go (jobs, job, replicate), nodes.go (drain, undrain,
-// stop, nodes), config.go (shares, config), actors.go (tree, kill, send),
-// completion.go (shell completion generated from the command table).
+// stop, nodes), takeover.go (takeover), config.go (shares, config),
+// actors.go (tree, kill, send), completion.go (shell completion generated
+// from the command table).
 package main
 
 import (
@@ -105,6 +106,7 @@ var commands = []command{
 	{"undrain", "", "accept jobs again after a drain", simple(runUndrain)},
 	{"stop", "", "stop the node cleanly, as SIGTERM does", simple(runStop)},
 	{"nodes", "", "list the nodes of the cluster: types, heartbeat, running jobs", simple(runNodes)},
+	{"takeover", "URL", "check every precondition of taking over the server's _replicator documents from its own replicator (uuid, [replicator] max_jobs, _active_tasks, _scheduler/docs, other couchrep stores) and print the next step of each one not met; exit 1 unless all are", simple(runTakeover)},
 	{"send", "ACTOR TYPE [JSON]", "send any actor message (TYPE e.g. couchrep.v1.SchedulerStatusRequest, JSON its body) to ACTOR (\"\": whichever actor handles it) and print the reply", simple(runSend)},
 }
 

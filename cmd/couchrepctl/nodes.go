@@ -80,13 +80,17 @@ func competingLine(c *messages.CompetingReplicatorCheck, now time.Time) string {
 	case "competing":
 		var dbs []string
 		for _, d := range c.GetDatabases() {
-			dbs = append(dbs, fmt.Sprintf("%s (%d job(s), for %s)", d.GetDb(), d.GetJobs(), age(now, d.GetSince(), true)))
+			dbs = append(dbs, fmt.Sprintf("%s (%d running job(s), for %s)", d.GetDb(), d.GetJobs(), age(now, d.GetSince(), true)))
 		}
 		what := "warning only (on_competing_replicator = warn)"
 		if c.GetAction() == "refuse" {
 			what = "left alone until it stops (on_competing_replicator = refuse)"
 		}
-		return fmt.Sprintf("competing replicator on %s: its own replicator runs jobs for %s: %s", c.GetServer(), strings.Join(dbs, ", "), what)
+		line := fmt.Sprintf("competing replicator on %s: %s", c.GetServer(), c.GetReason())
+		if len(dbs) > 0 {
+			line += "; databases: " + strings.Join(dbs, ", ")
+		}
+		return line + "; " + what
 	case "none_found":
 		if c.GetReason() != "" {
 			return fmt.Sprintf("competing replicator on %s: none found (%s)", c.GetServer(), c.GetReason())
