@@ -58,8 +58,12 @@ func (s *Server) serverParam(r *http.Request) (string, error) {
 	v := q.Get("server")
 	name, ok := s.pickServer(v)
 	if !ok || name == "" {
+		shown := v
+		if at := strings.LastIndexByte(shown, '@'); at >= 0 {
+			shown = shown[at+1:] // "user:password@host:port" without a scheme
+		}
 		return "", errorf(http.StatusBadRequest, "bad_request", "unknown server %q: give a watched server's URL or host:port (%s)",
-			redact.URL(v), strings.Join(s.servers, ", "))
+			redact.URL(shown), strings.Join(s.servers, ", "))
 	}
 	return name, nil
 }

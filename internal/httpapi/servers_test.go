@@ -45,6 +45,7 @@ func TestSchedulerDocsSeveralServers(t *testing.T) {
 		{"unambiguous CouchDB path", "/_scheduler/docs/_replicator/only-b", 200, b, nil},
 		{"not on that server", "/_scheduler/docs/_replicator/only-b?server=couch-a.example:5984", 404, "", []string{"only-b", a}},
 		{"unknown server", "/_scheduler/docs/_replicator/backup?server=nowhere:1", 400, "", []string{"unknown server", a, b}},
+		{"unknown server with a password", "/_scheduler/docs/_replicator/backup?server=" + url.QueryEscape("admin:pw-x@nowhere:1"), 400, "", []string{"unknown server", "nowhere:1"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := e.get(tc.path)
