@@ -53,6 +53,11 @@ func TestTwoServersOneNode(t *testing.T) {
 	cfg := fmt.Sprintf("[couchrep]\nwatch = %s,%s\n%s", name1, watch2, jobsConfig)
 	n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, cfg), name: "two"})
 	addr := n.httpAddr("")
+	t.Cleanup(func() {
+		if strings.Contains(n.logs.String(), pass) {
+			t.Error("the node's log holds the password")
+		}
+	})
 	get := func(t *testing.T, path string) apiReply {
 		t.Helper()
 		r := api(t, addr, "GET", path, "")

@@ -105,6 +105,11 @@ func TestCtlViewsYouCanTrust(t *testing.T) {
 	}
 
 	outer := t
+	t.Cleanup(func() {
+		if strings.Contains(n.logs.String(), pass) {
+			t.Error("the node's log holds the password")
+		}
+	})
 	rdb := srv.DBURL("_replicator")
 	srv.Do(t, "PUT", rdb+"backup", map[string]any{"source": srcDB, "target": tgtDB, "continuous": true}, 201)
 	list := waitCtlJobs(t, n, 1)
