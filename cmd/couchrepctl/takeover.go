@@ -50,7 +50,7 @@ func printTakeover(w io.Writer, r *messages.TakeoverResponse) {
 		}
 	}
 	if r.GetReady() {
-		fmt.Fprintf(w, "ready: every precondition is met; node %s follows the _replicator documents of %s and their jobs resume from the server's checkpoints (couchrepctl jobs: STARTED_FROM couchdb_checkpoint@<seq>)\n", r.GetNode(), r.GetServer())
+		fmt.Fprintf(w, "ready: every precondition is met; node %s runs the jobs of the _replicator documents of %s alone (couchrepctl jobs: STARTED_FROM couchdb_checkpoint@<seq> is a job resumed from the server's checkpoint)\n", r.GetNode(), r.GetServer())
 		return
 	}
 	fmt.Fprintf(w, "refused: %d of %d preconditions not met\n", notMet, len(r.GetChecks()))

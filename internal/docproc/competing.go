@@ -227,11 +227,51 @@ func (p *Processor) checkServer(ctx context.Context, srv server) (takeover.Verdi
 	for _, db := range p.followed(srv.key) {
 		if err := pr.Mark(ctx, db, p.opts.Node, p.opts.ServerUUID, p.opts.CompetingInterval); err != nil && ctx.Err() == nil {
 			p.log.Debug().Str("server", srv.key).Str("db", db).Err(err).Msg("writing this store's marker failed")
+		} else if err == nil {
+			p.setMarked(srv.key, db)
 		}
 	}
 	f := pr.Probe(ctx, p.knownDBs(srv.key))
 	keep := !f.Replicator.Known && !f.Tasks.Known && !f.Scheduler.Known && !f.Markers.Known
 	return takeover.Assess(f, p.opts.Clock()), keep
+}
+
+// setMarked records that this processor wrote its marker into db.
+func (p *Processor) setMarked(server, db string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.marked[dbKey{server, db}] = true
+}
+
+// unmarkTimeout bounds the removal of this store's markers when the
+// processor stops.
+const unmarkTimeout = 3 * time.Second
+
+// unmark removes this store's entry from the markers this processor wrote
+// on srv, as it stops: a stopped store is no competitor (another node of
+// the store that still follows a database marks it again at its next
+// check).
+func (p *Processor) unmark(srv server) {
+	p.mu.Lock()
+	var dbs []string
+	for k := range p.marked {
+		if k.server == srv.key {
+			dbs = append(dbs, k.db)
+			delete(p.marked, k)
+		}
+	}
+	p.mu.Unlock()
+	if len(dbs) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), unmarkTimeout)
+	defer cancel()
+	pr := p.prober(srv)
+	for _, db := range dbs {
+		if err := pr.Unmark(ctx, db); err != nil {
+			p.log.Debug().Str("server", srv.key).Str("db", db).Err(err).Msg("removing this store's marker failed; it goes stale")
+		}
+	}
 }
 
 // followed returns the databases of server this node follows now.
@@ -271,6 +311,7 @@ func (p *Processor) setKnown(server string, dbs map[string]bool) {
 // until ctx ends, and logs what starts or stops competing.
 func (p *Processor) watchCompetition(ctx context.Context, i int) {
 	srv := p.servers[i]
+	defer p.unmark(srv)
 	log := p.log.With().Str("server", srv.key).Logger()
 	stopIt := "stop it with [replicator] max_jobs = 0 on the server; couchrepctl takeover checks every precondition"
 	for {

@@ -87,6 +87,7 @@ type Processor struct {
 	mu     sync.Mutex
 	leased map[dbKey]*dbProc   // databases this processor follows now
 	known  map[string][]string // discovery's latest _replicator databases per server
+	marked map[dbKey]bool      // databases this processor wrote its marker into
 }
 
 // server is one watched server.
@@ -121,7 +122,7 @@ func New(opts Options) (*Processor, error) {
 		return nil, errors.New("docproc: Store and Jobs are required")
 	}
 	p := &Processor{opts: opts, log: opts.Logger.With().Str("component", "doc_processor").Logger(),
-		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}, known: map[string][]string{}, comp: opts.Competition}
+		keys: newKeyspace(opts.Prefix), leased: map[dbKey]*dbProc{}, known: map[string][]string{}, marked: map[dbKey]bool{}, comp: opts.Competition}
 	action := "warn"
 	if p.refuse() {
 		action = "refuse"

@@ -1,0 +1,180 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/couchrep/couchrep/internal/testserver"
+	"github.com/couchrep/couchrep/messages"
+)
+
+// competingCheck is one server's entry of GET /_up "competing_replicators".
+type competingCheck struct {
+	Server      string   `json:"server"`
+	Status      string   `json:"status"`
+	Reason      string   `json:"reason"`
+	OtherStores []string `json:"other_stores"`
+}
+
+// upCompeting reads n's GET /_up competing_replicators.
+func upCompeting(t *testing.T, n *nodeProc) []competingCheck {
+	t.Helper()
+	r := api(t, n.httpAddr(""), "GET", "/_up", "")
+	var up struct {
+		Competing []competingCheck `json:"competing_replicators"`
+	}
+	if err := json.Unmarshal(r.body, &up); err != nil {
+		t.Fatalf("GET /_up: %v: %s", err, r.body)
+	}
+	return up.Competing
+}
+
+// takeoverJSON runs couchrepctl --json takeover url against n and returns
+// the reply and the exit code.
+func takeoverJSON(t *testing.T, n *nodeProc, url string) (*messages.TakeoverResponse, int) {
+	t.Helper()
+	out, errOut, code := n.ctl("--json", "takeover", url)
+	var r messages.TakeoverResponse
+	if err := protojson.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("couchrepctl --json takeover: exit %d: %v\n%s\n%s", code, err, out, errOut)
+	}
+	return &r, code
+}
+
+func checkOf(r *messages.TakeoverResponse, name string) *messages.TakeoverCheck {
+	for _, c := range r.GetChecks() {
+		if c.GetName() == name {
+			return c
+		}
+	}
+	return &messages.TakeoverCheck{}
+}
+
+// TestTakeover is the takeover flow against real processes: two couchrepd
+// with different job stores watch one PouchDB Server and each sees the
+// other's marker (GET /_up); couchrepctl takeover refuses while the other
+// store follows the server and while [replicator] max_jobs cannot be read,
+// each time with the next step, refuses a node whose uuid is not the
+// server's, and succeeds once the other store stopped and max_jobs = 0 is
+// set the way the refusal said.
+func TestTakeover(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDB(t)
+	root := strings.TrimSuffix(srv.URL, "/")
+	uuid := serverUUIDOf(t, srv)
+	cfg := filepath.Join(t.TempDir(), "couchrep.ini")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[couchrep]\nwatch = %s\n[replicator]\ninterval = 1000\n", root), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := startNode(t, nodeOptions{name: "taker", config: cfg, extra: []string{"--adopt-uuid", root}})
+	b := startNode(t, nodeOptions{name: "other", config: cfg})
+
+	// Each node's store id, from its takeover answer.
+	ra, code := takeoverJSON(t, a, root)
+	rb, _ := takeoverJSON(t, b, root)
+	if code != 1 || ra.GetStoreId() == "" || rb.GetStoreId() == "" || ra.GetStoreId() == rb.GetStoreId() {
+		t.Fatalf("store ids %q and %q, exit %d", ra.GetStoreId(), rb.GetStoreId(), code)
+	}
+
+	// Each sees the other's marker: competing, naming the other store.
+	for _, x := range []struct {
+		n     *nodeProc
+		other string
+	}{{a, fmt.Sprintf("store %s (node other)", rb.GetStoreId())}, {b, fmt.Sprintf("store %s (node taker)", ra.GetStoreId())}} {
+		waitFor(t, 30*time.Second, x.n.dataDir+": the other store's marker in GET /_up", func() error {
+			c := upCompeting(t, x.n)
+			if len(c) != 1 || c[0].Status != "competing" || !slices.Contains(c[0].OtherStores, x.other) || !strings.Contains(c[0].Reason, x.other) {
+				return fmt.Errorf("competing_replicators %+v, want %q", c, x.other)
+			}
+			return nil
+		})
+	}
+	if out := ctlOK(t, a, "nodes"); !strings.Contains(out, "another couchrep store follows _replicator: store "+rb.GetStoreId()) {
+		t.Fatalf("couchrepctl nodes does not name the other store:\n%s", out)
+	}
+
+	// Refused: the other store follows the server, max_jobs unknown on
+	// PouchDB Server; every check says what it found, those not met the
+	// next step.
+	out, errOut, code := a.ctl("takeover", root)
+	if code != 1 || !strings.Contains(errOut, "is not ready to be taken over") {
+		t.Fatalf("takeover: exit %d, want 1: %s", code, errOut)
+	}
+	t.Logf("couchrepctl takeover refusing:\n%s", out)
+	maxJobsStep := fmt.Sprintf(`curl -u ADMIN -X PUT %s/_config/replicator/max_jobs -d '"0"'`, root)
+	for _, want := range []string{
+		"takeover of " + srv.URL + ", checked by node taker (job store " + ra.GetStoreId() + "):",
+		"ok      watched ", "ok      uuid ", "the node uses the server's uuid " + uuid,
+		"unknown replicator   GET /_node/_local/_config/replicator answered 404 and /_config/replicator has no max_jobs",
+		"next: set [replicator] max_jobs = 0 on " + srv.URL + " where it keeps its configuration: " + maxJobsStep,
+		"ok      tasks        GET /_active_tasks lists no replication task",
+		"ok      scheduler    GET /_scheduler/docs answered 404: no replication scheduler",
+		"fail    other_stores another couchrep store follows the _replicator databases: store " + rb.GetStoreId() + " (node other) in _replicator",
+		"next: stop that store's nodes or remove " + srv.URL + " from their [couchrep] watch",
+		"refused: 2 of 6 preconditions not met",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("takeover output lacks %q:\n%s", want, out)
+		}
+	}
+
+	// The other node's uuid is its own: refused with --adopt-uuid as the
+	// next step.
+	if c := checkOf(rb, "uuid"); c.GetResult() != "fail" || !strings.Contains(c.GetNext(), "--adopt-uuid "+srv.URL) {
+		t.Fatalf("other node's uuid check: %+v", c)
+	}
+	// A URL with credentials of its own is used as given (PouchDB Server
+	// refuses them), and they show nowhere.
+	withCreds := strings.Replace(root, "http://", "http://admin:s3cret@", 1)
+	out, errOut, code = a.ctl("takeover", withCreds)
+	if code != 1 || !strings.Contains(out, "answered 401") || strings.Contains(out+errOut+a.logs.String(), "s3cret") {
+		t.Fatalf("takeover with credentials: exit %d:\n%s\n%s", code, out, errOut)
+	}
+	// A server the node does not watch: refused, with the watch line.
+	if r, _ := takeoverJSON(t, a, root+"/elsewhere"); checkOf(r, "watched").GetResult() != "fail" {
+		t.Fatalf("unwatched server: %+v", r.GetChecks())
+	}
+
+	// The other store stops: its node removes its marker.
+	if err := b.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := takeoverJSON(t, a, root); checkOf(r, "other_stores").GetResult() != "ok" {
+		t.Fatalf("after the other store stopped: %+v", checkOf(r, "other_stores"))
+	}
+	// The next step as printed (without -u ADMIN: no admins here).
+	runCmd(t, "sh", "-c", strings.Replace(maxJobsStep, "-u ADMIN ", "-s ", 1))
+	out, errOut, code = a.ctl("takeover", root)
+	if code != 0 {
+		t.Fatalf("takeover after the next steps: exit %d:\n%s\n%s", code, out, errOut)
+	}
+	t.Logf("couchrepctl takeover ready:\n%s", out)
+	for _, want := range []string{
+		"ok      replicator   [replicator] max_jobs = 0 (/_config/replicator): the server's own replicator runs no job",
+		"ok      other_stores no other couchrep store's marker (_local/couchrep-stores) in _replicator",
+		"ready: every precondition is met; node taker runs the jobs of the _replicator documents of " + srv.URL + " alone",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("takeover output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "next:") {
+		t.Errorf("a ready takeover prints a next step:\n%s", out)
+	}
+	// The node's own check reads the same facts: none found.
+	waitFor(t, 30*time.Second, "GET /_up none_found", func() error {
+		if c := upCompeting(t, a); len(c) != 1 || c[0].Status != "none_found" {
+			return fmt.Errorf("competing_replicators %+v", c)
+		}
+		return nil
+	})
+}
