@@ -303,6 +303,9 @@ func (w *worker) writeInline(ctx context.Context, docs []couch.Doc, since map[st
 	got := make(map[revKey]bool, len(reqs))
 	var writeErr error
 	err := w.r.src.BulkGetWithData(ctx, reqs, func(d couch.Doc) error {
+		if !allInline(d) {
+			return nil // a stub came back after all: stream it
+		}
 		got[revKey{d.ID, d.Rev}] = true
 		if writeErr = w.write(ctx, d); writeErr != nil {
 			return writeErr
@@ -324,6 +327,21 @@ func (w *worker) writeInline(ctx context.Context, docs []couch.Doc, since map[st
 		}
 	}
 	return stream, nil
+}
+
+// allInline reports whether every attachment of d came with its data
+// inline (what a _bulk_docs batch can carry).
+func allInline(d couch.Doc) bool {
+	stubs, err := d.Stubs()
+	if err != nil {
+		return false
+	}
+	for _, s := range stubs {
+		if !s.Inline {
+			return false
+		}
+	}
+	return true
 }
 
 // inlineable reports whether d's attachments are all new to the target
