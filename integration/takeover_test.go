@@ -178,3 +178,70 @@ func TestTakeover(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSecondStoreRefuses is finding 5's second couchrep: a node of another
+// job store, started with on_competing_replicator = refuse on a server a
+// first store follows, finds the first's marker at its first check and
+// leaves the _replicator documents to it (no job, a warning naming the
+// other store); once the first store's node stops (and removes its
+// marker), it takes the documents over.
+func TestSecondStoreRefuses(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDB(t)
+	plainReplicatorDB(t, srv, true)
+	root := strings.TrimSuffix(srv.URL, "/")
+	src := srv.CreateDB(t, "src")
+	for i := range 3 {
+		srv.Do(t, "PUT", fmt.Sprintf("%sd%d", src, i), map[string]any{"i": i}, 201)
+	}
+	dir := t.TempDir()
+	ini := func(name, extra string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, fmt.Appendf(nil, "[couchrep]\nwatch = %s\n%s[replicator]\ninterval = 1000\n", root, extra), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	first := startNode(t, nodeOptions{name: "first", config: ini("first.ini", "")})
+	marker := srv.DBURL("_replicator") + "_local/couchrep-stores"
+	waitFor(t, 30*time.Second, "the first store's marker", func() error {
+		if r := apiNoFail(marker); r.status != 200 || !strings.Contains(string(r.body), `"node":"first"`) {
+			return fmt.Errorf("GET _local/couchrep-stores: %d %s", r.status, r.body)
+		}
+		return nil
+	})
+	second := startNode(t, nodeOptions{name: "second", config: ini("second.ini", "on_competing_replicator = refuse\n")})
+	waitFor(t, 30*time.Second, "the second node's check", func() error {
+		if c := upCompeting(t, second); len(c) != 1 || c[0].Status != "competing" || len(c[0].OtherStores) != 1 || !strings.HasSuffix(c[0].OtherStores[0], "(node first)") {
+			return fmt.Errorf("competing_replicators %+v", c)
+		}
+		return nil
+	})
+
+	rdb := srv.DBURL("_replicator")
+	state := func(id string) func() bool {
+		return func() bool { return docField(t, srv, "_replicator", id, "_replication_state") == "completed" }
+	}
+	srv.Do(t, "PUT", rdb+"one", map[string]any{"source": src, "target": srv.DBURL("one"), "create_target": true}, 201)
+	waitUntil(t, "one completed by the first store", 30*time.Second, state("one"))
+	// The second node was held back from its start (before its first
+	// check, then by the marker): it never made a job.
+	var jobs messages.ListJobsResponse
+	ctlJSON(t, second, &jobs, "jobs")
+	if len(jobs.GetJobs()) != 0 {
+		t.Fatalf("the refusing node made jobs: %v", jobs.GetJobs())
+	}
+	if len(second.logLines("competing replicator: another replicator works on this _replicator database", "leaving it alone", `"other_stores":["store `)) == 0 {
+		t.Fatalf("no warning naming the other store:\n%s", second.logs.String())
+	}
+
+	// The first store stops: the second takes over.
+	if err := first.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do(t, "PUT", rdb+"two", map[string]any{"source": src, "target": srv.DBURL("two"), "create_target": true}, 201)
+	waitUntil(t, "two completed by the second store", 60*time.Second, state("two"))
+	if len(second.logLines("competing replicator stopped")) == 0 {
+		t.Fatalf("no log line for the other store stopping:\n%s", second.logs.String())
+	}
+}
