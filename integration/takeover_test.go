@@ -151,6 +151,20 @@ func TestTakeover(t *testing.T) {
 	if r, _ := takeoverJSON(t, a, root); checkOf(r, "other_stores").GetResult() != "ok" {
 		t.Fatalf("after the other store stopped: %+v", checkOf(r, "other_stores"))
 	}
+	// max_jobs = 500 where PouchDB Server keeps its configuration: the
+	// server's replicator is on, for the takeover and the node's check.
+	srv.Do(t, "PUT", srv.URL+"_config/replicator/max_jobs", []byte(`"500"`), 200)
+	r, code := takeoverJSON(t, a, root)
+	if c := checkOf(r, "replicator"); code != 1 || c.GetResult() != "fail" || !strings.Contains(c.GetFound(), "max_jobs = 500 (/_config/replicator)") ||
+		!strings.Contains(c.GetNext(), maxJobsStep) {
+		t.Fatalf("max_jobs 500: exit %d, %+v", code, c)
+	}
+	waitFor(t, 30*time.Second, "GET /_up competing: max_jobs 500", func() error {
+		if c := upCompeting(t, a); len(c) != 1 || c[0].Status != "competing" || !strings.Contains(c[0].Reason, "its own replicator is on: [replicator] max_jobs = 500") {
+			return fmt.Errorf("competing_replicators %+v", c)
+		}
+		return nil
+	})
 	// The next step as printed (without -u ADMIN: no admins here).
 	runCmd(t, "sh", "-c", strings.Replace(maxJobsStep, "-u ADMIN ", "-s ", 1))
 	out, errOut, code = a.ctl("takeover", root)

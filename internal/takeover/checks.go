@@ -170,7 +170,10 @@ func Checks(f Facts, w Want, now time.Time) []Check {
 	}
 
 	maxJobs := fmt.Sprintf("set [replicator] max_jobs = 0 on %s: curl -u ADMIN -X PUT %s%s/max_jobs -d '\"0\"' (note the old value it answers, the one to go back to; in a cluster, on every node of GET /_membership)", f.Server, srv, NodeConfigPath)
+	oldMaxJobs := fmt.Sprintf("set [replicator] max_jobs = 0 on %s where it keeps its configuration: curl -u ADMIN -X PUT %s%s/max_jobs -d '\"0\"'", f.Server, srv, OldConfigPath)
 	switch r := f.Replicator; {
+	case r.On() && strings.HasPrefix(r.Source, OldConfigPath):
+		add("replicator", ResultFail, fmt.Sprintf("[replicator] max_jobs = %d (%s): the server's own replicator may run the _replicator documents", r.MaxJobs, r.Source), oldMaxJobs)
 	case r.On():
 		add("replicator", ResultFail, fmt.Sprintf("[replicator] max_jobs = %d (%s): the server's own replicator runs the _replicator documents", r.MaxJobs, r.Source), maxJobs)
 	case r.Known:
@@ -178,7 +181,7 @@ func Checks(f Facts, w Want, now time.Time) []Check {
 	default:
 		next := maxJobs
 		if strings.Contains(r.Reason, OldConfigPath) {
-			next = fmt.Sprintf("set [replicator] max_jobs = 0 on %s where it keeps its configuration: curl -u ADMIN -X PUT %s%s/max_jobs -d '\"0\"'", f.Server, srv, OldConfigPath)
+			next = oldMaxJobs
 		}
 		add("replicator", ResultUnknown, r.Reason, next)
 	}

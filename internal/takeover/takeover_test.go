@@ -85,6 +85,10 @@ func TestProbe(t *testing.T) {
 		{"PouchDB Server with max_jobs 0 in _config", func(f *takeovertest.Fake) {
 			f.NodeConfig, f.OldConfig, f.Scheduler = "", `{"db":"_replicator","max_jobs":"0"}`, ""
 		}, want{takeover.StatusNone, false, "", map[string]string{"replicator": "ok", "scheduler": "ok"}, ""}},
+		{"PouchDB Server with max_jobs 500 in _config", func(f *takeovertest.Fake) {
+			f.NodeConfig, f.OldConfig, f.Scheduler = "", `{"db":"_replicator","max_jobs":"500"}`, ""
+		}, want{takeover.StatusCompeting, true, "max_jobs = 500 (/_config/replicator)", map[string]string{"replicator": "fail"},
+			`curl -u ADMIN -X PUT URL/_config/replicator/max_jobs -d '"0"'`}},
 		{"no config at all", func(f *takeovertest.Fake) { f.NodeConfig, f.OldConfig = "", "" },
 			want{takeover.StatusUnknown, false, "unknown", map[string]string{"replicator": "unknown"}, "max_jobs = 0"}},
 		{"not an admin", func(f *takeovertest.Fake) { f.Status = 401 },
