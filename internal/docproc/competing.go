@@ -153,7 +153,7 @@ type change struct {
 }
 
 // record stores a check's verdict. A verdict that could read no fact at
-// all (Keep) keeps what was found before.
+// all (keep) keeps what was found before.
 func (c *Competition) record(server string, v takeover.Verdict, keep bool, now time.Time) change {
 	c.mu.Lock()
 	defer c.mu.Unlock()
