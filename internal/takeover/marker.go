@@ -128,40 +128,40 @@ func (p Prober) Mark(ctx context.Context, db, node, uuid string, every time.Dura
 	if p.StoreID == "" {
 		return errors.New("takeover: Mark without a StoreID")
 	}
-	for range 5 {
-		m, err := p.readMarker(ctx, db)
-		if err != nil {
-			return err
-		}
+	entry := markerEntry{Node: node, UUID: uuid, Updated: p.now().UTC().Truncate(time.Second), EveryS: int64(max(every/time.Second, 1))}
+	return p.updateMarker(ctx, db, func(m *markerDoc) bool {
 		if m.Stores == nil {
 			m.Stores = map[string]markerEntry{}
 		}
-		m.Stores[p.StoreID] = markerEntry{Node: node, UUID: uuid, Updated: p.now().UTC().Truncate(time.Second), EveryS: int64(max(every/time.Second, 1))}
-		body, err := json.Marshal(m)
-		if err != nil {
-			return err
-		}
-		_, err = p.markerDB(db).PutLocal(ctx, MarkerDocID, body)
-		if errors.Is(err, couch.ErrConflict) {
-			continue
-		}
-		return err
-	}
-	return fmt.Errorf("%w: %s/%s", ErrMarkerConflict, db, MarkerDocID)
+		m.Stores[p.StoreID] = entry
+		return true
+	})
 }
 
 // Unmark removes this store's entry from db's marker (a store that stops
 // following the database for good).
 func (p Prober) Unmark(ctx context.Context, db string) error {
+	return p.updateMarker(ctx, db, func(m *markerDoc) bool {
+		if _, ok := m.Stores[p.StoreID]; !ok {
+			return false
+		}
+		delete(m.Stores, p.StoreID)
+		return true
+	})
+}
+
+// updateMarker reads db's marker, lets change edit it (false: nothing to
+// write) and writes it back, again from a fresh read on a conflict with
+// another store's write (five times at most).
+func (p Prober) updateMarker(ctx context.Context, db string, change func(*markerDoc) bool) error {
 	for range 5 {
 		m, err := p.readMarker(ctx, db)
 		if err != nil {
 			return err
 		}
-		if _, ok := m.Stores[p.StoreID]; !ok {
+		if !change(&m) {
 			return nil
 		}
-		delete(m.Stores, p.StoreID)
 		body, err := json.Marshal(m)
 		if err != nil {
 			return err
