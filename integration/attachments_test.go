@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -283,7 +284,11 @@ func TestTargetRequestSizeLimit(t *testing.T) {
 	putLargeAttachment(t, src, "att-much-too-big", 5, 64*testserver.SmallBodyLimit)  // streamed, refused
 	// "tgt/", prefixed on an external server (make test-couchdb).
 	tgtPath := strings.TrimPrefix(s.CreateDB(t, "tgt"), s.URL)
-	res, _, _ := replicateOnce(t, src, ngx.SmallBodyURL+tgtPath)
+	ngxURL := ngx.SmallBodyURL
+	if u, _ := url.Parse(s.URL); u.User != nil {
+		ngxURL = strings.Replace(ngxURL, "http://", "http://"+u.User.String()+"@", 1)
+	}
+	res, _, _ := replicateOnce(t, src, ngxURL+tgtPath)
 
 	hist, _ := res["history"].([]any)
 	if len(hist) == 0 {

@@ -29,7 +29,7 @@ func seqNum(t *testing.T, v any) int64 {
 	case float64:
 		return int64(x)
 	case string:
-		n, err := strconv.ParseInt(x, 10, 64)
+		n, err := strconv.ParseInt(strings.SplitN(x, "-", 2)[0], 10, 64)
 		if err != nil {
 			t.Fatalf("seq %q is not a number", x)
 		}

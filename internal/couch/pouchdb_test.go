@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -76,10 +77,12 @@ func TestPouchDBInfoAndCreate(t *testing.T) {
 		t.Fatalf("ServerInfo = %+v, %v", si, err)
 	}
 	info, err := src.Info(ctx)
-	if err != nil || info.DBName != "source" || info.InstanceStartTime == "" {
+	if err != nil || !strings.HasSuffix(info.DBName, "source") || info.InstanceStartTime == "" {
 		t.Fatalf("Info = %+v, %v", info, err)
 	}
-	if n, ok := info.UpdateSeq.Int(); !ok || n != int64(5+len(specialIDs)) { // one per stored revision
+	// PouchDB Server counts one seq per stored revision; CouchDB (make
+	// test-couchdb) one per document update.
+	if n, ok := seqPrefix(info.UpdateSeq); !ok || (!s.External() && n != int64(5+len(specialIDs))) {
 		t.Errorf("update_seq = %s, want the integer %d", info.UpdateSeq, 5+len(specialIDs))
 	}
 	if err := src.Create(ctx, nil); !errors.Is(err, couch.ErrExists) {
@@ -146,7 +149,7 @@ func TestPouchDBChanges(t *testing.T) {
 	now, _ := src.Info(ctx)
 	n := 0
 	lp, err := src.Changes(ctx, couch.ChangesOptions{Feed: couch.FeedLongpoll, Since: now.UpdateSeq, Timeout: 200 * time.Millisecond}, func(couch.Change) error { n++; return nil })
-	if err != nil || n != 0 || !lp.Equal(now.UpdateSeq) {
+	if err != nil || n != 0 || !seqPrefixEq(lp, now.UpdateSeq) {
 		t.Fatalf("idle longpoll: %d rows, last %s, %v; want none and %s", n, lp, err, now.UpdateSeq)
 	}
 }
@@ -175,7 +178,7 @@ func TestPouchDBContinuous(t *testing.T) {
 		_, err := src.Changes(ctx, couch.ChangesOptions{Feed: couch.FeedContinuous, Since: info.UpdateSeq, Heartbeat: 100 * time.Millisecond, Style: couch.StyleAllDocs},
 			func(c couch.Change) error {
 				got <- c
-				if c.ID == "last" {
+				if len(got) == 2 {
 					return errStop
 				}
 				return nil
@@ -192,7 +195,8 @@ func TestPouchDBContinuous(t *testing.T) {
 	for c := range got {
 		ids = append(ids, c.ID)
 	}
-	if strings.Join(ids, ",") != "live,last" {
+	sort.Strings(ids)
+	if strings.Join(ids, ",") != "last,live" {
 		t.Fatalf("continuous rows %v", ids)
 	}
 }
@@ -327,7 +331,7 @@ func TestPouchDBLocalDocs(t *testing.T) {
 	if err != nil || rev == "" {
 		t.Fatalf("PutLocal = %q, %v", rev, err)
 	}
-	if _, err := d.PutLocal(ctx, "_local/cp", json.RawMessage(`{"session_id":"s2"}`)); !errors.Is(err, couch.ErrConflict) {
+	if _, err := d.PutLocal(ctx, "_local/cp", json.RawMessage(`{"session_id":"s2"}`)); !s.External() && !errors.Is(err, couch.ErrConflict) {
 		t.Fatalf("PutLocal without _rev = %v, want ErrConflict", err)
 	}
 	if _, err := d.PutLocal(ctx, "cp", json.RawMessage(`{"_rev":"`+rev+`","session_id":"s2"}`)); err != nil {
@@ -409,4 +413,19 @@ func benchDB(b *testing.B, rawURL string) *couch.DB {
 		b.Fatal(err)
 	}
 	return couch.NewDB(ep, couch.Options{Retries: 2})
+}
+
+func seqPrefix(q couch.Seq) (int64, bool) {
+	if n, ok := q.Int(); ok {
+		return n, true
+	}
+	str := strings.Trim(string(q), "\"")
+	n, err := strconv.ParseInt(strings.SplitN(str, "-", 2)[0], 10, 64)
+	return n, err == nil
+}
+
+func seqPrefixEq(a, b couch.Seq) bool {
+	x, ok1 := seqPrefix(a)
+	y, ok2 := seqPrefix(b)
+	return ok1 && ok2 && x == y
 }
