@@ -172,18 +172,22 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 		r.changesOptions(&cr.opts, cr.since)
 		cr.opts.Feed, cr.opts.Heartbeat, cr.opts.Limit = couch.FeedNormal, 0, pages.limit
 		got := cr.got
-		last, err := r.src.ReadChanges(ctx, &cr.opts, cr.onRow)
+		end, err := r.src.ReadChangesEnd(ctx, &cr.opts, cr.onRow)
 		if ctx.Err() != nil {
 			cr.done = true
 			return false, nil
 		}
-		if last != nil {
-			cr.since = last
+		if end.LastSeq != nil {
+			cr.since = end.LastSeq
 		}
 		if err != nil {
 			return false, cr.failed(ctx, err)
 		}
-		if !pages.more(cr.got - got) {
+		// Each page's "pending" (CouchDB's) is the job's changes_pending;
+		// the last page, read to the end, leaves nothing pending.
+		more := pages.more(cr.got - got)
+		cr.s.feedRead(end, !more)
+		if !more {
 			return true, nil
 		}
 	}
