@@ -217,6 +217,8 @@ func external(t testing.TB, rawURL string) *Server {
 		for _, name := range names {
 			_, _, _ = s.do(http.MethodDelete, s.DBURL(name), nil)
 		}
+		// No process ends to close its keep-alive connections (goleak).
+		s.client.CloseIdleConnections()
 	})
 	return s
 }
