@@ -490,8 +490,8 @@ func TestScenarioContinuous(t *testing.T) {
 // matches its docs; _local and design documents can be written and make no
 // job; a completed document gets _replication_state "completed", a new
 // _replication_state_time and _replication_stats whatever state fields it
-// was written with; unknown fields are ignored. CouchDB writes
-// _replication_id only with update_docs; couchrep always does. A malformed document, which CouchDB's
+// was written with; unknown fields are ignored; _replication_id is the
+// job's with update_docs, absent without. A malformed document, which CouchDB's
 // before_doc_update refuses with 403, is stored by the server couchrep
 // watches (it cannot refuse writes to a database it does not serve) and
 // shows as failed in _scheduler/docs.
@@ -539,11 +539,12 @@ func TestScenarioReplicatorDB(t *testing.T) {
 				if _, ok := doc["_replication_state_reason"]; ok {
 					t.Errorf("%s: _replication_state_reason %v after completing", id, doc["_replication_state_reason"])
 				}
-				// CouchDB writes _replication_id only with update_docs (and
-				// removes the one the document came with); couchrep writes
-				// the job's id in either case (README: fails).
-				if rid, _ := doc["_replication_id"].(string); rid == "" || rid == "foo3" {
-					t.Errorf("%s (update_docs %v): _replication_id %v, want the job's id", id, updateDocs, doc["_replication_id"])
+				// As CouchDB: the job's _replication_id only with
+				// update_docs; otherwise none, not even the one the
+				// document was written with.
+				rid, has := doc["_replication_id"].(string)
+				if updateDocs && (rid == "" || rid == "foo3") || !updateDocs && has {
+					t.Errorf("%s (update_docs %v): _replication_id %v", id, updateDocs, doc["_replication_id"])
 				}
 				verify(t, s, s, src, s.DBURL("tgt-"+id), nil)
 			}

@@ -94,6 +94,7 @@ func (a *docProcessor) start(ctx actor.Context) {
 		Logger:             a.log,
 		PollInterval:       cfg.Replicator.Interval / 2,
 		CreateReplicatorDB: cfg.Replicator.CreateReplicatorDB,
+		UpdateDocs:         cfg.Replicator.UpdateDocs,
 		Competition:        a.deps.Competition,
 		OnCompeting:        cfg.Couchrep.OnCompetingReplicator,
 		ServerUUID:         cfg.CouchDB.UUID,

@@ -100,25 +100,29 @@ func TestWithTerminalState(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	start := now.Add(-time.Minute)
 	tests := []struct {
-		name string
-		doc  string
-		job  Job
-		want map[string]any // field -> value (nil: absent)
+		name       string
+		doc        string
+		job        Job
+		updateDocs bool
+		want       map[string]any // field -> value (nil: absent)
 	}{
-		{"completed", `{"_id":"r","_rev":"1-a","source":"s","_replication_state_reason":"old"}`,
-			Job{State: repjob.StateCompleted, RepID: "abc+continuous", Stats: map[string]any{"docs_read": 3}, StartTime: start},
+		{"completed", `{"_id":"r","_rev":"1-a","source":"s","_replication_state_reason":"old","_replication_id":"foo3"}`,
+			Job{State: repjob.StateCompleted, RepID: "abc+continuous", Stats: map[string]any{"docs_read": 3}, StartTime: start}, false,
 			map[string]any{"_replication_state": "completed", "_replication_state_time": "2026-01-02T03:04:05Z",
-				"_replication_id": "abc+continuous", "_replication_state_reason": nil, "source": "s", "_rev": "1-a"}},
+				"_replication_id": nil, "_replication_state_reason": nil, "source": "s", "_rev": "1-a"}},
+		{"completed, update_docs", `{"_id":"r","_rev":"1-a","source":"s","_replication_id":"foo3"}`,
+			Job{State: repjob.StateCompleted, RepID: "abc+continuous", Stats: map[string]any{"docs_read": 3}, StartTime: start}, true,
+			map[string]any{"_replication_state": "completed", "_replication_id": "abc+continuous"}},
 		{"failed", `{"_id":"r","_rev":"1-a","_replication_stats":{"docs_read":1}}`,
-			Job{State: repjob.StateFailed, Reason: "Missing `source` field"},
+			Job{State: repjob.StateFailed, Reason: "Missing `source` field"}, false,
 			map[string]any{"_replication_state": "failed", "_replication_state_reason": "Missing `source` field", "_replication_stats": nil}},
 		{"same state keeps time", `{"_id":"r","_rev":"2-a","_replication_state":"failed","_replication_state_time":"2020-01-01T00:00:00Z"}`,
-			Job{State: repjob.StateFailed, Reason: "x"},
+			Job{State: repjob.StateFailed, Reason: "x"}, false,
 			map[string]any{"_replication_state_time": "2020-01-01T00:00:00Z"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := withTerminalState(json.RawMessage(tt.doc), &tt.job, now)
+			out, err := withTerminalState(json.RawMessage(tt.doc), &tt.job, now, tt.updateDocs)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -419,7 +419,7 @@ func (d *dbProc) writeState(ctx context.Context, id, fp string, j *Job) (string,
 		if berr == nil && Fingerprint(body) != fp || berr != nil && Fingerprint(raw) != fp {
 			return "", nil // edited since: its change will be processed
 		}
-		doc, err := withTerminalState(raw, j, d.p.opts.Clock())
+		doc, err := withTerminalState(raw, j, d.p.opts.Clock(), d.p.opts.UpdateDocs)
 		if err != nil {
 			return "", err
 		}
@@ -446,7 +446,7 @@ func (d *dbProc) writeState(ctx context.Context, id, fp string, j *Job) (string,
 
 // withTerminalState returns doc with j's terminal state fields set as
 // CouchDB's couch_replicator_docs writes them.
-func withTerminalState(doc json.RawMessage, j *Job, now time.Time) (json.RawMessage, error) {
+func withTerminalState(doc json.RawMessage, j *Job, now time.Time, updateDocs bool) (json.RawMessage, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(doc, &fields); err != nil || fields == nil {
 		return nil, fmt.Errorf("docproc: document is not a JSON object")
@@ -468,7 +468,13 @@ func withTerminalState(doc json.RawMessage, j *Job, now time.Time) (json.RawMess
 			return nil, err
 		}
 	}
-	if j.RepID != "" {
+	// As CouchDB: the replication id is the document's only with
+	// [replicator] update_docs (its triggered state says it); otherwise
+	// none, not even one the document was written with.
+	switch {
+	case !updateDocs:
+		delete(fields, "_replication_id")
+	case j.RepID != "":
 		if err := set("_replication_id", j.RepID); err != nil {
 			return nil, err
 		}

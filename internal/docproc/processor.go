@@ -55,6 +55,9 @@ type Options struct {
 	// CreateReplicatorDB creates a missing _replicator database on each
 	// watched server ([replicator] create_replicator_db).
 	CreateReplicatorDB bool
+	// UpdateDocs is [replicator] update_docs: a terminal state written
+	// into a document carries its _replication_id (false: none).
+	UpdateDocs bool
 	// Clock returns the time for leases and state times; nil means time.Now.
 	Clock func() time.Time
 	// Competition records what the check for competing replicators finds
