@@ -155,15 +155,26 @@ function install(app) {
       ownOpening.add(name);
     });
     const feed = db.changes({live: true, since: since, return_docs: false});
-    feed.on('change', function () {
+    const w = {db: db, feed: feed, seen: 0, pending: []};
+    feed.on('change', function (change) {
       if (known.has(name)) {
         updates.record(name, 'updated');
       }
+      if (typeof change.seq === 'number' && change.seq > w.seen) {
+        w.seen = change.seq;
+      }
+      w.pending = w.pending.filter(function (p) {
+        if (p.seq <= w.seen) {
+          p.resolve();
+          return false;
+        }
+        return true;
+      });
     });
     feed.on('error', function (err) {
       console.error('db-updates: changes of ' + name + ': ' + err);
     });
-    watchers.set(name, {db: db, feed: feed});
+    watchers.set(name, w);
   }
 
   function unwatch(name) {
@@ -171,8 +182,52 @@ function install(app) {
     if (w) {
       watchers.delete(name);
       w.feed.cancel();
+      for (const p of w.pending) {
+        p.resolve();
+      }
+      w.pending = [];
     }
   }
+
+  // recorded resolves once the database's changes feed has passed its
+  // current update_seq: a write's answer goes out after its `updated` row
+  // is in the feed (CouchDB records the event at the commit). A safety
+  // net of 10 s keeps a lost change from holding an answer forever.
+  function recorded(name) {
+    const w = watchers.get(name);
+    if (!w) {
+      return Promise.resolve();
+    }
+    return w.db.info().then(function (info) {
+      const seq = info.update_seq;
+      if (typeof seq !== 'number' || seq <= w.seen || !watchers.has(name)) {
+        return;
+      }
+      return new Promise(function (resolve) {
+        const timer = setTimeout(resolve, 10000);
+        w.pending.push({seq: seq, resolve: function () {
+          clearTimeout(timer);
+          resolve();
+        }});
+      });
+    }).catch(function () {});
+  }
+
+  // Every database express-pouchdb serves requests with: bulkDocs carries
+  // every document write (put, post, remove and attachments call it).
+  const pouchWrappers = epRequire('pouchdb-wrappers');
+  app.dbWrapper.registerWrapper(function (name, db, next) {
+    pouchWrappers.installWrapperMethods(db, {
+      bulkDocs: function (orig) {
+        return orig().then(function (res) {
+          return recorded(name).then(function () {
+            return res;
+          });
+        });
+      }
+    });
+    return next();
+  });
 
   function onCreated(name) {
     if (ignored(name)) {
