@@ -303,8 +303,8 @@ func (st *stream) next(t *testing.T) (line string, ok bool) {
 }
 
 // rowsUntil reads continuous rows until every pair in want was seen among
-// dbs' rows; blank lines (heartbeats) are counted.
-func (st *stream) rowsUntil(t *testing.T, dbs []string, want ...string) (rows []dbUpdate, blanks int) {
+// dbs' rows, skipping blank lines (heartbeats).
+func (st *stream) rowsUntil(t *testing.T, dbs []string, want ...string) (rows []dbUpdate) {
 	t.Helper()
 	seen := map[string]bool{}
 	for {
@@ -313,14 +313,13 @@ func (st *stream) rowsUntil(t *testing.T, dbs []string, want ...string) (rows []
 			done = done && seen[w]
 		}
 		if done {
-			return rows, blanks
+			return rows
 		}
 		line, ok := st.next(t)
 		if !ok {
 			t.Fatalf("feed ended; rows %v, waiting for %v", rows, want)
 		}
 		if strings.TrimSpace(line) == "" {
-			blanks++
 			continue
 		}
 		var r dbUpdate
@@ -485,7 +484,7 @@ func TestDBUpdatesFeeds(t *testing.T) {
 		s.CreateDB(t, "dbu-e")
 		write(t, s, "dbu-e", "d", map[string]any{"v": 1})
 		deleteDB(t, s, "dbu-e")
-		rows, _ := st.rowsUntil(t, []string{e}, "created:"+e, "updated:"+e, "deleted:"+e)
+		rows := st.rowsUntil(t, []string{e}, "created:"+e, "updated:"+e, "deleted:"+e)
 		if ct := st.header(t).Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 			t.Fatalf("continuous: Content-Type %q", ct)
 		}
@@ -554,7 +553,7 @@ func TestDBUpdatesFeeds(t *testing.T) {
 		}
 		f := dbName(s, "dbu-f")
 		s.CreateDB(t, "dbu-f")
-		rows, _ := st.rowsUntil(t, []string{f}, "created:"+f)
+		rows := st.rowsUntil(t, []string{f}, "created:"+f)
 		checkRows(t, s, "after heartbeats", rows, "created:"+f)
 
 		// Longpoll: the heartbeats are newlines inside the JSON body.
