@@ -13,16 +13,16 @@ import (
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
-// TestWANLink replicates through toxiproxy alone (couchrep's connections
-// are toxiproxy's clients; both endpoints behind one link with 10 ± 2 ms
-// each way) while a toxic acts on every connection of the link: for the
-// whole run (slicer), or from a point of the run (the target holding 60
-// documents) until toxiproxy's log shows that couchrep opened a new
-// connection (reset_peer, limit_data, timeout). The replication must
-// complete exactly, and toxiproxy's own counters show the traffic. Toxics
-// act on the answers' direction only: a request body cut or held on its
-// way would abort a multipart PUT in PouchDB Server, which then exits
-// (integration/README.md).
+// TestWANLink pulls through toxiproxy (the source behind one link with
+// 10 ± 2 ms each way, the target local) while a toxic acts on every
+// connection of the link: for the whole run (slicer), or from a point of
+// the run (the target holding 60 documents) until toxiproxy's log shows
+// that couchrep opened a new connection (reset_peer, limit_data,
+// timeout). The replication must complete exactly, and toxiproxy's own
+// counters show the traffic. The target is not behind the link: a toxic
+// that closes a connection aborts a multipart PUT in flight, and PouchDB
+// Server then exits (integration/README.md); toxics act on the answers'
+// direction only for the same reason.
 func TestWANLink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PouchDB Server and toxiproxy")
@@ -67,8 +67,10 @@ func TestWANLink(t *testing.T) {
 			if c.whole && c.toxic != nil {
 				c.toxic(t, l)
 			}
+			// A pull across the link: the target is local, as a cut
+			// multipart PUT crashes PouchDB Server (integration/README).
 			doc := map[string]any{
-				"source": l.URL + fmt.Sprintf("lsrc-%d/", i), "target": l.URL + fmt.Sprintf("ltgt-%d/", i),
+				"source": l.URL + fmt.Sprintf("lsrc-%d/", i), "target": tgt,
 				"worker_batch_size": wanBatch, "retries_per_request": wanRetries, "connection_timeout": wanConnTimout,
 			}
 			logs := &logLines{}
