@@ -36,6 +36,7 @@ import (
 	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/docproc"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobqueue"
@@ -134,8 +135,11 @@ type Node struct {
 	jobs      *jobserver.Registry
 	// feeds are the node's shared changes feeds (nil when
 	// share_changes_feeds is off).
-	feeds  *sharedfeed.Hub
-	router *router.Router
+	feeds *sharedfeed.Hub
+	// dbUpdates are the node's _db_updates feeds that wake parked jobs
+	// (nil when use_db_updates is off).
+	dbUpdates *dbupdates.Hub
+	router    *router.Router
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -217,6 +221,9 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if cfg.Replicator.ShareChangesFeeds {
 		n.feeds = sharedfeed.New(sharedfeed.Options{Logger: n.log})
 		metrics.ObserveSharedFeeds(n.feeds.Stats)
+	}
+	if cfg.Replicator.UseDBUpdates {
+		n.dbUpdates = dbupdates.New(dbupdates.Options{Logger: n.log})
 	}
 	store = timedStore{Database: store, m: metrics}
 	n.deps = actors.Deps{

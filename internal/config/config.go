@@ -237,6 +237,13 @@ type Replicator struct {
 	// settings) share one _changes feed (share_changes_feeds, true; a
 	// couchrep key). Jobs with a selector or a named filter never share.
 	ShareChangesFeeds bool
+	// UseDBUpdates lets continuous replications that went idle sleep
+	// without a _changes feed, woken by one _db_updates feed per source
+	// server shared by the node (use_db_updates, true; a couchrep key).
+	// Where the server's _db_updates cannot be read (not a server admin,
+	// PouchDB Server, CouchDB without _global_changes) jobs keep their
+	// feeds.
+	UseDBUpdates bool
 
 	// ValidEndpointProtocols are the URL schemes accepted for sources and
 	// targets (valid_endpoint_protocols, "http,https").
@@ -434,6 +441,7 @@ func Default() Config {
 			UseCheckpoints:     true,
 			UseBulkGet:         true,
 			ShareChangesFeeds:  true,
+			UseDBUpdates:       true,
 
 			ValidEndpointProtocols:   []string{"http", "https"},
 			ValidProxyProtocols:      []string{"http", "https", "socks5"},

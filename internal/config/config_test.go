@@ -90,6 +90,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.max_changes_row_bytes":         "8388608",
 		"replicator.max_response_bytes":            "67108864",
 		"replicator.share_changes_feeds":           "true", // couchrep's own key
+		"replicator.use_db_updates":                "true", // couchrep's own key
 		"ssl.enable":                               "false",
 		"ssl.cert_file":                            "",
 		"ssl.key_file":                             "",

@@ -1,0 +1,660 @@
+// Package dbupdates wakes parked replication jobs when their source
+// database changes: a Hub keeps one continuous _db_updates feed open per
+// source server (per Server.Key: the server's root URL, the credentials
+// and the connection settings), shared by every Watch of that server on
+// the node, and signals the watches of the database each row names.
+//
+// # The feed
+//
+// The first Watch of a Key opens its feed: a probe
+// (GET /_db_updates?since=now, a normal feed that answers at once) fixes a
+// seq S and tells whether the server lets us read the feed at all; then
+// GET /_db_updates?feed=continuous&heartbeat=...&since=S follows it,
+// advancing S with every row. Every database event after the probe
+// answered has a seq after S, so Watch returns as soon as the probe did:
+// a change made after Watch returned wakes the watch (its row may still be
+// on its way). When the last Watch of a Key closes, the feed closes.
+//
+// A feed that ends (the server closed it, the connection broke, or no byte
+// came for 2×heartbeat+5 s: a stall) is read again from S, after a backoff
+// when it failed; no event is lost. When the server rejects S (a server
+// restarted without its old seqs: 400) the feed probes again for a new S
+// and wakes every watch, because events between the two may be lost: a
+// lost event costs a wake-up, never a missed change. The rows' database
+// names map to the watches through one map per feed (a row costs a map
+// look-up, whatever the number of watches), and a Watch's channel holds at
+// most one signal (wake-ups coalesce). Rows are read with package couch's
+// limits: a row beyond couch.MaxDBUpdatesRowBytes is an error, never
+// buffered whole.
+//
+// # Where _db_updates cannot be read
+//
+// The probe's 400 (PouchDB Server's stub), 401/403 (the credentials are not
+// a server admin's), 404 (CouchDB without its _global_changes database: a
+// single_node set-up of 3.4.3 has none) and 500 make Watch return an error
+// matching ErrUnsupported; the verdict is cached per Key for
+// Options.UnsupportedFor (5 minutes), so that ten thousand jobs of one
+// server do not each probe it. A job that gets ErrUnsupported keeps a
+// _changes feed of its own. The same statuses on a feed that was already
+// read end it: its watches are signalled and Watch.Err says why. Other
+// failures before the feed was first read are transient: Watch returns
+// them and the caller treats them as a failed request of its own.
+//
+// Each change of a server's state (ok, retrying, unsupported) is logged
+// once, with the server's redacted name and the reason; Stats gives the
+// same for _up and /metrics.
+//
+// _db_updates reveals database names only: the Hub reads it with the
+// credentials Server.Open connects with (the watched server's admin, or the
+// job's own) and never reads anything else with them.
+package dbupdates
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/pause"
+	"github.com/couchrep/couchrep/internal/redact"
+)
+
+// ErrUnsupported matches Watch's error when the server's _db_updates cannot
+// be read: 400 (PouchDB Server's stub), 401/403 (not a server admin), 404
+// or 500 (e.g. CouchDB without _global_changes). The error wraps it with
+// the server's status and error/reason, credentials redacted.
+var ErrUnsupported = errors.New("dbupdates: the server's _db_updates cannot be read")
+
+// Defaults of Options.
+const (
+	// DefaultHeartbeat is the feed's heartbeat=.
+	DefaultHeartbeat = 10 * time.Second
+	// DefaultUnsupportedFor is how long an unsupported verdict is cached.
+	DefaultUnsupportedFor = 5 * time.Minute
+	// DefaultRetryMin and DefaultRetryMax bound the backoff between two
+	// attempts to read a failing feed.
+	DefaultRetryMin = time.Second
+	DefaultRetryMax = time.Minute
+)
+
+// Options tune a Hub.
+type Options struct {
+	// Logger receives the feeds' logs (never a Server's Key).
+	Logger zerolog.Logger
+	// Heartbeat is the feeds' heartbeat= and stall detection; zero is
+	// DefaultHeartbeat. It must stay below the connection's read timeout
+	// (connection_timeout): CouchDB sends no headers before the first
+	// heartbeat.
+	Heartbeat time.Duration
+	// UnsupportedFor is how long Watch answers ErrUnsupported for a Key
+	// without asking the server again; zero is DefaultUnsupportedFor.
+	UnsupportedFor time.Duration
+	// RetryMin and RetryMax bound the backoff between two attempts of a
+	// failing feed; zero are DefaultRetryMin and DefaultRetryMax.
+	RetryMin, RetryMax time.Duration
+}
+
+// Server is the server a feed reads.
+type Server struct {
+	// Key identifies the feed: watches with equal keys share one. It must
+	// cover everything that shapes the request or its connection (server
+	// root URL, credentials, headers, proxy, TLS and socket settings), so
+	// that watches with different credentials never share; a digest keeps
+	// credentials out of it. It is never logged.
+	Key string
+	// Name is the server for logs and Stats, credentials redacted.
+	Name string
+	// Open returns a client of the server (any database of it: the feed is
+	// read at its server root) and a function that releases its
+	// connections when the feed ends; called once per feed, whose
+	// connections are its own.
+	Open func(log zerolog.Logger) (db *couch.DB, release func(), err error)
+}
+
+// State is a server's state in the Hub.
+type State string
+
+// The states of a server.
+const (
+	// StateOpening: the first probe of the feed is under way.
+	StateOpening State = "opening"
+	// StateOK: the feed is read.
+	StateOK State = "ok"
+	// StateRetrying: the feed was read and failed; it is read again after
+	// a backoff (its watches stay; no event is lost unless the server
+	// rejects the feed's seq, which wakes them all).
+	StateRetrying State = "retrying"
+	// StateUnsupported: the server's _db_updates cannot be read (Reason).
+	StateUnsupported State = "unsupported"
+)
+
+// Hub is a node's set of _db_updates feeds. Its zero value is not usable;
+// New returns one. It is safe for concurrent use.
+type Hub struct {
+	log zerolog.Logger
+	o   Options
+
+	mu      sync.Mutex
+	feeds   map[string]*feed
+	servers map[string]*server // by Key: state of every server seen lately
+	wakes   atomic.Uint64
+}
+
+// server is what the Hub remembers of a Key beyond its feed: the state it
+// logged last, and the unsupported verdict.
+type server struct {
+	name   string
+	state  State
+	reason string
+	since  time.Time // state's start
+	err    error     // StateUnsupported: Watch's error until until
+	until  time.Time
+}
+
+// New returns an empty Hub.
+func New(o Options) *Hub {
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = DefaultHeartbeat
+	}
+	if o.UnsupportedFor <= 0 {
+		o.UnsupportedFor = DefaultUnsupportedFor
+	}
+	if o.RetryMin <= 0 {
+		o.RetryMin = DefaultRetryMin
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = DefaultRetryMax
+	}
+	o.RetryMax = max(o.RetryMax, o.RetryMin)
+	return &Hub{log: o.Logger, o: o, feeds: map[string]*feed{}, servers: map[string]*server{}}
+}
+
+// ServerStats is one server's line in Stats.
+type ServerStats struct {
+	// Name is the server, redacted.
+	Name string `json:"server"`
+	// State is opening, ok, retrying or unsupported.
+	State State `json:"state"`
+	// Reason says why a server is retrying or unsupported.
+	Reason string `json:"reason,omitempty"`
+	// Since is when the server entered State.
+	Since time.Time `json:"since"`
+	// Watches are the server's watches on this node.
+	Watches int `json:"watches"`
+}
+
+// Stats are a Hub's counts.
+type Stats struct {
+	// Feeds open (or opening), and their watches.
+	Feeds, Watches int
+	// Unsupported counts the servers whose unsupported verdict is cached.
+	Unsupported int
+	// Wakes counts the signals sent to watches since the Hub was made.
+	Wakes uint64
+	// Servers lists the servers with a feed or a cached verdict, by Name.
+	Servers []ServerStats
+}
+
+// Stats counts the Hub's feeds and watches and lists its servers.
+func (h *Hub) Stats() Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	st := Stats{Feeds: len(h.feeds), Wakes: h.wakes.Load()}
+	for key, s := range h.servers {
+		f := h.feeds[key]
+		if f == nil && (s.state != StateUnsupported || !now.Before(s.until)) {
+			continue
+		}
+		ss := ServerStats{Name: s.name, State: s.state, Reason: s.reason, Since: s.since}
+		if s.state == StateUnsupported {
+			st.Unsupported++
+		}
+		if f != nil {
+			f.mu.Lock()
+			ss.Watches = f.n
+			f.mu.Unlock()
+			st.Watches += ss.Watches
+		}
+		st.Servers = append(st.Servers, ss)
+	}
+	sort.Slice(st.Servers, func(i, j int) bool { return st.Servers[i].Name < st.Servers[j].Name })
+	return st
+}
+
+// Watch watches db (its name as in _db_updates rows, unescaped) on srv's
+// feed, opening the feed if none is open. It returns once the feed is
+// known readable (its probe answered, now or for an earlier Watch): every
+// change to db after Watch returns signals the Watch. It returns an error
+// matching ErrUnsupported when the server's _db_updates cannot be read
+// (cached per Key for Options.UnsupportedFor), ctx's error, or another
+// error (transient: the probe failed; treat it as a failed request).
+func (h *Hub) Watch(ctx context.Context, srv Server, db string) (*Watch, error) {
+	w := &Watch{db: db, c: make(chan struct{}, 1)}
+	h.mu.Lock()
+	if s := h.servers[srv.Key]; s != nil && s.state == StateUnsupported && time.Now().Before(s.until) {
+		err := s.err
+		h.mu.Unlock()
+		return nil, err
+	}
+	f := h.feeds[srv.Key]
+	if f == nil {
+		f = h.newFeed(srv)
+		h.feeds[srv.Key] = f
+		h.setState(srv.Key, srv.Name, StateOpening, "", nil, false)
+		go f.run()
+	}
+	f.add(w)
+	h.mu.Unlock()
+	select {
+	case <-f.ready:
+	case <-ctx.Done():
+		w.Close()
+		return nil, ctx.Err()
+	}
+	if f.readyErr != nil {
+		w.Close()
+		return nil, f.readyErr
+	}
+	if err := w.Err(); err != nil {
+		// The feed ended for good just after it started.
+		w.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// setState records key's state, logging a change (h.mu held).
+func (h *Hub) setState(key, name string, st State, reason string, err error, log bool) {
+	s := h.servers[key]
+	if s == nil {
+		h.pruneServers()
+		s = &server{}
+		h.servers[key] = s
+	}
+	changed := s.state != st || s.reason != reason
+	s.name = name
+	if st == StateUnsupported {
+		s.err, s.until = err, time.Now().Add(h.o.UnsupportedFor)
+	} else {
+		s.err, s.until = nil, time.Time{}
+	}
+	if st == StateOpening && s.state != "" {
+		// A new feed of a known server: keep what was logged last.
+		return
+	}
+	if !changed {
+		return
+	}
+	s.state, s.reason, s.since = st, reason, time.Now()
+	if !log {
+		return
+	}
+	switch st {
+	case StateOK:
+		h.log.Info().Str("server", name).Msg("db_updates: reading the server's _db_updates: parked jobs wake on their database's changes")
+	case StateRetrying:
+		h.log.Warn().Str("server", name).Str("reason", reason).Msg("db_updates: the server's _db_updates feed failed; reading it again after a backoff")
+	case StateUnsupported:
+		h.log.Warn().Str("server", name).Str("reason", reason).Msg("db_updates: the server's _db_updates cannot be read: its jobs keep _changes feeds of their own")
+	}
+}
+
+// maxServers bounds the servers remembered without a feed.
+const maxServers = 10000
+
+// pruneServers forgets servers without a feed whose verdict expired, once
+// there are many (h.mu held).
+func (h *Hub) pruneServers() {
+	if len(h.servers) < maxServers {
+		return
+	}
+	now := time.Now()
+	for k, s := range h.servers {
+		if h.feeds[k] == nil && !now.Before(s.until) {
+			delete(h.servers, k)
+		}
+	}
+}
+
+// Watch is one database watched on a server's feed.
+type Watch struct {
+	f  *feed
+	db string
+	c  chan struct{}
+
+	mu     sync.Mutex
+	err    error
+	closed bool
+}
+
+// C is signalled (at most one signal waits: they coalesce) after a row
+// naming the watched database (created, updated or deleted), after the
+// feed restarted in a way that may have lost events, and when the feed
+// ended for good (Err is then set).
+func (w *Watch) C() <-chan struct{} { return w.c }
+
+// Err is nil while the watch works; once its feed ended for good (the
+// server's _db_updates can no longer be read: it matches ErrUnsupported) it
+// says why, and C was signalled: close the Watch and go back to reading
+// the database's own feed.
+func (w *Watch) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// DB is the watched database's name.
+func (w *Watch) DB() string { return w.db }
+
+// Close ends the watch; the feed closes with its last one. Closing twice is
+// harmless.
+func (w *Watch) Close() {
+	if w.f != nil {
+		w.f.remove(w)
+	}
+}
+
+func (w *Watch) signal() bool {
+	select {
+	case w.c <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (w *Watch) fail(err error) {
+	w.mu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.mu.Unlock()
+	w.signal()
+}
+
+// feed is one server's shared _db_updates feed.
+type feed struct {
+	h      *Hub
+	srv    Server
+	log    zerolog.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	// ready is closed once the feed's probe answered, or failed (readyErr,
+	// written before).
+	ready    chan struct{}
+	readyErr error
+
+	mu    sync.Mutex
+	byDB  map[string][]*Watch
+	n     int // watches
+	ended bool
+}
+
+func (h *Hub) newFeed(srv Server) *feed {
+	f := &feed{h: h, srv: srv, log: h.log.With().Str("server", srv.Name).Logger(), ready: make(chan struct{}),
+		byDB: map[string][]*Watch{}}
+	f.ctx, f.cancel = context.WithCancel(context.Background())
+	return f
+}
+
+// add registers w; h.mu is held and f is in h.feeds.
+func (f *feed) add(w *Watch) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w.f = f
+	f.byDB[w.db] = append(f.byDB[w.db], w)
+	f.n++
+}
+
+// remove unregisters w and closes the feed when it was the last watch.
+func (f *feed) remove(w *Watch) {
+	h := f.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return
+	}
+	w.closed = true
+	w.mu.Unlock()
+	l := f.byDB[w.db]
+	for i, x := range l {
+		if x == w {
+			l[i] = l[len(l)-1]
+			l[len(l)-1] = nil
+			l = l[:len(l)-1]
+			f.n--
+			break
+		}
+	}
+	if len(l) == 0 {
+		delete(f.byDB, w.db)
+	} else {
+		f.byDB[w.db] = l
+	}
+	if f.n == 0 && !f.ended {
+		f.ended = true
+		if h.feeds[f.srv.Key] == f {
+			delete(h.feeds, f.srv.Key)
+		}
+		f.cancel()
+	}
+}
+
+// end takes the feed out of the Hub and fails every watch with err.
+func (f *feed) end(err error) {
+	h := f.h
+	h.mu.Lock()
+	if h.feeds[f.srv.Key] == f {
+		delete(h.feeds, f.srv.Key)
+	}
+	f.mu.Lock()
+	f.ended = true
+	var ws []*Watch
+	for _, l := range f.byDB {
+		ws = append(ws, l...)
+	}
+	f.mu.Unlock()
+	h.mu.Unlock()
+	for _, w := range ws {
+		w.fail(err)
+	}
+	f.cancel()
+}
+
+// dispatch signals db's watches.
+func (f *feed) dispatch(db string) {
+	f.mu.Lock()
+	n := uint64(0)
+	for _, w := range f.byDB[db] {
+		if w.signal() {
+			n++
+		}
+	}
+	f.mu.Unlock()
+	if n > 0 {
+		f.h.wakes.Add(n)
+	}
+}
+
+// wakeAll signals every watch: events may have been lost.
+func (f *feed) wakeAll() {
+	f.mu.Lock()
+	n := uint64(0)
+	for _, l := range f.byDB {
+		for _, w := range l {
+			if w.signal() {
+				n++
+			}
+		}
+	}
+	f.mu.Unlock()
+	f.h.wakes.Add(n)
+}
+
+func (f *feed) setState(st State, reason string, err error) {
+	f.h.mu.Lock()
+	defer f.h.mu.Unlock()
+	f.h.setState(f.srv.Key, f.srv.Name, st, reason, err, true)
+}
+
+// unsupported turns err into the ErrUnsupported error when its status says
+// the server's _db_updates cannot be read; nil otherwise.
+func unsupported(err error) error {
+	var he *couch.HTTPError
+	if !errors.As(err, &he) {
+		return nil
+	}
+	switch he.Status {
+	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+		http.StatusMethodNotAllowed, http.StatusInternalServerError, http.StatusNotImplemented:
+		return fmt.Errorf("%w: %w", ErrUnsupported, redact.Error(err))
+	}
+	return nil
+}
+
+// status is err's HTTP status, or 0.
+func status(err error) int {
+	var he *couch.HTTPError
+	if errors.As(err, &he) {
+		return he.Status
+	}
+	return 0
+}
+
+// reasonOf is err's text for logs and Stats, redacted.
+func reasonOf(err error) string {
+	var he *couch.HTTPError
+	if errors.As(err, &he) {
+		s := fmt.Sprintf("%d", he.Status)
+		switch {
+		case he.ErrorName != "" && he.Reason != "":
+			s += " " + he.ErrorName + ": " + he.Reason
+		case he.ErrorName != "":
+			s += " " + he.ErrorName
+		case he.Reason != "":
+			s += " " + he.Reason
+		default:
+			s += " " + http.StatusText(he.Status)
+		}
+		return redact.Text(s)
+	}
+	return redact.Text(err.Error())
+}
+
+// probe fixes the feed's start: the server's current seq.
+func (f *feed) probe(db *couch.DB) (couch.Seq, error) {
+	seq, err := db.DBUpdatesSeq(f.ctx)
+	if err != nil {
+		return nil, err
+	}
+	if seq.IsZero() || seq.Equal(couch.SinceNow) {
+		return couch.SinceNow, nil
+	}
+	return seq, nil
+}
+
+// run reads the feed until it ends for good or its last watch leaves.
+func (f *feed) run() {
+	db, release, err := f.srv.Open(f.log)
+	if err != nil {
+		f.readyErr = fmt.Errorf("dbupdates: %s: %w", f.srv.Name, redact.Error(err))
+		f.failStart(f.readyErr)
+		return
+	}
+	defer release()
+	since, err := f.probe(db)
+	if err != nil {
+		if f.ctx.Err() != nil {
+			f.readyErr = f.ctx.Err()
+			close(f.ready)
+			return
+		}
+		if u := unsupported(err); u != nil {
+			f.readyErr = u
+			f.setState(StateUnsupported, reasonOf(err), u)
+		} else {
+			f.readyErr = fmt.Errorf("dbupdates: %s: %w", f.srv.Name, redact.Error(err))
+		}
+		f.failStart(f.readyErr)
+		return
+	}
+	close(f.ready)
+	f.setState(StateOK, "", nil)
+	f.follow(db, since)
+}
+
+// failStart ends a feed whose start failed: its waiting Watch calls return
+// readyErr.
+func (f *feed) failStart(err error) {
+	close(f.ready)
+	f.end(err)
+}
+
+// follow reads the continuous feed from since, again after every end,
+// until the last watch leaves or the server refuses the feed for good.
+func (f *feed) follow(db *couch.DB, since couch.Seq) {
+	backoff := pause.Backoff{Min: f.h.o.RetryMin, Max: f.h.o.RetryMax}
+	for {
+		began := time.Now()
+		rows := 0
+		opts := couch.DBUpdatesOptions{Since: since, Heartbeat: f.h.o.Heartbeat, Opened: func() {
+			backoff.Reset()
+			f.setState(StateOK, "", nil)
+		}}
+		last, err := db.DBUpdates(f.ctx, &opts, func(u couch.DBUpdate) error {
+			rows++
+			f.dispatch(u.DBName)
+			return nil
+		})
+		if f.ctx.Err() != nil {
+			return
+		}
+		if last != nil {
+			since = last
+		}
+		if err == nil {
+			// The server ended the feed: read on from its last seq, after
+			// a pause if it ended at once without a row.
+			if rows == 0 && time.Since(began) < f.h.o.Heartbeat {
+				if pause.For(f.ctx, f.h.o.RetryMin) != nil {
+					return
+				}
+			}
+			continue
+		}
+		if status(err) == http.StatusBadRequest && !since.Equal(couch.SinceNow) {
+			// The server rejects the seq (it restarted, or its feed was
+			// rebuilt): start again from now, and wake every watch for
+			// the events in between.
+			f.log.Warn().Str("reason", reasonOf(err)).Msg("db_updates: the server rejected the feed's seq; waking every watch and reading on from now")
+			seq, perr := f.probe(db)
+			if perr == nil {
+				since = seq
+				f.wakeAll()
+				continue
+			}
+			err = perr
+		}
+		if u := unsupported(err); u != nil && status(err) < 500 {
+			f.setState(StateUnsupported, reasonOf(err), u)
+			f.end(u)
+			return
+		}
+		f.setState(StateRetrying, reasonOf(err), nil)
+		if pause.For(f.ctx, backoff.Next()) != nil {
+			return
+		}
+	}
+}
