@@ -1,0 +1,740 @@
+// Package mango evaluates CouchDB Mango selectors on the node: the rules
+// of CouchDB 3.4.3's mango_selector (normalize/1, then match/2) over a JSON
+// document, so that jobs replicating a selector can read a shared feed of
+// their source and filter its rows here instead of each asking the server
+// for a filtered feed of its own (filter=_selector).
+//
+// Parse normalizes a selector as CouchDB does (implicit $and, fields pushed
+// down to their conditions, negations pushed down with De Morgan's laws)
+// and compiles it; Match evaluates it. What differs from CouchDB and why:
+//
+//   - Strings are collated by golang.org/x/text/collate's root collation
+//     (CLDR root) where CouchDB uses ICU's root collator: the same order but
+//     for characters whose weights differ between the two tables' Unicode
+//     versions (see collate.go). The _id field is compared byte by byte,
+//     as CouchDB does.
+//   - $regex is Go's RE2, CouchDB's is PCRE (Erlang's re, on bytes): a
+//     pattern RE2 cannot compile (back-references, look-around) makes
+//     Parse fail with ErrUnsupported, and "." matches a UTF-8 character
+//     here where PCRE without the unicode option matches a byte.
+//   - Integers beyond 64 bits (bignums in Erlang) are floats here: $mod
+//     never matches them.
+//   - Where CouchDB throws while matching (a field name with an empty part
+//     such as "a..b", $mod with divisor 0, a $nor that normalization left
+//     below a negated $elemMatch), Parse fails with ErrUnsupported: the
+//     caller leaves such a selector to the server.
+//
+// A selector that fails with ErrUnsupported is valid to CouchDB; one that
+// fails with ErrInvalid CouchDB rejects too.
+package mango
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+)
+
+var (
+	// ErrInvalid is a selector CouchDB rejects too (its error names the
+	// operator or field).
+	ErrInvalid = errors.New("mango: invalid selector")
+	// ErrUnsupported is a selector CouchDB accepts that the node does not
+	// evaluate as CouchDB would: leave it to the server (filter=_selector).
+	ErrUnsupported = errors.New("mango: selector not evaluated on the node")
+)
+
+// Selector is a compiled selector. It is immutable and safe for
+// concurrent use.
+type Selector struct {
+	root *node // nil: the empty selector, which matches everything
+}
+
+// Parse normalizes and compiles a selector (a JSON object).
+func Parse(selector []byte) (*Selector, error) {
+	v, err := Decode(selector)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return ParseValue(v)
+}
+
+// ParseValue is Parse of a decoded selector.
+func ParseValue(v any) (*Selector, error) {
+	obj, ok := v.(Object)
+	if !ok {
+		return nil, fmt.Errorf("%w: expected a JSON object, not %s", ErrInvalid, text(v))
+	}
+	if len(obj) == 0 {
+		return &Selector{}, nil
+	}
+	n, err := normalize(obj)
+	if err != nil {
+		return nil, err
+	}
+	root, err := compile(n)
+	if err != nil {
+		return nil, err
+	}
+	return &Selector{root: root}, nil
+}
+
+// MustParse is Parse that panics on an error (tests, constants).
+func MustParse(selector string) *Selector {
+	s, err := Parse([]byte(selector))
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
+
+// Match reports whether doc (a decoded document: an Object) matches.
+func (s *Selector) Match(doc any) bool {
+	if s.root == nil {
+		return true
+	}
+	if _, ok := doc.(Object); !ok {
+		return false
+	}
+	return match(s.root, doc, false)
+}
+
+// MatchJSON decodes doc and matches it.
+func (s *Selector) MatchJSON(doc []byte) (bool, error) {
+	v, err := Decode(doc)
+	if err != nil {
+		return false, err
+	}
+	return s.Match(v), nil
+}
+
+// --- normalization (mango_selector:normalize/1) ---
+
+func obj1(k string, v any) Object { return Object{{k, v}} }
+
+func badArg(op string, arg any) error {
+	return fmt.Errorf("%w: bad argument for operator %s: %s", ErrInvalid, op, text(arg))
+}
+
+func normalize(sel Object) (Object, error) {
+	v, err := normOps(sel)
+	if err != nil {
+		return nil, err
+	}
+	if v, err = normFieldsTop(v); err != nil {
+		return nil, err
+	}
+	if v, err = normNegations(v); err != nil {
+		return nil, err
+	}
+	obj := v.(Object)
+	for _, m := range obj {
+		if m.Key == "" {
+			return nil, fmt.Errorf("%w: one or more conditions is missing a field name", ErrInvalid)
+		}
+	}
+	return obj, nil
+}
+
+func isInt(v any) bool { n, ok := v.(Number); return ok && n.Int }
+
+// normOps validates each operator's argument and makes implicit operators
+// explicit (norm_ops/1).
+func normOps(v any) (any, error) {
+	obj, isObj := v.(Object)
+	if isObj && len(obj) >= 2 {
+		and := make([]any, len(obj))
+		for i, m := range obj {
+			n, err := normOps(Object{m})
+			if err != nil {
+				return nil, err
+			}
+			and[i] = n
+		}
+		return obj1("$and", and), nil
+	}
+	if !isObj || len(obj) == 0 {
+		return obj1("$eq", v), nil
+	}
+	k, a := obj[0].Key, obj[0].Value
+	switch k {
+	case "$and", "$or", "$nor":
+		l, ok := a.([]any)
+		if !ok {
+			return nil, badArg(k, a)
+		}
+		out := make([]any, len(l))
+		for i, x := range l {
+			n, err := normOps(x)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = n
+		}
+		return obj1(k, out), nil
+	case "$not", "$elemMatch", "$allMatch", "$keyMapMatch":
+		if _, ok := a.(Object); !ok {
+			return nil, badArg(k, a)
+		}
+		n, err := normOps(a)
+		if err != nil {
+			return nil, err
+		}
+		return obj1(k, n), nil
+	case "$in", "$nin", "$all":
+		if _, ok := a.([]any); !ok {
+			return nil, badArg(k, a)
+		}
+		return obj, nil
+	case "$exists":
+		if _, ok := a.(bool); !ok {
+			return nil, badArg(k, a)
+		}
+		return obj, nil
+	case "$type", "$regex":
+		if _, ok := a.(string); !ok {
+			return nil, badArg(k, a)
+		}
+		return obj, nil
+	case "$mod":
+		if l, ok := a.([]any); !ok || len(l) != 2 || !isInt(l[0]) || !isInt(l[1]) {
+			return nil, badArg(k, a)
+		}
+		return obj, nil
+	case "$size":
+		if n, ok := a.(Number); !ok || !n.Int || n.I < 0 {
+			return nil, badArg(k, a)
+		}
+		return obj, nil
+	case "$text":
+		switch a.(type) {
+		case string, Number, bool:
+			return obj1("$default", obj1("$text", a)), nil
+		}
+		return nil, badArg(k, a)
+	case "$beginsWith":
+		if _, ok := a.(string); !ok {
+			return nil, fmt.Errorf("%w: invalid operator: %s (its argument must be a string, not %s)", ErrInvalid, k, text(a))
+		}
+		return obj, nil
+	case "$default", "$lt", "$lte", "$eq", "$ne", "$gte", "$gt":
+		return obj, nil
+	case "$where", "$geoWithin", "$geoIntersects", "$near", "$nearSphere":
+		return nil, fmt.Errorf("%w: unsupported operator: %s", ErrInvalid, k)
+	}
+	if strings.HasPrefix(k, "$") {
+		return nil, fmt.Errorf("%w: invalid operator: %s", ErrInvalid, k)
+	}
+	c, err := normOps(a)
+	if err != nil {
+		return nil, err
+	}
+	return obj1(k, c), nil
+}
+
+func badField(v any) error {
+	return fmt.Errorf("%w: invalid field normalization on selector: %s", ErrInvalid, text(v))
+}
+
+func normFieldsTop(v any) (any, error) {
+	if o, ok := v.(Object); ok && len(o) == 0 {
+		return v, nil
+	}
+	return normFields(v, "")
+}
+
+// normFields moves field names down to the conditions they apply to
+// (norm_fields/2): {a: {b: {$gt: 1}}} is {"a.b": {$gt: 1}}.
+func normFields(v any, path string) (any, error) {
+	obj, ok := v.(Object)
+	if !ok || len(obj) != 1 {
+		return nil, badField(v)
+	}
+	k, a := obj[0].Key, obj[0].Value
+	switch k {
+	case "$and", "$or", "$nor":
+		l := a.([]any)
+		out := make([]any, len(l))
+		for i, x := range l {
+			n, err := normFields(x, path)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = n
+		}
+		return obj1(k, out), nil
+	case "$not":
+		n, err := normFields(a, path)
+		if err != nil {
+			return nil, err
+		}
+		return obj1(k, n), nil
+	case "$elemMatch", "$allMatch", "$keyMapMatch":
+		n, err := normFieldsTop(a)
+		if err != nil {
+			return nil, err
+		}
+		return obj1(path, obj1(k, n)), nil
+	case "$default":
+		if t, ok := a.(Object); path == "" && ok && len(t) == 1 && t[0].Key == "$text" {
+			return v, nil
+		}
+		return nil, badField(v)
+	}
+	if strings.HasPrefix(k, "$") {
+		return obj1(path, v), nil
+	}
+	if path == "" {
+		return normFields(a, k)
+	}
+	return normFields(a, path+"."+k)
+}
+
+// normNegations moves negations down to the conditions (norm_negations/1).
+func normNegations(v any) (any, error) {
+	obj := v.(Object)
+	if len(obj) != 1 {
+		return v, nil
+	}
+	k, a := obj[0].Key, obj[0].Value
+	switch k {
+	case "$not":
+		return negate(a)
+	case "$nor":
+		return mapArgs("$and", a, negate)
+	case "$and", "$or":
+		return mapArgs(k, a, normNegations)
+	case "$elemMatch", "$allMatch", "$keyMapMatch":
+		n, err := normNegations(a)
+		if err != nil {
+			return nil, err
+		}
+		return obj1(k, n), nil
+	}
+	return v, nil
+}
+
+func mapArgs(op string, args any, f func(any) (any, error)) (any, error) {
+	l := args.([]any)
+	out := make([]any, len(l))
+	for i, x := range l {
+		n, err := f(x)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = n
+	}
+	return obj1(op, out), nil
+}
+
+var negated = map[string]string{"$lt": "$gte", "$lte": "$gt", "$eq": "$ne", "$ne": "$eq", "$gte": "$lt", "$gt": "$lte", "$in": "$nin", "$nin": "$in"}
+
+// negate is negate/1: De Morgan, and each comparison turned around.
+func negate(v any) (any, error) {
+	obj := v.(Object)
+	if len(obj) != 1 {
+		return obj1("$not", v), nil
+	}
+	k, a := obj[0].Key, obj[0].Value
+	switch k {
+	case "$not":
+		return normNegations(a)
+	case "$nor":
+		return mapArgs("$or", a, normNegations)
+	case "$and":
+		return mapArgs("$or", a, negate)
+	case "$or":
+		return mapArgs("$and", a, negate)
+	case "$default":
+		return nil, badArg("$not", v)
+	case "$exists":
+		return obj1(k, !a.(bool)), nil
+	}
+	if op, ok := negated[k]; ok {
+		return obj1(op, a), nil
+	}
+	if strings.HasPrefix(k, "$") {
+		return obj1("$not", v), nil
+	}
+	n, err := negate(a)
+	if err != nil {
+		return nil, err
+	}
+	return obj1(k, n), nil
+}
+
+// --- compiled form and matching (match/3) ---
+
+type opcode uint8
+
+const (
+	opAnd opcode = iota
+	opOr
+	opNot
+	opField
+	opEq
+	opNe
+	opLt
+	opLte
+	opGt
+	opGte
+	opIn
+	opNin
+	opAll
+	opExists
+	opType
+	opMod
+	opRegex
+	opSize
+	opElemMatch
+	opAllMatch
+	opKeyMapMatch
+	opBeginsWith
+	opDefault
+)
+
+var opcodes = map[string]opcode{"$and": opAnd, "$or": opOr, "$not": opNot, "$eq": opEq, "$ne": opNe,
+	"$lt": opLt, "$lte": opLte, "$gt": opGt, "$gte": opGte, "$in": opIn, "$nin": opNin, "$all": opAll,
+	"$exists": opExists, "$type": opType, "$mod": opMod, "$regex": opRegex, "$size": opSize,
+	"$elemMatch": opElemMatch, "$allMatch": opAllMatch, "$keyMapMatch": opKeyMapMatch,
+	"$beginsWith": opBeginsWith, "$default": opDefault}
+
+type node struct {
+	op   opcode
+	kids []*node // $and, $or
+	kid  *node   // $not, $elemMatch, $allMatch, $keyMapMatch; a field's condition
+	path []string
+	id   bool // the field is _id: compared byte by byte (cmp_raw)
+	arg  any
+	args []any
+	b    bool
+	s    string
+	re   *regexp.Regexp
+	d, r int64
+}
+
+func compile(v any) (*node, error) {
+	obj := v.(Object)
+	k, a := obj[0].Key, obj[0].Value
+	op, isOp := opcodes[k]
+	if !isOp {
+		if strings.HasPrefix(k, "$") { // a $nor normalization left in place
+			return nil, fmt.Errorf("%w: %s below a negated $elemMatch, $allMatch or $keyMapMatch", ErrUnsupported, k)
+		}
+		n := &node{op: opField, id: k == "_id"}
+		if k != "" {
+			p, err := parseField(k)
+			if err != nil {
+				return nil, err
+			}
+			n.path = p
+		}
+		var err error
+		n.kid, err = compile(a)
+		return n, err
+	}
+	n := &node{op: op}
+	switch op {
+	case opAnd, opOr:
+		for _, x := range a.([]any) {
+			kid, err := compile(x)
+			if err != nil {
+				return nil, err
+			}
+			n.kids = append(n.kids, kid)
+		}
+	case opNot, opElemMatch, opAllMatch, opKeyMapMatch:
+		if o := a.(Object); len(o) == 0 {
+			// {$elemMatch: {}} and the like normalize to $eq {}; an empty
+			// object left here is the empty selector: matches anything.
+			n.kid = &node{op: opAnd}
+			break
+		}
+		kid, err := compile(a)
+		if err != nil {
+			return nil, err
+		}
+		n.kid = kid
+	case opEq, opNe, opLt, opLte, opGt, opGte:
+		n.arg = a
+	case opIn, opNin, opAll:
+		n.args = a.([]any)
+	case opExists:
+		n.b = a.(bool)
+	case opType, opBeginsWith:
+		n.s = a.(string)
+	case opMod:
+		l := a.([]any)
+		n.d, n.r = l[0].(Number).I, l[1].(Number).I
+		if n.d == 0 {
+			return nil, fmt.Errorf("%w: $mod by 0 (CouchDB fails the request)", ErrUnsupported)
+		}
+	case opRegex:
+		re, err := regexp.Compile(a.(string))
+		if err != nil {
+			return nil, fmt.Errorf("%w: $regex %s: %w", ErrUnsupported, text(a), err)
+		}
+		n.re = re
+	case opSize:
+		n.d = a.(Number).I
+	}
+	return n, nil
+}
+
+// parseField splits a field name at its unescaped dots
+// (mango_util:parse_field/1): "a.b" is [a b], "a\.b" is [a.b]; every
+// backslash is then dropped.
+func parseField(f string) ([]string, error) {
+	var parts []string
+	if !strings.Contains(f, `\`) {
+		parts = strings.Split(f, ".")
+	} else {
+		start := 0
+		for i := 0; i < len(f); i++ {
+			if f[i] == '.' && (i == 0 || f[i-1] != '\\') {
+				parts = append(parts, f[start:i])
+				start = i + 1
+			}
+		}
+		parts = append(parts, f[start:])
+		for i, p := range parts {
+			if p != "" {
+				parts[i] = strings.ReplaceAll(p, `\`, "")
+			}
+		}
+	}
+	for _, p := range parts {
+		if p == "" {
+			return nil, fmt.Errorf("%w: invalid field name %q (CouchDB fails the request)", ErrUnsupported, f)
+		}
+	}
+	return parts, nil
+}
+
+type lookup uint8
+
+const (
+	found lookup = iota
+	notFound
+	badPath
+)
+
+// getField is mango_doc:get_field/2.
+func getField(v any, path []string) (any, lookup) {
+	for _, name := range path {
+		switch x := v.(type) {
+		case Object:
+			i := 0
+			for i < len(x) && x[i].Key != name {
+				i++
+			}
+			if i == len(x) {
+				return nil, notFound
+			}
+			v = x[i].Value
+		case []any:
+			pos, err := strconv.Atoi(name)
+			if err != nil || pos < 0 || pos >= len(x) {
+				return nil, badPath
+			}
+			v = x[pos]
+		default:
+			return nil, badPath
+		}
+	}
+	return v, found
+}
+
+func cmpWith(raw bool, a, b any) int {
+	if raw {
+		return compareRaw(a, b)
+	}
+	return compare(a, b)
+}
+
+func eqWith(raw bool, a, b any) bool {
+	if raw {
+		return compareRaw(a, b) == 0
+	}
+	return equal(a, b)
+}
+
+func match(n *node, v any, raw bool) bool {
+	switch n.op {
+	case opAnd:
+		for _, k := range n.kids {
+			if !match(k, v, raw) {
+				return false
+			}
+		}
+		return true
+	case opOr:
+		if len(n.kids) == 0 {
+			return true
+		}
+		for _, k := range n.kids {
+			if match(k, v, raw) {
+				return true
+			}
+		}
+		return false
+	case opNot:
+		return !match(n.kid, v, raw)
+	case opAll:
+		vals, ok := v.([]any)
+		if len(n.args) == 0 || !ok {
+			return false
+		}
+		has := true
+		for _, a := range n.args {
+			member := false
+			for _, x := range vals {
+				if exactEqual(a, x) {
+					member = true
+					break
+				}
+			}
+			if !member {
+				has = false
+				break
+			}
+		}
+		if has {
+			return true
+		}
+		if len(n.args) == 1 {
+			if l, ok := n.args[0].([]any); ok {
+				return termEqual(l, vals)
+			}
+		}
+		return false
+	case opField:
+		if n.path == nil {
+			return match(n.kid, v, raw)
+		}
+		sub, res := getField(v, n.path)
+		switch res {
+		case notFound:
+			return n.kid.op == opExists && !n.kid.b
+		case badPath:
+			return false
+		}
+		return match(n.kid, sub, raw || n.id)
+	case opElemMatch:
+		vals, ok := v.([]any)
+		if !ok {
+			return false
+		}
+		for _, x := range vals {
+			if match(n.kid, x, raw) {
+				return true
+			}
+		}
+		return false
+	case opAllMatch:
+		vals, ok := v.([]any)
+		if !ok || len(vals) == 0 {
+			return false
+		}
+		for _, x := range vals {
+			if !match(n.kid, x, raw) {
+				return false
+			}
+		}
+		return true
+	case opKeyMapMatch:
+		obj, ok := v.(Object)
+		if !ok {
+			return false
+		}
+		for _, m := range obj {
+			if match(n.kid, m.Key, raw) {
+				return true
+			}
+		}
+		return false
+	case opLt:
+		return cmpWith(raw, v, n.arg) < 0
+	case opLte:
+		return cmpWith(raw, v, n.arg) <= 0
+	case opEq:
+		return eqWith(raw, v, n.arg)
+	case opNe:
+		return !eqWith(raw, v, n.arg)
+	case opGte:
+		return cmpWith(raw, v, n.arg) >= 0
+	case opGt:
+		return cmpWith(raw, v, n.arg) > 0
+	case opIn:
+		return in(n.args, v, raw)
+	case opNin:
+		if len(n.args) == 0 {
+			return true
+		}
+		if _, ok := v.([]any); ok {
+			return !in(n.args, v, raw)
+		}
+		for _, a := range n.args {
+			if eqWith(raw, v, a) {
+				return false
+			}
+		}
+		return true
+	case opExists:
+		return n.b
+	case opType:
+		return n.s == typeName(v)
+	case opMod:
+		x, ok := v.(Number)
+		return ok && x.Int && x.I%n.d == n.r
+	case opBeginsWith:
+		s, ok := v.(string)
+		return ok && strings.HasPrefix(s, n.s)
+	case opRegex:
+		s, ok := v.(string)
+		return ok && n.re.MatchString(s)
+	case opSize:
+		vals, ok := v.([]any)
+		return ok && int64(len(vals)) == n.d
+	case opDefault:
+		return true // $text: CouchDB trusts its text index here
+	}
+	return false
+}
+
+// in is $in: v (or, when v is an array, one of its elements) equals one
+// of args.
+func in(args []any, v any, raw bool) bool {
+	vals, isList := v.([]any)
+	for _, a := range args {
+		if !isList {
+			if eqWith(raw, v, a) {
+				return true
+			}
+			continue
+		}
+		for _, x := range vals {
+			if eqWith(raw, x, a) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func typeName(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case bool:
+		return "boolean"
+	case Number:
+		return "number"
+	case string:
+		return "string"
+	case []any:
+		return "array"
+	}
+	return "object"
+}
