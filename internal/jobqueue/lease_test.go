@@ -1,7 +1,10 @@
 package jobqueue
 
 import (
+	"bytes"
 	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -162,6 +165,125 @@ func TestLease(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
+		}
+	})
+}
+
+// TestLeasesTakeover: two processes' queues share one store, each holding
+// its jobs under its own lease; Leases shows each lease with its node and
+// jobs and finds the records consistent. When one process goes silent for
+// a timeout, the monitor re-enqueues its jobs and removes its lease; the
+// other takes them under its own lease, and Leases shows every job held
+// once, by the survivor; the silent process's writes under its old locks
+// fail. A job entry naming the wrong lease is reported as inconsistent.
+func TestLeasesTakeover(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		a := setup(t, Options{NodeName: "a"})
+		b := &bundle{db: a.db, q: New(a.db, Options{NodeName: "b", Clock: a.clock.Now}), clock: a.clock, ctx: a.ctx}
+		ids := []string{"j0", "j1", "j2", "j3", "j4", "j5"}
+		for _, id := range ids {
+			mustAdd(t, a, id, AddOptions{})
+		}
+		la, err := a.q.OpenLease(a.ctx, typA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, err := b.q.OpenLease(b.ctx, typA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]*Job{}
+		for k := range ids {
+			q, l := a.q, la
+			if k%2 == 1 {
+				q, l = b.q, lb
+			}
+			j, err := q.Accept(a.ctx, typA, AcceptOptions{Lease: l})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held[j.ID()] = j
+		}
+		byNode := func() map[string][]string {
+			t.Helper()
+			leases, err := a.q.Leases(a.ctx, typA)
+			if err != nil {
+				t.Fatalf("leases: %v", err)
+			}
+			out := map[string][]string{}
+			for _, l := range leases {
+				if l.Dead {
+					t.Fatalf("lease %s of %s is dead", l.ID, l.Node)
+				}
+				if _, dup := out[l.Node]; dup {
+					t.Fatalf("node %s holds two leases", l.Node)
+				}
+				out[l.Node] = l.Jobs
+			}
+			return out
+		}
+		if got := byNode(); len(got["a"]) != 3 || len(got["b"]) != 3 || len(got) != 2 {
+			t.Fatalf("leases by node %v, want 3 jobs each on a and b", got)
+		}
+
+		// a goes silent; b renews. A monitor (on either node) re-enqueues
+		// a's jobs once a's lease is a whole timeout old.
+		m := b.q.NewMonitor(MonitorOptions{})
+		t0 := time.Now()
+		requeued := 0
+		for k := range 4 {
+			if err := lb.Renew(b.ctx); err != nil {
+				t.Fatal(err)
+			}
+			n, err := m.Check(b.ctx, t0.Add(time.Duration(k)*40*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k < 2 && n != 0 {
+				t.Fatalf("check %d, less than a timeout after the first sample: re-enqueued %d", k, n)
+			}
+			requeued += n
+		}
+		if requeued != 3 {
+			t.Fatalf("checks after a's lease expired re-enqueued %d jobs, want a's 3", requeued)
+		}
+		if got := byNode(); len(got) != 1 || len(got["b"]) != 3 {
+			t.Fatalf("leases by node after a's expired: %v, want only b's with its 3 jobs", got)
+		}
+		for range 3 {
+			if _, err := b.q.Accept(b.ctx, typA, AcceptOptions{Lease: lb}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := byNode(); len(got) != 1 || !slices.Equal(got["b"], ids) {
+			t.Fatalf("leases by node after b took a's jobs: %v, want b holding %v", got, ids)
+		}
+		for id, j := range held {
+			if j.q != a.q {
+				continue
+			}
+			if err := j.Update(a.ctx, nil); !errors.Is(err, ErrWorkerConflict) {
+				t.Fatalf("a's update of %s after the takeover: %v, want ErrWorkerConflict", id, err)
+			}
+		}
+		mustAdd(t, a, "j6", AddOptions{})
+		if _, err := a.q.Accept(a.ctx, typA, AcceptOptions{Lease: la}); !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("accept under a's expired lease: %v, want ErrLeaseLost", err)
+		}
+
+		// A job entry naming another lease than the one holding it.
+		if err := a.db.Transact(a.ctx, func(tx kv.Tx) error {
+			v, err := tx.Get(a.q.keys.jobLeaseKey(typA, "j0"))
+			if err != nil {
+				return err
+			}
+			tx.Set(a.q.keys.jobLeaseKey(typA, "j0"), append(bytes.Clone(v[:lockLength]), "nosuchlease"...))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.q.Leases(a.ctx, typA); !errors.Is(err, ErrLeaseInconsistent) || !strings.Contains(err.Error(), "j0") {
+			t.Fatalf("leases with a wrong job entry: %v, want ErrLeaseInconsistent naming j0", err)
 		}
 	})
 }
