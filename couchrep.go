@@ -248,9 +248,10 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	if cfg.HasNodeType(config.NodeTypeReplication) {
 		// One lease proves every job of this node alive: an idle job
 		// writes nothing to the store.
+		// Accepts wait for it (repjob.Store.GoKeepLease): no job is
+		// accepted outside it.
 		lctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); n.deps.RepJobs.KeepLease(lctx) }()
+		done := n.deps.RepJobs.GoKeepLease(lctx)
 		n.stopLease = func() { cancel(); <-done }
 	}
 	metrics.WatchStore(httpapi.NewRepjobStore(n.deps.RepJobs, cfg.CouchDB.UUID))

@@ -17,12 +17,20 @@ import (
 // monitor re-enqueued its jobs) the jobs under it hear of it through
 // Run.Watch, and a new lease is opened for the jobs accepted next. When
 // ctx ends the lease is closed: removed if it holds no job any more (stop
-// the jobs first), else left to expire.
+// the jobs first), else left to expire. While it runs, a waiting Accept
+// takes jobs only under an open lease: it waits for the first one, and for
+// the next after a loss.
 func (s *Store) KeepLease(ctx context.Context) {
 	every := s.ActivityTimeout() / 3
 	var l *jobqueue.Lease
+	s.leaseMu.Lock()
+	s.leasing = true
+	s.leaseMu.Unlock()
 	defer func() {
-		s.lease.Store(nil)
+		s.leaseMu.Lock()
+		s.leasing = false
+		s.leaseMu.Unlock()
+		s.setLease(nil)
 		if l != nil {
 			c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			if err := l.Close(c); err != nil {
@@ -46,18 +54,72 @@ func (s *Store) KeepLease(ctx context.Context) {
 				continue
 			}
 			l = nl
-			s.lease.Store(l)
+			s.setLease(l)
 			continue
 		}
 		err := l.Renew(ctx)
 		switch {
 		case errors.Is(err, jobqueue.ErrLeaseLost):
 			s.log.Warn().Str("lease", l.ID()).Msg("repjob: lease lost (silent for an activity timeout): its jobs stop; opening another")
-			s.lease.Store(nil)
+			s.setLease(nil)
 			l = nil
 			due = time.Now()
 		case err != nil && ctx.Err() == nil:
 			s.log.Warn().Err(err).Msg("repjob: renewing the lease")
+		}
+	}
+}
+
+// GoKeepLease runs KeepLease in a goroutine of its own and returns a
+// channel closed when it has returned. Unlike go KeepLease(ctx), waiting
+// Accepts wait for the lease from the moment GoKeepLease returns, however
+// late the goroutine starts: start it before the accept loop.
+func (s *Store) GoKeepLease(ctx context.Context) (done <-chan struct{}) {
+	s.leaseMu.Lock()
+	s.leasing = true
+	s.leaseMu.Unlock()
+	ch := make(chan struct{})
+	go func() { defer close(ch); s.KeepLease(ctx) }()
+	return ch
+}
+
+// setLease publishes the lease jobs are accepted under (nil: none is open)
+// and wakes the Accepts waiting for one; when KeepLease has ended it wakes
+// them all (they accept without a lease).
+func (s *Store) setLease(l *jobqueue.Lease) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	s.lease.Store(l)
+	if (l != nil || !s.leasing) && s.leaseOpen != nil {
+		close(s.leaseOpen)
+		s.leaseOpen = nil
+	}
+}
+
+// acceptLease returns the lease to accept a job under. While KeepLease runs
+// but holds no open lease (it is opening the first one, or a new one after
+// the last was lost), a waiting Accept (wait) waits for it: a job accepted
+// without the lease would have to prove itself alive on its own, a store
+// write per job every third of the activity timeout for as long as it
+// runs, even idle. Without wait, or without KeepLease, it returns the lease
+// open now, if any.
+func (s *Store) acceptLease(ctx context.Context, wait bool) (*jobqueue.Lease, error) {
+	for {
+		s.leaseMu.Lock()
+		l := s.lease.Load()
+		if l != nil || !s.leasing || !wait {
+			s.leaseMu.Unlock()
+			return l, nil
+		}
+		if s.leaseOpen == nil {
+			s.leaseOpen = make(chan struct{})
+		}
+		ch := s.leaseOpen
+		s.leaseMu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
 		}
 	}
 }

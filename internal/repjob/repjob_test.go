@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -701,4 +702,46 @@ func runAnHourAgo(t *testing.T, e *env) {
 		t.Fatal(err)
 	}
 	e.clock.Advance(time.Hour)
+}
+
+// TestAcceptWaitsForTheLease: once the store keeps a lease (GoKeepLease),
+// a waiting Accept takes jobs only under it, even when it is called before
+// the lease is open (a node's acceptor starts with the lease); a job
+// accepted outside it would write to the store on its own for as long as
+// it runs. Once KeepLease has ended, Accept takes jobs without one.
+func TestAcceptWaitsForTheLease(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := t.Context()
+	for i := range 3 {
+		if _, err := e.store.AddTransient(ctx, body(fmt.Sprintf("http://a/s%d", i), "http://b/t", `,"continuous":true`), "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lctx, stop := context.WithCancel(ctx)
+	done := e.store.GoKeepLease(lctx)
+	for range 2 {
+		run, err := e.store.Accept(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		unwatch, leased := run.Watch(func() {}, func() {})
+		unwatch()
+		if !leased {
+			t.Fatalf("job %s accepted outside the node's lease", run.ID())
+		}
+		leases, err := e.q.Leases(ctx, repjob.JobType)
+		if err != nil || len(leases) != 1 || !slices.Contains(leases[0].Jobs, run.ID()) {
+			t.Fatalf("leases %+v (%v): want one holding %s", leases, err, run.ID())
+		}
+	}
+	stop()
+	<-done
+	run, err := e.store.Accept(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if unwatch, leased := run.Watch(func() {}, func() {}); leased {
+		unwatch()
+		t.Fatalf("job %s accepted under a lease after KeepLease ended", run.ID())
+	}
 }

@@ -40,7 +40,11 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
 	}
-	j, err := s.q.Accept(ctx, JobType, jobqueue.AcceptOptions{Wait: wait, Lease: s.lease.Load()})
+	lease, err := s.acceptLease(ctx, wait)
+	if err != nil {
+		return nil, fmt.Errorf("repjob: accept: %w", err)
+	}
+	j, err := s.q.Accept(ctx, JobType, jobqueue.AcceptOptions{Wait: wait, Lease: lease})
 	if err != nil {
 		return nil, fmt.Errorf("repjob: accept: %w", err)
 	}

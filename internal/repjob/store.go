@@ -116,6 +116,12 @@ type Store struct {
 	typeDone bool
 
 	lease atomic.Pointer[jobqueue.Lease] // see KeepLease
+	// leaseMu guards leasing and leaseOpen: while KeepLease runs
+	// (leasing) and no lease is open, a waiting Accept waits on
+	// leaseOpen, closed when one is (see acceptLease).
+	leaseMu   sync.Mutex
+	leasing   bool
+	leaseOpen chan struct{}
 }
 
 // New returns the store of replication jobs in queue (whose database is db).
