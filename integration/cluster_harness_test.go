@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -45,6 +46,11 @@ type clusterConfig struct {
 	// Store is the job store the nodes share: "" for an embedded store
 	// file in the test's directory, or a postgres:// URL.
 	Store string
+	// Env is more environment variables for every node (they win over
+	// the harness's).
+	Env []string
+	// LogLevel is the nodes' log level ("" for info).
+	LogLevel string
 }
 
 // monitorInterval is the activity monitor's check interval for a timeout
@@ -89,7 +95,7 @@ func (n *clusterNode) up() bool {
 // testCluster is N couchrepd processes sharing one store: a file, or a
 // PostgreSQL database (clusterConfig.Store).
 type testCluster struct {
-	t         *testing.T
+	t         testing.TB
 	cfg       clusterConfig
 	storePath string // the file or the postgres:// URL
 	uuid      string
@@ -104,7 +110,7 @@ type testCluster struct {
 
 // startCluster starts one node per entry of types (each a node_types list)
 // on one shared store, with the short timeouts of cfg.
-func startCluster(t *testing.T, cfg clusterConfig, types ...[]string) *testCluster {
+func startCluster(t testing.TB, cfg clusterConfig, types ...[]string) *testCluster {
 	t.Helper()
 	dir := t.TempDir()
 	c := &testCluster{t: t, cfg: cfg, storePath: filepath.Join(dir, "shared.db"), uuid: "c4a05c1ba1ef00d5c4a05c1ba1ef00d5"}
@@ -136,8 +142,10 @@ func startCluster(t *testing.T, cfg clusterConfig, types ...[]string) *testClust
 		if slices.Contains(ty, config.NodeTypeAPIFrontend) && len(cfg.Watch) > 0 {
 			env = append(env, "COUCHREP_COUCHREP_WATCH="+strings.Join(cfg.Watch, ","))
 		}
+		env = append(env, cfg.Env...)
+		level := cmp.Or(cfg.LogLevel, "info")
 		c.nodes = append(c.nodes, &clusterNode{name: name, types: ty,
-			opts: nodeOptions{name: name, dataDir: data, store: c.storePath, env: env, extra: []string{"--log-level", "info"}}})
+			opts: nodeOptions{name: name, dataDir: data, store: c.storePath, env: env, extra: []string{"--log-level", level}}})
 	}
 	for _, n := range c.nodes {
 		c.start(n)

@@ -1,0 +1,573 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/couchrep/couchrep/actors/jobrunner"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/kv"
+	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// failoverParams size a cluster failover run (TestClusterFailover,
+// BenchmarkClusterFailover).
+type failoverParams struct {
+	// jobs is the number of user databases, one continuous job each.
+	jobs int
+	// timeout is [couchrep] activity_timeout: how long a dead node's
+	// jobs stay with it.
+	timeout time.Duration
+	// sample is how many user databases get a write during and one after
+	// the kill (half of them the victim's).
+	sample int
+	// idle is how long the idle cluster is measured before the kill (0:
+	// not measured).
+	idle time.Duration
+	// poll is how often the harness reads every job record.
+	poll time.Duration
+	// settle bounds each wait (all running, failover, writes arriving).
+	settle   time.Duration
+	logLevel string
+}
+
+// procLoad is what one process cost over a window.
+type procLoad struct {
+	name string
+	cpu  float64 // % of one core
+	rss  uint64
+	fds  int
+	jobs int
+}
+
+func (l procLoad) String() string {
+	return fmt.Sprintf("%s: %d jobs, %.2f %% CPU, RSS %d MB, %d fds", l.name, l.jobs, l.cpu, l.rss>>20, l.fds)
+}
+
+// failoverResult is what a run measured, and what it found wrong.
+type failoverResult struct {
+	createDBs, addJobs time.Duration
+	// allRunning: from the first job added until every job ran.
+	allRunning time.Duration
+	// failover: from the SIGKILL until every job of the victim ran on a
+	// survivor (to the harness's poll interval).
+	failover   time.Duration
+	victim     string
+	victimJobs int
+	perNode    map[string]int
+	// idle: each node and the store over the idle window; pgCommits is
+	// PostgreSQL's xact_commit rate then (transactions/s).
+	idle      []procLoad
+	pgIdleCPU float64
+	pgCommits float64
+	// takeover: PostgreSQL's CPU and commit rate from the SIGKILL until
+	// the victim's jobs ran elsewhere.
+	pgTakeoverCPU, pgTakeoverCommits float64
+	polls                            int
+	violations                       []string
+}
+
+func (r *failoverResult) violate(format string, args ...any) {
+	if len(r.violations) < 200 {
+		r.violations = append(r.violations, fmt.Sprintf(format, args...))
+	}
+}
+
+// jobSeen is what the polls saw of one job.
+type jobSeen struct {
+	owner   string // the node it first ran on
+	movedTo string // the survivor it ran on after the victim was killed
+}
+
+// runClusterFailover runs p.jobs per-user continuous replications (each
+// from its own database on one PouchDB Server with a real _db_updates
+// feed, all into one central database) on three replication nodes sharing
+// one PostgreSQL job store, SIGKILLs the node running the most jobs and
+// checks, polling the store, that every job of it runs on one of the
+// other two and no job ever runs twice: a job's node never changes except
+// from the victim to one survivor; the run log (written in the
+// lock-checked transactions) has one run per survivor's job and exactly
+// two that do not overlap per victim's job; the lease records hold each
+// running job once, under a lease of the node running it, and none of the
+// victim's; the survivors' supervision trees have each job's actor on one
+// node only. Writes to user databases during and after the kill reach the
+// central database.
+func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
+	res := &failoverResult{perNode: map[string]int{}}
+	ctx := context.Background()
+	srv := testserver.StartPouchDBWithDBUpdates(tb)
+	central := srv.CreateDB(tb, "central")
+	userDB := func(i int) string { return fmt.Sprintf("user-%05d", i) }
+
+	t0 := time.Now()
+	if err := parallel(16, p.jobs, func(i int) error { return putDB(srv.DBURL(userDB(i))) }); err != nil {
+		tb.Fatalf("creating the user databases: %v", err)
+	}
+	res.createDBs = time.Since(t0)
+
+	pg := pgtest.Start(tb)
+	dsn := pg.NewDatabase(tb)
+	repl := []string{config.NodeTypeReplication}
+	c := startCluster(tb, clusterConfig{ActivityTimeout: p.timeout, MaxJobs: p.jobs/2 + p.jobs/10 + 1, Store: dsn,
+		LogLevel: p.logLevel,
+		// No rotation: every job runs for good once accepted.
+		Env: []string{"COUCHREP_REPLICATOR_INTERVAL=60000"}}, repl, repl, repl)
+	if err := c.store.Init(ctx); err != nil {
+		tb.Fatal(err)
+	}
+
+	// The jobs, as the _replicator documents of one server would make
+	// them (PersistentDoc), in batches of 250 per transaction.
+	ids := make([]string, p.jobs)
+	byID := make(map[string]int, p.jobs)
+	start := time.Now()
+	for from := 0; from < p.jobs; from += 250 {
+		to := min(from+250, p.jobs)
+		if err := c.db.Transact(ctx, func(tx kv.Tx) error {
+			for i := from; i < to; i++ {
+				body := fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true}`, srv.DBURL(userDB(i)), central)
+				r, err := c.store.AddPersistentTx(tx, repjob.PersistentDoc{Server: srv.URL, DB: "_replicator", DocID: userDB(i), Body: []byte(body)})
+				if err != nil {
+					return err
+				}
+				ids[i] = r.JobID
+			}
+			return nil
+		}); err != nil {
+			tb.Fatalf("adding jobs %d-%d: %v", from, to, err)
+		}
+	}
+	for i, id := range ids {
+		byID[id] = i
+	}
+	res.addJobs = time.Since(start)
+	c.logf("%d jobs added in %v", p.jobs, res.addJobs.Round(time.Millisecond))
+
+	seen := make(map[string]*jobSeen, p.jobs)
+	var victim string
+	var killedAt time.Time
+	// poll reads every job record once and checks that no job changed
+	// nodes other than from the victim to one survivor; it returns the
+	// jobs running (started by the node holding them) per node, and the
+	// ids of those that are not running.
+	poll := func() (map[string][]string, []string) {
+		res.polls++
+		running := map[string][]string{}
+		var notRunning []string
+		err := c.store.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
+			id := r.GetJobId()
+			if _, ok := byID[id]; !ok {
+				return nil
+			}
+			if st := r.State(); st == repjob.StateCrashing || st == repjob.StateFailed {
+				res.violate("job %s (%s) is %s: %s", id, userDBOf(r), st, r.GetLastError())
+			}
+			node := r.WorkerNode
+			if r.QueueState != jobqueue.StateRunning || r.GetNode() != node {
+				notRunning = append(notRunning, id)
+				return nil
+			}
+			running[node] = append(running[node], id)
+			s := seen[id]
+			switch {
+			case s == nil:
+				if victim != "" {
+					res.violate("job %s first seen running after the kill, on %s", id, node)
+				}
+				seen[id] = &jobSeen{owner: node}
+			case node == s.owner || node == s.movedTo:
+			case s.owner == victim && s.movedTo == "" && node != victim:
+				s.movedTo = node
+			default:
+				res.violate("job %s ran on %s, then on %s (moved to %q after the kill of %s)", id, s.owner, node, s.movedTo, victim)
+			}
+			return nil
+		})
+		if err != nil {
+			tb.Fatalf("reading the jobs: %v", err)
+		}
+		return running, notRunning
+	}
+	deadline := time.Now().Add(p.settle)
+	var running map[string][]string
+	for {
+		var left []string
+		running, left = poll()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d jobs not running %v after they were added (e.g. %v); violations: %v",
+				len(left), p.jobs, p.settle, left[:min(5, len(left))], res.violations)
+		}
+		time.Sleep(p.poll) // another process's store: poll
+	}
+	res.allRunning = time.Since(start)
+	for n, js := range running {
+		res.perNode[n] = len(js)
+		if len(js) > len(running[victim]) {
+			victim = n
+		}
+	}
+	c.logf("all %d jobs running after %v: %v", p.jobs, res.allRunning.Round(time.Millisecond), res.perNode)
+	if len(running) != len(c.nodes) {
+		res.violate("jobs ran on %d nodes, want all %d: %v", len(running), len(c.nodes), res.perNode)
+	}
+
+	if p.idle > 0 {
+		res.idle, res.pgIdleCPU, res.pgCommits = measureIdle(tb, c, pg, dsn, p.idle, res.perNode)
+	}
+
+	// The victim runs the most jobs. Sample databases: half of them its.
+	victimIDs := running[victim]
+	res.victim, res.victimJobs = victim, len(victimIDs)
+	var sample []int
+	var survivorsIDs []string
+	for n, js := range running {
+		if n != victim {
+			survivorsIDs = append(survivorsIDs, js...)
+		}
+	}
+	for k := range p.sample {
+		from := victimIDs
+		if k%2 == 1 {
+			from = survivorsIDs
+		}
+		sample = append(sample, byID[from[k/2*len(from)/max(1, p.sample/2+1)]])
+	}
+	var victimNode *clusterNode
+	for _, n := range c.nodes {
+		if n.name == victim {
+			victimNode = n
+		}
+	}
+	cpu0, commits0 := pgtest.CPU(pg.PID()), pgCommits(tb, dsn)
+	c.kill(victimNode)
+	killedAt = time.Now()
+	c.logf("SIGKILL %s running %d jobs", victim, len(victimIDs))
+
+	// Writes while the victim's jobs are between nodes.
+	written := map[string]string{} // doc id -> user database
+	write := func(when string) {
+		for _, i := range sample {
+			id := userDB(i) + "-" + when
+			srv.Do(tb, http.MethodPut, srv.DBURL(userDB(i))+id, map[string]any{"when": when}, http.StatusCreated)
+			written[id] = userDB(i)
+		}
+	}
+	write("during")
+
+	deadline = time.Now().Add(failoverBound(p.timeout) + p.settle)
+	for {
+		running, left := poll()
+		if len(left) == 0 && len(running[victim]) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d jobs not running, %d still on %s, %v after the SIGKILL; violations: %v",
+				len(left), len(running[victim]), victim, time.Since(killedAt), res.violations)
+		}
+		time.Sleep(p.poll) // another process's store: poll
+	}
+	res.failover = time.Since(killedAt)
+	took := res.failover.Seconds()
+	res.pgTakeoverCPU = 100 * (pgtest.CPU(pg.PID()) - cpu0).Seconds() / took
+	res.pgTakeoverCommits = float64(pgCommits(tb, dsn)-commits0) / took
+	c.logf("the %d jobs of %s run on the survivors %v after the SIGKILL", len(victimIDs), victim, res.failover.Round(time.Millisecond))
+
+	write("after")
+	deadline = time.Now().Add(p.settle)
+	for id, db := range written {
+		for !docExists(http.DefaultClient, central, id) {
+			if time.Now().After(deadline) {
+				tb.Fatalf("%s (written to %s) did not reach the central database within %v", id, db, p.settle)
+			}
+			time.Sleep(50 * time.Millisecond) // another process's state: poll
+		}
+	}
+	// One more poll with everything settled.
+	running, left := poll()
+	if len(left) > 0 || len(running[victim]) > 0 {
+		res.violate("after the writes: %d jobs not running, %d on %s", len(left), len(running[victim]), victim)
+	}
+	for _, id := range victimIDs {
+		if s := seen[id]; s == nil || s.movedTo == "" {
+			res.violate("job %s of %s was never seen running on a survivor", id, victim)
+		}
+	}
+
+	// The run log: one run per survivor's job, two per victim's, none
+	// overlapping (jobqueue.CheckRuns: in commit order of the store).
+	runs, err := c.queue.Runs(ctx, repjob.JobType)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, id := range ids {
+		rs := runs[id]
+		if err := jobqueue.CheckRuns(rs); err != nil {
+			res.violate("%v", err)
+		}
+		want, nodes := 1, []string{seen[id].owner}
+		if seen[id].owner == victim {
+			want, nodes = 2, []string{victim, seen[id].movedTo}
+		}
+		var got []string
+		for _, r := range rs {
+			got = append(got, r.Node)
+		}
+		if len(rs) != want || !slices.Equal(got, nodes) {
+			res.violate("job %s (%s): runs on %v, want %v", id, userDB(byID[id]), got, nodes)
+		}
+	}
+	// The lease records: every job held once, by a lease of the node
+	// running it; the victim's lease is gone.
+	leases, err := c.queue.Leases(ctx, repjob.JobType)
+	if err != nil {
+		res.violate("lease records: %v", err)
+	}
+	heldBy := map[string]string{}
+	for _, l := range leases {
+		if l.Node == victim {
+			res.violate("lease %s of the killed node %s is still in the store (dead %v, %d jobs)", l.ID, victim, l.Dead, len(l.Jobs))
+		}
+		for _, id := range l.Jobs {
+			heldBy[id] = l.Node
+		}
+	}
+	for _, id := range ids {
+		want := seen[id].owner
+		if want == victim {
+			want = seen[id].movedTo
+		}
+		if heldBy[id] != want {
+			res.violate("job %s runs on %s, held under a lease of %q", id, want, heldBy[id])
+		}
+	}
+	// The survivors' trees: each job's actor on one node, as many as the
+	// store says the node runs.
+	actorsOn := map[string]string{}
+	for _, n := range c.live() {
+		tr, err := treeOf(n)
+		if err != nil {
+			res.violate("tree of %s: %v", n.name, err)
+			continue
+		}
+		count := 0
+		for _, pth := range actorPaths(tr) {
+			name, ok := strings.CutPrefix(pth, "job_server/jobs_sup/")
+			if !ok || strings.Contains(name, "/") {
+				continue
+			}
+			count++
+			if other, dup := actorsOn[name]; dup {
+				res.violate("job actor %s runs on %s and on %s", name, other, n.name)
+			}
+			actorsOn[name] = n.name
+		}
+		if count != len(running[n.name]) {
+			res.violate("%s has %d job actors, the store says it runs %d jobs", n.name, count, len(running[n.name]))
+		}
+	}
+	for n, js := range running {
+		for _, id := range js {
+			if got := actorsOn[jobrunner.Name(id)]; got != n {
+				res.violate("job %s runs on %s in the store, its actor is on %q", id, n, got)
+			}
+		}
+	}
+	var info struct {
+		DocCount int `json:"doc_count"`
+	}
+	srv.GetJSON(tb, central, &info)
+	if info.DocCount != len(written) {
+		res.violate("central database has %d documents, want the %d written", info.DocCount, len(written))
+	}
+	return res
+}
+
+// userDBOf is the user database a job replicates from.
+func userDBOf(r *repjob.Record) string { return r.GetDocId() }
+
+// measureIdle measures every live node of c and the PostgreSQL server over
+// window: CPU (% of a core), RSS and open fds of each node; the server's
+// CPU and xact_commit rate.
+func measureIdle(tb testing.TB, c *testCluster, pg *pgtest.Server, dsn string, window time.Duration, jobs map[string]int) ([]procLoad, float64, float64) {
+	live := c.live()
+	cpu0 := make([]time.Duration, len(live))
+	for i, n := range live {
+		cpu0[i] = pgtest.CPU(n.proc.cmd.Process.Pid)
+	}
+	pgCPU0, commits0 := pgtest.CPU(pg.PID()), pgCommits(tb, dsn)
+	start := time.Now()
+	time.Sleep(window) // the measurement window itself, not a wait for an event
+	took := time.Since(start).Seconds()
+	var out []procLoad
+	for i, n := range live {
+		pid := n.proc.cmd.Process.Pid
+		out = append(out, procLoad{name: n.name, jobs: jobs[n.name], cpu: 100 * (pgtest.CPU(pid) - cpu0[i]).Seconds() / took,
+			rss: procRSS(pid), fds: procFDs(pid)})
+	}
+	return out, 100 * (pgtest.CPU(pg.PID()) - pgCPU0).Seconds() / took, float64(pgCommits(tb, dsn)-commits0) / took
+}
+
+// pgCommits is the xact_commit count of dsn's database (pg_stat_database;
+// the statistics are flushed about once a second).
+func pgCommits(tb testing.TB, dsn string) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		tb.Fatalf("pg_stat_database: %v", err)
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, "SELECT pg_stat_force_next_flush()").Scan(new(any)); err != nil {
+		_ = err // PostgreSQL < 15: statistics are flushed on their own
+	}
+	if err := conn.QueryRow(ctx, "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()").Scan(&n); err != nil {
+		tb.Fatalf("pg_stat_database: %v", err)
+	}
+	return n
+}
+
+// putDB creates database u (201, or 412 if it exists).
+func putDB(u string) error {
+	req, err := http.NewRequest(http.MethodPut, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated && resp.StatusCode != http.StatusPreconditionFailed {
+		return fmt.Errorf("PUT %s: %d %s", u, resp.StatusCode, b)
+	}
+	return nil
+}
+
+// parallel runs fn(0..n-1) on k goroutines and returns the first error.
+func parallel(k, n int, fn func(i int) error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		next int
+		errs []error
+	)
+	for range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := len(errs) > 0
+				mu.Unlock()
+				if i >= n || stop {
+					return
+				}
+				if err := fn(i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// TestClusterFailover is the failover of runClusterFailover at the size of
+// `make test` (COUCHREP_CLUSTER_TEST_JOBS to change it): three nodes on
+// PostgreSQL, SIGKILL the busiest; every invariant must hold.
+func TestClusterFailover(t *testing.T) {
+	skipShort(t)
+	n := 900
+	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_TEST_JOBS")); err == nil && v >= 6 {
+		n = v
+	}
+	res := runClusterFailover(t, failoverParams{jobs: n, timeout: 10 * time.Second, sample: 20,
+		poll: 250 * time.Millisecond, settle: 3 * time.Minute})
+	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v); SIGKILL %s (%d jobs): all running on the survivors after %v (%d polls); load %s",
+		n, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
+		res.perNode, res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.polls, loadAvg())
+	for _, v := range res.violations {
+		t.Error(v)
+	}
+}
+
+// BenchmarkClusterFailover is runClusterFailover at scale: 30,000 per-user
+// continuous jobs (COUCHREP_CLUSTER_BENCH_JOBS) on three nodes sharing one
+// PostgreSQL store, at the default activity timeout (30 s;
+// COUCHREP_CLUSTER_BENCH_TIMEOUT). It reports the time until every job
+// runs after they were added, each node's and PostgreSQL's load over 30 s
+// idle (COUCHREP_CLUSTER_BENCH_IDLE), the time until the jobs of the
+// SIGKILLed node run on the other two, and the store's load meanwhile.
+//
+//	go test -run '^$' -bench ClusterFailover -benchtime 1x -timeout 120m ./integration/
+func BenchmarkClusterFailover(b *testing.B) {
+	n, timeout, idle := 30000, 30*time.Second, 30*time.Second
+	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_JOBS")); err == nil && v >= 6 {
+		n = v
+	}
+	if v, err := time.ParseDuration(os.Getenv("COUCHREP_CLUSTER_BENCH_TIMEOUT")); err == nil && v > 0 {
+		timeout = v
+	}
+	if v, err := time.ParseDuration(os.Getenv("COUCHREP_CLUSTER_BENCH_IDLE")); err == nil && v > 0 {
+		idle = v
+	}
+	for range b.N {
+		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle,
+			poll: time.Second, settle: 15 * time.Minute, logLevel: "warn"})
+		b.ReportMetric(res.allRunning.Seconds(), "s-all-running")
+		b.ReportMetric(res.failover.Seconds(), "s-failover")
+		b.ReportMetric(res.pgIdleCPU, "%cpu-pg-idle")
+		b.ReportMetric(res.pgCommits, "commits/s-idle")
+		b.ReportMetric(res.pgTakeoverCPU, "%cpu-pg-takeover")
+		b.ReportMetric(res.pgTakeoverCommits, "commits/s-takeover")
+		var cpu, rss float64
+		for _, l := range res.idle {
+			cpu, rss = max(cpu, l.cpu), max(rss, float64(l.rss>>20))
+		}
+		b.ReportMetric(cpu, "%cpu-node-idle-max")
+		b.ReportMetric(rss, "MB-node-rss-max")
+		nodes := slices.Sorted(maps.Keys(res.perNode))
+		var per []string
+		for _, nd := range nodes {
+			per = append(per, fmt.Sprintf("%s=%d", nd, res.perNode[nd]))
+		}
+		sort.Strings(per)
+		b.Logf("%d jobs (timeout %v): databases created in %v, jobs added in %v, all running after %v (%s)",
+			n, timeout, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond), strings.Join(per, " "))
+		for _, l := range res.idle {
+			b.Logf("idle %v: %v", idle, l)
+		}
+		b.Logf("idle %v: PostgreSQL %.2f %% CPU, %.1f commits/s", idle, res.pgIdleCPU, res.pgCommits)
+		b.Logf("SIGKILL %s (%d jobs): all running on the survivors after %v; PostgreSQL meanwhile %.1f %% CPU, %.1f commits/s; load %s",
+			res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.pgTakeoverCPU, res.pgTakeoverCommits, loadAvg())
+		for _, v := range res.violations {
+			b.Error(v)
+		}
+	}
+}
