@@ -41,6 +41,8 @@ type DBUpdatesOptions struct {
 	// of _changes feeds (nothing received for 2×Heartbeat+5 s ends the
 	// request with ErrFeedStalled). Zero means 10 s.
 	Heartbeat time.Duration
+	// StallAfter, when set, replaces the stall detector's 2×Heartbeat+5 s.
+	StallAfter time.Duration
 	// Opened, when set, is called once the answer's status and headers
 	// arrived (a 2xx): the feed is readable, and every database event
 	// after this call is in it.
@@ -73,18 +75,33 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 	r := &request{method: http.MethodGet, path: "_db_updates", root: true, query: encodeQuery(q...), noRetry: true, feed: true}
 	fctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// The stall detector runs from the request on: CouchDB sends its
+	// headers with the first heartbeat, so none within it is a stall too.
+	w := newFeedWatch(cancel, ChangesOptions{Feed: FeedContinuous, Heartbeat: hb})
+	defer w.stop()
+	if opts.StallAfter > 0 {
+		w.stallAfter = opts.StallAfter
+		w.stall.Reset(w.stallAfter)
+	}
+	stalled := func() error {
+		if ctx.Err() == nil && errors.Is(context.Cause(fctx), ErrFeedStalled) {
+			return fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, r.method, r.redactedURL(d), w.stallAfter)
+		}
+		return nil
+	}
 	resp, err := d.do(fctx, r)
 	if err != nil {
+		if s := stalled(); s != nil {
+			return lastSeq, s
+		}
 		return lastSeq, err
 	}
 	if opts.Opened != nil {
 		opts.Opened()
 	}
-	w := newFeedWatch(cancel, ChangesOptions{Feed: FeedContinuous, Heartbeat: hb})
-	defer w.stop()
 	limit := min(d.lim.MaxLineBytes, int64(MaxDBUpdatesRowBytes))
 	js := newLimitedJSONStream(&activityReader{r: resp.Body, w: w}, limit, "_db_updates row")
-	err = readDBUpdates(js, &lastSeq, fn)
+	err = readDBUpdates(js, limit, &lastSeq, fn)
 	if err == nil {
 		drain(resp)
 		return lastSeq, nil
@@ -93,13 +110,12 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 		_ = resp.Body.Close()
 		return lastSeq, err.(callerError).err
 	}
+	if s := stalled(); s != nil {
+		_ = resp.Body.Close()
+		return lastSeq, s
+	}
 	cancel(err)
 	_ = resp.Body.Close()
-	if cause := context.Cause(fctx); cause != nil && fctx.Err() != nil && ctx.Err() == nil {
-		if errors.Is(cause, ErrFeedStalled) {
-			return lastSeq, fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, r.method, r.redactedURL(d), w.stallAfter)
-		}
-	}
 	if ctx.Err() != nil {
 		return lastSeq, ctx.Err()
 	}
@@ -108,11 +124,14 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 
 // readDBUpdates reads a continuous _db_updates feed: one object a line,
 // blank lines (heartbeats) between them, {"last_seq"} when it ends.
-func readDBUpdates(js *jsonStream, lastSeq *Seq, fn func(DBUpdate) error) error {
+func readDBUpdates(js *jsonStream, limit int64, lastSeq *Seq, fn func(DBUpdate) error) error {
 	for {
 		raw, err := js.value()
 		if err != nil {
 			return err
+		}
+		if int64(len(raw)) > limit {
+			return &TooLargeError{What: "_db_updates row", Limit: limit}
 		}
 		var u DBUpdate
 		var end Seq

@@ -53,10 +53,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"sort"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -93,6 +96,10 @@ type Options struct {
 	// (connection_timeout): CouchDB sends no headers before the first
 	// heartbeat.
 	Heartbeat time.Duration
+	// StallAfter is how long a feed may send nothing (not even a
+	// heartbeat) before it is presumed dead and read again; zero is
+	// 2×Heartbeat+5 s.
+	StallAfter time.Duration
 	// UnsupportedFor is how long Watch answers ErrUnsupported for a Key
 	// without asking the server again; zero is DefaultUnsupportedFor.
 	UnsupportedFor time.Duration
@@ -271,6 +278,14 @@ func (h *Hub) Watch(ctx context.Context, srv Server, db string) (*Watch, error) 
 	return w, nil
 }
 
+// stallAfter is how long a request may go without a byte.
+func (h *Hub) stallAfter() time.Duration {
+	if h.o.StallAfter > 0 {
+		return h.o.StallAfter
+	}
+	return 2*h.o.Heartbeat + 5*time.Second
+}
+
 // setState records key's state, logging a change (h.mu held).
 func (h *Hub) setState(key, name string, st State, reason string, err error, log bool) {
 	s := h.servers[key]
@@ -279,8 +294,8 @@ func (h *Hub) setState(key, name string, st State, reason string, err error, log
 		s = &server{}
 		h.servers[key] = s
 	}
-	changed := s.state != st || s.reason != reason
-	s.name = name
+	changed := s.state != st
+	s.name, s.reason = name, reason
 	if st == StateUnsupported {
 		s.err, s.until = err, time.Now().Add(h.o.UnsupportedFor)
 	} else {
@@ -293,7 +308,7 @@ func (h *Hub) setState(key, name string, st State, reason string, err error, log
 	if !changed {
 		return
 	}
-	s.state, s.reason, s.since = st, reason, time.Now()
+	s.state, s.since = st, time.Now()
 	if !log {
 		return
 	}
@@ -524,6 +539,15 @@ func unsupported(err error) error {
 	return nil
 }
 
+// cut reports whether err is a feed's connection that died (a stall, a
+// connection closed or reset between rows) rather than an answer that
+// could not be read.
+func cut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, couch.ErrFeedStalled) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.As(err, &ne)
+}
+
 // status is err's HTTP status, or 0.
 func status(err error) int {
 	var he *couch.HTTPError
@@ -555,7 +579,12 @@ func reasonOf(err error) string {
 
 // probe fixes the feed's start: the server's current seq.
 func (f *feed) probe(db *couch.DB) (couch.Seq, error) {
-	seq, err := db.DBUpdatesSeq(f.ctx)
+	ctx, cancel := context.WithTimeout(f.ctx, f.h.stallAfter())
+	defer cancel()
+	seq, err := db.DBUpdatesSeq(ctx)
+	if err != nil && ctx.Err() != nil && f.ctx.Err() == nil {
+		err = fmt.Errorf("dbupdates: GET %s_db_updates?since=now: no answer within %s: %w", f.srv.Name, f.h.stallAfter(), couch.ErrStalled)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -609,7 +638,9 @@ func (f *feed) follow(db *couch.DB, since couch.Seq) {
 	for {
 		began := time.Now()
 		rows := 0
-		opts := couch.DBUpdatesOptions{Since: since, Heartbeat: f.h.o.Heartbeat, Opened: func() {
+		opened := false
+		opts := couch.DBUpdatesOptions{Since: since, Heartbeat: f.h.o.Heartbeat, StallAfter: f.h.o.StallAfter, Opened: func() {
+			opened = true
 			backoff.Reset()
 			f.setState(StateOK, "", nil)
 		}}
@@ -632,6 +663,12 @@ func (f *feed) follow(db *couch.DB, since couch.Seq) {
 					return
 				}
 			}
+			continue
+		}
+		if opened && time.Since(began) >= f.h.o.RetryMin && cut(err) {
+			// A feed that was read for a while broke (a stall, a cut
+			// connection): read on from its seq at once, quietly.
+			f.log.Debug().Err(err).Str("since", since.String()).Msg("db_updates: feed ended; reading on")
 			continue
 		}
 		if status(err) == http.StatusBadRequest && !since.Equal(couch.SinceNow) {
