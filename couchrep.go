@@ -224,6 +224,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 	}
 	if cfg.Replicator.UseDBUpdates {
 		n.dbUpdates = dbupdates.New(dbupdates.Options{Logger: n.log})
+		metrics.ObserveDBUpdates(n.dbUpdates.Stats)
 	}
 	store = timedStore{Database: store, m: metrics}
 	n.deps = actors.Deps{

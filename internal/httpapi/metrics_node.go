@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/supervisor"
@@ -50,9 +51,10 @@ type nodeMetrics struct {
 	txDuration                                            *prometheus.HistogramVec
 	txErrors                                              *prometheus.CounterVec
 
-	mu      sync.Mutex
-	cluster Cluster
-	check   func(context.Context) error
+	mu        sync.Mutex
+	cluster   Cluster
+	check     func(context.Context) error
+	dbUpdates func() dbupdates.Stats
 }
 
 func newNodeMetrics(reg *prometheus.Registry) *nodeMetrics {
@@ -130,6 +132,36 @@ func (m *Metrics) ObserveSharedFeeds(stats func() sharedfeed.Stats) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "couchrep_shared_feed_overflows_total",
 			Help: "Jobs that fell more rows behind a shared feed than it buffers and caught up on their own."},
 			func() float64 { return float64(stats().Overflows) }))
+}
+
+// ObserveDBUpdates makes scrapes report the node's _db_updates feeds
+// (dbupdates.Hub.Stats): couchrep_db_updates_feeds, the parked jobs'
+// watches on them, the servers whose _db_updates cannot be read and the
+// wake-ups sent; GET /_up shows each server's state ("db_updates"). Call
+// it once.
+func (m *Metrics) ObserveDBUpdates(stats func() dbupdates.Stats) {
+	m.node.mu.Lock()
+	m.node.dbUpdates = stats
+	m.node.mu.Unlock()
+	m.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_db_updates_feeds",
+			Help: "Continuous _db_updates feeds open on this node (one per source server and credentials)."},
+			func() float64 { return float64(stats().Feeds) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_db_updates_watches",
+			Help: "Databases watched on _db_updates feeds by this node's parked jobs."},
+			func() float64 { return float64(stats().Watches) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_db_updates_servers_unsupported",
+			Help: "Source servers whose _db_updates cannot be read (not a server admin, PouchDB Server, CouchDB without _global_changes): their jobs keep their own feeds."},
+			func() float64 { return float64(stats().Unsupported) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "couchrep_db_updates_wakes_total",
+			Help: "Wake-ups _db_updates feeds sent to parked jobs."},
+			func() float64 { return float64(stats().Wakes) }))
+}
+
+func (n *nodeMetrics) dbUpdatesStats() func() dbupdates.Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.dbUpdates
 }
 
 // ObserveEngine counts a replication run's event (replication.Options.OnEvent).

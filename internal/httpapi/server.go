@@ -17,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replicate"
 )
@@ -321,11 +322,42 @@ func paramError(err error) *apiError {
 	return errorf(http.StatusBadRequest, "bad_request", "%v", err)
 }
 
+// dbUpdatesState is one server's line in GET /_up "db_updates".
+type dbUpdatesState struct {
+	State   dbupdates.State `json:"state"`
+	Reason  string          `json:"reason,omitempty"`
+	Since   time.Time       `json:"since"`
+	Watches int             `json:"watches"`
+}
+
+// dbUpdatesUp is GET /_up's "db_updates": each source server with a
+// _db_updates feed or a cached verdict (its redacted URL) and its state:
+// ok, opening, retrying or unsupported, with the reason. Feeds of one
+// server with other credentials add their watches, and the worst state
+// shows.
+func dbUpdatesUp(st dbupdates.Stats) map[string]dbUpdatesState {
+	rank := map[dbupdates.State]int{dbupdates.StateOK: 0, dbupdates.StateOpening: 1, dbupdates.StateRetrying: 2, dbupdates.StateUnsupported: 3}
+	out := make(map[string]dbUpdatesState, len(st.Servers))
+	for _, s := range st.Servers {
+		cur, ok := out[s.Name]
+		line := dbUpdatesState{State: s.State, Reason: s.Reason, Since: s.Since, Watches: s.Watches}
+		if ok {
+			line.Watches += cur.Watches
+			if rank[cur.State] > rank[s.State] {
+				line.State, line.Reason, line.Since = cur.State, cur.Reason, cur.Since
+			}
+		}
+		out[s.Name] = line
+	}
+	return out
+}
+
 // up is liveness: 200 {"status":"ok"} while the node's job store answers,
 // 503 {"status":"error","store":"unavailable"} while it does not (the
 // reason is in the node's log and couchrepctl tree, not on this open
 // endpoint). A node watching servers adds what the check for competing
-// replicators found on each.
+// replicators found on each, and a node that wakes parked jobs by
+// _db_updates the state of each source server's feed ("db_updates").
 func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
 	if _, check := s.metrics.node.clusterAndCheck(); check != nil {
 		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
@@ -339,6 +371,9 @@ func (s *Server) up(w http.ResponseWriter, r *http.Request, _ string) error {
 	body := map[string]any{"status": "ok", "seeds": map[string]any{}, "store": "ok"}
 	if s.competing != nil {
 		body["competing_replicators"] = s.competing()
+	}
+	if stats := s.metrics.node.dbUpdatesStats(); stats != nil {
+		body["db_updates"] = dbUpdatesUp(stats())
 	}
 	if len(s.warnings) > 0 {
 		body["warnings"] = s.warnings

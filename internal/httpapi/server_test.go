@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
@@ -521,5 +522,49 @@ func TestUpWarnings(t *testing.T) {
 				t.Fatalf("/_up warnings %v, want %v", m["warnings"], tc.warnings)
 			}
 		})
+	}
+}
+
+// TestUpDBUpdates: GET /_up shows each source server's _db_updates state
+// (a server with two credentials once, its worst state, watches added),
+// and /metrics the feeds, watches, unsupported servers and wake-ups.
+func TestUpDBUpdates(t *testing.T) {
+	m := httpapi.NewMetrics(nil)
+	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	m.ObserveDBUpdates(func() dbupdates.Stats {
+		return dbupdates.Stats{Feeds: 2, Watches: 7, Unsupported: 1, Wakes: 12, Servers: []dbupdates.ServerStats{
+			{Name: "http://a.example/", State: dbupdates.StateOK, Since: since, Watches: 5},
+			{Name: "http://a.example/", State: dbupdates.StateRetrying, Reason: "503 Service Unavailable", Since: since, Watches: 2},
+			{Name: "http://b.example/", State: dbupdates.StateUnsupported, Reason: "404 not_found: Database does not exist.", Since: since},
+		}}
+	})
+	e := newEnvWith(t, httpapi.Options{Metrics: m})
+	r := e.get("/_up")
+	var up struct {
+		Status    string
+		DBUpdates map[string]struct {
+			State   string
+			Reason  string
+			Watches int
+		} `json:"db_updates"`
+	}
+	if err := json.Unmarshal(r.body, &up); err != nil || r.status != 200 || up.Status != "ok" {
+		t.Fatalf("/_up: %d %s %v", r.status, r.body, err)
+	}
+	a, b := up.DBUpdates["http://a.example/"], up.DBUpdates["http://b.example/"]
+	if len(up.DBUpdates) != 2 || a.State != "retrying" || a.Reason != "503 Service Unavailable" || a.Watches != 7 ||
+		b.State != "unsupported" || b.Reason != "404 not_found: Database does not exist." {
+		t.Fatalf("/_up db_updates: %s", r.body)
+	}
+	mr := string(e.get("/metrics").body)
+	for _, want := range []string{"couchrep_db_updates_feeds 2", "couchrep_db_updates_watches 7",
+		"couchrep_db_updates_servers_unsupported 1", "couchrep_db_updates_wakes_total 12"} {
+		if !strings.Contains(mr, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// Without a hub (use_db_updates off) there is no db_updates.
+	if r := newEnv(t, nil).get("/_up"); strings.Contains(string(r.body), "db_updates") {
+		t.Fatalf("/_up without a hub: %s", r.body)
 	}
 }
