@@ -6,58 +6,96 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/mango"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 )
 
 // sharesFeed reports whether the run reads the node's shared feed of its
 // source (Options.Feeds) instead of a continuous feed of its own. Only
-// continuous replications whose filter the node applies exactly as the
-// server would share: doc_ids (filter=_doc_ids lists the rows of those ids,
-// which is the unfiltered feed's rows of those ids) and no filter at all.
-// A selector (its result depends on the document's body, which the shared
-// feed does not carry) and a named filter (server-side JavaScript with the
-// job's query_params) read their own feed.
+// continuous replications whose filter the node applies as the server
+// would share: doc_ids (filter=_doc_ids lists the rows of those ids, which
+// is the unfiltered feed's rows of those ids), no filter at all, and a
+// Mango selector the node evaluates (internal/mango) on the documents of a
+// feed read with include_docs=true, shared by the source's selector jobs
+// whatever their selectors (see sharedfeed.Filter for what is matched: the
+// winning revision). A named filter (server-side JavaScript with the job's
+// query_params) and a selector the node leaves to the server
+// (mango.ErrUnsupported) read their own feed.
+//
+// One-shot selector jobs keep the server's filter=_selector: against
+// CouchDB it sends only the matching rows, where a node-side filter would
+// read every document of the source once per job.
 func (r *Replication) sharesFeed() bool {
-	return r.o.Feeds != nil && r.p.Continuous && r.p.Selector == nil && r.p.Filter == ""
+	if r.o.Feeds == nil || !r.p.Continuous {
+		return false
+	}
+	_, err := r.feedFilter()
+	if err != nil {
+		r.log.Info().Err(err).Msg("replication: the selector is evaluated by the source (a feed of its own), not on the node")
+	}
+	return err == nil
+}
+
+// feedFilter is the filter of the run's subscription to its shared feed;
+// an error when the run cannot share.
+func (r *Replication) feedFilter() (sharedfeed.Filter, error) {
+	switch {
+	case r.p.Filter != "":
+		return sharedfeed.Filter{}, errors.New("a named filter runs on the source")
+	case r.p.Selector != nil:
+		sel, err := mango.Parse(r.p.Selector)
+		if err != nil {
+			return sharedfeed.Filter{}, err
+		}
+		return sharedfeed.Filter{Selector: sel}, nil
+	}
+	return sharedfeed.Filter{DocIDs: r.p.DocIDs}, nil
 }
 
 // feedSource is the shared feed this run subscribes to. Its key is a digest
 // of everything that shapes the request and its connection: the source's
 // URL with its credentials, headers and Basic auth, proxy, socket options,
-// connection_timeout (the heartbeat), retries_per_request and the style.
-// Jobs with other credentials never share a feed.
+// connection_timeout (the heartbeat), retries_per_request, the style and
+// include_docs (selector jobs share a feed with documents, the others one
+// without). Jobs with other credentials never share a feed.
 func (r *Replication) feedSource() sharedfeed.Source {
 	p, o := r.p, r.o
 	var opts couch.ChangesOptions
 	r.changesOptions(&opts, nil)
+	docs := p.Selector != nil
 	key, _ := json.Marshal(struct {
 		Source            EndpointParams
 		Socket            string
 		ConnectionTimeout time.Duration
 		Retries           int
 		Style             string
-	}{p.Source, p.SocketOptions, p.ConnectionTimeout, p.RetriesPerRequest, opts.Style})
+		IncludeDocs       bool
+	}{p.Source, p.SocketOptions, p.ConnectionTimeout, p.RetriesPerRequest, opts.Style, docs})
 	sum := sha256.Sum256(key)
 	return sharedfeed.Source{
-		Key:       hex.EncodeToString(sum[:]),
-		Name:      r.src.String(),
-		Style:     opts.Style,
-		Heartbeat: opts.Heartbeat,
+		Key:         hex.EncodeToString(sum[:]),
+		Name:        r.src.String(),
+		Style:       opts.Style,
+		Heartbeat:   opts.Heartbeat,
+		IncludeDocs: docs,
 		Open: func(log zerolog.Logger) (*couch.DB, func(), error) {
-			return openFeedDB(p, o, log)
+			return openFeedDB(p, o, docs, log)
 		},
 	}
 }
 
 // openFeedDB opens the source of p for a shared feed, with connections of
-// its own (a job's lease ends with the job; the feed outlives it).
-func openFeedDB(p Params, o Options, log zerolog.Logger) (*couch.DB, func(), error) {
+// its own (a job's lease ends with the job; the feed outlives it). A feed
+// with documents takes rows up to max_document_bytes (a row is then a
+// document) when that is more than max_changes_row_bytes.
+func openFeedDB(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, func(), error) {
 	ep, err := endpointOf(p.Source)
 	if err != nil {
 		return nil, nil, err
@@ -86,6 +124,9 @@ func openFeedDB(p Params, o Options, log zerolog.Logger) (*couch.DB, func(), err
 	}
 	limits := o.Limits
 	limits.ReadTimeout = p.ConnectionTimeout
+	if docs {
+		limits.MaxLineBytes = max(limits.MaxLineBytes, limits.MaxDocumentBytes)
+	}
 	return couch.NewDB(ep, couch.Options{Logger: log, Retries: p.RetriesPerRequest, RetryBackoff: o.RetryBackoff,
 		Limiter: lim, Session: o.Endpoints.sessionOptions(), ErrorBudget: o.Endpoints.errorBudget(),
 		Limits: limits, HTTPClient: client, RequestTimeout: o.Endpoints.RequestTimeout}), release, nil
@@ -112,7 +153,11 @@ func (cr *changesReader) shared(ctx context.Context) error {
 func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error {
 	r := cr.s.r
 	cr.got, cr.began = 0, time.Now()
-	sub, err := r.o.Feeds.Subscribe(ctx, src, r.p.DocIDs)
+	filter, err := r.feedFilter()
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrChangesFailed, err) // sharesFeed said it could
+	}
+	sub, err := r.o.Feeds.Subscribe(ctx, src, filter)
 	if ctx.Err() != nil {
 		cr.done = true
 		return nil
@@ -160,19 +205,46 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 // job's own: one for doc_ids (which may be filtered here, where limit=
 // would count unfiltered rows), pages as a one-shot replication's
 // otherwise (a server that builds the whole answer first, as PouchDB Server
-// does, would make a long first catch-up one huge response). It reports
-// whether it read up to the end; if not, the error is failed's.
+// does, would make a long first catch-up one huge response). A selector job
+// reads include_docs=true and matches each row here as its subscription
+// does (no filter=_selector: the same rows as the shared feed's, and
+// PouchDB Server, which answers filter=_selector with a 404 and exits,
+// serves it too). It reports whether it read up to the end; if not, the
+// error is failed's.
 func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 	r := cr.s.r
 	pages := pager{}
 	if r.p.DocIDs == nil {
 		pages = pager{limit: r.p.WorkerBatchSize, max: r.p.WorkerBatchSize * pageMaxBatches}
 	}
+	// rows counts the rows read (a page's size), matched or not.
+	rows := 0
+	var sel *mango.Selector
+	if r.p.Selector != nil {
+		filter, err := r.feedFilter()
+		if err != nil {
+			return false, fmt.Errorf("%w: %w", ErrChangesFailed, err)
+		}
+		sel = filter.Selector
+	}
+	onRow := func(c couch.Change) error {
+		rows++
+		if sel != nil {
+			var ok bool
+			if c, ok = sharedfeed.MatchRow(c, sel); !ok {
+				return nil
+			}
+		}
+		return cr.onRow(c)
+	}
 	for {
 		r.changesOptions(&cr.opts, cr.since)
 		cr.opts.Feed, cr.opts.Heartbeat, cr.opts.Limit = couch.FeedNormal, 0, pages.limit
-		got := cr.got
-		end, err := r.src.ReadChangesEnd(ctx, &cr.opts, cr.onRow)
+		if sel != nil {
+			cr.opts.Selector, cr.opts.IncludeDocs = nil, true
+		}
+		before := rows
+		end, err := r.src.ReadChangesEnd(ctx, &cr.opts, onRow)
 		if ctx.Err() != nil {
 			cr.done = true
 			return false, nil
@@ -185,7 +257,7 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 		}
 		// Each page's "pending" (CouchDB's) is the job's changes_pending;
 		// the last page, read to the end, leaves nothing pending.
-		more := pages.more(cr.got - got)
+		more := pages.more(rows - before)
 		cr.s.feedRead(end, !more)
 		if !more {
 			return true, nil

@@ -8,9 +8,11 @@ import (
 )
 
 // TestFeedSharing checks which runs share a feed and with whom: only
-// continuous runs with doc_ids or no filter share; two runs share exactly
-// when everything that shapes the feed's request and connection is equal
-// (not the doc_ids or the target), so different credentials never share;
+// continuous runs with doc_ids, no filter or a selector the node evaluates
+// share; two runs share exactly when everything that shapes the feed's
+// request and connection is equal (not the doc_ids, the selector or the
+// target; selector runs share a feed with documents, the others one
+// without), so different credentials never share;
 // neither the key nor the feed's name in logs holds a credential.
 func TestFeedSharing(t *testing.T) {
 	const src = "http://u:secret@127.0.0.1:5984/db"
@@ -49,7 +51,9 @@ func TestFeedSharing(t *testing.T) {
 		{"connection_timeout", `,"continuous":true,"connection_timeout":5000`, src, true, false},
 		{"winning_revs_only", `,"continuous":true,"winning_revs_only":true`, src, true, false},
 		{"one-shot", ``, src, false, false},
-		{"selector", `,"continuous":true,"selector":{"a":1}`, src, false, false},
+		{"selector", `,"continuous":true,"selector":{"a":1}`, src, true, false},
+		{"PCRE-only selector", `,"continuous":true,"selector":{"a":{"$regex":"(x)\\1"}}`, src, false, false},
+		{"one-shot selector", `,"selector":{"a":1}`, src, false, false},
 		{"named filter", `,"continuous":true,"filter":"d/f","query_params":{"x":1}`, src, false, false},
 	} {
 		r := run(c.extra, c.source)
@@ -57,10 +61,41 @@ func TestFeedSharing(t *testing.T) {
 			t.Errorf("%s: shares = %v, want %v", c.name, got, c.shares)
 			continue
 		}
+		if ff, err := r.feedFilter(); c.shares && err == nil && (ff.Selector != nil) != strings.Contains(c.extra, "selector") {
+			t.Errorf("%s: filter %+v", c.name, ff)
+		}
 		if c.shares {
 			if same := r.feedSource().Key == key; same != c.same {
 				t.Errorf("%s: same feed as the base = %v, want %v", c.name, same, c.same)
 			}
 		}
+	}
+}
+
+// TestSelectorFeedKey: selector runs of one source share one feed with
+// documents whatever their selectors, and other credentials never share it.
+func TestSelectorFeedKey(t *testing.T) {
+	const src = "http://u:secret@127.0.0.1:5984/central"
+	hub := sharedfeed.New(sharedfeed.Options{})
+	key := func(selector, source string) string {
+		r := New(fakeParams(t, `,"continuous":true,"selector":`+selector, source, "http://127.0.0.1:5984/tgt"), Options{Feeds: hub})
+		if err := r.openDBs(); err != nil {
+			t.Fatal(err)
+		}
+		if !r.sharesFeed() {
+			t.Fatalf("%s does not share", selector)
+		}
+		fs := r.feedSource()
+		if !fs.IncludeDocs {
+			t.Errorf("%s: the feed is read without documents", selector)
+		}
+		return fs.Key
+	}
+	alice := key(`{"owner":"alice"}`, src)
+	if bob := key(`{"owner":"bob","type":{"$in":["a","b"]}}`, src); bob != alice {
+		t.Error("two selectors of one source do not share a feed")
+	}
+	if other := key(`{"owner":"alice"}`, "http://v:secret@127.0.0.1:5984/central"); other == alice {
+		t.Error("another user shares the feed")
 	}
 }

@@ -2,7 +2,13 @@
 // database among the continuous replications of a node: a Hub keeps one
 // feed open per Source (same database, same credentials and connection
 // settings: the Source's Key) and fans its rows out to the subscribed jobs,
-// each of which sees only the rows of its own doc_ids (or all rows).
+// each of which sees only the rows of its own Filter: its doc_ids, its
+// Mango selector evaluated here on the row's document (a feed read with
+// include_docs=true), or all rows.
+//
+// A Watch is a subscription that holds no rows: it wakes its owner (a
+// parked job) when the feed reads a row its filter wants, so a parked job's
+// whole footprint on the feed is one entry.
 //
 // What a subscriber must do to see exactly what a feed of its own would
 // show (package replicate does it): Subscribe first, then read the changes
@@ -31,6 +37,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/mango"
 )
 
 // ErrOverflow is a subscription's error when more rows than the buffer
@@ -67,6 +74,27 @@ type Source struct {
 	Style string
 	// Heartbeat is the feed's heartbeat= (and stall detection).
 	Heartbeat time.Duration
+	// IncludeDocs reads the feed with include_docs=true: needed by
+	// selector filters (the Key must differ from the same source's feed
+	// without documents). Subscribers receive the rows without them.
+	IncludeDocs bool
+}
+
+// Filter chooses the rows a subscription or watch receives; its zero value
+// takes every row.
+type Filter struct {
+	// DocIDs, when not nil, takes only the rows of these documents.
+	DocIDs []string
+	// Selector, when set, takes only the rows whose document matches, as
+	// CouchDB's _selector filter would: the feed (Source.IncludeDocs)
+	// carries each row's winning revision, which is what is matched (a
+	// deleted document is {_id, _rev, _deleted: true}, as CouchDB's filter
+	// sees it). A row taken lists only that winning revision: CouchDB
+	// (style=all_docs) matches each leaf and lists the leaves that match,
+	// here a conflicting leaf is never listed (it would be, by CouchDB,
+	// when it matches; it would not be, here too, when it does not: a
+	// selector that slices data never leaks a conflict's body).
+	Selector *mango.Selector
 }
 
 // Hub is a node's set of shared feeds. Its zero value is not usable; New
@@ -90,8 +118,8 @@ func New(o Options) *Hub {
 
 // Stats are a Hub's counts.
 type Stats struct {
-	// Feeds open or opening, and their subscriptions.
-	Feeds, Subscriptions int
+	// Feeds open or opening, their subscriptions and their watches.
+	Feeds, Subscriptions, Watches int
 	// Overflows counts the subscriptions that fell behind (ErrOverflow)
 	// since the Hub was made.
 	Overflows uint64
@@ -104,23 +132,48 @@ func (h *Hub) Stats() Stats {
 	st := Stats{Feeds: len(h.feeds), Overflows: h.overflows.Load()}
 	for _, f := range h.feeds {
 		f.mu.Lock()
-		st.Subscriptions += len(f.subs)
+		st.Subscriptions += len(f.subs) - f.watches
+		st.Watches += f.watches
 		f.mu.Unlock()
 	}
 	return st
 }
 
+// ErrNeedsDocs is Subscribe's or Watch's error for a selector filter on a
+// Source read without include_docs.
+var ErrNeedsDocs = errors.New("sharedfeed: a selector filter needs a feed with include_docs")
+
 // Subscribe subscribes to src's shared feed, opening it if none is open,
-// for the rows of docIDs (every row when docIDs is nil). It returns once
-// the feed's start is fixed: every row of a change made after Subscribe
-// returns reaches the subscription (unless it overflows or the feed fails).
-// An error is the feed's failure to start (the source's info could not be
-// read); the caller retries as after a failed request of its own.
-func (h *Hub) Subscribe(ctx context.Context, src Source, docIDs []string) (*Subscription, error) {
-	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer}
-	if docIDs != nil {
-		s.ids = make(map[string]struct{}, len(docIDs))
-		for _, id := range docIDs {
+// for the rows filter takes. It returns once the feed's start is fixed:
+// every row of a change made after Subscribe returns reaches the
+// subscription (unless it overflows or the feed fails). An error is the
+// feed's failure to start (the source's info could not be read); the
+// caller retries as after a failed request of its own.
+func (h *Hub) Subscribe(ctx context.Context, src Source, filter Filter) (*Subscription, error) {
+	return h.join(ctx, src, filter, false)
+}
+
+// Watch watches src's shared feed, opening it if none is open: its C
+// fires when the feed reads a row filter takes, from once Watch returns
+// (the same start as Subscribe's). It holds no rows. When the feed fails,
+// C fires too and Err returns the failure; the watch is then over (rows
+// may have been missed: whoever waits on it must look for itself).
+func (h *Hub) Watch(ctx context.Context, src Source, filter Filter) (*Watch, error) {
+	s, err := h.join(ctx, src, filter, true)
+	if err != nil {
+		return nil, err
+	}
+	return &Watch{s: s}, nil
+}
+
+func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (*Subscription, error) {
+	if filter.Selector != nil && !src.IncludeDocs {
+		return nil, ErrNeedsDocs
+	}
+	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer, sel: filter.Selector, watch: watch}
+	if filter.DocIDs != nil {
+		s.ids = make(map[string]struct{}, len(filter.DocIDs))
+		for _, id := range filter.DocIDs {
 			s.ids[id] = struct{}{}
 		}
 	}
@@ -158,11 +211,13 @@ type feed struct {
 	ready   chan struct{}
 	openErr error
 
-	mu    sync.Mutex
-	subs  map[*Subscription]struct{}
-	byID  map[string][]*Subscription
-	all   []*Subscription // subscriptions without doc_ids
-	ended bool
+	mu      sync.Mutex
+	subs    map[*Subscription]struct{}
+	byID    map[string][]*Subscription
+	all     []*Subscription // subscriptions without doc_ids or selector
+	sels    []*Subscription // subscriptions with a selector and no doc_ids
+	watches int             // of subs
+	ended   bool
 }
 
 func (h *Hub) newFeed(src Source) *feed {
@@ -178,8 +233,15 @@ func (f *feed) add(s *Subscription) {
 	defer f.mu.Unlock()
 	s.f = f
 	f.subs[s] = struct{}{}
-	if s.ids == nil {
+	if s.watch {
+		f.watches++
+	}
+	switch {
+	case s.ids == nil && s.sel == nil:
 		f.all = append(f.all, s)
+		return
+	case s.ids == nil:
+		f.sels = append(f.sels, s)
 		return
 	}
 	for id := range s.ids {
@@ -198,9 +260,15 @@ func (f *feed) remove(s *Subscription) {
 		return
 	}
 	delete(f.subs, s)
-	if s.ids == nil {
+	if s.watch {
+		f.watches--
+	}
+	switch {
+	case s.ids == nil && s.sel == nil:
 		f.all = without(f.all, s)
-	} else {
+	case s.ids == nil:
+		f.sels = without(f.sels, s)
+	default:
 		for id := range s.ids {
 			if l := without(f.byID[id], s); len(l) > 0 {
 				f.byID[id] = l
@@ -274,7 +342,8 @@ func (f *feed) run() {
 	since := info.UpdateSeq
 	close(f.ready)
 	f.log.Debug().Str("since", since.String()).Msg("shared feed: open")
-	opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Style: f.src.Style, Heartbeat: f.src.Heartbeat}
+	opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Style: f.src.Style, Heartbeat: f.src.Heartbeat,
+		IncludeDocs: f.src.IncludeDocs}
 	for {
 		opts.Since = since
 		began := time.Now()
@@ -311,25 +380,114 @@ func (f *feed) run() {
 }
 
 // dispatch hands c to the subscriptions that want it; it never waits for
-// one.
+// one. The row's document is decoded once, for the selectors, and never
+// handed on.
 func (f *feed) dispatch(c couch.Change) {
+	raw := c.Doc
+	c.Doc = nil
+	d := docRow{c: c, raw: raw}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, s := range f.byID[c.ID] {
-		s.push(c)
+		if s.sel == nil {
+			s.push(c)
+		} else if r, ok := d.match(f, s.sel); ok {
+			s.push(r)
+		}
 	}
 	for _, s := range f.all {
 		s.push(c)
 	}
+	for _, s := range f.sels {
+		if r, ok := d.match(f, s.sel); ok {
+			s.push(r)
+		}
+	}
+}
+
+// docRow is a row and its document, decoded on first use.
+type docRow struct {
+	c       couch.Change
+	raw     []byte
+	decoded bool
+	doc     any    // nil: no usable document
+	winner  string // the document's _rev
+	winRow  couch.Change
+}
+
+// match reports whether the row's document matches sel, and the row to
+// hand on (listing only the winning revision).
+func (d *docRow) match(f *feed, sel *mango.Selector) (couch.Change, bool) {
+	if !d.decoded {
+		d.decode(f)
+	}
+	if d.doc == nil || !sel.Match(d.doc) {
+		return couch.Change{}, false
+	}
+	return d.winRow, true
+}
+
+func (d *docRow) decode(f *feed) {
+	d.decoded = true
+	var err error
+	d.doc, d.winRow, err = rowDoc(d.c, d.raw)
+	if err != nil {
+		f.log.Warn().Err(err).Str("seq", d.c.Seq.String()).Msg("shared feed: no selector takes this row")
+	}
+}
+
+// errNoDoc: a row without its document that is not a deletion.
+var errNoDoc = errors.New("the row has no document")
+
+// rowDoc is the document a selector matches for row c (raw: its
+// include_docs document), and the row to hand on when it matches: listing
+// only the winning revision (the document's _rev), without the document. A
+// deletion without a document is {_id, _rev, _deleted: true}.
+func rowDoc(c couch.Change, raw []byte) (any, couch.Change, error) {
+	c.Doc = nil
+	if len(raw) == 0 || string(raw) == "null" {
+		if !c.Deleted || len(c.Revs) != 1 {
+			return nil, c, errNoDoc
+		}
+		return mango.Object{{Key: "_id", Value: c.ID}, {Key: "_rev", Value: c.Revs[0]}, {Key: "_deleted", Value: true}}, c, nil
+	}
+	doc, err := mango.Decode(raw)
+	if err != nil {
+		return nil, c, err
+	}
+	if obj, ok := doc.(mango.Object); ok && len(c.Revs) > 1 {
+		for _, m := range obj {
+			if m.Key == "_rev" {
+				if rev, ok := m.Value.(string); ok {
+					c.Revs = []string{rev}
+				}
+				break
+			}
+		}
+	}
+	return doc, c, nil
+}
+
+// MatchRow is Filter.Selector's test for one row read with include_docs
+// (a job's own catch-up matches its rows as its subscription would): the
+// row to hand on and whether sel takes it.
+func MatchRow(c couch.Change, sel *mango.Selector) (couch.Change, bool) {
+	doc, out, err := rowDoc(c, c.Doc)
+	if err != nil || !sel.Match(doc) {
+		return couch.Change{}, false
+	}
+	return out, true
 }
 
 // Subscription is one job's share of a feed: the rows it wants, in feed
 // order, until its error.
 type Subscription struct {
-	f    *feed
-	ids  map[string]struct{} // nil: every row
-	max  int
-	wake chan struct{}
+	f     *feed
+	ids   map[string]struct{} // nil: every row
+	sel   *mango.Selector     // nil: every row
+	max   int
+	wake  chan struct{}
+	watch bool // a Watch's: no rows kept
 
 	mu   sync.Mutex
 	rows []couch.Change
@@ -337,6 +495,10 @@ type Subscription struct {
 }
 
 func (s *Subscription) push(c couch.Change) {
+	if s.watch {
+		s.signal()
+		return
+	}
 	s.mu.Lock()
 	switch {
 	case s.err != nil:
@@ -397,3 +559,25 @@ func (s *Subscription) Close() {
 		s.f.remove(s)
 	}
 }
+
+// Watch wakes a parked job when its shared feed reads a row the job's
+// filter takes (Hub.Watch).
+type Watch struct {
+	s *Subscription
+}
+
+// C receives when the feed read a row the filter takes, or failed (Err).
+// Wake-ups coalesce: one is pending at most.
+func (w *Watch) C() <-chan struct{} { return w.s.wake }
+
+// Err is the feed's failure once it failed (the watch is then over), or
+// nil.
+func (w *Watch) Err() error {
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	return w.s.err
+}
+
+// Close ends the watch; the feed closes with its last subscription or
+// watch. Closing twice is harmless.
+func (w *Watch) Close() { w.s.Close() }

@@ -64,13 +64,13 @@ func TestHub(t *testing.T) {
 	ctx := context.Background()
 	src := source(t, db, "k")
 
-	all, err := hub.Subscribe(ctx, src, nil)
+	all, err := hub.Subscribe(ctx, src, sharedfeed.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := hub.Subscribe(ctx, src, []string{"a", "c"})
-	slow, _ := hub.Subscribe(ctx, src, []string{"x"})
-	sub2, err := hub.Subscribe(ctx, source(t, other, "k2"), nil)
+	a, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"a", "c"}})
+	slow, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"x"}})
+	sub2, err := hub.Subscribe(ctx, source(t, other, "k2"), sharedfeed.Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func TestHub(t *testing.T) {
 
 	// A feed that cannot start: the error comes back from Subscribe.
 	bad := source(t, s.URL+"missing/", "k3")
-	if _, err := hub.Subscribe(ctx, bad, nil); !errors.Is(err, couch.ErrNotFound) {
+	if _, err := hub.Subscribe(ctx, bad, sharedfeed.Filter{}); !errors.Is(err, couch.ErrNotFound) {
 		t.Errorf("Subscribe to a missing database: %v, want ErrNotFound", err)
 	}
 	if st := hub.Stats(); st != (sharedfeed.Stats{Overflows: 1}) {

@@ -1,0 +1,262 @@
+package sharedfeed_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/mango"
+	"github.com/couchrep/couchrep/internal/sharedfeed"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// fakeFeed is a CouchDB-shaped database for the fast tests: its info, and
+// a continuous _changes feed that sends rows once release is closed, then
+// holds the request open; or answers 400 when failChanges is set.
+type fakeFeed struct {
+	rows        []string // JSON rows, sent once release is closed
+	release     chan struct{}
+	failChanges bool
+	includeDocs chan bool // each feed request's include_docs
+}
+
+func (ff *fakeFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/db/" || r.URL.Path == "/db":
+		fmt.Fprint(w, `{"db_name":"db","update_seq":"0","instance_start_time":"0"}`)
+	case r.URL.Path == "/db/_changes":
+		ff.includeDocs <- r.URL.Query().Get("include_docs") == "true"
+		if ff.failChanges {
+			w.WriteHeader(http.StatusBadRequest)
+			fmt.Fprint(w, `{"error":"bad_request","reason":"no"}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-ff.release:
+		case <-r.Context().Done():
+			return
+		}
+		for _, row := range ff.rows {
+			fmt.Fprintln(w, row)
+		}
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func fakeSource(t *testing.T, ff *fakeFeed, includeDocs bool) sharedfeed.Source {
+	srv := httptest.NewServer(ff)
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL + "/db/")
+	src := sharedfeed.Source{Key: fmt.Sprint("fake", includeDocs), Name: "db", Style: couch.StyleAllDocs, Heartbeat: time.Second,
+		IncludeDocs: includeDocs,
+		Open: func(log zerolog.Logger) (*couch.DB, func(), error) {
+			return couch.NewDB(couch.Endpoint{URL: u}, couch.Options{Logger: log}), srv.CloseClientConnections, nil
+		}}
+	return src
+}
+
+func row(seq int, id string, revs []string, doc string) string {
+	var rs []string
+	for _, r := range revs {
+		rs = append(rs, fmt.Sprintf(`{"rev":%q}`, r))
+	}
+	del := ""
+	if strings.Contains(doc, `"_deleted":true`) {
+		del = `,"deleted":true`
+	}
+	return fmt.Sprintf(`{"seq":"%d","id":%q,"changes":[%s]%s,"doc":%s}`, seq, id, strings.Join(rs, ","), del, doc)
+}
+
+// rowsOf takes rows from sub until it has n, failing after a minute; it
+// returns id:revs for each.
+func rowsOf(t *testing.T, sub *sharedfeed.Subscription, n int) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var got []string
+	for len(got) < n {
+		rows, err := sub.Next(ctx)
+		if err != nil {
+			t.Fatalf("Next after %v: %v", got, err)
+		}
+		for _, r := range rows {
+			if r.Doc != nil {
+				t.Errorf("row %s handed on with its document", r.ID)
+			}
+			got = append(got, r.ID+":"+strings.Join(r.Revs, ","))
+		}
+	}
+	return got
+}
+
+func waitWake(t *testing.T, w *sharedfeed.Watch) {
+	t.Helper()
+	select {
+	case <-w.C():
+	case <-time.After(time.Minute):
+		t.Fatal("the watch never fired")
+	}
+}
+
+// TestFilters: selector subscriptions get the rows whose winning document
+// matches (deleted ones as {_id, _rev, _deleted}), listing only the
+// winning revision, without documents; doc_ids and unfiltered ones beside
+// them on the same feed are unchanged; watches fire (coalesced) only for
+// rows their filter takes; a watch holds no rows and never overflows; a
+// selector needs an include_docs source; Close is idempotent and the feed
+// closes with its last member.
+func TestFilters(t *testing.T) {
+	ff := &fakeFeed{release: make(chan struct{}), includeDocs: make(chan bool, 10), rows: []string{
+		row(1, "a1", []string{"1-a"}, `{"_id":"a1","_rev":"1-a","owner":"alice"}`),
+		row(2, "b1", []string{"1-b"}, `{"_id":"b1","_rev":"1-b","owner":"bob"}`),
+		row(3, "c1", []string{"2-w", "2-l"}, `{"_id":"c1","_rev":"2-w","owner":"alice"}`),
+		row(4, "a1", []string{"2-d"}, `{"_id":"a1","_rev":"2-d","_deleted":true}`),
+		row(5, "d1", []string{"3-x"}, `null`),
+		row(6, "b2", []string{"1-c"}, `{"_id":"b2","_rev":"1-c","owner":"bob"}`),
+	}}
+	hub := sharedfeed.New(sharedfeed.Options{Buffer: 3})
+	ctx := context.Background()
+	src := fakeSource(t, ff, true)
+
+	if _, err := hub.Subscribe(ctx, fakeSource(t, ff, false), sharedfeed.Filter{Selector: mango.MustParse(`{}`)}); !errors.Is(err, sharedfeed.ErrNeedsDocs) {
+		t.Errorf("selector on a feed without docs: %v, want ErrNeedsDocs", err)
+	}
+	alice, err := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "alice"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !<-ff.includeDocs {
+		t.Error("the selector feed was read without include_docs=true")
+	}
+	deleted, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"_deleted": true}`)})
+	ids, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"b1", "d1"}})
+	all, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{})
+	last, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"b2"}})
+	bobWatch, err := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "bob"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	carolWatch, _ := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "carol"}`)})
+	idWatch, _ := hub.Watch(ctx, src, sharedfeed.Filter{DocIDs: []string{"d1"}})
+	if st := hub.Stats(); st != (sharedfeed.Stats{Feeds: 1, Subscriptions: 5, Watches: 3}) {
+		t.Errorf("Stats = %+v, want 1 feed, 5 subscriptions, 3 watches", st)
+	}
+	close(ff.release)
+
+	if got, want := rowsOf(t, alice, 2), []string{"a1:1-a", "c1:2-w"}; !slices.Equal(got, want) {
+		t.Errorf("alice got %v, want %v (the winner only of the conflicted c1)", got, want)
+	}
+	if got, want := rowsOf(t, deleted, 1), []string{"a1:2-d"}; !slices.Equal(got, want) {
+		t.Errorf("deleted got %v, want %v (d1: no document)", got, want)
+	}
+	if got, want := rowsOf(t, ids, 2), []string{"b1:1-b", "d1:3-x"}; !slices.Equal(got, want) {
+		t.Errorf("doc_ids got %v, want %v", got, want)
+	}
+	// all's buffer of 3 overflowed: six rows, nobody read them.
+	if _, err := all.Next(ctx); !errors.Is(err, sharedfeed.ErrOverflow) {
+		t.Errorf("unfiltered subscription with a buffer of 3: %v, want ErrOverflow", err)
+	}
+	waitWake(t, bobWatch)
+	waitWake(t, idWatch)
+	if err := bobWatch.Err(); err != nil {
+		t.Errorf("bob's watch: %v", err)
+	}
+	// last's row is the sixth: once it is in, rows 1-5 have been
+	// dispatched to every member.
+	if got := rowsOf(t, last, 1); !slices.Equal(got, []string{"b2:1-c"}) {
+		t.Errorf("last got %v", got)
+	}
+	select {
+	case <-carolWatch.C():
+		t.Error("carol's watch fired: no row is carol's")
+	default:
+	}
+	if n := hub.Stats().Overflows; n != 1 {
+		t.Errorf("Overflows = %d, want 1 (the watches hold no rows)", n)
+	}
+	for _, c := range []interface{ Close() }{alice, deleted, ids, all, last, bobWatch, carolWatch, idWatch} {
+		c.Close()
+	}
+	bobWatch.Close()
+	if st := hub.Stats(); st != (sharedfeed.Stats{Overflows: 1}) {
+		t.Errorf("after closing all: %+v", st)
+	}
+}
+
+// TestWatchFailure: a feed that fails wakes its watches, whose Err is the
+// failure, as it ends its subscriptions.
+func TestWatchFailure(t *testing.T) {
+	ff := &fakeFeed{failChanges: true, includeDocs: make(chan bool, 10)}
+	hub := sharedfeed.New(sharedfeed.Options{})
+	ctx := context.Background()
+	src := fakeSource(t, ff, true)
+	w, err := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "bob"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	waitWake(t, w)
+	var herr *couch.HTTPError
+	if err := w.Err(); !errors.As(err, &herr) || herr.Status != http.StatusBadRequest {
+		t.Errorf("Err = %v, want the feed's 400", err)
+	}
+	if st := hub.Stats(); st.Feeds != 0 {
+		t.Errorf("the failed feed is still in the hub: %+v", st)
+	}
+}
+
+// TestSelectorFeedPouchDB: the same against PouchDB Server, whose
+// include_docs feed is what a selector subscription reads.
+func TestSelectorFeedPouchDB(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PouchDB Server")
+	}
+	s := testserver.StartPouchDB(t)
+	db := s.CreateDB(t, "central")
+	hub := sharedfeed.New(sharedfeed.Options{})
+	ctx := context.Background()
+	src := source(t, db, "docs")
+	src.IncludeDocs = true
+	alice, err := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "alice", "n": {"$gte": 2}}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	bob, err := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "bob"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bob.Close()
+	s.PutDocs(t, db, map[string]any{"_id": "a1", "owner": "alice", "n": 1}, map[string]any{"_id": "a2", "owner": "alice", "n": 2})
+	s.PutDocs(t, db, map[string]any{"_id": "a3", "owner": "alice", "n": 3})
+	got := rowsOf(t, alice, 2)
+	if len(got) != 2 || !strings.HasPrefix(got[0], "a2:") || !strings.HasPrefix(got[1], "a3:") {
+		t.Errorf("alice got %v, want a2 and a3", got)
+	}
+	select {
+	case <-bob.C():
+		t.Error("bob's watch fired for alice's documents")
+	default:
+	}
+	s.PutDocs(t, db, map[string]any{"_id": "b1", "owner": "bob"})
+	waitWake(t, bob)
+	if err := bob.Err(); err != nil {
+		t.Errorf("bob's watch: %v", err)
+	}
+}
