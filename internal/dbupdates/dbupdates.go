@@ -56,7 +56,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -337,6 +339,22 @@ func (h *Hub) pruneServers() {
 			delete(h.servers, k)
 		}
 	}
+}
+
+// DBName is the name _db_updates rows give the database of ep (the last
+// segment of its path, unescaped: "userdb-6a6f65", "a/b" for .../a%2Fb/),
+// the db to pass to Watch; "" when ep has no database segment.
+func DBName(ep couch.Endpoint) string {
+	if ep.URL == nil {
+		return ""
+	}
+	p := strings.TrimSuffix(ep.URL.EscapedPath(), "/")
+	seg := p[strings.LastIndexByte(p, '/')+1:]
+	name, err := url.PathUnescape(seg)
+	if err != nil {
+		return seg
+	}
+	return name
 }
 
 // Watch is one database watched on a server's feed.

@@ -48,7 +48,7 @@ type stream struct {
 	done  chan struct{} // closed when the request ended
 }
 
-func newFake(t *testing.T) *fake {
+func newFake(t testing.TB) *fake {
 	f := &fake{feedStatus: map[string]int{}, streams: make(chan *stream, 100), seq: 1}
 	f.srv = httptest.NewServer(http.HandlerFunc(f.serve))
 	t.Cleanup(f.srv.Close)
@@ -138,7 +138,7 @@ func row(db, typ string, seq int) string {
 }
 
 // testServer is a Server for rawURL, a client of its own.
-func testServer(t *testing.T, rawURL string) Server {
+func testServer(t testing.TB, rawURL string) Server {
 	t.Helper()
 	ep, err := couch.ParseEndpoint(rawURL + "anydb")
 	if err != nil {
@@ -699,5 +699,23 @@ func TestPouchDBServerStub(t *testing.T) {
 	st := h.Stats()
 	if len(st.Servers) != 1 || st.Servers[0].Reason != "400 Bad Request" {
 		t.Fatalf("Stats = %+v, want the reason 400 Bad Request", st)
+	}
+}
+
+func TestDBName(t *testing.T) {
+	for _, tc := range []struct{ url, want string }{
+		{"http://h:5984/userdb-6a6f65", "userdb-6a6f65"},
+		{"http://u:p@h:5984/userdb-6a6f65/", "userdb-6a6f65"},
+		{"https://h/couch/a%2Fb/", "a/b"},
+		{"http://h/a%2Fb%2Bc%20d?x=1", "a/b+c d"},
+		{"http://h/", ""},
+	} {
+		ep, err := couch.ParseEndpoint(tc.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := DBName(ep); got != tc.want {
+			t.Errorf("DBName(%s) = %q, want %q", tc.url, got, tc.want)
+		}
 	}
 }
