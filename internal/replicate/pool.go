@@ -91,6 +91,8 @@ func (p *workerPool) work() {
 		defer p.exited()
 	}
 	w := &worker{r: p.s.r}
+	// A failed write in flight has aborted the run already.
+	defer func() { _ = w.settle() }()
 	var idle *time.Timer
 	var idleC <-chan time.Time
 	if p.idleAfter > 0 {
@@ -147,20 +149,27 @@ func (p *workerPool) work() {
 	}
 }
 
-// runBatch processes one batch and marks it done.
+// runBatch processes one batch; its last write goes on while the worker
+// takes the next batch, and marks the batch done when it succeeds.
 func (p *workerPool) runBatch(w *worker, b batch) error {
 	if len(b.changes) > 0 {
 		if err := w.process(p.ctx, b.changes); err != nil {
 			return err
 		}
 	}
-	if p.ctx.Err() != nil {
-		// Cancelled mid-batch: the batch may be incomplete.
-		return context.Cause(p.ctx)
-	}
-	s := p.s
-	s.mu.Lock()
-	s.tracker.finish(b.n)
-	s.mu.Unlock()
-	return nil
+	return w.flushAsync(p.ctx, func(err error) {
+		switch {
+		case err != nil:
+			if p.ctx.Err() == nil {
+				p.abort(err)
+			}
+		case p.ctx.Err() != nil:
+			// Cancelled mid-batch: the batch may be incomplete.
+		default:
+			s := p.s
+			s.mu.Lock()
+			s.tracker.finish(b.n)
+			s.mu.Unlock()
+		}
+	})
 }

@@ -135,11 +135,21 @@ type changesReader struct {
 	began    time.Time     // when the current request was sent
 	done     bool          // the reader has nothing more to do
 	onRow    func(couch.Change) error
+	// upTo is the source's update_seq at start-up while a one-shot feed
+	// is to be streamed up to it first (streamUpTo), else nil.
+	upTo couch.Seq
 }
 
 //go:noinline
 func newChangesReader(s *runState, bt *batcher) *changesReader {
 	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
+	if p := s.r.p; !p.Continuous && p.DocIDs == nil && p.Selector == nil && p.Filter == "" {
+		u, ok1 := s.sourceSeq.Int()
+		from, ok2 := s.startSeq.Int()
+		if ok1 && ok2 && u > from {
+			cr.upTo = s.sourceSeq
+		}
+	}
 	cr.backoff = pause.Backoff{Min: cr.firstWait(), Max: 5 * time.Minute}
 	cr.onRow = func(c couch.Change) error {
 		cr.got++
@@ -153,6 +163,9 @@ func newChangesReader(s *runState, bt *batcher) *changesReader {
 // error when the feed failed for good.
 func (cr *changesReader) request(ctx context.Context) error {
 	cr.got, cr.began = 0, time.Now()
+	if cr.upTo != nil {
+		return cr.streamUpTo(ctx)
+	}
 	cr.s.r.changesOptions(&cr.opts, cr.since)
 	cr.opts.Limit = cr.pages.limit
 	end, err := cr.s.r.src.ReadChangesEnd(ctx, &cr.opts, cr.onRow)
@@ -190,6 +203,76 @@ func (cr *changesReader) request(ctx context.Context) error {
 	}
 	cr.backoff.Reset()
 	return nil
+}
+
+// streamQuiet ends streamUpTo's feed when no row came for this long while
+// the reader was waiting for one (not while the workers were busy): the
+// rest is then read with normal feeds.
+const streamQuiet = 5 * time.Second
+
+// errUpTo and errQuiet end streamUpTo's feed.
+var (
+	errUpTo  = errors.New("replicate: changes read up to the source's update_seq at start-up")
+	errQuiet = errors.New("replicate: changes stream quiet before the source's update_seq at start-up")
+)
+
+// streamUpTo reads a one-shot, unfiltered feed of a source with numeric
+// seqs as a continuous feed up to the source's update_seq at start-up
+// (the first row at or after it), then returns for the rest to be read
+// with normal feeds from there (usually one request, answered with no
+// rows, while the workers handle the last batches). A continuous feed
+// streams its rows where a normal one may be built whole before its first
+// byte (PouchDB Server does), and it needs no page after page: the
+// workers get their batches as fast as the source lists them. A document
+// updated since start-up has left its place below update_seq, so the
+// normal feeds that follow are what reads it: the run ends, as ever, at
+// the end of a normal feed, and checkpoints the last seq it processed.
+// Should the rows stop short of update_seq (a purge leaves no row), the
+// feed is ended after streamQuiet without a row.
+func (cr *changesReader) streamUpTo(ctx context.Context) error {
+	u, _ := cr.upTo.Int()
+	cr.upTo = nil // whatever happens, normal feeds read on
+	fctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	quiet := time.AfterFunc(streamQuiet, func() { cancel(errQuiet) })
+	defer quiet.Stop()
+	r := cr.s.r
+	r.changesOptions(&cr.opts, cr.since)
+	cr.opts.Feed, cr.opts.Heartbeat = couch.FeedContinuous, feedHeartbeat(r.p.ConnectionTimeout)
+	end, err := r.src.ReadChangesEnd(fctx, &cr.opts, func(c couch.Change) error {
+		quiet.Stop()
+		cr.got++
+		if err := cr.bt.add(c); err != nil {
+			return err
+		}
+		if n, ok := c.Seq.Int(); ok && c.Seq != nil && n >= u {
+			return errUpTo
+		}
+		quiet.Reset(streamQuiet)
+		return nil
+	})
+	if ctx.Err() != nil {
+		cr.done = true
+		return nil
+	}
+	if end.LastSeq != nil {
+		cr.since = end.LastSeq
+	}
+	if errors.Is(err, errUpTo) {
+		// The last rows need not wait for the batcher's idle flush.
+		if cr.bt.end(cr.since, false) != nil {
+			cr.done = true
+		}
+		return nil
+	}
+	if err == nil || errors.Is(err, errQuiet) {
+		if errors.Is(err, errQuiet) {
+			r.log.Debug().Str("since", seqOrZero(cr.since).String()).Int64("update_seq", u).
+				Msg("replication: changes stream went quiet before the start-up update_seq; reading on with normal feeds")
+		}
+		return nil
+	}
+	return cr.failed(ctx, err)
 }
 
 // firstWait is the first pause before re-opening a feed.

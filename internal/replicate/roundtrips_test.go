@@ -3,6 +3,7 @@ package replicate
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -78,5 +79,51 @@ func TestStartupAndCheckpointRoundTrips(t *testing.T) {
 			t.Errorf("%s: %d requests %q were not in flight together (want %d)", name, len(b.arrived), b.arrived, b.n)
 		}
 		b.mu.Unlock()
+	}
+}
+
+// A batch's _bulk_docs is in flight while its worker reads the next batch
+// (CouchDB's worker spawns its writer): with one worker and two batches,
+// the first _bulk_docs is held until the second _bulk_get has arrived. A
+// worker that wrote before reading on would never send it.
+func TestWriteOverlapsNextRead(t *testing.T) {
+	f := newFakeCouch(t)
+	f.addDB("src")
+	f.addDB("tgt")
+	for i := range 20 {
+		f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+	}
+	b := newBarrier(2)
+	var mu sync.Mutex
+	bulkGets := 0
+	f.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.Method != http.MethodPost {
+			return false
+		}
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/_bulk_docs"):
+			b.wait("_bulk_docs")
+		case strings.HasSuffix(r.URL.Path, "/_bulk_get"):
+			mu.Lock()
+			bulkGets++
+			n := bulkGets
+			mu.Unlock()
+			if n == 2 {
+				b.wait("second _bulk_get")
+			}
+		}
+		return false
+	}
+	res, err := runFake(fakeParams(t, `,"worker_processes":1,"worker_batch_size":10`, f.URL+"/src", f.URL+"/tgt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stats.DocsWritten != 20 {
+		t.Errorf("docs_written %d, want 20", res.Stats.DocsWritten)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if want := []string{"_bulk_docs", "second _bulk_get"}; b.failed || !slices.Equal(b.arrived, want) {
+		t.Errorf("in flight together: %q (failed %v), want %q", b.arrived, b.failed, want)
 	}
 }

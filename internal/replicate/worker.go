@@ -23,6 +23,11 @@ type worker struct {
 	buf     []json.RawMessage
 	bufSize int
 	stats   Stats
+	// writer is the outcome of the batch write in flight, nil when none:
+	// as CouchDB's worker spawns a writer, a batch's last _bulk_docs goes
+	// out while the worker reads the next batch (_revs_diff, _bulk_get),
+	// at most one per worker; any other write waits for it first.
+	writer chan error
 }
 
 // fetchGate holds couch_replicator_worker's fetch_stats for _revs_diff and
@@ -154,10 +159,8 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 		}
 	}
 	w.stats.MissingRevisionsFound += int64(len(reqs))
-	if err := w.fetchAndWrite(ctx, reqs); err != nil {
-		return err
-	}
-	return w.flush(ctx)
+	// What is left in the buffer is written by the caller (flushAsync).
+	return w.fetchAndWrite(ctx, reqs)
 }
 
 func (w *worker) fetchAndWrite(ctx context.Context, reqs []couch.BulkGetRequest) error {
@@ -272,6 +275,9 @@ func (w *worker) write(ctx context.Context, d couch.Doc) error {
 			return w.flush(ctx)
 		}
 		return nil
+	}
+	if err := w.settle(); err != nil {
+		return err
 	}
 	return w.counted(d, w.r.tgt.PutDoc(ctx, d))
 }
@@ -420,6 +426,9 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		}
 		return w.r.tgt.PutDocStream(ctx, d.ID, body, atts)
 	}
+	if err := w.settle(); err != nil {
+		return err
+	}
 	err = put()
 	if errors.Is(err, couch.ErrAttachmentDecoded) {
 		// The source ignores Accept-Encoding: send what it sends, decoded.
@@ -482,29 +491,69 @@ func skippable(err error) bool {
 	return errors.Is(err, couch.ErrUnauthorized) || errors.Is(err, couch.ErrForbidden) || errors.Is(err, couch.ErrTooLarge)
 }
 
+// flush writes the buffered documents now, after the write in flight.
 func (w *worker) flush(ctx context.Context) error {
+	if err := w.settle(); err != nil {
+		return err
+	}
 	if len(w.buf) == 0 {
 		return nil
 	}
 	docs := w.buf
 	w.buf, w.bufSize = w.buf[:0:0], 0
-	return w.bulkDocs(ctx, docs)
+	return w.bulkDocs(ctx, docs, &w.stats)
+}
+
+// flushAsync writes the buffered documents on a goroutine of their own
+// once the write in flight is done, and returns; done gets the write's
+// outcome (nil also when there was nothing to write). The next settle
+// waits for it.
+func (w *worker) flushAsync(ctx context.Context, done func(error)) error {
+	if err := w.settle(); err != nil {
+		return err
+	}
+	if len(w.buf) == 0 {
+		done(nil)
+		return nil
+	}
+	docs := w.buf
+	w.buf, w.bufSize = w.buf[:0:0], 0
+	ch := make(chan error, 1)
+	w.writer = ch
+	go func() {
+		var st Stats
+		err := w.bulkDocs(ctx, docs, &st)
+		w.r.ctr.add(st)
+		done(err)
+		ch <- err
+	}()
+	return nil
+}
+
+// settle waits for the write in flight, if any, and returns its error.
+func (w *worker) settle() error {
+	if w.writer == nil {
+		return nil
+	}
+	err := <-w.writer
+	w.writer = nil
+	return err
 }
 
 // bulkDocs writes docs, halving the batch on 413 (a single oversized
-// document is counted as a failure).
-func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage) error {
+// document is counted as a failure), and counts the outcome in st.
+func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage, st *Stats) error {
 	res, err := w.r.tgt.BulkDocs(ctx, docs, false)
 	if errors.Is(err, couch.ErrTooLarge) {
 		if len(docs) == 1 {
-			w.stats.DocWriteFailures++
+			st.DocWriteFailures++
 			return nil
 		}
 		h := len(docs) / 2
-		if err := w.bulkDocs(ctx, docs[:h]); err != nil {
+		if err := w.bulkDocs(ctx, docs[:h], st); err != nil {
 			return err
 		}
-		return w.bulkDocs(ctx, docs[h:])
+		return w.bulkDocs(ctx, docs[h:], st)
 	}
 	if err != nil {
 		return fmt.Errorf("%w: bulk_docs_failed: %w", ErrWorkerFailed, err)
@@ -517,7 +566,7 @@ func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage) error {
 				Msg("replication: target rejected document")
 		}
 	}
-	w.stats.DocWriteFailures += int64(failed)
-	w.stats.DocsWritten += int64(len(docs) - failed)
+	st.DocWriteFailures += int64(failed)
+	st.DocsWritten += int64(len(docs) - failed)
 	return nil
 }
