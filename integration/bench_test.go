@@ -359,6 +359,11 @@ type couchrepRun struct {
 }
 
 func runCouchrep(ctx context.Context, src, tgt, heapMetric string) (couchrepRun, error) {
+	return runCouchrepWith(ctx, src, tgt, heapMetric, replicate.Options{ServerUUID: "bench", Logger: zerolog.Nop()})
+}
+
+// runCouchrepWith is runCouchrep with the engine's options o.
+func runCouchrepWith(ctx context.Context, src, tgt, heapMetric string, o replicate.Options) (couchrepRun, error) {
 	p, err := replicate.ParseParams([]byte(fmt.Sprintf(`{"source":%q,"target":%q}`, src, tgt)))
 	if err != nil {
 		return couchrepRun{}, err
@@ -367,7 +372,7 @@ func runCouchrep(ctx context.Context, src, tgt, heapMetric string) (couchrepRun,
 	hp := startHeapPeak(heapMetric) // right after a GC: the base is what is live
 
 	cpu0, start := cpuTime(), time.Now()
-	res, err := replicate.New(p, replicate.Options{ServerUUID: "bench", Logger: zerolog.Nop()}).Run(ctx)
+	res, err := replicate.New(p, o).Run(ctx)
 	out := couchrepRun{wall: time.Since(start), cpu: cpuTime() - cpu0, heap: hp.end()}
 	if err != nil {
 		return out, err

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,25 +9,38 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
 
-// BenchmarkWAN pulls 10,000 documents of about 1 KB from a PouchDB Server
-// behind a toxiproxy link adding RTT/2 of latency to each direction (with
-// 5 % jitter) into a fresh database on a local one: couchrep (the engine
-// in this process, CouchDB's defaults), PouchDB's replicator (npm pouchdb
-// 9.0.0 in node, through the same link) and the bound, one streamed read
-// of the whole source through the link (_all_docs?include_docs=true), side
-// by side in each round. Metrics per RTT: seconds, and couchrep's time
-// above the bound in round trips (the goal: at most 3).
+// BenchmarkWAN replicates 10,000 documents of about 1 KB between two
+// PouchDB Servers with toxiproxy links adding RTT/2 of latency to each
+// direction (with 5 % jitter), in three shapes: pull (the source behind a
+// link, the target local), push (the source local, the target behind a
+// link) and both-remote (each behind its own link). Side by side in each
+// round: couchrep (the engine in this process, CouchDB's defaults),
+// PouchDB's replicator (npm pouchdb 9.0.0 in node, through the same links)
+// and the bound: the source's data in one streamed read through its link
+// (_all_docs?include_docs=true), the target's in one _bulk_docs
+// new_edits=false of every document through its link (prepared
+// beforehand), both at once when both are remote. Metrics per shape and
+// RTT: seconds, and couchrep's time above the bound in round trips (the
+// goal for pull at 100 and 200 ms: at most 3).
 //
 //	go test -run '^$' -bench WAN -benchtime 1x -timeout 60m ./integration/
 //
-// COUCHREP_WAN_RTTS=100,200 picks the round trips (ms); COUCHREP_WAN_DOCS
-// the document count.
+// COUCHREP_WAN_RTTS=100,200 picks the round trips (ms), COUCHREP_WAN_DOCS
+// the document count, COUCHREP_WAN_MODES=pull,push,both the shapes, and
+// COUCHREP_WAN_POUCHDB=0 leaves PouchDB's replicator out, and
+// COUCHREP_WAN_TRACE=file appends every request of couchrep's runs to file
+// (sent, headers, end, in ms from the run's start).
 func BenchmarkWAN(b *testing.B) {
 	script := pouchScript(b)
 	n := 10000
@@ -44,65 +58,178 @@ func BenchmarkWAN(b *testing.B) {
 			rtts = append(rtts, ms)
 		}
 	}
-	far, near := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
-	src := far.CreateDB(b, "src")
-	seedBench(b, far, src, benchSet{n: n})
-	tp := testserver.StartToxiproxy(b)
-	for _, rtt := range rtts {
-		b.Run(fmt.Sprintf("pull/rtt=%dms", rtt), func(b *testing.B) {
-			link := tp.Link(b, fmt.Sprintf("far-%d", rtt), far.URL)
-			if rtt > 0 {
-				oneWay := time.Duration(rtt) * time.Millisecond / 2
-				link.Latency(b, oneWay, oneWay/20)
-			}
-			remote := link.URL + "src/"
-			ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
-			defer cancel()
-			var cr, pr, bound time.Duration
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				start := time.Now()
-				if err := readAllDocs(ctx, remote+"_all_docs?include_docs=true"); err != nil {
-					b.Fatal(err)
-				}
-				bound += time.Since(start)
-
-				ptgt := near.CreateDB(b, fmt.Sprintf("p%d-%d", rtt, i))
-				r, err := runPouchDB(ctx, script, remote, ptgt, 0)
-				if err != nil {
-					b.Fatal(err)
-				}
-				pr += time.Duration(r.MS * float64(time.Millisecond))
-				near.Do(b, http.MethodDelete, ptgt, nil, http.StatusOK)
-
-				tgt := near.CreateDB(b, fmt.Sprintf("c%d-%d", rtt, i))
-				b.StartTimer()
-				c, err := runCouchrep(ctx, remote, tgt, heapObjects)
-				b.StopTimer()
-				if err != nil {
-					b.Fatal(err)
-				}
-				if c.written != int64(n) {
-					b.Fatalf("couchrep wrote %d docs, want %d", c.written, n)
-				}
-				cr += c.wall
-				near.Do(b, http.MethodDelete, tgt, nil, http.StatusOK)
-			}
-			per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
-			b.ReportMetric(per(cr), "couchrep-s")
-			b.ReportMetric(per(pr), "pouchdb-s")
-			b.ReportMetric(per(bound), "bound-s")
-			b.ReportMetric(per(pr)/per(cr), "x-pouchdb")
-			over := 0.0
-			if rtt > 0 {
-				over = (per(cr) - per(bound)) / (float64(rtt) / 1000)
-				b.ReportMetric(over, "rtts-over-bound")
-			}
-			b.Logf("pull %d docs, RTT %d ms: couchrep %.2f s, PouchDB %.2f s (%.1fx), bound %.2f s; couchrep - bound = %.1f RTT; load %s",
-				n, rtt, per(cr), per(pr), per(pr)/per(cr), per(bound), over, loadAvg())
-		})
+	modes := []string{"pull", "push", "both"}
+	if v := os.Getenv("COUCHREP_WAN_MODES"); v != "" {
+		modes = strings.Split(v, ",")
 	}
+	trace := os.Getenv("COUCHREP_WAN_TRACE")
+	withPouch := os.Getenv("COUCHREP_WAN_POUCHDB") != "0"
+	far, near := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
+	farSrc, nearSrc := far.CreateDB(b, "src"), near.CreateDB(b, "src")
+	seedBench(b, far, farSrc, benchSet{n: n})
+	seedBench(b, near, nearSrc, benchSet{n: n})
+	write := allDocsWrite(prepareBound(b, nearSrc))
+	tp := testserver.StartToxiproxy(b)
+	for _, mode := range modes {
+		for _, rtt := range rtts {
+			b.Run(fmt.Sprintf("%s/rtt=%dms", mode, rtt), func(b *testing.B) {
+				farLink := tp.Link(b, fmt.Sprintf("%s-far-%d", mode, rtt), far.URL)
+				nearLink := tp.Link(b, fmt.Sprintf("%s-near-%d", mode, rtt), near.URL)
+				if rtt > 0 {
+					oneWay := time.Duration(rtt) * time.Millisecond / 2
+					farLink.Latency(b, oneWay, oneWay/20)
+					nearLink.Latency(b, oneWay, oneWay/20)
+				}
+				// The source's URL, and the target server's database URL
+				// of a name (created on the server directly: the
+				// bound's, PouchDB's and couchrep's targets).
+				var src string
+				var tgtServer *testserver.Server
+				var tgtBase string
+				switch mode {
+				case "pull":
+					src, tgtServer, tgtBase = farLink.URL+"src/", near, near.URL
+				case "push":
+					src, tgtServer, tgtBase = near.URL+"src/", far, farLink.URL
+				case "both":
+					src, tgtServer, tgtBase = farLink.URL+"src/", near, nearLink.URL
+				default:
+					b.Fatalf("COUCHREP_WAN_MODES: unknown shape %q (pull, push, both)", mode)
+				}
+				remoteSrc, remoteTgt := mode != "push", mode != "pull"
+				ctx, cancel := context.WithTimeout(context.Background(), benchTimeout)
+				defer cancel()
+				var cr, pr, bound time.Duration
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					b.StopTimer()
+					btgt := fmt.Sprintf("b%s%d-%d", mode, rtt, i)
+					tgtServer.CreateDB(b, btgt)
+					d, err := wanBound(ctx, remoteSrc, remoteTgt, src, tgtBase+btgt+"/", write)
+					if err != nil {
+						b.Fatal(err)
+					}
+					bound += d
+					tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(btgt), nil, http.StatusOK)
+
+					if withPouch {
+						ptgt := fmt.Sprintf("p%s%d-%d", mode, rtt, i)
+						tgtServer.CreateDB(b, ptgt)
+						r, err := runPouchDB(ctx, script, src, tgtBase+ptgt+"/", 0)
+						if err != nil {
+							b.Fatal(err)
+						}
+						pr += time.Duration(r.MS * float64(time.Millisecond))
+						tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(ptgt), nil, http.StatusOK)
+					}
+
+					ctgt := fmt.Sprintf("c%s%d-%d", mode, rtt, i)
+					tgtServer.CreateDB(b, ctgt)
+					o := replicate.Options{ServerUUID: "bench", Logger: zerolog.Nop()}
+					var rt *reqTrace
+					if trace != "" {
+						rt = newReqTrace(wanTransport(b))
+						o.HTTPClient = &http.Client{Transport: rt}
+					}
+					b.StartTimer()
+					c, err := runCouchrepWith(ctx, src, tgtBase+ctgt+"/", heapObjects, o)
+					b.StopTimer()
+					if rt != nil {
+						writeTrace(b, trace, fmt.Sprintf("%s, RTT %d ms, round %d", mode, rtt, i), rt)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					if c.written != int64(n) {
+						b.Fatalf("couchrep wrote %d docs, want %d", c.written, n)
+					}
+					cr += c.wall
+					tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(ctgt), nil, http.StatusOK)
+				}
+				per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
+				b.ReportMetric(per(cr), "couchrep-s")
+				b.ReportMetric(per(pr), "pouchdb-s")
+				b.ReportMetric(per(bound), "bound-s")
+				b.ReportMetric(per(pr)/per(cr), "x-pouchdb")
+				over := 0.0
+				if rtt > 0 {
+					over = (per(cr) - per(bound)) / (float64(rtt) / 1000)
+					b.ReportMetric(over, "rtts-over-bound")
+				} else {
+					b.ReportMetric(100*per(bound)/per(cr), "pct-of-bound")
+				}
+				b.Logf("%s %d docs, RTT %d ms: couchrep %.2f s, PouchDB %.2f s (%.1fx), bound %.2f s; couchrep - bound = %.1f RTT; load %s",
+					mode, n, rtt, per(cr), per(pr), per(pr)/per(cr), per(bound), over, loadAvg())
+			})
+		}
+	}
+}
+
+// wanTransport is the transport couchrep's engine builds for an endpoint
+// (CouchDB's defaults), for a traced run.
+func wanTransport(b *testing.B) *http.Transport {
+	tr, err := couchTransport()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return tr
+}
+
+// couchTransport is the transport couchrep's engine builds for an
+// endpoint with CouchDB's defaults.
+func couchTransport() (*http.Transport, error) {
+	tr, err := couch.NewTransport(couch.TransportOptions{BufferSize: 1 << 10})
+	if err != nil {
+		return nil, err
+	}
+	tr.MaxConnsPerHost = 2 * replicate.DefaultHTTPConnections
+	return tr, nil
+}
+
+// allDocsWrite joins the bound's _bulk_docs bodies into one
+// new_edits=false request of every document.
+func allDocsWrite(w *boundWork) []byte {
+	var buf bytes.Buffer
+	buf.WriteString(`{"new_edits":false,"docs":[`)
+	for i, body := range w.bulkDocs {
+		docs := bytes.TrimSuffix(bytes.TrimPrefix(body, []byte(`{"new_edits":false,"docs":[`)), []byte(`]}`))
+		if len(docs) == 0 {
+			continue
+		}
+		if i > 0 && buf.Len() > len(`{"new_edits":false,"docs":[`) {
+			buf.WriteByte(',')
+		}
+		buf.Write(docs)
+	}
+	buf.WriteString(`]}`)
+	return buf.Bytes()
+}
+
+// wanBound is the WAN's bound: the source's documents in one streamed read
+// through its link when it is remote, the target's in one _bulk_docs of
+// every document through its link when it is remote, at once; the wall
+// time until both are done.
+func wanBound(ctx context.Context, remoteSrc, remoteTgt bool, src, tgt string, write []byte) (time.Duration, error) {
+	var wg sync.WaitGroup
+	var readErr, writeErr error
+	start := time.Now()
+	if remoteSrc {
+		wg.Go(func() { readErr = readAllDocs(ctx, src+"_all_docs?include_docs=true") })
+	}
+	if remoteTgt {
+		wg.Go(func() { _, writeErr = benchDo(ctx, http.MethodPost, tgt+"_bulk_docs", write) })
+	}
+	wg.Wait()
+	return time.Since(start), cmpErr(readErr, writeErr)
+}
+
+func cmpErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // readAllDocs reads u's whole answer.
