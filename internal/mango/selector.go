@@ -738,3 +738,54 @@ func typeName(v any) string {
 	}
 	return "object"
 }
+
+// Equality is a condition every document a selector matches meets: the
+// field at Path equals the string Value (for an index of many selectors:
+// only those whose Value a document's field equals need evaluating).
+type Equality struct {
+	Path  []string
+	Value string
+	// Bytes: the field is _id, compared byte by byte; otherwise strings
+	// collate (Keyed says when their bytes decide).
+	Bytes bool
+}
+
+// Equality returns a string equality the selector requires at its root
+// ({"owner": "alice", ...} or an $and holding one), when there is one
+// whose value is printable ASCII (or any string for _id).
+func (s *Selector) Equality() (Equality, bool) {
+	if s.root == nil {
+		return Equality{}, false
+	}
+	try := func(n *node) (Equality, bool) {
+		if n.op != opField || n.path == nil || n.kid.op != opEq {
+			return Equality{}, false
+		}
+		v, ok := n.kid.arg.(string)
+		if !ok || !n.id && !printableASCII(v) {
+			return Equality{}, false
+		}
+		return Equality{Path: n.path, Value: v, Bytes: n.id}, true
+	}
+	if e, ok := try(s.root); ok || s.root.op != opAnd {
+		return e, ok
+	}
+	for _, k := range s.root.kids {
+		if e, ok := try(k); ok {
+			return e, true
+		}
+	}
+	return Equality{}, false
+}
+
+// Keyed reports whether a field's string value v equals an Equality's
+// value exactly when their bytes are equal (so a lookup by bytes decides):
+// always for _id, for other fields when v is printable ASCII too.
+func (e Equality) Keyed(v string) bool { return e.Bytes || printableASCII(v) }
+
+// Lookup is the value at path in doc (mango_doc:get_field), and whether
+// it is there.
+func Lookup(doc any, path []string) (any, bool) {
+	v, res := getField(doc, path)
+	return v, res == found
+}

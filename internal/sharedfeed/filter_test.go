@@ -129,6 +129,9 @@ func TestFilters(t *testing.T) {
 		row(4, "a1", []string{"2-d"}, `{"_id":"a1","_rev":"2-d","_deleted":true}`),
 		row(5, "d1", []string{"3-x"}, `null`),
 		row(6, "b2", []string{"1-c"}, `{"_id":"b2","_rev":"1-c","owner":"bob"}`),
+		row(7, "s1", []string{"1-s"}, `{"_id":"s1","_rev":"1-s","owner":"u\u00ad1"}`),
+		row(8, "s2", []string{"1-s"}, `{"_id":"s2","_rev":"1-s","owner":["u1"],"tag":"u1"}`),
+		row(9, "s3", []string{"1-s"}, `{"_id":"s3","_rev":"1-s","owner":"u1","tag":"x"}`),
 	}}
 	hub := sharedfeed.New(sharedfeed.Options{Buffer: 3})
 	ctx := context.Background()
@@ -148,14 +151,20 @@ func TestFilters(t *testing.T) {
 	ids, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"b1", "d1"}})
 	all, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{})
 	last, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{DocIDs: []string{"b2"}})
+	// Equality selectors are indexed by their value: the index must
+	// still take what collates equal (a soft hyphen is ignorable to ICU),
+	// never an array holding the value, and check the other conditions.
+	u1, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "u1"}`)})
+	u1x, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"tag": "x", "owner": "u1"}`)})
+	byID, _ := hub.Subscribe(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"_id": {"$eq": "s2"}}`)})
 	bobWatch, err := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "bob"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	carolWatch, _ := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "carol"}`)})
 	idWatch, _ := hub.Watch(ctx, src, sharedfeed.Filter{DocIDs: []string{"d1"}})
-	if st := hub.Stats(); st != (sharedfeed.Stats{Feeds: 1, Subscriptions: 5, Watches: 3}) {
-		t.Errorf("Stats = %+v, want 1 feed, 5 subscriptions, 3 watches", st)
+	if st := hub.Stats(); st != (sharedfeed.Stats{Feeds: 1, Subscriptions: 8, Watches: 3}) {
+		t.Errorf("Stats = %+v, want 1 feed, 8 subscriptions, 3 watches", st)
 	}
 	close(ff.release)
 
@@ -178,9 +187,18 @@ func TestFilters(t *testing.T) {
 		t.Errorf("bob's watch: %v", err)
 	}
 	// last's row is the sixth: once it is in, rows 1-5 have been
-	// dispatched to every member.
+	// dispatched to every member (the three after it are read below).
 	if got := rowsOf(t, last, 1); !slices.Equal(got, []string{"b2:1-c"}) {
 		t.Errorf("last got %v", got)
+	}
+	if got, want := rowsOf(t, u1, 2), []string{"s1:1-s", "s3:1-s"}; !slices.Equal(got, want) {
+		t.Errorf("u1 got %v, want %v", got, want)
+	}
+	if got, want := rowsOf(t, u1x, 1), []string{"s3:1-s"}; !slices.Equal(got, want) {
+		t.Errorf("u1 with tag x got %v, want %v", got, want)
+	}
+	if got, want := rowsOf(t, byID, 1), []string{"s2:1-s"}; !slices.Equal(got, want) {
+		t.Errorf("_id s2 got %v, want %v", got, want)
 	}
 	select {
 	case <-carolWatch.C():
@@ -190,7 +208,7 @@ func TestFilters(t *testing.T) {
 	if n := hub.Stats().Overflows; n != 1 {
 		t.Errorf("Overflows = %d, want 1 (the watches hold no rows)", n)
 	}
-	for _, c := range []interface{ Close() }{alice, deleted, ids, all, last, bobWatch, carolWatch, idWatch} {
+	for _, c := range []interface{ Close() }{alice, deleted, ids, all, last, u1, u1x, byID, bobWatch, carolWatch, idWatch} {
 		c.Close()
 	}
 	bobWatch.Close()

@@ -30,6 +30,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -170,13 +171,7 @@ func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (
 	if filter.Selector != nil && !src.IncludeDocs {
 		return nil, ErrNeedsDocs
 	}
-	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer, sel: filter.Selector, watch: watch}
-	if filter.DocIDs != nil {
-		s.ids = make(map[string]struct{}, len(filter.DocIDs))
-		for _, id := range filter.DocIDs {
-			s.ids[id] = struct{}{}
-		}
-	}
+	s := h.member(filter, watch)
 	h.mu.Lock()
 	f := h.feeds[src.Key]
 	if f == nil {
@@ -199,6 +194,18 @@ func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (
 	return s, nil
 }
 
+// member is a new subscription or watch of filter.
+func (h *Hub) member(filter Filter, watch bool) *Subscription {
+	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer, sel: filter.Selector, watch: watch}
+	if filter.DocIDs != nil {
+		s.ids = make(map[string]struct{}, len(filter.DocIDs))
+		for _, id := range filter.DocIDs {
+			s.ids[id] = struct{}{}
+		}
+	}
+	return s
+}
+
 // feed is one shared continuous feed.
 type feed struct {
 	h      *Hub
@@ -215,8 +222,9 @@ type feed struct {
 	subs    map[*Subscription]struct{}
 	byID    map[string][]*Subscription
 	all     []*Subscription // subscriptions without doc_ids or selector
-	sels    []*Subscription // subscriptions with a selector and no doc_ids
-	watches int             // of subs
+	sels    []*Subscription // subscriptions with a selector and no doc_ids, not in eq
+	eq      map[string]*eqIndex
+	watches int // of subs
 	ended   bool
 }
 
@@ -241,7 +249,7 @@ func (f *feed) add(s *Subscription) {
 		f.all = append(f.all, s)
 		return
 	case s.ids == nil:
-		f.sels = append(f.sels, s)
+		f.addSel(s)
 		return
 	}
 	for id := range s.ids {
@@ -267,7 +275,7 @@ func (f *feed) remove(s *Subscription) {
 	case s.ids == nil && s.sel == nil:
 		f.all = without(f.all, s)
 	case s.ids == nil:
-		f.sels = without(f.sels, s)
+		f.removeSel(s)
 	default:
 		for id := range s.ids {
 			if l := without(f.byID[id], s); len(l) > 0 {
@@ -402,6 +410,95 @@ func (f *feed) dispatch(c couch.Change) {
 		if r, ok := d.match(f, s.sel); ok {
 			s.push(r)
 		}
+	}
+	if len(f.eq) == 0 {
+		return
+	}
+	if !d.decoded {
+		d.decode(f)
+	}
+	if d.doc == nil {
+		return
+	}
+	for _, x := range f.eq {
+		v, ok := mango.Lookup(d.doc, x.e.Path)
+		str, isStr := v.(string)
+		if !ok || !isStr {
+			continue // an equality to a string needs a string
+		}
+		if x.e.Keyed(str) {
+			for _, s := range x.by[str] {
+				if r, ok := d.match(f, s.sel); ok {
+					s.push(r)
+				}
+			}
+			continue
+		}
+		for _, l := range x.by { // a string that may collate equal to others
+			for _, s := range l {
+				if r, ok := d.match(f, s.sel); ok {
+					s.push(r)
+				}
+			}
+		}
+	}
+}
+
+// eqIndex holds the selector members that require one field to equal a
+// string (mango.Selector.Equality), by that string: a row is evaluated
+// against those whose string its field has, not against every selector of
+// the feed (10,000 per-user selectors: one or two evaluations a row).
+type eqIndex struct {
+	e  mango.Equality // Path and Bytes; Value varies
+	by map[string][]*Subscription
+}
+
+func eqKey(e mango.Equality) string {
+	k := strings.Join(e.Path, "\x00")
+	if e.Bytes {
+		k += "\x01"
+	}
+	return k
+}
+
+// addSel registers a selector member; f.mu is held.
+func (f *feed) addSel(s *Subscription) {
+	e, ok := s.sel.Equality()
+	if !ok {
+		f.sels = append(f.sels, s)
+		return
+	}
+	if f.eq == nil {
+		f.eq = map[string]*eqIndex{}
+	}
+	k := eqKey(e)
+	x := f.eq[k]
+	if x == nil {
+		x = &eqIndex{e: e, by: map[string][]*Subscription{}}
+		f.eq[k] = x
+	}
+	x.by[e.Value] = append(x.by[e.Value], s)
+}
+
+// removeSel unregisters a selector member; f.mu is held.
+func (f *feed) removeSel(s *Subscription) {
+	e, ok := s.sel.Equality()
+	if !ok {
+		f.sels = without(f.sels, s)
+		return
+	}
+	k := eqKey(e)
+	x := f.eq[k]
+	if x == nil {
+		return
+	}
+	if l := without(x.by[e.Value], s); len(l) > 0 {
+		x.by[e.Value] = l
+	} else {
+		delete(x.by, e.Value)
+	}
+	if len(x.by) == 0 {
+		delete(f.eq, k)
 	}
 }
 
