@@ -15,30 +15,35 @@
 // a change made after Watch returned wakes the watch (its row may still be
 // on its way). When the last Watch of a Key closes, the feed closes.
 //
-// A feed that ends (the server closed it, the connection broke, or no byte
-// came for 2×heartbeat+5 s: a stall) is read again from S, after a backoff
-// when it failed; no event is lost. When the server rejects S (a server
-// restarted without its old seqs: 400) the feed probes again for a new S
-// and wakes every watch, because events between the two may be lost: a
-// lost event costs a wake-up, never a missed change. The rows' database
-// names map to the watches through one map per feed (a row costs a map
-// look-up, whatever the number of watches), and a Watch's channel holds at
-// most one signal (wake-ups coalesce). Rows are read with package couch's
-// limits: a row beyond couch.MaxDBUpdatesRowBytes is an error, never
-// buffered whole.
+// A feed that ends is read again from S: at once when the server ended it
+// or when it was cut after being read for a while (a connection closed, or
+// no byte for 2×heartbeat+5 s: a stall), after a backoff for other
+// failures (a 5xx, a malformed or oversized row); no event is lost. When
+// the server rejects S (400: it restarted without its old seqs) the feed
+// probes again for a new S and wakes every watch, because events between
+// the two may be lost: a lost event costs a wake-up, never a missed
+// change. A server whose probe names no seq is followed from since=now,
+// and every watch is woken each time such a feed starts, for the same
+// reason. The rows' database names map to the watches through one map per
+// feed (a row costs a map look-up, whatever the number of watches), and a
+// Watch's channel holds at most one signal (wake-ups coalesce). Rows are
+// read with package couch's limits: a row beyond couch.MaxDBUpdatesRowBytes
+// is an error, never buffered whole.
 //
 // # Where _db_updates cannot be read
 //
 // The probe's 400 (PouchDB Server's stub), 401/403 (the credentials are not
-// a server admin's), 404 (CouchDB without its _global_changes database: a
-// single_node set-up of 3.4.3 has none) and 500 make Watch return an error
-// matching ErrUnsupported; the verdict is cached per Key for
-// Options.UnsupportedFor (5 minutes), so that ten thousand jobs of one
-// server do not each probe it. A job that gets ErrUnsupported keeps a
-// _changes feed of its own. The same statuses on a feed that was already
-// read end it: its watches are signalled and Watch.Err says why. Other
-// failures before the feed was first read are transient: Watch returns
-// them and the caller treats them as a failed request of its own.
+// a server admin's: CouchDB 3.4.3 checks that first and answers 401 "You
+// are not a server admin."), 404 (CouchDB without its _global_changes
+// database: a single_node set-up of 3.4.3 has none), 405, 500 and 501 make
+// Watch return an error matching ErrUnsupported. The verdict is cached per
+// Key for Options.UnsupportedFor (5 minutes), so that ten thousand jobs of
+// one server do not each probe it; a job that gets ErrUnsupported keeps a
+// _changes feed of its own. The same statuses (5xx excepted: retried) on a
+// feed that was already read, or a 400 for the seq the server's own probe
+// just gave, end the feed: its watches are signalled and Watch.Err says
+// why. Other failures before the feed was first read are transient: Watch
+// returns them and the caller treats them as a failed request of its own.
 //
 // Each change of a server's state (ok, retrying, unsupported) is logged
 // once, with the server's redacted name and the reason; Stats gives the
@@ -71,10 +76,11 @@ import (
 	"github.com/couchrep/couchrep/internal/redact"
 )
 
-// ErrUnsupported matches Watch's error when the server's _db_updates cannot
-// be read: 400 (PouchDB Server's stub), 401/403 (not a server admin), 404
-// or 500 (e.g. CouchDB without _global_changes). The error wraps it with
-// the server's status and error/reason, credentials redacted.
+// ErrUnsupported matches Watch's error (and Watch.Err) when the server's
+// _db_updates cannot be read: 400 (PouchDB Server's stub), 401/403 (not a
+// server admin), 404 (CouchDB without _global_changes), 405, 500 or 501.
+// The error wraps it with the request, the server's status and
+// error/reason, credentials redacted.
 var ErrUnsupported = errors.New("dbupdates: the server's _db_updates cannot be read")
 
 // Defaults of Options.
@@ -653,14 +659,24 @@ func (f *feed) failStart(err error) {
 // until the last watch leaves or the server refuses the feed for good.
 func (f *feed) follow(db *couch.DB, since couch.Seq) {
 	backoff := pause.Backoff{Min: f.h.o.RetryMin, Max: f.h.o.RetryMax}
+	// rejected: the last attempt's seq was rejected and a new one probed;
+	// the server rejecting that one too cannot serve the feed.
+	rejected := false
 	for {
 		began := time.Now()
 		rows := 0
 		opened := false
+		fromNow := since.Equal(couch.SinceNow)
 		opts := couch.DBUpdatesOptions{Since: since, Heartbeat: f.h.o.Heartbeat, StallAfter: f.h.o.StallAfter, Opened: func() {
-			opened = true
+			opened, rejected = true, false
 			backoff.Reset()
 			f.setState(StateOK, "", nil)
+			if fromNow {
+				// The server gave no seq to start from (its probe's
+				// last_seq): events before this feed began may be
+				// missing from it.
+				f.wakeAll()
+			}
 		}}
 		last, err := db.DBUpdates(f.ctx, &opts, func(u couch.DBUpdate) error {
 			rows++
@@ -689,14 +705,14 @@ func (f *feed) follow(db *couch.DB, since couch.Seq) {
 			f.log.Debug().Err(err).Str("since", since.String()).Msg("db_updates: feed ended; reading on")
 			continue
 		}
-		if status(err) == http.StatusBadRequest && !since.Equal(couch.SinceNow) {
+		if status(err) == http.StatusBadRequest && !since.Equal(couch.SinceNow) && !rejected {
 			// The server rejects the seq (it restarted, or its feed was
 			// rebuilt): start again from now, and wake every watch for
 			// the events in between.
 			f.log.Warn().Str("reason", reasonOf(err)).Msg("db_updates: the server rejected the feed's seq; waking every watch and reading on from now")
 			seq, perr := f.probe(db)
 			if perr == nil {
-				since = seq
+				since, rejected = seq, true
 				f.wakeAll()
 				continue
 			}

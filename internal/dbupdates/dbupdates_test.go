@@ -719,3 +719,45 @@ func TestDBName(t *testing.T) {
 		}
 	}
 }
+
+func TestRejectedFreshSeqIsUnsupported(t *testing.T) {
+	f := newFake(t)
+	h := newHub(t, nil, Options{})
+	srv := testServer(t, f.srv.URL+"/")
+	a := watch(t, h, srv, "a")
+	s := f.next(t)
+	f.mu.Lock()
+	// A server (or a proxy) whose continuous feed rejects every seq, the
+	// ones its own probe gives included.
+	f.feedStatus["2-x"], f.feedStatus["3-x"], f.seq = http.StatusBadRequest, http.StatusBadRequest, 3
+	f.mu.Unlock()
+	s.lines <- row("z", "updated", 2)
+	close(s.lines)
+	woken(t, a)
+	eventually(t, "the watch's error", func() bool { return a.Err() != nil })
+	if !errors.Is(a.Err(), ErrUnsupported) {
+		t.Fatalf("Err = %v, want ErrUnsupported", a.Err())
+	}
+	_, reqs := f.counts()
+	want := []string{"probe", "feed since=1-x", "feed since=2-x", "probe", "feed since=3-x"}
+	if strings.Join(reqs, ",") != strings.Join(want, ",") {
+		t.Fatalf("requests %q, want %q", reqs, want)
+	}
+}
+
+func TestProbeWithoutSeqWakesOnEveryStart(t *testing.T) {
+	f := newFake(t)
+	f.probeStatus, f.probeBody = http.StatusOK, `{"results":[]}`
+	h := newHub(t, nil, Options{})
+	srv := testServer(t, f.srv.URL+"/")
+	a := watch(t, h, srv, "a")
+	s := f.next(t)
+	if s.since != "now" {
+		t.Fatalf("feed since=%q, want now", s.since)
+	}
+	s.lines <- ""
+	// Events between the probe and the feed's start may be missing.
+	woken(t, a)
+	s.lines <- row("a", "updated", 5)
+	woken(t, a)
+}
