@@ -85,6 +85,19 @@ func (l ledger) frontier() (uint64, error) {
 	return binary.BigEndian.Uint64(b), nil
 }
 
+// frontierFloor reads the frontier as a floor for an account's virtual
+// time, without a read conflict: every Start raises the frontier, so a
+// conflicting read would abort every add (and a doc processor's batch of
+// hundreds) that overlaps any node's accept. A frontier a few starts old
+// only lets the account's next deadline fall as much earlier.
+func (l ledger) frontierFloor() (uint64, error) {
+	b, err := l.tx.Snapshot().Get(l.s.k.frontier)
+	if err != nil || len(b) != 8 {
+		return 0, err
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
 // accepted raises the frontier to at least prio.
 func (l ledger) accepted(prio uint64) error {
 	f, err := l.frontier()
@@ -121,7 +134,7 @@ func (l ledger) put(key string, a share.Account) error {
 
 // enqueue reserves a quantum for a job of key and returns its priority.
 func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
-	f, err := l.frontier()
+	f, err := l.frontierFloor()
 	if err != nil {
 		return 0, err
 	}
@@ -139,7 +152,7 @@ func (l ledger) charge(key string, ran time.Duration, now time.Time) error {
 	if ran == 0 {
 		return nil
 	}
-	f, err := l.frontier()
+	f, err := l.frontierFloor()
 	if err != nil {
 		return err
 	}

@@ -745,3 +745,46 @@ func TestAcceptWaitsForTheLease(t *testing.T) {
 		t.Fatalf("job %s accepted under a lease after KeepLease ended", run.ID())
 	}
 }
+
+// TestAddDoesNotConflictWithStart: adding a job reads the fair-share
+// frontier without a read conflict, so a batch of adds (the doc
+// processor's, hundreds per transaction) is not aborted and redone by
+// every job some node starts meanwhile (each Start raises the frontier).
+func TestAddDoesNotConflictWithStart(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		e := newEnv(t, nil)
+		ctx := t.Context()
+		if _, err := e.store.AddTransient(ctx, body("http://a/s", "http://b/t", `,"continuous":true`), "alice"); err != nil {
+			t.Fatal(err)
+		}
+		run, err := e.store.Accept(ctx, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		attempts := 0
+		err = e.db.Transact(ctx, func(tx kv.Tx) error {
+			attempts++
+			for i := range 3 {
+				doc := repjob.PersistentDoc{Server: "http://s/", DB: "_replicator", DocID: fmt.Sprintf("d%d", i),
+					Body: body(fmt.Sprintf("http://a/u%d", i), "http://b/t", `,"continuous":true`)}
+				if _, err := e.store.AddPersistentTx(tx, doc); err != nil {
+					return err
+				}
+			}
+			if attempts == 1 {
+				// Another node starts a job while the batch is open.
+				return run.Start(ctx, "n2")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 1 {
+			t.Fatalf("the batch of adds ran %d times: a Start meanwhile made it conflict", attempts)
+		}
+		if r, err := e.store.Get(ctx, run.ID()); err != nil || r.GetNode() != "n2" {
+			t.Fatalf("started job: %v %v", r, err)
+		}
+	})
+}
