@@ -64,8 +64,9 @@ func (l procLoad) String() string {
 // failoverResult is what a run measured, and what it found wrong.
 type failoverResult struct {
 	createDBs, addJobs time.Duration
-	// allRunning: from the first job added until every job ran.
-	allRunning time.Duration
+	// allRunning: from the first job added until every job ran; ready:
+	// until a write to a user database of each node's reached the target.
+	allRunning, ready time.Duration
 	// failover: from the SIGKILL until every job of the victim ran on a
 	// survivor (to the harness's poll interval).
 	failover   time.Duration
@@ -231,8 +232,50 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 		res.violate("jobs ran on %d nodes, want all %d: %v", len(running), len(c.nodes), res.perNode)
 	}
 
+	// Every job runs; the server may still be answering their first
+	// requests. A write to a database of each node's jobs, through to the
+	// central database, says the cluster is replicating.
+	written := map[string]string{} // doc id -> user database
+	write := func(when string, dbs []int) {
+		for _, i := range dbs {
+			id := userDB(i) + "-" + when
+			t := time.Now()
+			if err := putUserDoc(srv.DBURL(userDB(i))+id, p.settle); err != nil {
+				res.violate("write %s: %v", id, err)
+				continue
+			}
+			if d := time.Since(t); d > 10*time.Second {
+				c.logf("write %s took %v", id, d.Round(time.Millisecond))
+			}
+			written[id] = userDB(i)
+		}
+	}
+	arrived := func() {
+		deadline := time.Now().Add(p.settle)
+		for id, db := range written {
+			for !docExists(http.DefaultClient, central, id) {
+				if time.Now().After(deadline) {
+					tb.Fatalf("%s (written to %s) did not reach the central database within %v; violations: %v", id, db, p.settle, res.violations)
+				}
+				time.Sleep(50 * time.Millisecond) // another process's state: poll
+			}
+		}
+	}
+	var first []int
+	for _, js := range running {
+		first = append(first, byID[js[0]], byID[js[len(js)-1]])
+	}
+	write("before", first)
+	arrived()
+	res.ready = time.Since(start)
+	c.logf("writes to %d user databases reached the central database %v after the jobs were added", len(first), res.ready.Round(time.Millisecond))
+
 	if p.idle > 0 {
 		res.idle, res.pgIdleCPU, res.pgCommits = measureIdle(tb, c, pg, dsn, p.idle, res.perNode)
+		for _, l := range res.idle {
+			c.logf("idle %v: %v", p.idle, l)
+		}
+		c.logf("idle %v: PostgreSQL %.2f %% CPU, %.1f commits/s", p.idle, res.pgIdleCPU, res.pgCommits)
 	}
 
 	// The victim runs the most jobs. Sample databases: half of them its.
@@ -264,15 +307,7 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	c.logf("SIGKILL %s running %d jobs", victim, len(victimIDs))
 
 	// Writes while the victim's jobs are between nodes.
-	written := map[string]string{} // doc id -> user database
-	write := func(when string) {
-		for _, i := range sample {
-			id := userDB(i) + "-" + when
-			srv.Do(tb, http.MethodPut, srv.DBURL(userDB(i))+id, map[string]any{"when": when}, http.StatusCreated)
-			written[id] = userDB(i)
-		}
-	}
-	write("during")
+	write("during", sample)
 
 	deadline = time.Now().Add(failoverBound(p.timeout) + p.settle)
 	for {
@@ -292,16 +327,8 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	res.pgTakeoverCommits = float64(pgCommits(tb, dsn)-commits0) / took
 	c.logf("the %d jobs of %s run on the survivors %v after the SIGKILL", len(victimIDs), victim, res.failover.Round(time.Millisecond))
 
-	write("after")
-	deadline = time.Now().Add(p.settle)
-	for id, db := range written {
-		for !docExists(http.DefaultClient, central, id) {
-			if time.Now().After(deadline) {
-				tb.Fatalf("%s (written to %s) did not reach the central database within %v", id, db, p.settle)
-			}
-			time.Sleep(50 * time.Millisecond) // another process's state: poll
-		}
-	}
+	write("after", sample)
+	arrived()
 	// One more poll with everything settled.
 	running, left := poll()
 	if len(left) > 0 || len(running[victim]) > 0 {
@@ -447,6 +474,27 @@ func pgCommits(tb testing.TB, dsn string) int64 {
 	return n
 }
 
+// putUserDoc writes a new document at u, waiting up to timeout for the answer.
+func putUserDoc(u string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, strings.NewReader(`{"by":"cluster failover"}`))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusCreated {
+		return fmt.Errorf("PUT %s: %d %s", u, resp.StatusCode, b)
+	}
+	return nil
+}
+
 // putDB creates database u (201, or 412 if it exists).
 func putDB(u string) error {
 	req, err := http.NewRequest(http.MethodPut, u, nil)
@@ -509,9 +557,9 @@ func TestClusterFailover(t *testing.T) {
 	}
 	res := runClusterFailover(t, failoverParams{jobs: n, timeout: 10 * time.Second, sample: 20,
 		poll: 250 * time.Millisecond, settle: 3 * time.Minute})
-	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v); SIGKILL %s (%d jobs): all running on the survivors after %v (%d polls); load %s",
+	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v), replicating after %v; SIGKILL %s (%d jobs): all running on the survivors after %v (%d polls); load %s",
 		n, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
-		res.perNode, res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.polls, loadAvg())
+		res.perNode, res.ready.Round(time.Millisecond), res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.polls, loadAvg())
 	for _, v := range res.violations {
 		t.Error(v)
 	}
@@ -541,6 +589,7 @@ func BenchmarkClusterFailover(b *testing.B) {
 		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle,
 			poll: time.Second, settle: 15 * time.Minute, logLevel: "warn"})
 		b.ReportMetric(res.allRunning.Seconds(), "s-all-running")
+		b.ReportMetric(res.ready.Seconds(), "s-replicating")
 		b.ReportMetric(res.failover.Seconds(), "s-failover")
 		b.ReportMetric(res.pgIdleCPU, "%cpu-pg-idle")
 		b.ReportMetric(res.pgCommits, "commits/s-idle")
@@ -558,8 +607,9 @@ func BenchmarkClusterFailover(b *testing.B) {
 			per = append(per, fmt.Sprintf("%s=%d", nd, res.perNode[nd]))
 		}
 		sort.Strings(per)
-		b.Logf("%d jobs (timeout %v): databases created in %v, jobs added in %v, all running after %v (%s)",
-			n, timeout, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond), strings.Join(per, " "))
+		b.Logf("%d jobs (timeout %v): databases created in %v, jobs added in %v, all running after %v (%s), replicating after %v",
+			n, timeout, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
+			strings.Join(per, " "), res.ready.Round(time.Millisecond))
 		for _, l := range res.idle {
 			b.Logf("idle %v: %v", idle, l)
 		}
