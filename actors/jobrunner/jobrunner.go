@@ -111,6 +111,9 @@ type Options struct {
 	// Feeds, if set, is the node's hub of shared changes feeds
 	// (replicate.Options.Feeds).
 	Feeds *sharedfeed.Hub
+	// Startup, if set, admits the engine's start-up
+	// (replicate.Options.Startup).
+	Startup func(ctx context.Context, server string) (release func(), err error)
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
@@ -437,6 +440,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	o.HTTPClient = a.httpClient(p)
 	o.Endpoints = a.o.Endpoints
 	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
+	o.Startup = a.o.Startup
 	if a.lease != nil {
 		o.Clients = leaseClients{a}
 	}

@@ -135,6 +135,7 @@ func (a *acceptor) started(ctx actor.Context) {
 		a.log.Info().Msg("acceptor: not a replication node, accepting no jobs")
 		return
 	}
+	a.reg.startup.SetLimit(a.deps.Config.Replicator.StartupConcurrency)
 	a.startLoop(system, ctx.Parent(), true)
 	a.control.Go(func(c context.Context) { a.followControls(c, system, self) })
 }
@@ -242,6 +243,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		MaxDocumentIDLength: a.deps.Config.Replicator.MaxDocumentIDLength,
 		MissingDocRetry:     a.deps.Config.Replicator.MissingDocRetry,
 		Feeds:               a.w.Feeds,
+		Startup:             a.reg.startup.Acquire,
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/startlimit"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -26,6 +27,10 @@ type Registry struct {
 	jobs   map[string]*entry
 	system *actor.ActorSystem
 	sched  *actor.PID
+	// startup bounds the jobs starting at once per source server
+	// ([replicator] startup_concurrency); node-wide, so it outlives the
+	// acceptor's incarnations with the jobs waiting in it.
+	startup *startlimit.Limiter
 }
 
 // entry is one job actor.
@@ -42,7 +47,7 @@ type entry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}}
+	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0)}
 }
 
 // attach sets where changes are told (the scheduler of system; nil: nobody).
@@ -204,3 +209,7 @@ func (r *Registry) stopAll(system *actor.ActorSystem, reason string) map[string]
 	}
 	return out
 }
+
+// Startup is the node's start-up limiter ([replicator]
+// startup_concurrency): its figures for the node's metrics.
+func (r *Registry) Startup() startlimit.Stats { return r.startup.Stats() }

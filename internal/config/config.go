@@ -244,6 +244,11 @@ type Replicator struct {
 	// PouchDB Server, CouchDB without _global_changes) jobs keep their
 	// feeds.
 	UseDBUpdates bool
+	// StartupConcurrency is how many jobs of a node go through their
+	// start-up (infos, checkpoints, catch-up) at once against one source
+	// server; the others wait their turn, running (startup_concurrency,
+	// 20; a couchrep key; 0: no limit).
+	StartupConcurrency int
 
 	// ValidEndpointProtocols are the URL schemes accepted for sources and
 	// targets (valid_endpoint_protocols, "http,https").
@@ -442,6 +447,7 @@ func Default() Config {
 			UseBulkGet:         true,
 			ShareChangesFeeds:  true,
 			UseDBUpdates:       true,
+			StartupConcurrency: 20,
 
 			ValidEndpointProtocols:   []string{"http", "https"},
 			ValidProxyProtocols:      []string{"http", "https", "socks5"},

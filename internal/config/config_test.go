@@ -91,6 +91,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.max_response_bytes":            "67108864",
 		"replicator.share_changes_feeds":           "true", // couchrep's own key
 		"replicator.use_db_updates":                "true", // couchrep's own key
+		"replicator.startup_concurrency":           "20",   // couchrep's own key
 		"ssl.enable":                               "false",
 		"ssl.cert_file":                            "",
 		"ssl.key_file":                             "",

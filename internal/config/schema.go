@@ -92,6 +92,7 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "use_bulk_get", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.UseBulkGet }}},
 	{section: SectionReplicator, key: "share_changes_feeds", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.ShareChangesFeeds }}},
 	{section: SectionReplicator, key: "use_db_updates", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.UseDBUpdates }}},
+	{section: SectionReplicator, key: "startup_concurrency", v: intValue{p: func(c *Config) *int { return &c.Replicator.StartupConcurrency }, min: 0, max: maxInt}},
 	{section: SectionReplicator, key: "valid_endpoint_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidEndpointProtocols }, allowed: []string{"http", "https"}, nonEmpty: true, what: `a comma-separated list of "http" and "https"`}},
 	{section: SectionReplicator, key: "valid_proxy_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidProxyProtocols }, allowed: []string{"http", "https", "socks5"}, what: `a comma-separated list of "http", "https" and "socks5"`}},
 	{section: SectionReplicator, key: "valid_endpoint_protocols_log", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.ValidEndpointProtocolsLog }}},

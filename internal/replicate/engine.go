@@ -19,6 +19,7 @@ import (
 	"github.com/couchrep/couchrep/internal/couch"
 	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
+	"github.com/couchrep/couchrep/internal/startlimit"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
@@ -113,6 +114,13 @@ type Options struct {
 	// FeedTransport, if set, wraps the transport of a shared feed's
 	// connections (the node's request metrics).
 	FeedTransport func(http.RoundTripper) http.RoundTripper
+	// Startup, if set, admits the run's start-up: it is called with the
+	// source's server (startlimit.ServerOf) before the first request and
+	// waits for a slot ([replicator] startup_concurrency, the node's
+	// startlimit.Limiter); the run calls the release it returns once its
+	// start-up is through (the infos, the checkpoints and, for a run on
+	// a shared feed, its catch-up), or when it ends.
+	Startup func(ctx context.Context, server string) (release func(), err error)
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -312,9 +320,29 @@ func (r *Replication) closeIdle() {
 	}
 }
 
-// prepare opens the endpoints, computes the replication id and reads the
-// checkpoints: everything before the changes feed.
+// prepare waits for a start-up slot (Options.Startup), opens the
+// endpoints, computes the replication id and reads the checkpoints:
+// everything before the changes feed.
 func (r *Replication) prepare(ctx context.Context) (*runState, error) {
+	release := func() {}
+	if r.o.Startup != nil {
+		rel, err := r.o.Startup(ctx, startlimit.ServerOf(r.p.Source.URL))
+		if err != nil {
+			return nil, err
+		}
+		release = sync.OnceFunc(rel)
+	}
+	st, err := r.open(ctx)
+	if err != nil {
+		release()
+		return nil, err
+	}
+	st.startedUp = release
+	return st, nil
+}
+
+// open is prepare once admitted.
+func (r *Replication) open(ctx context.Context) (*runState, error) {
 	if err := r.openDBs(); err != nil {
 		return nil, err
 	}
@@ -497,6 +525,17 @@ type runState struct {
 
 	cmu   sync.Mutex
 	ended bool // the timers are stopped
+
+	// startedUp gives the run's start-up slot back (Options.Startup;
+	// idempotent, nil without one).
+	startedUp func()
+}
+
+// startupDone ends the run's start-up: its slot goes to the next job.
+func (s *runState) startupDone() {
+	if s.startedUp != nil {
+		s.startedUp()
+	}
 }
 
 func (s *runState) through() couch.Seq {
@@ -629,6 +668,7 @@ func (s *runState) pipeline(ctx context.Context) error {
 	pool := newWorkerPool(pl.ctx, s, pl.abort)
 	bt := newBatcher(s, pool.submit)
 	tm := s.startTimers(ctx, pl.abort)
+	defer s.startupDone()
 
 	err := s.readChanges(pl.ctx, bt)
 	bt.close()

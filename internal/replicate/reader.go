@@ -113,6 +113,7 @@ func (s *runState) readChanges(ctx context.Context, bt *batcher) error {
 	if s.r.sharesFeed() {
 		return cr.shared(ctx)
 	}
+	s.startupDone() // a feed of its own: one request, its catch-up included
 	for {
 		if err := cr.request(ctx); err != nil || cr.done {
 			return err

@@ -167,7 +167,9 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 	}
 	defer sub.Close()
 
-	if caught, err := cr.catchUp(ctx); !caught {
+	caught, err := cr.catchUp(ctx)
+	cr.s.startupDone() // caught up, or failed: the start-up is over either way
+	if !caught {
 		return err // join again (after failed's pause), stop, or give up
 	}
 	caughtUp := cr.since

@@ -1,0 +1,86 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/couchrep/couchrep/internal/sharedfeed"
+)
+
+// TestStartupSlot: a run asks Options.Startup for a slot at its source's
+// server before anything else and gives it back once, whatever the kind of
+// run; a continuous run gives it back while it runs on (once it has read
+// its catch-up), not when it ends; a Startup that fails (the job stopped
+// while waiting) ends the run with its error.
+func TestStartupSlot(t *testing.T) {
+	tests := []struct {
+		name   string
+		extra  string
+		shared bool
+	}{
+		{"continuous on a shared feed", `,"continuous":true`, true},
+		{"continuous on a feed of its own", `,"continuous":true`, false},
+		{"one-shot", ``, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := continuousSource(t)
+			progress, o := progressOptions()
+			if tc.shared {
+				o.Feeds = sharedfeed.New(sharedfeed.Options{})
+			}
+			var mu sync.Mutex
+			var keys []string
+			releases := 0
+			o.Startup = func(ctx context.Context, server string) (func(), error) {
+				mu.Lock()
+				keys = append(keys, server)
+				mu.Unlock()
+				return func() {
+					mu.Lock()
+					releases++
+					mu.Unlock()
+				}, nil
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			New(fakeParams(t, tc.extra, f.URL+"/src", f.URL+"/tgt"), o).Start(ctx, func(_ Result, err error) { done <- err })
+			if tc.extra != "" {
+				awaitWritten(t, progress, done, 1)
+				mu.Lock()
+				if releases != 1 {
+					t.Errorf("slot given back %d times while the continuous run goes on, want once", releases)
+				}
+				mu.Unlock()
+				cancel()
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			u, _ := url.Parse(f.URL)
+			mu.Lock()
+			defer mu.Unlock()
+			if len(keys) != 1 || keys[0] != "http://"+u.Host {
+				t.Errorf("Startup asked for %q, want once for http://%s", keys, u.Host)
+			}
+			if releases != 1 {
+				t.Errorf("slot given back %d times, want once", releases)
+			}
+		})
+	}
+
+	t.Run("refused", func(t *testing.T) {
+		f, _ := continuousSource(t)
+		_, o := progressOptions()
+		stopped := errors.New("job stopped while waiting for a start-up slot")
+		o.Startup = func(context.Context, string) (func(), error) { return nil, stopped }
+		_, err := New(fakeParams(t, `,"continuous":true`, f.URL+"/src", f.URL+"/tgt"), o).Run(context.Background())
+		if !errors.Is(err, stopped) {
+			t.Fatalf("run: %v, want %v", err, stopped)
+		}
+	})
+}
