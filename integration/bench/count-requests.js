@@ -1,0 +1,55 @@
+// Counts the requests a pouchdb-server process serves, at the server:
+// preloaded into it with NODE_OPTIONS="--require <this file>" by the
+// per-user scale test and benchmark (integration/peruser_test.go).
+//
+// Every HTTP request the process receives is counted on arrival and until
+// its response finished or its connection closed: requests in flight now
+// and their peak, continuous/longpoll/eventsource feeds (long-lived, counted
+// apart from the rest) open now and their peak, and the total. GET
+// /_couchrep_requests answers these figures (it is not counted itself);
+// ?reset=1 also starts new peaks from the current values.
+'use strict';
+
+const http = require('http');
+
+const c = {inflight: 0, peak: 0, feeds: 0, peak_feeds: 0, total: 0};
+const emit = http.Server.prototype.emit;
+
+http.Server.prototype.emit = function (ev, req, res) {
+  if (ev !== 'request') {
+    return emit.apply(this, arguments);
+  }
+  if (req.url.startsWith('/_couchrep_requests')) {
+    res.writeHead(200, {'Content-Type': 'application/json'});
+    res.end(JSON.stringify(c));
+    if (req.url.indexOf('reset=1') !== -1) {
+      c.peak = c.inflight;
+      c.peak_feeds = c.feeds;
+    }
+    return true;
+  }
+  const feed = /[?&]feed=(continuous|longpoll|eventsource)/.test(req.url);
+  c.total++;
+  if (feed) {
+    c.feeds++;
+    c.peak_feeds = Math.max(c.peak_feeds, c.feeds);
+  } else {
+    c.inflight++;
+    c.peak = Math.max(c.peak, c.inflight);
+  }
+  let done = false;
+  const end = () => {
+    if (done) {
+      return;
+    }
+    done = true;
+    if (feed) {
+      c.feeds--;
+    } else {
+      c.inflight--;
+    }
+  };
+  res.on('finish', end);
+  res.on('close', end);
+  return emit.apply(this, arguments);
+};
