@@ -64,7 +64,7 @@ FUZZ_TIME    ?= 30s
 FUZZ_TARGETS := internal/couch:FuzzScanValue internal/couch:FuzzChangesFeed internal/couch:FuzzOpenRevs \
                 internal/couch:FuzzBulkGet internal/replicate:FuzzParseReplicateRequest \
                 internal/replicate:FuzzCheckpointReader internal/httpapi:FuzzRouter internal/config:FuzzParse \
-                internal/mango:FuzzMatch
+                internal/mango:FuzzMatch internal/couch:FuzzDBUpdatesFeed
 fuzz: ## run every fuzz target for FUZZ_TIME (30s) each; a crasher is written to the package's testdata/fuzz: fix it and commit it as a regression seed
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg), $(FUZZ_TIME)"; \
