@@ -127,6 +127,9 @@ func TestHTTPAPIBadInputLeavesNodeUnharmed(t *testing.T) {
 	}
 	if r := api(t, addr, "GET", "/_up", ""); r.status != 200 || r.obj(t)["status"] != "ok" {
 		t.Fatalf("/_up: %d %s", r.status, r.body)
+	} else if _, ok := r.obj(t)["db_updates"].(map[string]any); !ok {
+		// use_db_updates is on by default: the node has a hub, no server yet.
+		t.Fatalf("/_up without db_updates: %s", r.body)
 	}
 	if r := api(t, addr, "GET", "/_scheduler/jobs", ""); r.status != 200 || r.obj(t)["total_rows"] != 0.0 {
 		t.Fatalf("jobs after bad input: %d %s", r.status, r.body)
