@@ -39,7 +39,11 @@ type DBUpdatesOptions struct {
 	// (CouchDB sends no headers before its first row or heartbeat, so a
 	// feed without one may wait for ever); it also arms the stall detector
 	// of _changes feeds (nothing received for 2×Heartbeat+5 s ends the
-	// request with ErrFeedStalled). Zero means 10 s.
+	// request with ErrFeedStalled). Zero means 10 s. It is lowered to a
+	// third of the DB's Limits.ReadTimeout (connection_timeout) when that
+	// is shorter: CouchDB sends a heartbeat once more than Heartbeat passed
+	// at a check every Heartbeat, so up to 2×Heartbeat apart, and the
+	// first one carries the headers.
 	Heartbeat time.Duration
 	// StallAfter, when set, replaces the stall detector's 2×Heartbeat+5 s.
 	StallAfter time.Duration
@@ -66,6 +70,9 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 	hb := opts.Heartbeat
 	if hb <= 0 {
 		hb = 10 * time.Second
+	}
+	if rt := d.lim.ReadTimeout; rt > 0 && hb > rt/3 {
+		hb = max(rt/3, 100*time.Millisecond)
 	}
 	lastSeq = opts.Since
 	q := []string{"feed", FeedContinuous, "heartbeat", strconv.FormatInt(max(hb.Milliseconds(), 1), 10)}

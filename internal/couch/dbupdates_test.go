@@ -96,6 +96,15 @@ func TestDBUpdatesRequest(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("requests %q, want %q", got, want)
 	}
+	// The heartbeat stays within a third of connection_timeout.
+	got = nil
+	short := NewDB(ep, Options{Limits: Limits{ReadTimeout: 3 * time.Second}})
+	if _, err := short.DBUpdates(context.Background(), &DBUpdatesOptions{Since: seq}, func(DBUpdate) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if want := "/prefix/_db_updates?feed=continuous&heartbeat=1000&since=5-a"; len(got) != 1 || got[0] != want {
+		t.Fatalf("requests %q, want %q", got, want)
+	}
 	// A refusal is an *HTTPError, without the credentials.
 	_, err = d.DBUpdates(context.Background(), &DBUpdatesOptions{}, func(DBUpdate) error { return nil })
 	var he *HTTPError
