@@ -43,6 +43,32 @@ func (r *Replication) sharesFeed() bool {
 	return err == nil
 }
 
+// ErrNoSharedFeed is WatchFeed's error for a replication that does not
+// share its source's feed.
+var ErrNoSharedFeed = errors.New("replication: does not share its source's feed")
+
+// WatchFeed opens the wake-up of a parked run of p on the node's shared
+// feed of its source (o.Feeds): a watch with the run's filter (its
+// doc_ids, its selector evaluated on the node, or none), which fires when
+// the feed reads a row a run would replicate, or when the feed fails (the
+// watch's Err). A parked job's whole footprint on the feed is the watch;
+// thousands of fan-out jobs of one source hold one feed. The watch sees
+// the changes made after WatchFeed returns: whoever parks must still look
+// for changes between its checkpoint and then. ErrNoSharedFeed when a run
+// of p would read a feed of its own (one-shot, a named filter, a selector
+// the node leaves to the source, no hub).
+func WatchFeed(ctx context.Context, p Params, o Options) (*sharedfeed.Watch, error) {
+	r := &Replication{p: p, o: o, log: o.Logger}
+	if !r.sharesFeed() {
+		return nil, ErrNoSharedFeed
+	}
+	filter, err := r.feedFilter()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNoSharedFeed, err)
+	}
+	return o.Feeds.Watch(ctx, r.feedSource(), filter)
+}
+
 // feedFilter is the filter of the run's subscription to its shared feed;
 // an error when the run cannot share.
 func (r *Replication) feedFilter() (sharedfeed.Filter, error) {
@@ -79,23 +105,34 @@ func (r *Replication) feedSource() sharedfeed.Source {
 		IncludeDocs       bool
 	}{p.Source, p.SocketOptions, p.ConnectionTimeout, p.RetriesPerRequest, opts.Style, docs})
 	sum := sha256.Sum256(key)
+	name := "" // for logs, credentials redacted
+	if r.src != nil {
+		name = r.src.String()
+	} else if ep, err := endpointOf(p.Source); err == nil {
+		name = ep.String()
+	}
 	return sharedfeed.Source{
 		Key:         hex.EncodeToString(sum[:]),
-		Name:        r.src.String(),
+		Name:        name,
 		Style:       opts.Style,
 		Heartbeat:   opts.Heartbeat,
 		IncludeDocs: docs,
 		Open: func(log zerolog.Logger) (*couch.DB, func(), error) {
-			return openFeedDB(p, o, docs, log)
+			return openFeed(p, o, docs, log)
 		},
 	}
 }
 
 // openFeedDB opens the source of p for a shared feed, with connections of
-// its own (a job's lease ends with the job; the feed outlives it). A feed
+// its own (a job's lease ends with the job; the feed outlives it).
+func openFeedDB(p Params, o Options, log zerolog.Logger) (*couch.DB, func(), error) {
+	return openFeed(p, o, false, log)
+}
+
+// openFeed is openFeedDB for a feed with documents (docs) or without: one
 // with documents takes rows up to max_document_bytes (a row is then a
 // document) when that is more than max_changes_row_bytes.
-func openFeedDB(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, func(), error) {
+func openFeed(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, func(), error) {
 	ep, err := endpointOf(p.Source)
 	if err != nil {
 		return nil, nil, err
