@@ -42,6 +42,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	clog "github.com/couchrep/couchrep/internal/log"
+	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
@@ -139,7 +140,9 @@ type Node struct {
 	// dbUpdates are the node's _db_updates feeds that wake parked jobs
 	// (nil when use_db_updates is off).
 	dbUpdates *dbupdates.Hub
-	router    *router.Router
+	// rechecks paces the safety net of the node's parked jobs.
+	rechecks *park.Rechecks
+	router   *router.Router
 
 	stopOnce sync.Once
 	stopped  chan struct{}
@@ -226,6 +229,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		n.dbUpdates = dbupdates.New(dbupdates.Options{Logger: n.log})
 		metrics.ObserveDBUpdates(n.dbUpdates.Stats)
 	}
+	n.rechecks = park.NewRechecks(park.DefaultRate)
 	store = timedStore{Database: store, m: metrics}
 	n.deps = actors.Deps{
 		Config:  cfg,
@@ -316,7 +320,8 @@ func (n *Node) spec() supervisor.Spec {
 			pool,               // connection_pool: per-endpoint HTTP connection leases
 			limiter,            // rate_limiter: per-endpoint AIMD intervals on 429s
 			sched,              // scheduler: what should run (rotation, shares, max_jobs)
-			jobserver.Spec(d, jobserver.Wiring{Scheduler: pid(sched), Pool: pid(pool), Limiter: pid(limiter), Feeds: n.feeds}, n.jobs),
+			jobserver.Spec(d, jobserver.Wiring{Scheduler: pid(sched), Pool: pid(pool), Limiter: pid(limiter), Feeds: n.feeds,
+				DBUpdates: n.dbUpdates, Rechecks: n.rechecks}, n.jobs),
 			activitymonitor.Spec(d), // activity_monitor: requeues jobs of silent workers
 			docprocessor.Spec(d),    // doc_processor: _replicator documents -> jobs
 			httpserver.Spec(d),      // http_api: CouchDB's replicator HTTP API

@@ -285,7 +285,10 @@ type JobSummary struct {
 	// Newest first.
 	History []*JobEvent `protobuf:"bytes,15,rep,name=history,proto3" json:"history,omitempty"`
 	// "transient" (POST /_replicate) or "persistent" (_replicator document).
-	Kind          string `protobuf:"bytes,16,opt,name=kind,proto3" json:"kind,omitempty"`
+	Kind string `protobuf:"bytes,16,opt,name=kind,proto3" json:"kind,omitempty"`
+	// When the running job parked (idle, its feed closed until its source
+	// changes); unset while it replicates or is not running.
+	ParkedSince   *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -430,6 +433,13 @@ func (x *JobSummary) GetKind() string {
 		return x.Kind
 	}
 	return ""
+}
+
+func (x *JobSummary) GetParkedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ParkedSince
+	}
+	return nil
 }
 
 // ListJobsRequest filters the job list; empty fields match everything.
@@ -2249,7 +2259,7 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"start_from\x18\n" +
 	" \x01(\tR\tstartFrom\x12\x1b\n" +
-	"\tstart_seq\x18\v \x01(\tR\bstartSeq\"\xad\x04\n" +
+	"\tstart_seq\x18\v \x01(\tR\bstartSeq\"\xec\x04\n" +
 	"\n" +
 	"JobSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
@@ -2272,7 +2282,8 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"errorCount\x12+\n" +
 	"\x05stats\x18\x0e \x01(\v2\x15.couchrep.v1.JobStatsR\x05stats\x12/\n" +
 	"\ahistory\x18\x0f \x03(\v2\x15.couchrep.v1.JobEventR\ahistory\x12\x12\n" +
-	"\x04kind\x18\x10 \x01(\tR\x04kind\"\x87\x01\n" +
+	"\x04kind\x18\x10 \x01(\tR\x04kind\x12=\n" +
+	"\fparked_since\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\"\x87\x01\n" +
 	"\x0fListJobsRequest\x12.\n" +
 	"\x06states\x18\x01 \x03(\x0e2\x16.couchrep.v1.JobStatusR\x06states\x12\x1a\n" +
 	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x12\n" +
@@ -2482,58 +2493,59 @@ var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	41, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
 	42, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
-	1,  // 5: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
-	3,  // 6: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
-	3,  // 7: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
-	3,  // 8: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
-	3,  // 9: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	38, // 10: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	39, // 11: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	40, // 12: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	41, // 13: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	27, // 14: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
-	29, // 15: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
-	41, // 16: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
-	30, // 17: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
-	41, // 18: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
-	35, // 19: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
-	43, // 20: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	43, // 21: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	44, // 22: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	45, // 23: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
-	4,  // 24: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
-	6,  // 25: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
-	8,  // 26: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
-	10, // 27: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
-	12, // 28: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
-	14, // 29: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
-	16, // 30: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
-	18, // 31: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
-	20, // 32: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
-	22, // 33: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
-	24, // 34: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
-	26, // 35: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
-	36, // 36: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	46, // 37: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	47, // 38: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	5,  // 39: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
-	7,  // 40: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
-	9,  // 41: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
-	11, // 42: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
-	13, // 43: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
-	15, // 44: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
-	17, // 45: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
-	19, // 46: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
-	21, // 47: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
-	23, // 48: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
-	25, // 49: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
-	28, // 50: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	37, // 51: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
-	37, // [37:52] is the sub-list for method output_type
-	22, // [22:37] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	41, // 5: couchrep.v1.JobSummary.parked_since:type_name -> google.protobuf.Timestamp
+	1,  // 6: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
+	3,  // 7: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
+	3,  // 8: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 9: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 10: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
+	38, // 11: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	39, // 12: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	40, // 13: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	41, // 14: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	27, // 15: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
+	29, // 16: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
+	41, // 17: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
+	30, // 18: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
+	41, // 19: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
+	35, // 20: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
+	43, // 21: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	43, // 22: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	44, // 23: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	45, // 24: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	4,  // 25: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
+	6,  // 26: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
+	8,  // 27: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
+	10, // 28: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
+	12, // 29: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
+	14, // 30: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
+	16, // 31: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
+	18, // 32: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
+	20, // 33: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
+	22, // 34: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
+	24, // 35: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
+	26, // 36: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
+	36, // 37: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	46, // 38: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	47, // 39: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	5,  // 40: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	7,  // 41: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	9,  // 42: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	11, // 43: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	13, // 44: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	15, // 45: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	17, // 46: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	19, // 47: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	21, // 48: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	23, // 49: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	25, // 50: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	28, // 51: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	37, // 52: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	38, // [38:53] is the sub-list for method output_type
+	23, // [23:38] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_admin_proto_init() }

@@ -403,7 +403,11 @@ type ReplicationJob struct {
 	// filter is detected when the job next starts.
 	FilterCode string `protobuf:"bytes,24,opt,name=filter_code,json=filterCode,proto3" json:"filter_code,omitempty"`
 	// Consecutive crashes (the error_count of _scheduler/docs).
-	ErrorCount    int32 `protobuf:"varint,25,opt,name=error_count,json=errorCount,proto3" json:"error_count,omitempty"`
+	ErrorCount int32 `protobuf:"varint,25,opt,name=error_count,json=errorCount,proto3" json:"error_count,omitempty"`
+	// When the running job parked: idle, checkpointed, its feed closed,
+	// waiting for its source to change ([replicator] idle_park_after); unset
+	// while it replicates and whenever it is not running.
+	ParkedSince   *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -611,6 +615,13 @@ func (x *ReplicationJob) GetErrorCount() int32 {
 		return x.ErrorCount
 	}
 	return 0
+}
+
+func (x *ReplicationJob) GetParkedSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ParkedSince
+	}
+	return nil
 }
 
 // ReplicationJobEvent is published on the actor system's event stream when
@@ -1109,7 +1120,7 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\n" +
 	"start_from\x18\f \x01(\tR\tstartFrom\x12\x1b\n" +
 	"\tstart_seq\x18\r \x01(\tR\bstartSeqB\x12\n" +
-	"\x10_changes_pending\"\x86\a\n" +
+	"\x10_changes_pending\"\xc5\a\n" +
 	"\x0eReplicationJob\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.couchrep.v1.ReplicationKindR\x04kind\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1143,7 +1154,8 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\vfilter_code\x18\x18 \x01(\tR\n" +
 	"filterCode\x12\x1f\n" +
 	"\verror_count\x18\x19 \x01(\x05R\n" +
-	"errorCount\"\xec\x03\n" +
+	"errorCount\x12=\n" +
+	"\fparked_since\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\"\xec\x03\n" +
 	"\x13ReplicationJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x15\n" +
 	"\x06rep_id\x18\x02 \x01(\tR\x05repId\x120\n" +
@@ -1239,18 +1251,19 @@ var file_couchrep_v1_replication_proto_depIdxs = []int32{
 	12, // 5: couchrep.v1.ReplicationJob.last_updated:type_name -> google.protobuf.Timestamp
 	12, // 6: couchrep.v1.ReplicationJob.last_started:type_name -> google.protobuf.Timestamp
 	12, // 7: couchrep.v1.ReplicationJob.finished_at:type_name -> google.protobuf.Timestamp
-	0,  // 8: couchrep.v1.ReplicationJobEvent.kind:type_name -> couchrep.v1.ReplicationKind
-	1,  // 9: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
-	3,  // 10: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
-	12, // 11: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
-	12, // 12: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 13: couchrep.v1.JobControl.action:type_name -> couchrep.v1.JobControl.Action
-	12, // 14: couchrep.v1.JobControl.requested_at:type_name -> google.protobuf.Timestamp
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	12, // 8: couchrep.v1.ReplicationJob.parked_since:type_name -> google.protobuf.Timestamp
+	0,  // 9: couchrep.v1.ReplicationJobEvent.kind:type_name -> couchrep.v1.ReplicationKind
+	1,  // 10: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
+	3,  // 11: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
+	12, // 12: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
+	12, // 13: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 14: couchrep.v1.JobControl.action:type_name -> couchrep.v1.JobControl.Action
+	12, // 15: couchrep.v1.JobControl.requested_at:type_name -> google.protobuf.Timestamp
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_replication_proto_init() }

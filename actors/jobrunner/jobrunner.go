@@ -40,7 +40,9 @@ import (
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/connpool"
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/dbupdates"
 	clog "github.com/couchrep/couchrep/internal/log"
+	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -114,6 +116,19 @@ type Options struct {
 	// Startup, if set, admits the engine's start-up
 	// (replicate.Options.Startup).
 	Startup func(ctx context.Context, server string) (release func(), err error)
+	// DBUpdates, if set, is the node's hub of _db_updates feeds
+	// ([replicator] use_db_updates): a continuous job of a whole source
+	// database (replicate.ParksOnDBUpdates) parks after idle_park_after
+	// without a change, woken by its source server's feed. Where the
+	// server's _db_updates cannot be read the job keeps its feed.
+	DBUpdates *dbupdates.Hub
+	// Wake, if set, opens the wake-up source of a job that may park,
+	// instead of DBUpdates (tests, and sources other than _db_updates): a
+	// nil Wake and a nil error mean the job does not park.
+	Wake func(ctx context.Context, p replicate.Params, o replicate.Options) (park.Wake, error)
+	// Rechecks paces the rechecks of the node's parked jobs (park_recheck);
+	// nil: park.DefaultRate a second for this job alone.
+	Rechecks *park.Rechecks
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
@@ -457,11 +472,27 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	a.mu.Unlock()
 
 	continuous := p.Continuous
-	done := func(res replicate.Result, err error) {
+	pk := a.parking(runCtx, p, o)
+	var start func()
+	var done func(res replicate.Result, err error)
+	done = func(res replicate.Result, err error) {
+		if err == nil && res.Parked != nil {
+			a.mu.Lock()
+			stopping := a.stopReason != ""
+			a.mu.Unlock()
+			if !stopping && runCtx.Err() == nil {
+				// The engine's goroutine ends here; one of the job's own
+				// waits while it is parked.
+				go pk.wait(runCtx, res, start, done)
+				return
+			}
+			res.Parked = nil // stopped as it parked: it ends as a stop
+		}
 		a.mu.Lock()
 		a.cancelRun = nil
 		stopped := a.stopReason
 		a.mu.Unlock()
+		pk.close()
 		if pw.stop() {
 			a.exit(system, self, nil) // the job was taken away: nothing more to write
 			return
@@ -473,11 +504,17 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		cancelRun()
 		a.exit(system, self, err)
 	}
-	if a.o.Engine != nil {
-		done(a.o.Engine(runCtx, p, o))
-		return errHandedOff
+	start = func() {
+		if pk != nil {
+			o.Park = pk.enabled()
+		}
+		if a.o.Engine != nil {
+			done(a.o.Engine(runCtx, p, o))
+			return
+		}
+		replicate.New(p, o).Start(runCtx, done)
 	}
-	replicate.New(p, o).Start(runCtx, done)
+	start()
 	return errHandedOff
 }
 

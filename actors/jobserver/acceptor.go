@@ -244,6 +244,8 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		MissingDocRetry:     a.deps.Config.Replicator.MissingDocRetry,
 		Feeds:               a.w.Feeds,
 		Startup:             a.reg.startup.Acquire,
+		DBUpdates:           a.w.DBUpdates,
+		Rechecks:            a.w.Rechecks,
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine

@@ -38,6 +38,8 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/jobrunner"
+	"github.com/couchrep/couchrep/internal/dbupdates"
+	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
@@ -64,6 +66,12 @@ type Wiring struct {
 	// Feeds is the node's hub of shared changes feeds ([replicator]
 	// share_changes_feeds); nil: every job reads a feed of its own.
 	Feeds *sharedfeed.Hub
+	// DBUpdates is the node's hub of _db_updates feeds ([replicator]
+	// use_db_updates), which wakes parked jobs; nil: no job parks.
+	DBUpdates *dbupdates.Hub
+	// Rechecks paces the safety net of the node's parked jobs
+	// (park_recheck); nil: each job paces its own.
+	Rechecks *park.Rechecks
 }
 
 // Options tune the acceptor (tests).

@@ -171,6 +171,7 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 		header = "ID\tSTATE\tNODE\tDOCS_WRITTEN\tDOCS/S\tPENDING\tERRORS\tSTARTED_FROM\tUPDATED\tSOURCE\tTARGET"
 	}
 	fmt.Fprintln(tw, header)
+	parked := 0
 	for _, j := range resp.GetJobs() {
 		pending := "-"
 		if p := j.GetStats().GetChangesPending(); p >= 0 {
@@ -180,7 +181,12 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 		if node == "" {
 			node = "-"
 		}
-		cols := []string{j.GetId(), admin.StatusName(j.GetStatus()), node, fmt.Sprint(j.GetStats().GetDocsWritten())}
+		state := admin.StatusName(j.GetStatus())
+		if j.GetParkedSince() != nil {
+			state += "/PARKED" // running, its feed closed until its source changes
+			parked++
+		}
+		cols := []string{j.GetId(), state, node, fmt.Sprint(j.GetStats().GetDocsWritten())}
 		if prev != nil {
 			rate := "-"
 			if before, ok := prev[j.GetId()]; ok && elapsed > 0 && j.GetStats().GetDocsWritten() >= before {
@@ -193,6 +199,10 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 		fmt.Fprintln(tw, strings.Join(cols, "\t"))
 	}
 	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if parked > 0 {
+		_, err := fmt.Fprintf(w, "%d of %d job(s), %d of them parked (running, feed closed until the source changes)\n", len(resp.GetJobs()), resp.GetTotal(), parked)
 		return err
 	}
 	_, err := fmt.Fprintf(w, "%d of %d job(s)\n", len(resp.GetJobs()), resp.GetTotal())
@@ -230,6 +240,9 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	}
 	if j.GetStartTime() != nil {
 		row("started", j.GetStartTime().AsTime().UTC().Format(time.RFC3339))
+	}
+	if ps := j.GetParkedSince(); ps != nil {
+		row("parked_since", ps.AsTime().UTC().Format(time.RFC3339)+" ("+age(now, ps, true)+" ago: idle, its feed closed until its source changes)")
 	}
 	if j.GetLastUpdated() != nil {
 		row("updated", j.GetLastUpdated().AsTime().UTC().Format(time.RFC3339)+" ("+age(now, j.GetLastUpdated(), true)+" ago)")

@@ -61,6 +61,7 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 		Kind:          strings.ToLower(strings.TrimPrefix(r.GetKind().String(), "REPLICATION_KIND_")),
 	}
 	if st == repjob.StateRunning {
+		s.ParkedSince = r.GetParkedSince()
 		s.Node = r.WorkerNode
 		if s.Node == "" {
 			s.Node = r.GetNode()

@@ -249,6 +249,19 @@ type Replicator struct {
 	// server; the others wait their turn, running (startup_concurrency,
 	// 20; a couchrep key; 0: no limit).
 	StartupConcurrency int
+	// IdleParkAfter parks a continuous replication that has had no change
+	// for this long (idle_park_after, 60 s; 0 never parks; a couchrep key):
+	// its feed, workers and connections are closed and it waits for its
+	// source to change (the source server's _db_updates feed, and
+	// ParkRecheck), then resumes from its checkpoint. Only jobs without a
+	// filter, doc_ids or selector park, and only where the source server's
+	// _db_updates can be read.
+	IdleParkAfter time.Duration
+	// ParkRecheck is how often a parked job re-reads its source database's
+	// update_seq, in case an event of _db_updates was lost (park_recheck,
+	// 600 s; a couchrep key): each job's rechecks are jittered, and the
+	// node sends at most ParkRecheckRate of them per second overall.
+	ParkRecheck time.Duration
 
 	// ValidEndpointProtocols are the URL schemes accepted for sources and
 	// targets (valid_endpoint_protocols, "http,https").
@@ -448,6 +461,8 @@ func Default() Config {
 			ShareChangesFeeds:  true,
 			UseDBUpdates:       true,
 			StartupConcurrency: 20,
+			IdleParkAfter:      60 * time.Second,
+			ParkRecheck:        600 * time.Second,
 
 			ValidEndpointProtocols:   []string{"http", "https"},
 			ValidProxyProtocols:      []string{"http", "https", "socks5"},

@@ -92,6 +92,8 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.share_changes_feeds":           "true", // couchrep's own key
 		"replicator.use_db_updates":                "true", // couchrep's own key
 		"replicator.startup_concurrency":           "20",   // couchrep's own key
+		"replicator.idle_park_after":               "60",   // couchrep's own key
+		"replicator.park_recheck":                  "600",  // couchrep's own key
 		"ssl.enable":                               "false",
 		"ssl.cert_file":                            "",
 		"ssl.key_file":                             "",

@@ -93,6 +93,8 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "share_changes_feeds", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.ShareChangesFeeds }}},
 	{section: SectionReplicator, key: "use_db_updates", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.UseDBUpdates }}},
 	{section: SectionReplicator, key: "startup_concurrency", v: intValue{p: func(c *Config) *int { return &c.Replicator.StartupConcurrency }, min: 0, max: maxInt}},
+	{section: SectionReplicator, key: "idle_park_after", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.IdleParkAfter }, unit: time.Second}},
+	{section: SectionReplicator, key: "park_recheck", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.ParkRecheck }, unit: time.Second, min: time.Second}},
 	{section: SectionReplicator, key: "valid_endpoint_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidEndpointProtocols }, allowed: []string{"http", "https"}, nonEmpty: true, what: `a comma-separated list of "http" and "https"`}},
 	{section: SectionReplicator, key: "valid_proxy_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidProxyProtocols }, allowed: []string{"http", "https", "socks5"}, what: `a comma-separated list of "http", "https" and "socks5"`}},
 	{section: SectionReplicator, key: "valid_endpoint_protocols_log", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.ValidEndpointProtocolsLog }}},

@@ -20,6 +20,8 @@ import (
 //   - couchrep_replication_jobs{kind,server,database,state}: jobs in the shared
 //     store by state (read from the store at scrape time, so every node
 //     shows the whole cluster);
+//   - couchrep_replication_jobs_parked{kind,server,database}: running jobs
+//     in the shared store that are parked (idle_park_after);
 //   - couchrep_replication_docs_written{kind,server,database}: docs_written summed
 //     over the jobs in the store;
 //   - couchrep_replication_docs_written_total: documents written by this
@@ -204,12 +206,15 @@ var (
 	storeDocsDesc = prometheus.NewDesc("couchrep_replication_docs_written",
 		"docs_written summed over the replication jobs in the shared store.",
 		[]string{"kind", "server", "database"}, nil)
+	parkedDesc = prometheus.NewDesc("couchrep_replication_jobs_parked",
+		"Running replication jobs in the shared store that are parked (idle, their changes feed closed until their source changes), by kind, watched server and _replicator database.",
+		[]string{"kind", "server", "database"}, nil)
 	scrapeErrDesc = prometheus.NewDesc("couchrep_replication_jobs_scrape_error",
 		"1 if the job store could not be read for this scrape.", nil, nil)
 )
 
 func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, jobsDesc, storeDocsDesc, scrapeErrDesc, pendingDesc, shareWeightDesc, shareUsageDesc, shareEntitledDesc)
+	describe(ch, jobsDesc, parkedDesc, storeDocsDesc, scrapeErrDesc, pendingDesc, shareWeightDesc, shareUsageDesc, shareEntitledDesc)
 }
 
 func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -229,6 +234,7 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	// Transient jobs always have series, so that an empty store shows 0.
 	written := map[key]int64{{kind: "transient"}: 0}
 	pending := map[key]int64{{kind: "transient"}: 0}
+	parked := map[key]int{}
 	for _, j := range jobs {
 		k := key{kind: "persistent", server: j.Server, db: j.Database}
 		if j.Transient {
@@ -238,6 +244,9 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 			written[k] += j.Stats.DocsWritten
 		} else if _, ok := written[k]; !ok {
 			written[k] = 0
+		}
+		if j.Parked() {
+			parked[k]++
 		}
 		if j.State == repjob.StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
 			pending[k] += *j.Stats.ChangesPending
@@ -262,6 +271,7 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for k, n := range written {
 		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(parked[k]), k.kind, k.server, k.db)
 	}
 	for k, n := range pending {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)

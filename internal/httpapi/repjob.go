@@ -165,6 +165,7 @@ func JobFromRecord(r *repjob.Record) *Job {
 		LastUpdated: goTime(m.GetLastUpdated()),
 		LastStarted: goTime(m.GetLastStarted()),
 		FinishedAt:  goTime(m.GetFinishedAt()),
+		ParkedSince: goTime(m.GetParkedSince()),
 		Result:      m.GetResult(),
 		Stats:       m.GetStats(),
 	}

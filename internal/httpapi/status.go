@@ -133,6 +133,9 @@ type statusJob struct {
 	ErrorCount  int       `json:"error_count"`
 	LastError   string    `json:"last_error"`
 	Updated     string    `json:"updated"`
+	// Parked: the job is running parked (its feed closed until its
+	// source changes).
+	Parked bool `json:"parked"`
 }
 
 type statusShare struct {
@@ -180,8 +183,12 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 		}
 		return jobs[a].JobID < jobs[b].JobID
 	})
+	out.Counts["parked"] = 0 // of the running ones
 	for _, j := range jobs {
 		out.Counts[j.State.String()]++
+		if j.Parked() {
+			out.Counts["parked"]++
+		}
 		out.Jobs = append(out.Jobs, statusJobOf(j, samples[j.JobID]))
 	}
 	var weights map[string]int
@@ -222,7 +229,7 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 func statusJobOf(j *Job, sm *jobSamples) statusJob {
 	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State.String(), Kind: "persistent", Server: j.Server, Database: j.Database, DocID: j.DocID,
 		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
-		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}}
+		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}, Parked: j.Parked()}
 	if j.Transient {
 		v.Kind = "transient"
 	}

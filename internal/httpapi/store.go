@@ -58,6 +58,9 @@ type Job struct {
 	// CreatedAt, LastUpdated, LastStarted and FinishedAt are zero when
 	// unknown.
 	CreatedAt, LastUpdated, LastStarted, FinishedAt time.Time
+	// ParkedSince is when the running job parked (idle, its feed closed,
+	// waiting for its source to change); zero while it replicates.
+	ParkedSince time.Time
 	// Result is CouchDB's POST /_replicate reply of a completed one-shot
 	// replication.
 	Result json.RawMessage

@@ -343,11 +343,30 @@ func statsJSON(st *messages.ReplicationStats) map[string]any {
 // CouchDB's job_summary: a running job's stats, all zero until its first
 // report (CouchDB's job has them once it started); null for a job that
 // never ran.
+//
+// A parked job (running, idle, its feed closed until its source changes)
+// has "parked": true and "parked_since" (ISO 8601) besides its stats.
 func infoJSON(j *Job) map[string]any {
 	if j.Stats == nil && j.State == repjob.StateRunning {
-		return statsJSON(&messages.ReplicationStats{})
+		return withParked(j, statsJSON(&messages.ReplicationStats{}))
 	}
-	return statsJSON(j.Stats)
+	return withParked(j, statsJSON(j.Stats))
+}
+
+// Parked reports whether the job is running parked.
+func (j *Job) Parked() bool { return j.State == repjob.StateRunning && !j.ParkedSince.IsZero() }
+
+// withParked adds a parked job's "parked" and "parked_since" to m.
+func withParked(j *Job, m map[string]any) map[string]any {
+	if !j.Parked() {
+		return m
+	}
+	if m == nil {
+		m = map[string]any{}
+	}
+	m["parked"] = true
+	m["parked_since"] = schedpolicy.ISO8601(j.ParkedSince)
+	return m
 }
 
 // foldedStates are CouchDB 2.x/3.x states _scheduler/docs accepts as a
@@ -552,6 +571,7 @@ func (s *Server) activeTasks(w http.ResponseWriter, r *http.Request, _ string) e
 		}
 		t["started_on"] = started.Unix()
 		t["updated_on"] = j.LastUpdated.Unix()
+		withParked(j, t)
 		out = append(out, t)
 	}
 	writeJSON(w, http.StatusOK, out)

@@ -123,6 +123,7 @@ func (r *Run) Start(ctx context.Context, node string) error {
 		m.State = StateRunning.Proto()
 		m.Node = node
 		m.LastStarted = ts(now)
+		m.ParkedSince = nil
 		h := schedpolicy.HistoryFromProto(m.History).Append(schedpolicy.Event{Type: schedpolicy.EventStarted, At: now},
 			r.s.Policy().MaxHistory)
 		m.History = h.Proto()
@@ -209,6 +210,20 @@ func (r *Run) Progress(ctx context.Context, st replicate.Stats) error {
 	}, r.j.UpdateTx)
 }
 
+// Park records that the running job parked at since (a zero time: it
+// resumed), with its stats then. The job stays running; the views show it
+// parked until it resumes or its run ends.
+func (r *Run) Park(ctx context.Context, since time.Time, st replicate.Stats) error {
+	return r.write(ctx, "park", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
+		m.ParkedSince = nil
+		if !since.IsZero() {
+			m.ParkedSince = ts(since)
+			m.Stats = StatsProto(st)
+		}
+		return nil
+	}, r.j.UpdateTx)
+}
+
 // Complete finishes a one-shot job that replicated everything: state
 // completed, with its final stats and CouchDB's POST /_replicate reply.
 func (r *Run) Complete(ctx context.Context, res replicate.Result) error {
@@ -231,6 +246,7 @@ func (r *Run) finish(ctx context.Context, what string, st State, reason string,
 		m.State = st.Proto()
 		m.LastError = reason
 		m.FinishedAt = ts(now)
+		m.ParkedSince = nil
 		if extra != nil {
 			extra(m)
 		}
@@ -279,6 +295,7 @@ func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.Rep
 	var opts jobqueue.ResubmitOptions
 	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
 		opts = jobqueue.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
+		m.ParkedSince = nil
 		if err := l.chargeRun(m.ShareKey, r.ranFrom(m, now), now); err != nil {
 			return err
 		}

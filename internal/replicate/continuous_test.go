@@ -30,6 +30,7 @@ type feedServer struct {
 
 	mu       sync.Mutex
 	requests []string // raw queries, in order
+	open     int      // feeds being answered
 	beats    int
 	beat     chan struct{} // signalled after each heartbeat
 	drop     chan struct{}
@@ -53,6 +54,13 @@ func (fs *feedServer) counts() (requests, beats int) {
 	return len(fs.requests), fs.beats
 }
 
+// openFeeds is the number of feeds being answered.
+func (fs *feedServer) openFeeds() int {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.open
+}
+
 // dropFeeds ends every open feed as a broken connection would.
 func (fs *feedServer) dropFeeds() {
 	fs.mu.Lock()
@@ -68,8 +76,14 @@ func (fs *feedServer) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 	fs.mu.Lock()
 	fs.requests = append(fs.requests, r.URL.RawQuery)
+	fs.open++
 	drop := fs.drop
 	fs.mu.Unlock()
+	defer func() {
+		fs.mu.Lock()
+		fs.open--
+		fs.mu.Unlock()
+	}()
 	sent := 0
 	fmt.Sscanf(r.URL.Query().Get("since"), "%d", &sent)
 	timeout := time.Minute

@@ -121,6 +121,12 @@ type Options struct {
 	// start-up is through (the infos, the checkpoints and, for a run on
 	// a shared feed, its catch-up), or when it ends.
 	Startup func(ctx context.Context, server string) (release func(), err error)
+	// Park lets a continuous run park (Params.IdleParkAfter): after that
+	// long without a change, with nothing in flight and its feed working,
+	// it records its checkpoint, closes its feed and returns with
+	// Result.Parked set and a nil error. The caller, which can tell when
+	// the source changes, waits for that and starts a new run.
+	Park bool
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -136,6 +142,10 @@ type Result struct {
 	NoChanges bool
 	// Stats are the final counters.
 	Stats Stats
+	// Parked is set when a continuous run parked (Options.Park): it
+	// ended idle, checkpointed, to be started again when its source
+	// changes.
+	Parked *Parked
 }
 
 // Replication is one replication job's engine. Build it with New and call
@@ -522,6 +532,10 @@ type runState struct {
 	noPending    bool // the source answered PendingSince without "pending"
 	// tm are the run's timers once started (pokeProgress).
 	tm *runTimers
+	// bt is the run's batcher once the pipeline runs; park is its idle
+	// state (Options.Park).
+	bt   *batcher
+	park parking
 
 	cmu   sync.Mutex
 	ended bool // the timers are stopped
@@ -667,6 +681,10 @@ func (s *runState) pipeline(ctx context.Context) error {
 	pl.ctx, pl.cancel = context.WithCancelCause(ctx)
 	pool := newWorkerPool(pl.ctx, s, pl.abort)
 	bt := newBatcher(s, pool.submit)
+	s.mu.Lock()
+	s.bt = bt
+	s.mu.Unlock()
+	s.park.touch()
 	tm := s.startTimers(ctx, pl.abort)
 	defer s.startupDone()
 
@@ -707,6 +725,9 @@ func (pl *pipeline) result(err error) error {
 // end turns the pipeline's outcome into Run's: a failure, or the final
 // checkpoint and the result.
 func (s *runState) end(ctx context.Context, err error) (Result, error) {
+	if errors.Is(err, errParked) {
+		return s.parked(ctx)
+	}
 	if err != nil {
 		return s.fail(err)
 	}
@@ -734,6 +755,8 @@ type runTimers struct {
 	stopped            bool
 	busy               bool // a run goroutine is under way; it re-arms the timer
 	nextCkpt, nextProg time.Time
+	// nextPark is when the run may park next (zero: it never parks).
+	nextPark time.Time
 	// progWait is the current wait between progress checks:
 	// ProgressInterval while batches are in flight or the stats change,
 	// doubling up to idleProgressFactor times it while nothing is in
@@ -752,6 +775,9 @@ func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimer
 	iv := s.r.o.ProgressInterval
 	tm := &runTimers{s: s, ctx: ctx, abort: abort,
 		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(iv), progWait: iv}
+	if s.r.parks() {
+		tm.nextPark = now.Add(s.r.p.IdleParkAfter)
+	}
 	tm.mu.Lock() // fire uses tm.t under mu
 	tm.t = s.r.timers().AfterFunc(tm.wait(now), tm.fire)
 	tm.mu.Unlock()
@@ -822,6 +848,9 @@ func (tm *runTimers) wait(now time.Time) time.Duration {
 	if tm.nextProg.Before(next) {
 		next = tm.nextProg
 	}
+	if !tm.nextPark.IsZero() && tm.nextPark.Before(next) {
+		next = tm.nextPark
+	}
 	return max(next.Sub(now), 0)
 }
 
@@ -849,6 +878,15 @@ func (tm *runTimers) fire() {
 	}
 	if h := r.timerFired; h != nil {
 		h(ckpt, prog)
+	}
+	if !ckpt && !prog && !tm.nextPark.IsZero() && !now.Before(tm.nextPark) {
+		if tm.nextPark = s.parkDue(now); !now.Before(tm.nextPark) {
+			// Idle for idle_park_after: the pipeline ends, and the run
+			// with a final checkpoint (runState.parked).
+			tm.stopped = true
+			tm.abort(errParked)
+			return
+		}
 	}
 	if ckpt || prog {
 		tm.busy = true
@@ -978,6 +1016,11 @@ func (s *runState) fail(err error) (Result, error) {
 // finish records the final checkpoint (with a fresh context when ctx was
 // cancelled: CouchDB checkpoints on shutdown too) and builds the result.
 func (s *runState) finish(ctx context.Context, stopped bool) (Result, error) {
+	return s.finishAs(ctx, stopped, "finished")
+}
+
+// finishAs is finish, logged as what ("finished", "parked").
+func (s *runState) finishAs(ctx context.Context, stopped bool, what string) (Result, error) {
 	cctx := ctx
 	if stopped {
 		var cancel context.CancelFunc
@@ -1011,7 +1054,7 @@ func (s *runState) finish(ctx context.Context, stopped bool) (Result, error) {
 		res.Body = append([]byte(`{"ok":true,`), s.lastBody[1:]...)
 	}
 	s.r.log.Info().Bool("stopped", stopped).Int64("docs_written", res.Stats.DocsWritten).
-		Int64("doc_write_failures", res.Stats.DocWriteFailures).Msg("replication: finished")
+		Int64("doc_write_failures", res.Stats.DocWriteFailures).Msg("replication: " + what)
 	return res, nil
 }
 

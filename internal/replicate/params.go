@@ -131,6 +131,14 @@ type Params struct {
 	// "[{nodelay, true}]"), applied over the node's; empty for none.
 	SocketOptions string
 
+	// IdleParkAfter and ParkRecheck are the node's [replicator]
+	// idle_park_after and park_recheck (JobDefaults; a document cannot set
+	// them, and they are not part of the replication id): a continuous run
+	// with Options.Park set ends parked after IdleParkAfter without a
+	// change (zero: never), and a parked job re-checks its source once per
+	// ParkRecheck.
+	IdleParkAfter, ParkRecheck time.Duration
+
 	// FilterCode is the named filter's function source from the source
 	// design document; it is part of the replication id (see WithFilterCode).
 	FilterCode    string
@@ -211,6 +219,7 @@ func JobDefaults(c config.Replicator) Params {
 		p.CheckpointInterval = c.CheckpointInterval
 	}
 	p.UseCheckpoints, p.UseBulkGet = c.UseCheckpoints, c.UseBulkGet
+	p.IdleParkAfter, p.ParkRecheck = c.IdleParkAfter, c.ParkRecheck
 	return p
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
@@ -169,7 +170,14 @@ func (cr *changesReader) request(ctx context.Context) error {
 	}
 	cr.s.r.changesOptions(&cr.opts, cr.since)
 	cr.opts.Limit = cr.pages.limit
+	continuous := cr.opts.Feed == couch.FeedContinuous
+	if continuous {
+		cr.s.park.feedLive(true)
+	}
 	end, err := cr.s.r.src.ReadChangesEnd(ctx, &cr.opts, cr.onRow)
+	if continuous {
+		cr.s.park.feedLive(false)
+	}
 	if ctx.Err() != nil {
 		cr.done = true
 		return nil
@@ -342,6 +350,12 @@ type batcher struct {
 	timer  *time.Timer    // the idle flush (made by the first row); armed while cur is not empty
 	armed  bool
 	closed bool
+	// dropped: close found rows not yet cut into a batch (they are
+	// read again by the next run, from its checkpoint).
+	dropped bool
+	// waiting is len(cur), for empty (the run's timers must not take mu:
+	// cut holds it while it pokes them).
+	waiting atomic.Int32
 	// flushing counts idle flushes submitting a batch outside mu.
 	flushing sync.WaitGroup
 }
@@ -360,6 +374,7 @@ func (b *batcher) add(c couch.Change) error {
 		b.cur = make([]couch.Change, 0, b.size)
 	}
 	b.cur = append(b.cur, c)
+	b.waiting.Store(int32(len(b.cur)))
 	b.rows++
 	if len(b.cur) < b.size {
 		if !b.armed {
@@ -406,6 +421,7 @@ func (b *batcher) end(seq couch.Seq, mark bool) error {
 func (b *batcher) cut() batch {
 	changes := b.cur
 	b.cur = nil
+	b.waiting.Store(0)
 	if b.armed {
 		b.timer.Stop()
 		b.armed = false
@@ -418,6 +434,7 @@ func (b *batcher) cut() batch {
 		s.cutSeq, s.readSeq = seq, laterSeq(s.readSeq, seq)
 	}
 	s.mu.Unlock()
+	s.park.touch()
 	s.pokeProgress()
 	return batch{n: n, changes: changes, seq: seq}
 }
@@ -444,11 +461,15 @@ func (b *batcher) idle() {
 	_ = b.submit(out) // fails only when the run is stopping
 }
 
+// empty reports whether no row waits to be cut into a batch.
+func (b *batcher) empty() bool { return b.waiting.Load() == 0 }
+
 // close stops the idle timer and waits for a flush under way; nothing is
 // submitted afterwards.
 func (b *batcher) close() {
 	b.mu.Lock()
 	b.closed = true
+	b.dropped = len(b.cur) > 0
 	if b.timer != nil {
 		b.timer.Stop()
 	}

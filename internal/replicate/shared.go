@@ -211,6 +211,8 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 	}
 	caughtUp := cr.since
 	cr.got, cr.began = 0, time.Now()
+	cr.s.park.feedLive(true)
+	defer cr.s.park.feedLive(false)
 	for {
 		rows, err := sub.Next(ctx)
 		if ctx.Err() != nil {

@@ -28,7 +28,7 @@
     if (s < 3600) return Math.round(s / 60) + "m ago";
     return Math.round(s / 3600) + "h ago";
   }
-  function stateBadge(state) { return el("span", "state state-" + state, state); }
+  function stateBadge(state, text) { return el("span", "state state-" + state, text || state); }
 
   const SVG = "http://www.w3.org/2000/svg";
   function spark(values) {
@@ -54,10 +54,14 @@
     cl.className = "pill " + (d.cluster_unstable ? "warn" : "ok");
     setText(document.getElementById("updated"), "updated " + new Date(d.now).toLocaleTimeString());
     const sum = document.getElementById("summary");
-    sum.replaceChildren(...states.map((st) => {
+    sum.replaceChildren(...states.flatMap((st) => {
       const s = el("span", "state-" + st, (d.counts[st] || 0) + " " + st);
       s.dataset.state = st;
-      return s;
+      if (st !== "running") return [s];
+      // Parked jobs are running ones whose feed is closed until their source changes.
+      const p = el("span", "state-parked", "(" + (d.counts.parked || 0) + " parked)");
+      p.dataset.state = "parked";
+      return [s, p];
     }));
     const probs = document.getElementById("problems");
     probs.hidden = d.errors.length === 0;
@@ -103,7 +107,7 @@
     for (const k of ["read", "written", "pending", "rate", "errors"]) c[k].className = "num";
     c.error.className = "err";
     tr.append(c.state, c.id, c.doc, c.ends, c.node, c.read, c.written, c.pending, c.rate, c.spark, c.errors, c.error);
-    return { tr, cells: c, state: "", spark: "" };
+    return { tr, cells: c, state: "", shown: "", spark: "" };
   }
   function renderJobs(jobs) {
     const body = document.querySelector("#jobs tbody");
@@ -114,7 +118,9 @@
       let r = jobRows.get(j.id);
       if (!r) { r = jobRow(j); jobRows.set(j.id, r); }
       const c = r.cells;
-      if (r.state !== j.state) { c.state.replaceChildren(stateBadge(j.state)); r.state = j.state; r.tr.dataset.state = j.state; }
+      const shown = j.parked ? "running, parked" : j.state;
+      if (r.shown !== shown) { c.state.replaceChildren(stateBadge(j.state, shown)); r.shown = shown; }
+      if (r.state !== j.state) { r.state = j.state; r.tr.dataset.state = j.state; }
       setText(c.id, (j.rep_id || j.id).slice(0, 12)); // couchrepctl job show accepts it (a unique prefix)
       c.id.title = j.rep_id ? "job " + j.id + "\nreplication " + j.rep_id : "job " + j.id;
       setText(c.doc, j.kind === "transient" ? "(transient)" : (j.server ? j.server + " " : "") + j.database + " / " + j.doc_id);
