@@ -22,10 +22,10 @@ import (
 // (a request's round is one more than the latest round of the source's
 // requests that had ended before it was sent; the link's latency keeps
 // concurrent requests from looking sequential). Start-up (database info
-// and checkpoint together), the changes streamed up to the start-up
-// update_seq, then _bulk_get together with the normal feed that reads
-// what came since, then the checkpoint, committed before it is written
-// (PouchDB Server's instance_start_time is not "0").
+// and checkpoint together), the changes up to the start-up update_seq (one
+// window), then _bulk_get together with the page that reads what came
+// since, then the checkpoint, committed before it is written (PouchDB
+// Server's instance_start_time is not "0").
 func TestPullRoundTrips(t *testing.T) {
 	s := testserver.StartPouchDB(t)
 	src, tgt := s.CreateDB(t, "src"), s.CreateDB(t, "tgt")
@@ -61,7 +61,7 @@ func TestPullRoundTrips(t *testing.T) {
 	u, _ := url.Parse(remote)
 	depth, kinds := rt.rounds(u.Host)
 	want := map[string]int{
-		"GET db": 1, "GET _local": 1, "_changes continuous": 1, "_changes normal": 1,
+		"GET db": 1, "GET _local": 1, "_changes normal": 2,
 		"_bulk_get": 1, "_ensure_full_commit": 1, "PUT _local": 1,
 	}
 	const wantRounds = 5

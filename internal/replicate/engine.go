@@ -439,7 +439,8 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 		r: r, session: newSessionID(), startTime: r.now(), startSeq: startSeq, startFrom: startFrom, committed: startSeq,
 		history: history, srcRev: srcLog.Rev, tgtRev: tgtLog.Rev, srcLog: srcLog,
 		srcStart: srcInfo.InstanceStartTime, tgtStart: tgtInfo.InstanceStartTime,
-		sourceSeq: srcInfo.UpdateSeq, localID: localID, tracker: newSeqTracker(startSeq),
+		sourceSeq: srcInfo.UpdateSeq, sourceRows: srcInfo.DocCount + srcInfo.DocDelCount,
+		localID: localID, tracker: newSeqTracker(startSeq),
 	}
 	return st, nil
 }
@@ -514,6 +515,7 @@ type runState struct {
 	srcLog             storedCheckpoint
 	srcStart, tgtStart string
 	sourceSeq          couch.Seq
+	sourceRows         int64 // the source's doc_count + doc_del_count at start-up
 	localID            string
 	lastBody           json.RawMessage
 

@@ -28,6 +28,17 @@ type fakeCouch struct {
 	// changesBodies records the bodies of POST _changes requests.
 	changesBodies []string
 	changesQuery  []string
+	// numeric makes seqs JSON numbers (PouchDB Server, CouchDB 1.x)
+	// instead of opaque strings.
+	numeric bool
+}
+
+// seqOf is seq n as the fake sends it.
+func (f *fakeCouch) seqOf(n int) any {
+	if f.numeric {
+		return n
+	}
+	return seqStr(n)
 }
 
 type fakeDB struct {
@@ -108,7 +119,7 @@ func (f *fakeCouch) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	switch {
 	case rest == "":
-		writeJSON(w, 200, map[string]any{"db_name": name, "update_seq": seqStr(d.seq), "instance_start_time": "0", "doc_count": len(d.docs)})
+		writeJSON(w, 200, map[string]any{"db_name": name, "update_seq": f.seqOf(d.seq), "instance_start_time": "0", "doc_count": len(d.docs)})
 	case rest == "_ensure_full_commit":
 		writeJSON(w, 201, map[string]any{"ok": true, "instance_start_time": "0"})
 	case strings.HasPrefix(rest, "_local/"):
@@ -164,13 +175,13 @@ func (f *fakeCouch) serve(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Get("filter") == "_doc_ids" && !slices.Contains(filt.DocIDs, id) {
 				continue
 			}
-			results = append(results, map[string]any{"seq": seqStr(doc.seq), "id": id, "changes": []any{map[string]string{"rev": doc.rev}}})
+			results = append(results, map[string]any{"seq": f.seqOf(doc.seq), "id": id, "changes": []any{map[string]string{"rev": doc.rev}}})
 		}
-		lastSeq, pending := seqStr(d.seq), 0
+		lastSeq, pending := f.seqOf(d.seq), 0
 		if limit, _ := strconv.Atoi(r.URL.Query().Get("limit")); limit > 0 && len(results) > limit {
 			pending = len(results) - limit
 			results = results[:limit]
-			lastSeq = results[limit-1].(map[string]any)["seq"].(string)
+			lastSeq = results[limit-1].(map[string]any)["seq"]
 		}
 		writeJSON(w, 200, map[string]any{"results": results, "last_seq": lastSeq, "pending": pending})
 	case rest == "_revs_diff":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -137,21 +138,15 @@ type changesReader struct {
 	began    time.Time     // when the current request was sent
 	done     bool          // the reader has nothing more to do
 	onRow    func(couch.Change) error
-	// upTo is the source's update_seq at start-up while a one-shot feed
-	// is to be streamed up to it first (streamUpTo), else nil.
-	upTo couch.Seq
+	// upTo is the source's update_seq at start-up while the rows up to
+	// it are still to be read in windows (readWindows), else 0.
+	upTo int64
 }
 
 //go:noinline
 func newChangesReader(s *runState, bt *batcher) *changesReader {
 	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
-	if p := s.r.p; !p.Continuous && p.DocIDs == nil && p.Selector == nil && p.Filter == "" {
-		u, ok1 := s.sourceSeq.Int()
-		from, ok2 := s.startSeq.Int()
-		if ok1 && ok2 && u > from {
-			cr.upTo = s.sourceSeq
-		}
-	}
+	cr.upTo = windowsUpTo(s)
 	cr.backoff = pause.Backoff{Min: cr.firstWait(), Max: 5 * time.Minute}
 	cr.onRow = func(c couch.Change) error {
 		cr.got++
@@ -165,8 +160,8 @@ func newChangesReader(s *runState, bt *batcher) *changesReader {
 // error when the feed failed for good.
 func (cr *changesReader) request(ctx context.Context) error {
 	cr.got, cr.began = 0, time.Now()
-	if cr.upTo != nil {
-		return cr.streamUpTo(ctx)
+	if cr.upTo != 0 {
+		return cr.readWindows(ctx)
 	}
 	cr.s.r.changesOptions(&cr.opts, cr.since)
 	cr.opts.Limit = cr.pages.limit
@@ -214,74 +209,131 @@ func (cr *changesReader) request(ctx context.Context) error {
 	return nil
 }
 
-// streamQuiet ends streamUpTo's feed when no row came for this long while
-// the reader was waiting for one (not while the workers were busy): the
-// rest is then read with normal feeds.
-const streamQuiet = 5 * time.Second
+// windowsUpTo is the source's update_seq at start-up when a one-shot
+// feed is to be read in windows first (readWindows), else 0: the job has
+// no filter, the source's seqs are numbers, and its rows are dense enough
+// — at least half as many documents (live or deleted: one row each) as
+// seqs — for a window's page not to list many rows beyond it.
+func windowsUpTo(s *runState) int64 {
+	p := s.r.p
+	if p.Continuous || p.DocIDs != nil || p.Selector != nil || p.Filter != "" || p.WorkerBatchSize < 1 {
+		return 0
+	}
+	u, ok1 := s.sourceSeq.Int()
+	from, ok2 := s.startSeq.Int()
+	if !ok1 || !ok2 || s.sourceSeq.IsZero() || u <= from || 2*s.sourceRows < u {
+		return 0
+	}
+	return u
+}
 
-// errUpTo and errQuiet end streamUpTo's feed.
-var (
-	errUpTo  = errors.New("replicate: changes read up to the source's update_seq at start-up")
-	errQuiet = errors.New("replicate: changes stream quiet before the source's update_seq at start-up")
-)
+// errWindowFailed marks the failure of a window other than the first one
+// in flight (its rows were never handed on).
+var errWindowFailed = errors.New("replicate: a later _changes window failed")
 
-// streamUpTo reads a one-shot, unfiltered feed of a source with numeric
-// seqs as a continuous feed up to the source's update_seq at start-up
-// (the first row at or after it), then returns for the rest to be read
-// with normal feeds from there (usually one request, answered with no
-// rows, while the workers handle the last batches). A continuous feed
-// streams its rows where a normal one may be built whole before its first
-// byte (PouchDB Server does), and it needs no page after page: the
-// workers get their batches as fast as the source lists them. A document
-// updated since start-up has left its place below update_seq, so the
-// normal feeds that follow are what reads it: the run ends, as ever, at
-// the end of a normal feed, and checkpoints the last seq it processed.
-// Should the rows stop short of update_seq (a purge leaves no row), the
-// feed is ended after streamQuiet without a row.
-func (cr *changesReader) streamUpTo(ctx context.Context) error {
-	u, _ := cr.upTo.Int()
-	cr.upTo = nil // whatever happens, normal feeds read on
-	fctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	quiet := time.AfterFunc(streamQuiet, func() { cancel(errQuiet) })
-	defer quiet.Stop()
+// changesWindow is one page of readWindows: the rows with seqs in
+// (lo, hi], read with since=lo&limit=hi-lo.
+type changesWindow struct {
+	lo, hi int64
+	gate   <-chan struct{} // closed when the window before it is done
+	done   chan struct{}
+	end    couch.FeedEnd
+	err    error
+	last   couch.Seq // the seq of the last row handed on
+}
+
+// readWindows reads a one-shot feed of a source with numeric seqs up to
+// its update_seq at start-up in windows of seqs — batch, ×4 each, up to
+// 32 batches — each a normal _changes request with since= its start and
+// limit= its width, so that it holds every row of its window (there are
+// at most that many) and, without waiting for the page before it to end,
+// the next window can be asked for: two are in flight, the second built
+// by the server while the first is read. A page's rows beyond its window
+// are dropped (the next window has them). Rows are handed on in feed
+// order: a window's first row waits until the window before it is done.
+// PouchDB Server builds a normal page whole before its first byte; page
+// after page, each cost a round trip plus that wait while the workers
+// idled. The rest of the feed (what changed since start-up) is then read
+// as before, page after page to its end. On any failure the windows stop
+// and the feed is re-opened from the last row handed on, with normal
+// pages.
+func (cr *changesReader) readWindows(ctx context.Context) error {
+	u := cr.upTo
+	cr.upTo = 0
+	lo, _ := cr.since.Int()
 	r := cr.s.r
-	r.changesOptions(&cr.opts, cr.since)
-	cr.opts.Feed, cr.opts.Heartbeat = couch.FeedContinuous, feedHeartbeat(r.p.ConnectionTimeout)
-	end, err := r.src.ReadChangesEnd(fctx, &cr.opts, func(c couch.Change) error {
-		quiet.Stop()
-		cr.got++
-		if err := cr.bt.add(c); err != nil {
-			return err
-		}
-		if n, ok := c.Seq.Int(); ok && c.Seq != nil && n >= u {
-			return errUpTo
-		}
-		quiet.Reset(streamQuiet)
-		return nil
-	})
-	if ctx.Err() != nil {
-		cr.done = true
-		return nil
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	width := int64(r.p.WorkerBatchSize)
+	maxWidth := width * pageMaxBatches
+	prev := make(chan struct{})
+	close(prev)
+	start := func() *changesWindow {
+		w := &changesWindow{lo: lo, hi: min(lo+width, u), gate: prev, done: make(chan struct{})}
+		lo, width, prev = w.hi, min(width*pageGrowth, maxWidth), w.done
+		var o couch.ChangesOptions
+		r.changesOptions(&o, couch.SeqOf([]byte(strconv.FormatInt(w.lo, 10))))
+		o.Limit = int(w.hi - w.lo)
+		go func() {
+			defer close(w.done)
+			waited := false
+			w.end, w.err = r.src.ReadChangesEnd(wctx, &o, func(c couch.Change) error {
+				if !waited {
+					select {
+					case <-w.gate:
+					case <-wctx.Done():
+						return context.Cause(wctx)
+					}
+					waited = true
+				}
+				if n, ok := c.Seq.Int(); !ok || c.Seq == nil || n > w.hi {
+					return nil // the next window's
+				}
+				w.last = c.Seq
+				return cr.onRow(c)
+			})
+		}()
+		return w
 	}
-	if end.LastSeq != nil {
-		cr.since = end.LastSeq
-	}
-	if errors.Is(err, errUpTo) {
-		// The last rows need not wait for the batcher's idle flush.
-		if cr.bt.end(cr.since, false) != nil {
+	inFlight := []*changesWindow{start()}
+	for len(inFlight) > 0 {
+		if lo < u && len(inFlight) < 2 {
+			inFlight = append(inFlight, start())
+			continue
+		}
+		w := inFlight[0]
+		<-w.done
+		inFlight = inFlight[1:]
+		if w.last != nil {
+			cr.since = w.last
+		}
+		if ctx.Err() != nil {
+			cancel()
+			cr.waitWindows(inFlight)
 			cr.done = true
+			return nil
 		}
-		return nil
-	}
-	if err == nil || errors.Is(err, errQuiet) {
-		if errors.Is(err, errQuiet) {
-			r.log.Debug().Str("since", seqOrZero(cr.since).String()).Int64("update_seq", u).
-				Msg("replication: changes stream went quiet before the start-up update_seq; reading on with normal feeds")
+		if w.err != nil {
+			cancel()
+			cr.waitWindows(inFlight)
+			return cr.failed(ctx, w.err)
 		}
-		return nil
+		// Every row up to hi has been handed on.
+		cr.since = couch.SeqOf([]byte(strconv.FormatInt(w.hi, 10)))
+		cr.failures = 0
 	}
-	return cr.failed(ctx, err)
+	// The last rows need not wait for the batcher's idle flush.
+	if cr.bt.end(cr.since, false) != nil {
+		cr.done = true
+	}
+	return nil
+}
+
+// waitWindows waits for windows being stopped.
+func (cr *changesReader) waitWindows(ws []*changesWindow) {
+	for _, w := range ws {
+		<-w.done
+	}
 }
 
 // firstWait is the first pause before re-opening a feed.

@@ -3,6 +3,7 @@ package replicate
 import (
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -85,7 +86,8 @@ func TestStartupAndCheckpointRoundTrips(t *testing.T) {
 // A batch's _bulk_docs is in flight while its worker reads the next batch
 // (CouchDB's worker spawns its writer): with one worker and two batches,
 // the first _bulk_docs is held until the second _bulk_get has arrived. A
-// worker that wrote before reading on would never send it.
+// worker that wrote before reading on would never send it (in either
+// order: the write has a goroutine of its own).
 func TestWriteOverlapsNextRead(t *testing.T) {
 	f := newFakeCouch(t)
 	f.addDB("src")
@@ -123,7 +125,81 @@ func TestWriteOverlapsNextRead(t *testing.T) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if want := []string{"_bulk_docs", "second _bulk_get"}; b.failed || !slices.Equal(b.arrived, want) {
+	got := slices.Sorted(slices.Values(b.arrived))
+	if want := []string{"_bulk_docs", "second _bulk_get"}; b.failed || !slices.Equal(got, want) {
 		t.Errorf("in flight together: %q (failed %v), want %q", b.arrived, b.failed, want)
+	}
+}
+
+// A one-shot feed of a source with numeric seqs is read in windows of
+// seqs up to the update_seq at start-up, two requests in flight (the
+// first two are held until both have arrived: read page after page, the
+// second would never come), each with limit= its width; then page after
+// page from there. Every document arrives once, at its current revision,
+// also when updates left seqs without rows (rows beyond a window are
+// dropped: the next window has them).
+func TestChangesWindows(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		updated int // documents whose row moved to the end of the feed: seqs without rows
+		queries []string
+	}{
+		{"dense", 0, []string{"since=&limit=100", "since=100&limit=400", "since=500&limit=1600", "since=2100&limit=200", "since=2300&limit=100"}},
+		{"with updates", 1000, []string{"since=&limit=100", "since=100&limit=400", "since=500&limit=1600", "since=2100&limit=1200", "since=3300&limit=100"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeCouch(t)
+			f.numeric = true
+			f.addDB("src")
+			f.addDB("tgt")
+			for i := range 2300 {
+				f.put("src", map[string]any{"_id": fmt.Sprintf("d%04d", i)})
+			}
+			for i := range tc.updated {
+				d := f.dbs["src"]
+				id := fmt.Sprintf("d%04d", i*2)
+				d.seq++
+				doc := d.docs[id]
+				doc.seq = d.seq // its row moves to the end of the feed
+				d.docs[id] = doc
+			}
+			b := newBarrier(2)
+			f.hook = func(w http.ResponseWriter, r *http.Request) bool {
+				if strings.HasSuffix(r.URL.Path, "/_changes") {
+					b.wait(r.URL.RawQuery)
+				}
+				return false
+			}
+			res, err := runFake(fakeParams(t, `,"worker_batch_size":100`, f.URL+"/src", f.URL+"/tgt"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Stats.DocsWritten != 2300 {
+				t.Errorf("docs_written %d, want 2300", res.Stats.DocsWritten)
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			for id, doc := range f.dbs["src"].docs {
+				if got := f.dbs["tgt"].docs[id].rev; got != doc.rev {
+					t.Errorf("%s: target has %q, want %q", id, got, doc.rev)
+				}
+			}
+			var got []string
+			for _, q := range f.changesQuery {
+				v, _ := url.ParseQuery(q)
+				got = append(got, "since="+v.Get("since")+"&limit="+v.Get("limit"))
+			}
+			slices.Sort(got)
+			want := slices.Clone(tc.queries)
+			slices.Sort(want)
+			if !slices.Equal(got, want) {
+				t.Errorf("_changes requests %q, want %q", got, want)
+			}
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			if b.failed || len(b.arrived) != 2 {
+				t.Errorf("the first two windows were not in flight together: %q", b.arrived)
+			}
+		})
 	}
 }
