@@ -10,12 +10,16 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/mango"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/testserver"
@@ -173,5 +177,127 @@ func TestSharedSelectorFeed(t *testing.T) {
 	delete(aliceDoc, "continuous")
 	if _, err := replicate.WatchFeed(ctx, params(t, aliceDoc), replicate.Options{Feeds: hub}); !errors.Is(err, replicate.ErrNoSharedFeed) {
 		t.Errorf("WatchFeed of a one-shot job: %v, want ErrNoSharedFeed", err)
+	}
+}
+
+// TestPouchDBSelectorsAsCouchDB checks the node's selector evaluation
+// (internal/mango, as the shared feed applies it: sharedfeed.MatchRow on a
+// row read with include_docs) on documents read back from a real server,
+// against the ids CouchDB 3.4.3's _selector filter gives. The table's
+// expectations are CouchDB's rules (collation across types, ICU's for
+// strings: "a" < "A" < "aa" < "b" < "B", canonically equivalent strings
+// and ignorable characters equal); under make test-couchdb the test also
+// asks the CouchDB for _changes?filter=_selector and requires the same ids
+// (PouchDB Server cannot answer that request: it exits).
+func TestPouchDBSelectorsAsCouchDB(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	db := s.CreateDB(t, "selectors")
+	values := map[string]string{
+		"null": `null`, "false": `false`, "true": `true`,
+		"n1": `1`, "n1.5": `1.5`, "n5": `5`, "n10": `10`,
+		"s-a": `"a"`, "s-A": `"A"`, "s-aa": `"aa"`, "s-b": `"b"`, "s-B": `"B"`, "s-e": `"e"`, "s-eacute": `"é"`,
+		"s-ecomb": `"e\u0301"`, "s-10": `"10"`, "s-9": `"9"`, "s-shy": `"a\u00adb"`, "s-ab": `"ab"`, "s-dash": `"a-b"`,
+		"a-empty": `[]`, "a-1": `[1]`, "a-12": `[1,2]`, "a-a": `["a"]`, "a-21": `[2,1]`,
+		"o-empty": `{}`, "o-a1": `{"a":1}`, "o-b1": `{"b":1}`, "o-a1b2": `{"a":1,"b":2}`,
+	}
+	var docs []map[string]any
+	for id, v := range values {
+		var x any
+		if err := json.Unmarshal([]byte(v), &x); err != nil {
+			t.Fatal(err)
+		}
+		docs = append(docs, testserver.Doc(id, []string{"1-x"}, map[string]any{"v": x}))
+	}
+	docs = append(docs, testserver.Doc("missing", []string{"1-x"}, map[string]any{"w": 1}),
+		// a deletion that keeps its body: CouchDB's filter sees {_id, _rev, v, _deleted}
+		testserver.Deleted(testserver.Doc("del-a", []string{"2-d", "1-x"}, map[string]any{"v": "a"})))
+	s.PutRevs(t, db, docs...)
+
+	var feed struct {
+		Results []struct {
+			ID      string
+			Deleted bool
+			Changes []struct{ Rev string }
+			Doc     json.RawMessage
+		}
+	}
+	s.GetJSON(t, db+"_changes?include_docs=true", &feed)
+	if len(feed.Results) != len(docs) {
+		t.Fatalf("%d rows, want %d", len(feed.Results), len(docs))
+	}
+
+	for _, tc := range []struct {
+		sel  string
+		want []string // without del-a, which is added where s-a is
+	}{
+		{`{"v": {"$gt": "a"}}`, []string{"a-1", "a-12", "a-21", "a-a", "a-empty", "o-a1", "o-a1b2", "o-b1", "o-empty", "s-A", "s-B", "s-aa", "s-ab", "s-b", "s-dash", "s-e", "s-eacute", "s-ecomb", "s-shy"}},
+		{`{"v": {"$lt": "B"}}`, []string{"false", "n1", "n1.5", "n10", "n5", "null", "s-10", "s-9", "s-A", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-shy", "true"}},
+		{`{"v": {"$lte": "b"}}`, []string{"false", "n1", "n1.5", "n10", "n5", "null", "s-10", "s-9", "s-A", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-shy", "true"}},
+		{`{"v": {"$eq": "é"}}`, []string{"s-eacute", "s-ecomb"}},
+		{`{"v": "ab"}`, []string{"s-ab", "s-shy"}},
+		{`{"v": {"$gte": 5}}`, []string{"a-1", "a-12", "a-21", "a-a", "a-empty", "n10", "n5", "o-a1", "o-a1b2", "o-b1", "o-empty", "s-10", "s-9", "s-A", "s-B", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-e", "s-eacute", "s-ecomb", "s-shy"}},
+		{`{"v": {"$lt": 1.5}}`, []string{"false", "n1", "null", "true"}},
+		{`{"v": {"$lt": "a"}}`, []string{"false", "n1", "n1.5", "n10", "n5", "null", "s-10", "s-9", "true"}},
+		{`{"v": {"$gt": [1]}}`, []string{"a-12", "a-21", "a-a", "o-a1", "o-a1b2", "o-b1", "o-empty"}},
+		{`{"v": {"$lte": {"a": 1}}}`, []string{"a-1", "a-12", "a-21", "a-a", "a-empty", "false", "n1", "n1.5", "n10", "n5", "null", "o-a1", "o-empty", "s-10", "s-9", "s-A", "s-B", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-e", "s-eacute", "s-ecomb", "s-shy", "true"}},
+		{`{"v": {"$in": [1, "a", [1]]}}`, []string{"a-1", "a-12", "a-21", "a-a", "n1", "s-a"}},
+		{`{"v": {"$nin": [1, "b"]}}`, []string{"a-a", "a-empty", "false", "n1.5", "n10", "n5", "null", "o-a1", "o-a1b2", "o-b1", "o-empty", "s-10", "s-9", "s-A", "s-B", "s-a", "s-aa", "s-ab", "s-dash", "s-e", "s-eacute", "s-ecomb", "s-shy", "true"}},
+		{`{"v": {"$exists": false}}`, []string{"missing"}},
+		{`{"v": {"$type": "string"}}`, []string{"s-10", "s-9", "s-A", "s-B", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-e", "s-eacute", "s-ecomb", "s-shy"}},
+		{`{"v": {"$size": 2}}`, []string{"a-12", "a-21"}},
+		{`{"v": {"$all": [1]}}`, []string{"a-1", "a-12", "a-21"}},
+		{`{"v": {"$elemMatch": {"$gt": 1}}}`, []string{"a-12", "a-21", "a-a"}},
+		{`{"v": {"$allMatch": {"$gt": 0}}}`, []string{"a-1", "a-12", "a-21", "a-a"}},
+		{`{"v": {"$regex": "^a"}}`, []string{"s-a", "s-aa", "s-ab", "s-dash", "s-shy"}},
+		{`{"v": {"$beginsWith": "a"}}`, []string{"s-a", "s-aa", "s-ab", "s-dash", "s-shy"}},
+		{`{"v": {"$mod": [5, 0]}}`, []string{"n10", "n5"}},
+		{`{"v.a": 1}`, []string{"o-a1", "o-a1b2"}},
+		{`{"v": {"$keyMapMatch": {"$eq": "b"}}}`, []string{"o-a1b2", "o-b1"}},
+		{`{"$or": [{"v": null}, {"v": true}]}`, []string{"null", "true"}},
+		{`{"$nor": [{"v": {"$type": "string"}}, {"v": {"$type": "number"}}]}`, []string{"a-1", "a-12", "a-21", "a-a", "a-empty", "false", "null", "o-a1", "o-a1b2", "o-b1", "o-empty", "true"}},
+		{`{"v": {"$not": {"$gt": "B"}}}`, []string{"false", "n1", "n1.5", "n10", "n5", "null", "s-10", "s-9", "s-A", "s-B", "s-a", "s-aa", "s-ab", "s-b", "s-dash", "s-shy", "true"}},
+		{`{"_deleted": true}`, []string{}},
+		{`{"_id": {"$gt": "s-a", "$lt": "s-b"}}`, []string{"s-aa", "s-ab"}}, // _id: bytes ("s-B" < "s-a")
+	} {
+		want := append([]string{}, tc.want...)
+		if slices.Contains(want, "s-a") || tc.sel == `{"_deleted": true}` {
+			want = append(want, "del-a")
+		}
+		sort.Strings(want)
+		sel, err := mango.Parse([]byte(tc.sel))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.sel, err)
+		}
+		var got []string
+		for _, r := range feed.Results {
+			c := couch.Change{ID: r.ID, Deleted: r.Deleted, Doc: r.Doc}
+			for _, ch := range r.Changes {
+				c.Revs = append(c.Revs, ch.Rev)
+			}
+			if _, ok := sharedfeed.MatchRow(c, sel); ok {
+				got = append(got, r.ID)
+			}
+		}
+		sort.Strings(got)
+		if !slices.Equal(got, want) {
+			t.Errorf("node: %s matches %q, want %q", tc.sel, got, want)
+		}
+		if !s.External() {
+			continue
+		}
+		var filtered struct{ Results []struct{ ID string } }
+		b := s.Do(t, http.MethodPost, db+"_changes?filter=_selector", json.RawMessage(`{"selector":`+tc.sel+`}`), http.StatusOK)
+		if err := json.Unmarshal(b, &filtered); err != nil {
+			t.Fatal(err)
+		}
+		var couchIDs []string
+		for _, r := range filtered.Results {
+			couchIDs = append(couchIDs, r.ID)
+		}
+		sort.Strings(couchIDs)
+		if !slices.Equal(couchIDs, want) {
+			t.Errorf("CouchDB: %s matches %q, want (the node's) %q", tc.sel, couchIDs, want)
+		}
 	}
 }
