@@ -44,9 +44,12 @@ type ChangesOptions struct {
 	// SeqInterval asks CouchDB to compute seqs only every N rows (others
 	// come back null); 0 sends none.
 	SeqInterval int
-	// Heartbeat asks the server for a newline every Heartbeat while idle;
-	// it also arms a client-side stall detector (nothing received for
-	// 2×Heartbeat+5 s ends the request with ErrFeedStalled).
+	// Heartbeat asks the server for a newline every Heartbeat while idle.
+	// A feed that then sends nothing at all (heartbeats dropped by a
+	// proxy that keeps the connection open) ends with an error matching
+	// ErrFeedStalled after the DB's Limits.ReadTimeout (connection_timeout,
+	// which must be longer than Heartbeat) without a byte; a DB without a
+	// ReadTimeout ends it after 2×Heartbeat+5 s.
 	Heartbeat time.Duration
 	// Timeout is sent as timeout=; the server should end a longpoll or
 	// continuous feed after so long without changes. Client-side, if the
@@ -210,10 +213,14 @@ func (f *feed) open(ctx context.Context) error {
 	}
 	if err != nil {
 		f.cancel(nil)
+		if errors.Is(err, ErrStalled) {
+			// Not even the headers within connection_timeout.
+			err = fmt.Errorf("%w: %w", ErrFeedStalled, err)
+		}
 		return err
 	}
 	f.r, f.clientIDs, f.resp = r, clientIDs, resp
-	f.w = newFeedWatch(f.cancel, *opts)
+	f.w = newFeedWatch(f.cancel, *opts, d.lim.ReadTimeout)
 	body := io.Reader(resp.Body)
 	if f.w.stall != nil {
 		body = &activityReader{r: resp.Body, w: f.w}
@@ -369,6 +376,11 @@ func (f *feed) fail(err error) error {
 			return fmt.Errorf("%w: %s %s: nothing received for %s", ErrFeedStalled, f.r.method, f.r.redactedURL(f.d), f.w.stallAfter)
 		}
 		return fmt.Errorf("couch: %s %s: %w", f.r.method, f.r.redactedURL(f.d), cause)
+	}
+	if errors.Is(err, ErrStalled) {
+		// The read deadline (connection_timeout) ended a feed that sent
+		// nothing, not even a heartbeat.
+		return fmt.Errorf("%w: %w", ErrFeedStalled, err)
 	}
 	return badResponse(f.r, f.d, err)
 }
@@ -561,7 +573,10 @@ var (
 )
 
 // feedWatch ends a feed the server keeps open: after Timeout+grace without
-// a row (cleanly), or after 2×Heartbeat+5 s without a byte (ErrFeedStalled).
+// a row (cleanly), or, on a DB without a read deadline, after
+// 2×Heartbeat+5 s without a byte (ErrFeedStalled). With a read deadline
+// (connection_timeout) the response body's own deadline ends a feed that
+// sends nothing, after connection_timeout: one stall window, the job's.
 type feedWatch struct {
 	idle       *time.Timer
 	idleAfter  time.Duration
@@ -569,13 +584,13 @@ type feedWatch struct {
 	stallAfter time.Duration
 }
 
-func newFeedWatch(cancel context.CancelCauseFunc, o ChangesOptions) *feedWatch {
+func newFeedWatch(cancel context.CancelCauseFunc, o ChangesOptions, readTimeout time.Duration) *feedWatch {
 	w := &feedWatch{}
 	if o.Timeout > 0 && (o.Feed == FeedLongpoll || o.Feed == FeedContinuous) {
 		w.idleAfter = o.Timeout + max(idleGrace, o.Timeout/4)
 		w.idle = time.AfterFunc(w.idleAfter, func() { cancel(errFeedTimedOut) })
 	}
-	if o.Heartbeat > 0 {
+	if o.Heartbeat > 0 && readTimeout <= 0 {
 		w.stallAfter = 2*o.Heartbeat + stallGrace
 		w.stall = time.AfterFunc(w.stallAfter, func() { cancel(ErrFeedStalled) })
 	}

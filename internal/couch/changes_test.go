@@ -238,6 +238,52 @@ func TestChangesStall(t *testing.T) {
 	}
 }
 
+// TestChangesQuietFeed: a continuous feed whose heartbeats stop (a proxy
+// dropping them, the connection kept) ends after the DB's read deadline
+// (connection_timeout) with ErrFeedStalled, not after 2×heartbeat+5 s; a
+// feed whose heartbeats come keeps going past it.
+func TestChangesQuietFeed(t *testing.T) {
+	const readTimeout = 300 * time.Millisecond
+	head := `{"seq":"3-c","id":"a","changes":[{"rev":"1-a"}]}` + "\n"
+	tests := []struct {
+		name      string
+		heartbeat time.Duration // the server's; 0: none
+		wantStall bool
+	}{
+		{"heartbeats dropped", 0, true},
+		{"heartbeats arrive", 20 * time.Millisecond, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := hangingFeed(t, head, tt.heartbeat)
+			db := f.db(t, Options{Limits: Limits{ReadTimeout: readTimeout}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := db.Changes(ctx, ChangesOptions{Feed: FeedContinuous, Heartbeat: time.Hour}, func(Change) error { return nil })
+				done <- err
+			}()
+			if tt.wantStall {
+				err := <-done
+				if !errors.Is(err, ErrFeedStalled) || !errors.Is(err, ErrStalled) || !strings.Contains(err.Error(), "connection_timeout") {
+					t.Fatalf("err = %v; want ErrFeedStalled (connection_timeout)", err)
+				}
+				return
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("a feed with heartbeats ended: %v", err)
+			case <-time.After(4 * readTimeout): // the feed must outlive several windows
+			}
+			cancel()
+			if err := <-done; !errors.Is(err, context.Canceled) {
+				t.Fatalf("err = %v; want context.Canceled", err)
+			}
+		})
+	}
+}
+
 func TestChangesContextCancel(t *testing.T) {
 	f := hangingFeed(t, `{"seq":1,"id":"a","changes":[{"rev":"1-a"}]}`+"\n", 0)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
@@ -310,6 +311,11 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 			}
 			derr := dl.err(rctx, r.method, r.redactedURL(d), "waiting for the response headers")
 			dl.release()
+			if derr == nil && headerTimeout(err) {
+				// The transport's ResponseHeaderTimeout (connection_timeout
+				// too) fired before the read deadline: the same stall.
+				derr = stallError(r.method, r.redactedURL(d), d.lim.ReadTimeout, "waiting for the response headers")
+			}
 			if derr != nil {
 				err = derr
 			} else {
@@ -385,6 +391,14 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 		attempt++
 		wait = backoff.Next()
 	}
+}
+
+// headerTimeout reports whether err is net/http's "timeout awaiting
+// response headers" (Transport.ResponseHeaderTimeout), which it does not
+// export.
+func headerTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() && strings.Contains(err.Error(), "timeout awaiting response headers")
 }
 
 // maxAuthRetries bounds how often one request is sent again because the

@@ -84,7 +84,7 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 	defer cancel(nil)
 	// The stall detector runs from the request on: CouchDB sends its
 	// headers with the first heartbeat, so none within it is a stall too.
-	w := newFeedWatch(cancel, ChangesOptions{Feed: FeedContinuous, Heartbeat: hb})
+	w := newFeedWatch(cancel, ChangesOptions{Feed: FeedContinuous, Heartbeat: hb}, 0) // its own stall window (StallAfter)
 	defer w.stop()
 	if opts.StallAfter > 0 {
 		w.stallAfter = opts.StallAfter

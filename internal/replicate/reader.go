@@ -28,9 +28,11 @@ func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
 	if r.p.Continuous {
 		// One long-lived feed: the server sends a newline every heartbeat
 		// while idle (which also overrides its timeout, so CouchDB never
-		// ends the feed), and the client ends it only when nothing at all
-		// arrived for 2×heartbeat+5 s (couch.ErrFeedStalled). No timeout=
-		// is sent: an idle job costs no requests, only heartbeat bytes.
+		// ends the feed), and the client ends it when nothing at all
+		// arrived for connection_timeout (the source DB's read deadline:
+		// couch.ErrFeedStalled), then re-opens it from its last seq. No
+		// timeout= is sent: an idle job costs no requests, only heartbeat
+		// bytes.
 		o.Feed = couch.FeedContinuous
 		o.Heartbeat = feedHeartbeat(r.p.ConnectionTimeout)
 	}
@@ -54,9 +56,11 @@ func (r *Replication) changesOptions(o *couch.ChangesOptions, since couch.Seq) {
 
 // feedHeartbeat is the heartbeat= of a continuous feed: a third of
 // connection_timeout (CouchDB's replicator sends that as timeout=), at
-// least a second.
+// least a second unless connection_timeout is under 2 s, and always
+// shorter than connection_timeout, the feed's stall window: a quiet but
+// healthy feed sends a byte at least twice per window.
 func feedHeartbeat(connectionTimeout time.Duration) time.Duration {
-	return max(time.Second, connectionTimeout/3)
+	return max(min(time.Second, connectionTimeout/2), connectionTimeout/3)
 }
 
 // Paging of a one-shot feed: the first request asks for one batch of rows,
@@ -361,10 +365,10 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 	if errors.As(err, &herr) && !herr.Retryable() || errors.Is(err, couch.ErrCertificate) || errors.Is(err, couch.ErrSession) {
 		return fmt.Errorf("%w: %w", ErrChangesFailed, err)
 	}
-	if cr.got > 0 || (cr.opts.Heartbeat > 0 && time.Since(cr.began) > 4*cr.opts.Heartbeat+10*time.Second) {
+	if cr.got > 0 || (cr.opts.Heartbeat > 0 && time.Since(cr.began) > 2*r.p.ConnectionTimeout) {
 		// The feed worked for a while before it broke (rows, or
 		// heartbeats kept it open for twice the client's stall window,
-		// 2×heartbeat+5 s): a fresh failure.
+		// connection_timeout): a fresh failure.
 		cr.failures = 0
 		cr.backoff.Reset()
 	}

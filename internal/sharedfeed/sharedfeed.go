@@ -73,7 +73,9 @@ type Source struct {
 	Open func(log zerolog.Logger) (db *couch.DB, release func(), err error)
 	// Style is the feed's style= (couch.StyleAllDocs or StyleMainOnly).
 	Style string
-	// Heartbeat is the feed's heartbeat= (and stall detection).
+	// Heartbeat is the feed's heartbeat=. Stall detection is Open's DB's
+	// read deadline (connection_timeout): a feed that sends nothing for
+	// that long fails (couch.ErrFeedStalled) and its subscribers resume.
 	Heartbeat time.Duration
 	// IncludeDocs reads the feed with include_docs=true: needed by
 	// selector filters (the Key must differ from the same source's feed
