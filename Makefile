@@ -49,7 +49,7 @@ COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFro
 COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
 test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 (not part of make test)
 	@[ -n "$(COUCH_URL)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/"; exit 2; }
-	COUCHREP_TEST_COUCH_URL='$(COUCH_URL)' $(GO) test -count=1 -timeout 30m -run '$(COUCHDB_TESTS)' -skip '$(COUCHDB_SKIP)' ./integration/ ./internal/couch/
+	COUCHREP_TEST_COUCH_URL='$(COUCH_URL)' $(GO) test -count=1 -timeout 30m -run '$(COUCHDB_TESTS)' -skip '$(COUCHDB_SKIP)' ./integration/ ./internal/couch/ ./internal/dbupdates/
 
 CHAOS_DURATION ?= 10m
 CHAOS_SEED     ?=

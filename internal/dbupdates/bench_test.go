@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -77,16 +78,25 @@ func BenchmarkWake10000Watches(b *testing.B) {
 // its watch is signalled.
 func BenchmarkPouchDBWake10000Watches(b *testing.B) {
 	s := testserver.StartPouchDBWithDBUpdates(b)
-	s.AddAdmin(b, "boss", "pw")
+	if !s.External() { // COUCHREP_TEST_COUCH_URL: a CouchDB, its admin in the URL
+		s.AddAdmin(b, "boss", "pw")
+	}
 	const real = 20
 	urls := make([]string, real)
 	for i := range urls {
 		urls[i] = s.CreateDB(b, fmt.Sprintf("userdb-%05d", i*(benchWatches/real)))
 	}
+	// The names as the server's rows give them (an external server's
+	// carry the test's prefix).
+	u0, _ := url.Parse(urls[0])
+	prefix := strings.TrimSuffix(strings.Trim(u0.Path, "/"), "userdb-00000")
+	name := func(i int) string { return fmt.Sprintf("%suserdb-%05d", prefix, i) }
 	root, _ := url.Parse(s.URL)
-	root.User = url.UserPassword("boss", "pw")
+	if !s.External() {
+		root.User = url.UserPassword("boss", "pw")
+	}
 	h := New(Options{})
-	ws, perWatch := watchAll(b, h, testServer(b, root.String()), func(i int) string { return fmt.Sprintf("userdb-%05d", i) })
+	ws, perWatch := watchAll(b, h, testServer(b, root.String()), name)
 	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
