@@ -3,10 +3,15 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,4 +160,213 @@ func benchPerUserMemory(b *testing.B, n int) {
 	b.Logf("jobs=%d: heap in use %d -> %d, stacks %d -> %d, runtime metadata %d -> %d, RSS %d -> %d, goroutines %d -> %d; load %s",
 		n, before.heapInuse, after.heapInuse, before.stackInuse, after.stackInuse, before.runtime, after.runtime,
 		before.rss, after.rss, before.goroutines, after.goroutines, loadAvg())
+}
+
+// BenchmarkPerUser is the database-per-user pattern at scale (issue 26):
+// N user databases (COUCHREP_PERUSER_BENCH_DBS, default 10,000) on one
+// in-memory PouchDB Server with a real _db_updates feed, one couchrepd
+// (max_jobs above the jobs, [replicator] defaults otherwise), N continuous
+// replications userdb → central plus, unless COUCHREP_PERUSER_FANOUT=0, N
+// fan-out ones central → userdb with the selector {"owner": user}, all
+// written as _replicator documents in one _bulk_docs. It reports:
+//
+//   - the time from the _bulk_docs' answer until every job is running
+//     (the node's /metrics), and until their start-up requests are done
+//     (the node sent none for 5 s and has none in flight), with the CPU
+//     of both processes meanwhile and the server's peak of requests in
+//     flight at once (feeds apart), counted at the server;
+//   - after a settling pause (COUCHREP_PERUSER_SETTLE, default 90 s:
+//     longer than idle_park_after, so idle jobs have parked), over 60 s
+//     with no writes: CPU of couchrepd and of pouchdb-server (% of one
+//     core), the requests the server served, then RSS and open fds of
+//     both;
+//   - write → target latency: COUCHREP_PERUSER_WRITES (default 100)
+//     writes, one at a time, each to a random user database, timed from
+//     the PUT until a GET of the document at the central database
+//     answers (polled every 5 ms); with fan-out as many writes to the
+//     central database for random users, timed until they are in the
+//     user's database (p50, p99).
+//
+// Numbers go to BENCHMARKS.md with the load average it logs.
+//
+//	go test -run '^$' -bench 'PerUser$' -benchtime 1x -timeout 120m ./integration/
+func BenchmarkPerUser(b *testing.B) {
+	n := envInt(b, "COUCHREP_PERUSER_BENCH_DBS", 10000)
+	fanOut := os.Getenv("COUCHREP_PERUSER_FANOUT") != "0"
+	settle := 90 * time.Second
+	if v := os.Getenv("COUCHREP_PERUSER_SETTLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("COUCHREP_PERUSER_SETTLE=%q: %v", v, err)
+		}
+		settle = d
+	}
+	writes := envInt(b, "COUCHREP_PERUSER_WRITES", 100)
+	for range b.N {
+		benchPerUser(b, n, fanOut, settle, writes)
+	}
+}
+
+func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes int) {
+	b.StopTimer()
+	p := newPerUserServer(b, n)
+	p.jobs = n
+	if fanOut {
+		p.jobs = 2 * n
+	}
+	p.node, p.addr = scaleNode(b, p.jobs, "COUCHREP_COUCHREP_WATCH="+strings.TrimSuffix(p.srv.URL, "/"))
+	nodePID, srvPID := p.node.cmd.Process.Pid, serverPID(p.srv)
+	if srvPID == 0 {
+		b.Fatal("pouchdb-server process not found")
+	}
+	nodeCPU0, srvCPU0 := procCPU(nodePID), procCPU(srvPID)
+	b.StartTimer()
+	p.writeDocs(b, fanOut)
+	running := p.waitRunning(b, 30*time.Minute)
+	b.StopTimer()
+	started := p.waitStarted(b, 5*time.Second, 30*time.Minute)
+	startNodeCPU, startSrvCPU := procCPU(nodePID)-nodeCPU0, procCPU(srvPID)-srvCPU0
+	startReqs := p.requests(b, true)
+	startFDs := procFDs(nodePID)
+	b.Logf("users=%d jobs=%d: _bulk_docs answered in %s; all running %s after it, started at the source after %s; "+
+		"CPU from the _bulk_docs to started: couchrepd %s, pouchdb-server %s; server: %d requests, peak %d in flight at once (feeds apart), peak %d feeds; "+
+		"couchrepd fds %d; load %s",
+		n, p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), started.Round(time.Millisecond),
+		startNodeCPU.Round(time.Millisecond), startSrvCPU.Round(time.Millisecond), startReqs.Total, startReqs.Peak, startReqs.PeakFeeds,
+		startFDs, loadAvg())
+
+	time.Sleep(settle) // the measured system settles (idle jobs park): a pause, not a wait for an event
+	load0 := loadAvg()
+	nodeCPU, srvCPU := procCPU(nodePID), procCPU(srvPID)
+	reqs0 := p.requests(b, true)
+	mem0 := goMetrics(b, p.addr)
+	const idle = 60 * time.Second
+	time.Sleep(idle) // the measurement window itself
+	nodeIdle := float64(procCPU(nodePID)-nodeCPU) / float64(idle) * 100
+	srvIdle := float64(procCPU(srvPID)-srvCPU) / float64(idle) * 100
+	reqs1 := p.requests(b, false)
+	load1 := loadAvg()
+	nodeRSS, srvRSS := procRSS(nodePID), procRSS(srvPID)
+	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
+	mem1 := goMetrics(b, p.addr)
+	b.Logf("users=%d: idle 60 s (after %s): couchrepd %.2f%% of a core, pouchdb-server %.2f%%, %d requests served (%d feeds open, peak %d); "+
+		"RSS couchrepd %.1f MB, pouchdb-server %.1f MB; fds couchrepd %d, pouchdb-server %d; load %s -> %s",
+		n, settle, nodeIdle, srvIdle, reqs1.Total-reqs0.Total, reqs1.Feeds, reqs1.PeakFeeds,
+		float64(nodeRSS)/(1<<20), float64(srvRSS)/(1<<20), nodeFDs, srvFDs, load0, load1)
+	b.Logf("users=%d: couchrepd's Go memory after the idle minute: %s; in it, it allocated %.1f MB and ran %.0f GCs",
+		n, goMemory(mem1), (mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
+		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"])
+
+	client := &http.Client{Timeout: time.Minute}
+	rng := rand.New(rand.NewPCG(26, uint64(n)))
+	var in, out []time.Duration
+	for k := range writes {
+		u := p.users[rng.IntN(n)]
+		in = append(in, roundTrip(b, client, p.srv.DBURL(perUserDB(u)), p.central, fmt.Sprintf("in-%d-%s", k, u), u))
+	}
+	if fanOut {
+		for k := range writes {
+			u := p.users[rng.IntN(n)]
+			out = append(out, roundTrip(b, client, p.central, p.srv.DBURL(perUserDB(u)), fmt.Sprintf("out-%d-%s", k, u), u))
+		}
+	}
+	inP50, inP99 := percentiles(in)
+	b.ReportMetric(running.Seconds(), "s-all-running")
+	b.ReportMetric(started.Seconds(), "s-all-started")
+	b.ReportMetric(float64(startReqs.Peak), "server-peak-inflight")
+	b.ReportMetric(nodeIdle, "node-idle-%cpu")
+	b.ReportMetric(srvIdle, "server-idle-%cpu")
+	b.ReportMetric(float64(nodeRSS)/(1<<20), "node-RSS-MB")
+	b.ReportMetric(float64(nodeFDs), "node-fds")
+	b.ReportMetric(inP50.Seconds()*1000, "in-p50-ms")
+	b.ReportMetric(inP99.Seconds()*1000, "in-p99-ms")
+	msg := fmt.Sprintf("users=%d: write to a random user database → central: p50 %s, p99 %s (%d writes)",
+		n, inP50.Round(time.Millisecond), inP99.Round(time.Millisecond), len(in))
+	if fanOut {
+		outP50, outP99 := percentiles(out)
+		b.ReportMetric(outP50.Seconds()*1000, "out-p50-ms")
+		b.ReportMetric(outP99.Seconds()*1000, "out-p99-ms")
+		msg += fmt.Sprintf("; write to central → the user's database: p50 %s, p99 %s", outP50.Round(time.Millisecond), outP99.Round(time.Millisecond))
+	}
+	if r := runningJobsTB(b, p.addr); r != p.jobs {
+		b.Errorf("%d of %d jobs running at the end", r, p.jobs)
+	}
+	b.Logf("%s; load %s", msg, loadAvg())
+}
+
+// percentiles returns the p50 and p99 of ds (sorted in place).
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	if len(ds) == 0 {
+		return 0, 0
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], ds[(len(ds)*99-1)/100]
+}
+
+// BenchmarkPerUserStart profiles the start of the per-user jobs in this
+// process: a node (couchrep.Start, info logs formatted and dropped)
+// watching a PouchDB Server with N user databases
+// (COUCHREP_PERUSER_BENCH_DBS, default 2,000), from the one _bulk_docs of
+// their fan-in jobs' _replicator documents until the server has served
+// every job's feed and had no request in flight for 3 s. It reports the
+// CPU this process used per job; COUCHREP_PERUSER_PROFILE=prefix writes
+// its CPU profile to prefix.node-start.cpu.
+//
+//	go test -run '^$' -bench PerUserStart -benchtime 1x -timeout 30m ./integration/
+func BenchmarkPerUserStart(b *testing.B) {
+	n := envInt(b, "COUCHREP_PERUSER_BENCH_DBS", 2000)
+	for range b.N {
+		b.StopTimer()
+		p := newPerUserServer(b, n)
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+		defer cancel()
+		cfg := couchrep.DefaultConfig()
+		cfg.Couchrep.DataDir = b.TempDir()
+		cfg.Couchrep.HTTPBind, cfg.Couchrep.AdminBind = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.Couchrep.Watch = []string{strings.TrimSuffix(p.srv.URL, "/")}
+		cfg.Replicator.MaxJobs = n + 10
+		cfg.Replicator.StartupJitter = 0
+		if err := cfg.Complete(); err != nil {
+			b.Fatal(err)
+		}
+		node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.New(io.Discard).Level(zerolog.InfoLevel)))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if prefix := os.Getenv("COUCHREP_PERUSER_PROFILE"); prefix != "" {
+			f, err := os.Create(prefix + ".node-start.cpu")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				b.Fatal(err)
+			}
+			defer f.Close()
+		}
+		cpu0 := cpuTime()
+		b.StartTimer()
+		p.writeDocs(b, false)
+		deadline := time.Now().Add(20 * time.Minute)
+		for quiet := time.Now(); ; time.Sleep(100 * time.Millisecond) { // another process's state: poll
+			r := p.requests(b, false)
+			if r.Feeds < n || r.Inflight > 1 {
+				quiet = time.Now()
+			} else if time.Since(quiet) > 3*time.Second {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("not started after 20 minutes: %+v", r)
+			}
+		}
+		b.StopTimer()
+		cpu := cpuTime() - cpu0
+		pprof.StopCPUProfile()
+		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/job")
+		b.Logf("users=%d: started %s after the _bulk_docs' answer, CPU %s; load %s", n, time.Since(p.written).Round(time.Millisecond), cpu.Round(time.Millisecond), loadAvg())
+		c, cancel2 := context.WithTimeout(context.Background(), 5*time.Minute)
+		if err := node.Stop(c); err != nil {
+			b.Errorf("node stop: %v", err)
+		}
+		cancel2()
+	}
 }

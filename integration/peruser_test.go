@@ -59,13 +59,26 @@ func countRequestsScript(t testing.TB) string {
 }
 
 // startPerUser creates n user databases and the central one on a new
-// PouchDB Server with a real _db_updates feed, starts a node watching it
-// (max_jobs above the jobs, env added to its environment) and writes
-// every job's _replicator document in one _bulk_docs: n fan-in jobs
-// ("in-<user>": userdb → central, continuous), and with fanOut n fan-out
-// jobs ("out-<user>": central → userdb, continuous, selector
-// {"owner": user}).
+// PouchDB Server with a real _db_updates feed (newPerUserServer), starts a
+// node watching it (max_jobs above the jobs, env added to its environment)
+// and writes every job's _replicator document in one _bulk_docs
+// (writeDocs).
 func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
+	t.Helper()
+	p := newPerUserServer(t, n)
+	p.jobs = n
+	if fanOut {
+		p.jobs = 2 * n
+	}
+	p.node, p.addr = scaleNode(t, p.jobs, append([]string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.srv.URL, "/")}, env...)...)
+	p.writeDocs(t, fanOut)
+	return p
+}
+
+// newPerUserServer starts a PouchDB Server with a real _db_updates feed
+// whose requests are counted at the server (count-requests.js), with n
+// user databases and the central one.
+func newPerUserServer(t testing.TB, n int) *perUser {
 	t.Helper()
 	t.Setenv("NODE_OPTIONS", "--require "+countRequestsScript(t))
 	srv := testserver.StartPouchDBWithDBUpdates(t)
@@ -76,12 +89,20 @@ func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
 	}
 	createDBs(t, srv, p.users)
 	p.central = srv.CreateDB(t, "central")
-	p.jobs = n
-	if fanOut {
-		p.jobs = 2 * n
-	}
-	p.node, p.addr = scaleNode(t, p.jobs, append([]string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(srv.URL, "/")}, env...)...)
+	return p
+}
 
+// writeDocs writes every job's _replicator document in one _bulk_docs:
+// a fan-in job per user ("in-<user>": userdb → central, continuous), and
+// with fanOut a fan-out job per user ("out-<user>": central → userdb,
+// continuous, selector {"owner": user}).
+func (p *perUser) writeDocs(t testing.TB, fanOut bool) {
+	t.Helper()
+	srv := p.srv
+	p.jobs = len(p.users)
+	if fanOut {
+		p.jobs *= 2
+	}
 	docs := make([]json.RawMessage, 0, p.jobs)
 	for _, u := range p.users {
 		db := srv.DBURL(perUserDB(u))
@@ -95,7 +116,6 @@ func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
 	srv.Do(t, http.MethodPost, srv.DBURL("_replicator")+"_bulk_docs", map[string]any{"docs": docs}, http.StatusCreated)
 	p.written = time.Now()
 	p.took = p.written.Sub(start)
-	return p
 }
 
 // createDBs creates the user databases of users, 16 at a time.
