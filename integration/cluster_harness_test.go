@@ -146,6 +146,9 @@ func startCluster(t testing.TB, cfg clusterConfig, types ...[]string) *testClust
 		level := cmp.Or(cfg.LogLevel, "info")
 		c.nodes = append(c.nodes, &clusterNode{name: name, types: ty,
 			opts: nodeOptions{name: name, dataDir: data, store: c.storePath, env: env, extra: []string{"--log-level", level}}})
+		if os.Getenv("COUCHREP_HARNESS_ECHO") != "" {
+			c.nodes[i].opts.logFile = filepath.Join(data, "node.log")
+		}
 	}
 	for _, n := range c.nodes {
 		c.start(n)
@@ -175,9 +178,15 @@ func startCluster(t testing.TB, cfg clusterConfig, types ...[]string) *testClust
 }
 
 func (c *testCluster) logf(format string, args ...any) {
+	line := time.Now().Format("15:04:05.000") + " " + fmt.Sprintf(format, args...)
 	c.mu.Lock()
-	c.log = append(c.log, time.Now().Format("15:04:05.000")+" "+fmt.Sprintf(format, args...))
+	c.log = append(c.log, line)
 	c.mu.Unlock()
+	if os.Getenv("COUCHREP_HARNESS_ECHO") != "" {
+		// A long benchmark's progress, as it happens (each node's output
+		// goes to node.log in its data directory then).
+		fmt.Fprintln(os.Stderr, "harness:", line)
+	}
 }
 
 // start starts n's process (it must be down).

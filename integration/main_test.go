@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,6 +89,9 @@ type nodeOptions struct {
 	config  string   // an ini file, optional
 	extra   []string // more flags
 	env     []string // more environment variables
+	// logFile, if set, gets a copy of the node's output as it comes (for
+	// watching a long benchmark; the test's copy is printed on failure).
+	logFile string
 }
 
 // startNode starts couchrepd and waits until its admin endpoint is up (the
@@ -112,6 +116,15 @@ func startNode(t testing.TB, o nodeOptions) *nodeProc {
 	n := &nodeProc{t: t, dataDir: o.dataDir, logs: &syncBuffer{}, exited: make(chan struct{})}
 	n.cmd = exec.Command(filepath.Join(binDir, "couchrepd"), args...)
 	n.cmd.Stdout, n.cmd.Stderr = n.logs, n.logs
+	if o.logFile != "" {
+		f, err := os.OpenFile(o.logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		w := io.MultiWriter(n.logs, f)
+		n.cmd.Stdout, n.cmd.Stderr = w, w
+	}
 	n.cmd.Env = append(os.Environ(), o.env...)
 	n.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := n.cmd.Start(); err != nil {
