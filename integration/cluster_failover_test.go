@@ -47,6 +47,9 @@ type failoverParams struct {
 	idle time.Duration
 	// poll is how often the harness reads every job record.
 	poll time.Duration
+	// parkAfter is [replicator] idle_park_after, in seconds: every job
+	// parks before the kill, and parks again after it.
+	parkAfter int
 	// settle bounds each wait (all running, failover, writes arriving).
 	settle   time.Duration
 	logLevel string
@@ -69,8 +72,11 @@ func (l procLoad) String() string {
 type failoverResult struct {
 	createDBs, addJobs time.Duration
 	// allRunning: from the first job added until every job ran; ready:
-	// until a write to a user database of each node's reached the target.
-	allRunning, ready time.Duration
+	// until a write to a user database of each node's reached the target;
+	// parked: until every job was parked.
+	allRunning, ready, parked time.Duration
+	// reparked: from the SIGKILL until every job was parked again.
+	reparked time.Duration
 	// failover: from the SIGKILL until every job of the victim ran on a
 	// survivor (to the harness's poll interval).
 	failover   time.Duration
@@ -123,7 +129,9 @@ type jobSeen struct {
 // running job once, under a lease of the node running it, and none of the
 // victim's; the survivors' supervision trees have each job's actor on one
 // node only. Writes to user databases during and after the kill reach the
-// central database.
+// central database. With p.parkAfter, every job parks before the kill;
+// after it the survivors' parked jobs are still parked since the same time
+// (unless a write woke them) and the victim's parked again on a survivor.
 func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	res := &failoverResult{perNode: map[string]int{}, crashed: map[string]bool{}}
 	ctx := context.Background()
@@ -143,7 +151,9 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	c := startCluster(tb, clusterConfig{ActivityTimeout: p.timeout, MaxJobs: p.jobs/2 + p.jobs/10 + 1, Store: dsn,
 		LogLevel: p.logLevel,
 		// No rotation: every job runs for good once accepted.
-		Env: []string{"COUCHREP_REPLICATOR_INTERVAL=60000"}}, repl, repl, repl)
+		Env: []string{"COUCHREP_REPLICATOR_INTERVAL=60000",
+			fmt.Sprintf("COUCHREP_REPLICATOR_IDLE_PARK_AFTER=%d", p.parkAfter),
+			"COUCHREP_REPLICATOR_PARK_RECHECK=3600"}}, repl, repl, repl)
 	if err := c.store.Init(ctx); err != nil {
 		tb.Fatal(err)
 	}
@@ -310,6 +320,45 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	res.ready = time.Since(start)
 	c.logf("writes to %d user databases reached the central database %v after the jobs were added", len(first), res.ready.Round(time.Millisecond))
 
+	// Every job parks (idle_park_after): its feed closed, woken by the
+	// server's _db_updates feed.
+	parkedSince := map[string]time.Time{}
+	awaitParked := func(what string) {
+		deadline := time.Now().Add(p.settle)
+		for {
+			clear(parkedSince)
+			notParked := 0
+			var example string
+			if err := c.store.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
+				if _, ok := byID[r.GetJobId()]; !ok {
+					return nil
+				}
+				if r.State() == repjob.StateRunning && r.GetParkedSince() != nil {
+					parkedSince[r.GetJobId()] = r.GetParkedSince().AsTime()
+				} else {
+					notParked++
+					example = fmt.Sprintf("%s: %s on %s", r.GetDocId(), r.State(), r.WorkerNode)
+				}
+				return nil
+			}); err != nil {
+				tb.Fatal(err)
+			}
+			if notParked == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("%s: %d jobs not parked after %v (e.g. %s); violations: %v", what, notParked, p.settle, example, res.violations)
+			}
+			time.Sleep(p.poll) // another process's store: poll
+		}
+	}
+	if p.parkAfter > 0 {
+		awaitParked("before the kill")
+		res.parked = time.Since(start)
+		c.logf("all %d jobs parked %v after they were added", p.jobs, res.parked.Round(time.Millisecond))
+	}
+	parkedBefore := maps.Clone(parkedSince)
+
 	if p.idle > 0 {
 		res.idle, res.pgIdleCPU, res.pgCommits = measureIdle(tb, c, pg, dsn, p.idle, res.perNode)
 		for _, l := range res.idle {
@@ -370,6 +419,33 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 
 	write("after", sample)
 	arrived()
+	if p.parkAfter > 0 {
+		// The takeover leaves the survivors' parked jobs parked (their
+		// parked_since unchanged unless a write woke them); the victim's
+		// park again on the survivor that took them, from their
+		// checkpoints, replicating nothing new.
+		awaitParked("after the kill")
+		res.reparked = time.Since(killedAt)
+		c.logf("all %d jobs parked again %v after the SIGKILL", p.jobs, res.reparked.Round(time.Millisecond))
+		wokenByWrite := map[string]bool{}
+		for doc, db := range written {
+			if !strings.HasSuffix(doc, "-before") {
+				wokenByWrite[ids[dbIndex(db)]] = true
+			}
+		}
+		for _, id := range ids {
+			s := seen[id]
+			switch {
+			case wokenByWrite[id] || res.crashed[id] || s.rerun:
+			case s.movedTo != "":
+				if !parkedSince[id].After(killedAt) {
+					res.violate("job %s, taken over by %s, parked since %v: not parked again after the SIGKILL at %v", id, s.movedTo, parkedSince[id], killedAt)
+				}
+			case !parkedSince[id].Equal(parkedBefore[id]):
+				res.violate("job %s on %s: parked since %v before the kill, since %v after it (woken by the takeover)", id, s.current, parkedBefore[id], parkedSince[id])
+			}
+		}
+	}
 	// One more poll with everything settled.
 	running, left := poll()
 	if len(left) > 0 || len(running[victim]) > 0 {
@@ -469,6 +545,12 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 		res.violate("central database has %d documents, want the %d written", info.DocCount, len(written))
 	}
 	return res
+}
+
+// dbIndex is the number of user database name ("user-00042": 42).
+func dbIndex(name string) int {
+	i, _ := strconv.Atoi(strings.TrimPrefix(name, "user-"))
+	return i
 }
 
 // userDBOf is the user database a job replicates from.
@@ -597,11 +679,13 @@ func TestClusterFailover(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_TEST_JOBS")); err == nil && v >= 6 {
 		n = v
 	}
-	res := runClusterFailover(t, failoverParams{jobs: n, timeout: 10 * time.Second, sample: 20, strict: true,
+	res := runClusterFailover(t, failoverParams{jobs: n, timeout: 10 * time.Second, sample: 20, strict: true, parkAfter: 2,
 		poll: 250 * time.Millisecond, settle: 3 * time.Minute})
-	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v), replicating after %v; SIGKILL %s (%d jobs): all running on the survivors after %v (%d polls); load %s",
+	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v), replicating after %v, all parked after %v; "+
+		"SIGKILL %s (%d jobs): all running on the survivors after %v, all parked again after %v (%d polls); load %s",
 		n, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
-		res.perNode, res.ready.Round(time.Millisecond), res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.polls, loadAvg())
+		res.perNode, res.ready.Round(time.Millisecond), res.parked.Round(time.Millisecond), res.victim, res.victimJobs,
+		res.failover.Round(time.Millisecond), res.reparked.Round(time.Millisecond), res.polls, loadAvg())
 	for _, v := range res.violations {
 		t.Error(v)
 	}
@@ -612,12 +696,13 @@ func TestClusterFailover(t *testing.T) {
 // PostgreSQL store, at the default activity timeout (30 s;
 // COUCHREP_CLUSTER_BENCH_TIMEOUT). It reports the time until every job
 // runs after they were added, each node's and PostgreSQL's load over 30 s
-// idle (COUCHREP_CLUSTER_BENCH_IDLE), the time until the jobs of the
+// idle (COUCHREP_CLUSTER_BENCH_IDLE) once every job parked (idle_park_after
+// 10 s, COUCHREP_CLUSTER_BENCH_PARK; 0 never parks), the time until the jobs of the
 // SIGKILLed node run on the other two, and the store's load meanwhile.
 //
 //	go test -run '^$' -bench ClusterFailover -benchtime 1x -timeout 120m ./integration/
 func BenchmarkClusterFailover(b *testing.B) {
-	n, timeout, idle := 30000, 30*time.Second, 30*time.Second
+	n, timeout, idle, park := 30000, 30*time.Second, 30*time.Second, 10
 	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_JOBS")); err == nil && v >= 6 {
 		n = v
 	}
@@ -627,12 +712,17 @@ func BenchmarkClusterFailover(b *testing.B) {
 	if v, err := time.ParseDuration(os.Getenv("COUCHREP_CLUSTER_BENCH_IDLE")); err == nil && v > 0 {
 		idle = v
 	}
+	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_PARK")); err == nil && v >= 0 {
+		park = v
+	}
 	for range b.N {
-		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle,
+		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle, parkAfter: park,
 			poll: time.Second, settle: 15 * time.Minute, logLevel: "warn"})
 		b.ReportMetric(res.allRunning.Seconds(), "s-all-running")
 		b.ReportMetric(res.ready.Seconds(), "s-replicating")
 		b.ReportMetric(res.failover.Seconds(), "s-failover")
+		b.ReportMetric(res.parked.Seconds(), "s-all-parked")
+		b.ReportMetric(res.reparked.Seconds(), "s-reparked")
 		b.ReportMetric(res.pgIdleCPU, "%cpu-pg-idle")
 		b.ReportMetric(res.pgCommits, "commits/s-idle")
 		b.ReportMetric(res.pgTakeoverCPU, "%cpu-pg-takeover")
