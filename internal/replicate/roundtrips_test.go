@@ -139,13 +139,22 @@ func TestWriteOverlapsNextRead(t *testing.T) {
 // also when updates left seqs without rows (rows beyond a window are
 // dropped: the next window has them).
 func TestChangesWindows(t *testing.T) {
+	// Windows of one batch (100), then one batch per worker (4 × 100) up
+	// to the start-up update_seq; then a page of one batch after it.
+	windows := func(u int) []string {
+		q := []string{"since=&limit=100"}
+		for lo := 100; lo < u; lo += 400 {
+			q = append(q, fmt.Sprintf("since=%d&limit=%d", lo, min(400, u-lo)))
+		}
+		return append(q, fmt.Sprintf("since=%d&limit=100", u))
+	}
 	for _, tc := range []struct {
 		name    string
 		updated int // documents whose row moved to the end of the feed: seqs without rows
 		queries []string
 	}{
-		{"dense", 0, []string{"since=&limit=100", "since=100&limit=400", "since=500&limit=1600", "since=2100&limit=200", "since=2300&limit=100"}},
-		{"with updates", 1000, []string{"since=&limit=100", "since=100&limit=400", "since=500&limit=1600", "since=2100&limit=1200", "since=3300&limit=100"}},
+		{"dense", 0, windows(2300)},
+		{"with updates", 1000, windows(3300)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeCouch(t)
