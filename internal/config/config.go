@@ -272,6 +272,12 @@ type Replicator struct {
 	// ValidEndpointProtocolsLog logs a security warning for plain-http
 	// endpoints (valid_endpoint_protocols_log, false).
 	ValidEndpointProtocolsLog bool
+	// CompressRequests sends _bulk_docs, _revs_diff and _bulk_get bodies
+	// of 8 KiB or more gzip-compressed to endpoints that accept them
+	// (compress_requests, false; couchrep's own: CouchDB's replicator
+	// never compresses). It pays on links slower than ~250 Mbit/s per
+	// connection (BENCHMARKS.md).
+	CompressRequests bool
 	// VerifySSLCertificates verifies TLS certificates and host names of
 	// endpoints (verify_ssl_certificates, false — CouchDB's default).
 	VerifySSLCertificates bool

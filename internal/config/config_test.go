@@ -39,6 +39,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.valid_endpoint_protocols":      "http,https",
 		"replicator.valid_proxy_protocols":         "http,https,socks5",
 		"replicator.valid_endpoint_protocols_log":  "false",
+		"replicator.compress_requests":             "false",
 		"replicator.verify_ssl_certificates":       "false",
 		"replicator.verify_ssl_certificates_log":   "false",
 		"replicator.ssl_trusted_certificates_file": "",

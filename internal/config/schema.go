@@ -98,6 +98,7 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "valid_endpoint_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidEndpointProtocols }, allowed: []string{"http", "https"}, nonEmpty: true, what: `a comma-separated list of "http" and "https"`}},
 	{section: SectionReplicator, key: "valid_proxy_protocols", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ValidProxyProtocols }, allowed: []string{"http", "https", "socks5"}, what: `a comma-separated list of "http", "https" and "socks5"`}},
 	{section: SectionReplicator, key: "valid_endpoint_protocols_log", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.ValidEndpointProtocolsLog }}},
+	{section: SectionReplicator, key: "compress_requests", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.CompressRequests }}},
 	{section: SectionReplicator, key: "verify_ssl_certificates", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.VerifySSLCertificates }}},
 	{section: SectionReplicator, key: "verify_ssl_certificates_log", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.VerifySSLCertificatesLog }}},
 	{section: SectionReplicator, key: "ssl_trusted_certificates_file", v: stringValue{p: func(c *Config) *string { return &c.Replicator.SSLTrustedCertificatesFile }, optional: true, what: "a file path"}},

@@ -179,6 +179,6 @@ func (d *DB) RevsDiff(ctx context.Context, revs map[string][]string) (map[string
 	if err != nil {
 		return nil, err
 	}
-	r := &request{method: http.MethodPost, path: "_revs_diff", body: body, bodyLen: n, contentType: "application/json"}
+	r := &request{method: http.MethodPost, path: "_revs_diff", body: body, bodyLen: n, contentType: "application/json", compress: true}
 	return getJSON[map[string]RevsDiff](ctx, d, r, d.lim.MaxBodyBytes, "response body")
 }

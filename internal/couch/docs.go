@@ -106,7 +106,7 @@ func (d *DB) bulkGet(ctx context.Context, reqs []BulkGetRequest, query string, f
 	}
 	r := &request{
 		method: http.MethodPost, path: "_bulk_get", query: query,
-		body: body, bodyLen: n, contentType: "application/json", accept: "application/json",
+		body: body, bodyLen: n, contentType: "application/json", accept: "application/json", compress: true,
 	}
 	resp, err := d.do(ctx, r)
 	if err != nil {
@@ -709,7 +709,7 @@ func (d *DB) BulkDocs(ctx context.Context, docs []json.RawMessage, newEdits bool
 	n += int64(len(tail))
 	r := &request{
 		method: http.MethodPost, path: "_bulk_docs", contentType: "application/json", bodyLen: n,
-		body:     buffersBody(pieces),
+		body: buffersBody(pieces), compress: true,
 		okStatus: func(code int) bool { return code == http.StatusExpectationFailed },
 	}
 	return getJSON[[]DocResult](ctx, d, r, d.lim.MaxBodyBytes, "response body")

@@ -55,6 +55,10 @@ type EndpointConfig struct {
 	// _changes feeds, response body included (couch.Options.RequestTimeout);
 	// zero is CouchDB's infinity.
 	RequestTimeout time.Duration
+	// CompressRequests is compress_requests: _bulk_docs, _revs_diff and
+	// _bulk_get bodies of couch.DefaultCompressMinBytes or more are sent
+	// gzip-compressed (plain to a server that refuses them).
+	CompressRequests bool
 }
 
 // EndpointConfigFrom reads the [replicator] keys of c.
@@ -75,6 +79,7 @@ func EndpointConfigFrom(c config.Replicator) EndpointConfig {
 		IdleTimeout:      c.ConnectionCloseInterval,
 		ConnectTo:        c.ConnectTo,
 		RequestTimeout:   c.RequestTimeout,
+		CompressRequests: c.CompressRequests,
 	}
 }
 
@@ -134,6 +139,14 @@ func (c EndpointConfig) ServerDB(ep couch.Endpoint, retries int, log zerolog.Log
 		Retries: retries, Session: c.sessionOptions(), ErrorBudget: c.errorBudget(),
 		RequestTimeout: c.RequestTimeout, Limits: couch.Limits{ReadTimeout: DefaultConnectionTimeout}})
 	return db, tr.CloseIdleConnections, nil
+}
+
+// compressMinBytes is couch.Options.CompressMinBytes under c.
+func (c EndpointConfig) compressMinBytes() int64 {
+	if c.CompressRequests {
+		return couch.DefaultCompressMinBytes
+	}
+	return 0
 }
 
 // errorBudget is c's error budget for couch.Options.

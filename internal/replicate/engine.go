@@ -249,7 +249,8 @@ func (r *Replication) openDBs() error {
 	limits.ReadTimeout = r.p.ConnectionTimeout
 	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
 		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.Endpoints.sessionOptions(),
-		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits, RequestTimeout: r.o.Endpoints.RequestTimeout}
+		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits, RequestTimeout: r.o.Endpoints.RequestTimeout,
+		CompressMinBytes: r.o.Endpoints.compressMinBytes()}
 	srcOpts, tgtOpts := opts, opts
 	srcOpts.HTTPClient, tgtOpts.HTTPClient = srcClient, tgtClient
 	r.src, r.tgt = couch.NewDB(srcEp, srcOpts), couch.NewDB(tgtEp, tgtOpts)
