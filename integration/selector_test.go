@@ -96,7 +96,7 @@ func TestSharedSelectorFeed(t *testing.T) {
 		if err := json.Unmarshal([]byte(selector), &sel); err != nil {
 			t.Fatal(err)
 		}
-		return map[string]any{"source": pcentral, "target": s.DBURL(target), "selector": sel}
+		return map[string]any{"source": pcentral, "target": s.DBURL(target), "selector": sel, "checkpoint_interval": 500}
 	}
 	jobs := []struct{ target, selector string }{
 		{"u-alice", `{"owner": "alice"}`},
@@ -104,9 +104,10 @@ func TestSharedSelectorFeed(t *testing.T) {
 		{"u-carol", `{"owner": "carol"}`},
 		{"u-bob-big", `{"owner": "bob", "n": {"$gte": 2}}`},
 	}
+	running := map[string]*runningJob{}
 	for _, j := range jobs {
 		s.CreateDB(t, j.target)
-		startJob(t, docOf(j.target, j.selector), replicate.Options{Feeds: hub})
+		running[j.target] = startJob(t, docOf(j.target, j.selector), replicate.Options{Feeds: hub})
 	}
 
 	// Each job caught up (its subscription is then open): what follows
@@ -174,6 +175,41 @@ func TestSharedSelectorFeed(t *testing.T) {
 	if err := w.Err(); err != nil {
 		t.Errorf("watch: %v", err)
 	}
+	// carol's last row is c1, long before the central database's last
+	// change. Restarted, her job catches up and its checkpoint moves to
+	// the central database's update_seq (the rows her selector dropped are
+	// done with): the next restart or wake-up reads from there, not from
+	// c1. (While a job follows the shared feed, rows its selector drops do
+	// not move its checkpoint, as with CouchDB's filtered feeds.)
+	running["u-carol"].stop()
+	carolDoc := docOf("u-carol", `{"owner": "carol"}`)
+	startJob(t, carolDoc, replicate.Options{Feeds: hub})
+	base, _, err := replicate.ID(params(t, carolDoc), "test-uuid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		UpdateSeq json.RawMessage `json:"update_seq"`
+	}
+	s.GetJSON(t, central, &info)
+	var ckpt struct {
+		SourceLastSeq json.RawMessage `json:"source_last_seq"`
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if resp, err := http.Get(s.DBURL("u-carol") + "_local/" + base); err == nil {
+			ok := resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&ckpt) == nil
+			resp.Body.Close()
+			if ok && string(ckpt.SourceLastSeq) == string(info.UpdateSeq) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("carol's checkpoint: source_last_seq %s, want the central database's update_seq %s", ckpt.SourceLastSeq, info.UpdateSeq)
+		}
+		time.Sleep(100 * time.Millisecond) // the job's checkpoint timer: poll
+	}
+
 	delete(aliceDoc, "continuous")
 	if _, err := replicate.WatchFeed(ctx, params(t, aliceDoc), replicate.Options{Feeds: hub}); !errors.Is(err, replicate.ErrNoSharedFeed) {
 		t.Errorf("WatchFeed of a one-shot job: %v, want ErrNoSharedFeed", err)

@@ -301,6 +301,15 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 		more := pages.more(rows - before)
 		cr.s.feedRead(end, !more)
 		if !more {
+			// The end moves through_seq to last_seq, as the end of a
+			// continuous feed of the job's own does: a filtered job whose
+			// rows are rare checkpoints past the rows its filter dropped,
+			// and its next catch-up (after a restart or a wake-up) reads
+			// from there, not from its last matching row.
+			if err := cr.bt.end(cr.since, true); err != nil {
+				cr.done = true // the run is stopping
+				return false, nil
+			}
 			return true, nil
 		}
 	}
