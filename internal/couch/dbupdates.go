@@ -63,7 +63,8 @@ type DBUpdatesOptions struct {
 // 401/403 for a user who is not a server admin, 404 on a CouchDB without
 // _global_changes), a stall (ErrFeedStalled), a row beyond
 // MaxDBUpdatesRowBytes (ErrResponseTooLarge) or a malformed one
-// (ErrBadResponse). The request itself is not retried: the caller
+// (ErrBadResponse); the DB's read deadline (Limits.ReadTimeout) ending it
+// matches ErrFeedStalled too. The request itself is not retried: the caller
 // reconnects from lastSeq, which is the seq of the last row delivered (or
 // opts.Since). Errors never hold credentials.
 func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUpdate) error) (lastSeq Seq, err error) {
@@ -101,6 +102,10 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 		if s := stalled(); s != nil {
 			return lastSeq, s
 		}
+		if errors.Is(err, ErrStalled) {
+			// Not even the headers within connection_timeout.
+			err = fmt.Errorf("%w: %w", ErrFeedStalled, err)
+		}
 		return lastSeq, err
 	}
 	if opts.Opened != nil {
@@ -125,6 +130,11 @@ func (d *DB) DBUpdates(ctx context.Context, opts *DBUpdatesOptions, fn func(DBUp
 	_ = resp.Body.Close()
 	if ctx.Err() != nil {
 		return lastSeq, ctx.Err()
+	}
+	if errors.Is(err, ErrStalled) {
+		// The read deadline (connection_timeout) ended a feed that sent
+		// nothing, not even a heartbeat.
+		return lastSeq, fmt.Errorf("%w: %w", ErrFeedStalled, err)
 	}
 	return lastSeq, badResponse(r, d, err)
 }

@@ -148,3 +148,32 @@ func FuzzDBUpdatesFeed(f *testing.F) {
 		}
 	})
 }
+
+// TestDBUpdatesReadDeadline: connection_timeout ends a feed that sends
+// nothing, before its headers or after, as a stall.
+func TestDBUpdatesReadDeadline(t *testing.T) {
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("since") == "after-headers" {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer srv.Close()
+	defer close(release)
+	ep, err := ParseEndpoint(srv.URL + "/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := NewDB(ep, Options{Limits: Limits{ReadTimeout: 300 * time.Millisecond}})
+	for _, since := range []string{"before-headers", "after-headers"} {
+		_, err := d.DBUpdates(context.Background(), &DBUpdatesOptions{Since: Seq(`"` + since + `"`)}, func(DBUpdate) error { return nil })
+		if !errors.Is(err, ErrFeedStalled) {
+			t.Errorf("%s: %v, want ErrFeedStalled", since, err)
+		}
+	}
+}
