@@ -166,14 +166,19 @@ func TestSharedSelectorFeed(t *testing.T) {
 		t.Error("alice's watch fired for bob's document")
 	default:
 	}
+	var seqBefore struct{ UpdateSeq couch.Seq `json:"update_seq"` }
+	s.GetJSON(t, central, &seqBefore)
+	if w.Moved(seqBefore.UpdateSeq) {
+		t.Errorf("alice's watch says she has a row after %s: only bob's came", seqBefore.UpdateSeq)
+	}
 	s.PutRevs(t, central, doc("a4", "1-a", "alice", 4))
 	select {
 	case <-w.C():
 	case <-time.After(time.Minute):
 		t.Fatal("alice's watch did not fire for her document")
 	}
-	if err := w.Err(); err != nil {
-		t.Errorf("watch: %v", err)
+	if !w.Moved(seqBefore.UpdateSeq) {
+		t.Errorf("alice's watch fired and says she has no row after %s", seqBefore.UpdateSeq)
 	}
 	// carol's last row is c1, long before the central database's last
 	// change. Restarted, her job catches up and its checkpoint moves to

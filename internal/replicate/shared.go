@@ -49,15 +49,14 @@ var ErrNoSharedFeed = errors.New("replication: does not share its source's feed"
 
 // WatchFeed opens the wake-up of a parked run of p on the node's shared
 // feed of its source (o.Feeds): a watch with the run's filter (its
-// doc_ids, its selector evaluated on the node, or none), which fires when
-// the feed reads a row a run would replicate, or when the feed fails (the
-// watch's Err). A parked job's whole footprint on the feed is the watch;
-// thousands of fan-out jobs of one source hold one feed. The watch sees
-// the changes made after WatchFeed returns: whoever parks must still look
-// for changes between its checkpoint and then. ErrNoSharedFeed when a run
-// of p would read a feed of its own (one-shot, a named filter, a selector
-// the node leaves to the source, no hub).
-func WatchFeed(ctx context.Context, p Params, o Options) (*sharedfeed.Watch, error) {
+// doc_ids, its selector evaluated on the node, or none), whose C fires
+// when the feed reads a row a run would replicate. A parked job's whole
+// footprint on the feed is the watch; thousands of fan-out jobs of one
+// source hold one feed and no engine. The watch outlives the feed's
+// failures (it moves to the next feed). ErrNoSharedFeed when a run of p
+// would read a feed of its own (one-shot, a named filter, a selector the
+// node leaves to the source, no hub).
+func WatchFeed(ctx context.Context, p Params, o Options) (*FeedWake, error) {
 	r := &Replication{p: p, o: o, log: o.Logger}
 	if !r.sharesFeed() {
 		return nil, ErrNoSharedFeed
@@ -66,7 +65,36 @@ func WatchFeed(ctx context.Context, p Params, o Options) (*sharedfeed.Watch, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNoSharedFeed, err)
 	}
-	return o.Feeds.Watch(ctx, r.feedSource(), filter)
+	w, err := o.Feeds.Watch(ctx, r.feedSource(), filter)
+	if err != nil {
+		return nil, err
+	}
+	return &FeedWake{w: w}, nil
+}
+
+// FeedWake is a parked job's wake-up on its shared feed (WatchFeed): C and
+// Close as park.Wake's, and Moved, which answers from the watch what
+// Parked.Moved asks the source (no request): a filtered job wakes for its
+// own rows, not for every write to a central database.
+type FeedWake struct {
+	w *sharedfeed.Watch
+}
+
+// C fires when the feed read a row for the job (or failed, or started
+// again after a failure).
+func (fw *FeedWake) C() <-chan struct{} { return fw.w.C() }
+
+// Close ends the watch.
+func (fw *FeedWake) Close() { fw.w.Close() }
+
+// Moved reports whether a job parked at seq (its checkpoint) has a row to
+// replicate: the watch took a row after seq, or its feed failed and rows up
+// to the next feed's start, after seq, may have been missed. The watch is
+// open from before the job's run reached seq (it is held from the job's
+// start), so a row after seq it did not take is one the job's filter drops.
+func (fw *FeedWake) Moved(seq couch.Seq) bool {
+	last, until, lost := fw.w.Marks()
+	return lost || last != nil && SeqPast(last, seq) || until != nil && SeqPast(until, seq)
 }
 
 // feedFilter is the filter of the run's subscription to its shared feed;

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,17 +27,28 @@ import (
 type fakeFeed struct {
 	rows        []string // JSON rows, sent once release is closed
 	release     chan struct{}
-	failChanges bool
+	failChanges atomic.Bool
 	includeDocs chan bool // each feed request's include_docs
+	// holdInfo, when set, holds every info request after the first until
+	// it is closed.
+	holdInfo chan struct{}
+	infos    atomic.Int32
 }
 
 func (ff *fakeFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == "/db/" || r.URL.Path == "/db":
-		fmt.Fprint(w, `{"db_name":"db","update_seq":"0","instance_start_time":"0"}`)
+		if n := ff.infos.Add(1); n > 1 && ff.holdInfo != nil {
+			select {
+			case <-ff.holdInfo:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprintf(w, `{"db_name":"db","update_seq":"%d","instance_start_time":"0"}`, 10*ff.infos.Load())
 	case r.URL.Path == "/db/_changes":
 		ff.includeDocs <- r.URL.Query().Get("include_docs") == "true"
-		if ff.failChanges {
+		if ff.failChanges.Load() {
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprint(w, `{"error":"bad_request","reason":"no"}`)
 			return
@@ -183,8 +195,8 @@ func TestFilters(t *testing.T) {
 	}
 	waitWake(t, bobWatch)
 	waitWake(t, idWatch)
-	if err := bobWatch.Err(); err != nil {
-		t.Errorf("bob's watch: %v", err)
+	if last, _, lost := bobWatch.Marks(); string(last) != `"2"` && string(last) != `"6"` || lost {
+		t.Errorf("bob's watch: last %s (lost %v), want bob's row 2 or 6", last, lost)
 	}
 	// last's row is the sixth: once it is in, rows 1-5 have been
 	// dispatched to every member (the three after it are read below).
@@ -217,25 +229,49 @@ func TestFilters(t *testing.T) {
 	}
 }
 
-// TestWatchFailure: a feed that fails wakes its watches, whose Err is the
-// failure, as it ends its subscriptions.
+// TestWatchFailure: a feed that fails ends its subscriptions with the
+// error; its watches move to the next feed: signalled and marked lost at
+// once, then, once that feed started, marked with its start (rows before it
+// may have been missed) and signalled again; they then fire for its rows
+// and mark the last one.
 func TestWatchFailure(t *testing.T) {
-	ff := &fakeFeed{failChanges: true, includeDocs: make(chan bool, 10)}
+	ff := &fakeFeed{release: make(chan struct{}), includeDocs: make(chan bool, 10), holdInfo: make(chan struct{}),
+		rows: []string{row(31, "b9", []string{"1-b"}, `{"_id":"b9","_rev":"1-b","owner":"bob"}`)}}
+	ff.failChanges.Store(true)
 	hub := sharedfeed.New(sharedfeed.Options{})
 	ctx := context.Background()
 	src := fakeSource(t, ff, true)
+	sub, err := hub.Subscribe(ctx, src, sharedfeed.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
 	w, err := hub.Watch(ctx, src, sharedfeed.Filter{Selector: mango.MustParse(`{"owner": "bob"}`)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	waitWake(t, w)
 	var herr *couch.HTTPError
-	if err := w.Err(); !errors.As(err, &herr) || herr.Status != http.StatusBadRequest {
-		t.Errorf("Err = %v, want the feed's 400", err)
+	if _, err := sub.Next(ctx); !errors.As(err, &herr) || herr.Status != http.StatusBadRequest {
+		t.Errorf("subscription: %v, want the feed's 400", err)
 	}
-	if st := hub.Stats(); st.Feeds != 0 {
-		t.Errorf("the failed feed is still in the hub: %+v", st)
+	waitWake(t, w)
+	if last, until, lost := w.Marks(); last != nil || until != nil || !lost {
+		t.Errorf("after the failure: Marks = %s, %s, %v; want nil, nil, lost", last, until, lost)
+	}
+	if st := hub.Stats(); st.Feeds != 1 || st.Watches != 1 || st.Subscriptions != 0 {
+		t.Errorf("after the failure: %+v, want the watch on the next feed", st)
+	}
+	ff.failChanges.Store(false)
+	close(ff.holdInfo)
+	waitWake(t, w)
+	if last, until, lost := w.Marks(); last != nil || string(until) != `"20"` || lost {
+		t.Errorf("once the next feed started: Marks = %s, %s, %v; want nil, \"20\" (its start), not lost", last, until, lost)
+	}
+	close(ff.release)
+	waitWake(t, w)
+	if last, _, _ := w.Marks(); string(last) != `"31"` {
+		t.Errorf("after bob's row: last = %s, want \"31\"", last)
 	}
 }
 
@@ -274,7 +310,7 @@ func TestSelectorFeedPouchDB(t *testing.T) {
 	}
 	s.PutDocs(t, db, map[string]any{"_id": "b1", "owner": "bob"})
 	waitWake(t, bob)
-	if err := bob.Err(); err != nil {
-		t.Errorf("bob's watch: %v", err)
+	if last, _, lost := bob.Marks(); last == nil || lost {
+		t.Errorf("bob's watch: last %s (lost %v), want his row's seq", last, lost)
 	}
 }

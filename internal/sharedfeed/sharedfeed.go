@@ -158,9 +158,10 @@ func (h *Hub) Subscribe(ctx context.Context, src Source, filter Filter) (*Subscr
 
 // Watch watches src's shared feed, opening it if none is open: its C
 // fires when the feed reads a row filter takes, from once Watch returns
-// (the same start as Subscribe's). It holds no rows. When the feed fails,
-// C fires too and Err returns the failure; the watch is then over (rows
-// may have been missed: whoever waits on it must look for itself).
+// (the same start as Subscribe's). It holds no rows. A watch outlives its
+// feed: when the feed fails, the watch moves to the source's next feed
+// (opened after a back-off while failures repeat) and Marks says which
+// seqs it may have missed. An error is the first feed's failure to start.
 func (h *Hub) Watch(ctx context.Context, src Source, filter Filter) (*Watch, error) {
 	s, err := h.join(ctx, src, filter, true)
 	if err != nil {
@@ -183,6 +184,9 @@ func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (
 	}
 	f.add(s)
 	h.mu.Unlock()
+	if !watch {
+		f.kickOnce.Do(func() { close(f.kick) }) // a job waits: no back-off
+	}
 	select {
 	case <-f.ready:
 	case <-ctx.Done():
@@ -198,7 +202,7 @@ func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (
 
 // member is a new subscription or watch of filter.
 func (h *Hub) member(filter Filter, watch bool) *Subscription {
-	s := &Subscription{wake: make(chan struct{}, 1), max: h.buffer, sel: filter.Selector, watch: watch}
+	s := &Subscription{h: h, wake: make(chan struct{}, 1), max: h.buffer, sel: filter.Selector, watch: watch}
 	if filter.DocIDs != nil {
 		s.ids = make(map[string]struct{}, len(filter.DocIDs))
 		for _, id := range filter.DocIDs {
@@ -219,6 +223,12 @@ type feed struct {
 	// start (openErr, written before).
 	ready   chan struct{}
 	openErr error
+	// delay is how long the feed waits before it opens: the next feed of
+	// the watches of a feed that failed (backing off while failures
+	// repeat); kick ends the wait (a subscriber joined).
+	delay    time.Duration
+	kick     chan struct{}
+	kickOnce sync.Once
 
 	mu      sync.Mutex
 	subs    map[*Subscription]struct{}
@@ -231,7 +241,7 @@ type feed struct {
 }
 
 func (h *Hub) newFeed(src Source) *feed {
-	f := &feed{h: h, src: src, log: h.log.With().Str("source", src.Name).Logger(), ready: make(chan struct{}),
+	f := &feed{h: h, src: src, log: h.log.With().Str("source", src.Name).Logger(), ready: make(chan struct{}), kick: make(chan struct{}),
 		subs: map[*Subscription]struct{}{}, byID: map[string][]*Subscription{}}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	return f
@@ -259,11 +269,15 @@ func (f *feed) add(s *Subscription) {
 	}
 }
 
-// remove unregisters s and closes the feed when it was the last one.
-func (f *feed) remove(s *Subscription) {
-	h := f.h
+// remove unregisters s from its feed (a watch's may have changed: s.f
+// changes under h.mu) and closes the feed when it was the last member.
+func (h *Hub) remove(s *Subscription) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	f := s.f
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.subs[s]; !ok {
@@ -307,7 +321,14 @@ func without(l []*Subscription, s *Subscription) []*Subscription {
 	return l
 }
 
-// end takes the feed out of the hub and gives err to every subscriber.
+// maxDelay bounds the back-off between the feeds of watches whose feed
+// keeps failing.
+const maxDelay = 5 * time.Minute
+
+// end takes the feed out of the hub and gives err to every subscription.
+// Its watches move to the source's next feed (the one open, or a new one
+// opened after a back-off): each is signalled and marked lost (rows may
+// have been missed) until that feed's start is fixed (Watch.Marks).
 func (f *feed) end(err error) {
 	h := f.h
 	h.mu.Lock()
@@ -317,13 +338,43 @@ func (f *feed) end(err error) {
 	f.mu.Lock()
 	f.ended = true
 	subs := make([]*Subscription, 0, len(f.subs))
+	var watches []*Subscription
 	for s := range f.subs {
-		subs = append(subs, s)
+		if s.watch {
+			watches = append(watches, s)
+		} else {
+			subs = append(subs, s)
+		}
 	}
+	clear(f.subs)
 	f.mu.Unlock()
+	if len(watches) > 0 {
+		nf, start := h.feeds[f.src.Key], false
+		if nf == nil {
+			nf, start = h.newFeed(f.src), true
+			nf.delay = reopenPause
+			if f.openErr != nil { // it never started: back off
+				nf.delay = min(max(2*f.delay, reopenPause), maxDelay)
+			}
+			h.feeds[f.src.Key] = nf
+		}
+		for _, w := range watches {
+			w.mu.Lock()
+			w.lost, w.lostUntil = true, nil
+			w.mu.Unlock()
+			nf.add(w)
+		}
+		if start {
+			go nf.run()
+		}
+		f.log.Debug().Int("watches", len(watches)).Dur("delay", nf.delay).Msg("shared feed: its watches move to the next feed")
+	}
 	h.mu.Unlock()
 	for _, s := range subs {
 		s.fail(err)
+	}
+	for _, w := range watches {
+		w.signal()
 	}
 	f.cancel()
 }
@@ -334,6 +385,17 @@ var reopenPause = time.Second
 
 // run reads the feed until it fails or its last subscriber leaves.
 func (f *feed) run() {
+	if f.delay > 0 {
+		t := time.NewTimer(f.delay)
+		select {
+		case <-t.C:
+		case <-f.kick:
+			t.Stop()
+		case <-f.ctx.Done():
+			t.Stop()
+			return // every member left
+		}
+	}
 	db, release, err := f.src.Open(f.log)
 	if err != nil {
 		f.openErr = fmt.Errorf("sharedfeed: %w", err)
@@ -350,6 +412,7 @@ func (f *feed) run() {
 		return
 	}
 	since := info.UpdateSeq
+	f.found(since)
 	close(f.ready)
 	f.log.Debug().Str("since", since.String()).Msg("shared feed: open")
 	opts := couch.ChangesOptions{Feed: couch.FeedContinuous, Style: f.src.Style, Heartbeat: f.src.Heartbeat,
@@ -386,6 +449,28 @@ func (f *feed) run() {
 				return
 			}
 		}
+	}
+}
+
+// found settles the watches that moved here from a failed feed: what
+// they may have missed ends at this feed's start; each is signalled.
+func (f *feed) found(since couch.Seq) {
+	f.mu.Lock()
+	var lost []*Subscription
+	for s := range f.subs {
+		if !s.watch {
+			continue
+		}
+		s.mu.Lock()
+		if s.lost {
+			s.lost, s.lostUntil = false, since
+			lost = append(lost, s)
+		}
+		s.mu.Unlock()
+	}
+	f.mu.Unlock()
+	for _, s := range lost {
+		s.signal()
 	}
 }
 
@@ -581,7 +666,8 @@ func MatchRow(c couch.Change, sel *mango.Selector) (couch.Change, bool) {
 // Subscription is one job's share of a feed: the rows it wants, in feed
 // order, until its error.
 type Subscription struct {
-	f     *feed
+	h     *Hub
+	f     *feed               // changes under h.mu (a watch moves to the next feed)
 	ids   map[string]struct{} // nil: every row
 	sel   *mango.Selector     // nil: every row
 	max   int
@@ -591,10 +677,18 @@ type Subscription struct {
 	mu   sync.Mutex
 	rows []couch.Change
 	err  error
+	// A watch's marks (Watch.Marks).
+	lastMatch, lostUntil couch.Seq
+	lost                 bool
 }
 
 func (s *Subscription) push(c couch.Change) {
 	if s.watch {
+		s.mu.Lock()
+		if c.Seq != nil {
+			s.lastMatch = c.Seq
+		}
+		s.mu.Unlock()
 		s.signal()
 		return
 	}
@@ -654,9 +748,7 @@ func (s *Subscription) Next(ctx context.Context) ([]couch.Change, error) {
 // Close ends the subscription; the feed closes with its last one. Closing
 // twice is harmless.
 func (s *Subscription) Close() {
-	if s.f != nil {
-		s.f.remove(s)
-	}
+	s.h.remove(s)
 }
 
 // Watch wakes a parked job when its shared feed reads a row the job's
@@ -665,16 +757,20 @@ type Watch struct {
 	s *Subscription
 }
 
-// C receives when the feed read a row the filter takes, or failed (Err).
-// Wake-ups coalesce: one is pending at most.
+// C receives when the feed read a row the filter takes, when the feed
+// failed and when its next feed started (see Marks). Wake-ups coalesce:
+// one is pending at most.
 func (w *Watch) C() <-chan struct{} { return w.s.wake }
 
-// Err is the feed's failure once it failed (the watch is then over), or
-// nil.
-func (w *Watch) Err() error {
+// Marks tell a parked job whether its source has a row for it after its
+// checkpoint seq: last is the seq of the last row the watch's filter took
+// (nil: none yet); lost is set while the watch's feed failed and the next
+// one has not started (rows may be missing), lostUntil, once it started,
+// the seq it started at: rows up to it may have been missed.
+func (w *Watch) Marks() (last, lostUntil couch.Seq, lost bool) {
 	w.s.mu.Lock()
 	defer w.s.mu.Unlock()
-	return w.s.err
+	return w.s.lastMatch, w.s.lostUntil, w.s.lost
 }
 
 // Close ends the watch; the feed closes with its last subscription or
