@@ -31,6 +31,16 @@ type fakeCouch struct {
 	// numeric makes seqs JSON numbers (PouchDB Server, CouchDB 1.x)
 	// instead of opaque strings.
 	numeric bool
+	// startTime is every database's instance_start_time; "" is "0".
+	startTime string
+}
+
+// instanceStart is the fake's instance_start_time.
+func (f *fakeCouch) instanceStart() string {
+	if f.startTime == "" {
+		return "0"
+	}
+	return f.startTime
 }
 
 // seqOf is seq n as the fake sends it.
@@ -119,9 +129,9 @@ func (f *fakeCouch) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	switch {
 	case rest == "":
-		writeJSON(w, 200, map[string]any{"db_name": name, "update_seq": f.seqOf(d.seq), "instance_start_time": "0", "doc_count": len(d.docs)})
+		writeJSON(w, 200, map[string]any{"db_name": name, "update_seq": f.seqOf(d.seq), "instance_start_time": f.instanceStart(), "doc_count": len(d.docs)})
 	case rest == "_ensure_full_commit":
-		writeJSON(w, 201, map[string]any{"ok": true, "instance_start_time": "0"})
+		writeJSON(w, 201, map[string]any{"ok": true, "instance_start_time": f.instanceStart()})
 	case strings.HasPrefix(rest, "_local/"):
 		id := strings.TrimPrefix(rest, "_local/")
 		cur := d.local[id]

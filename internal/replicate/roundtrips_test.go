@@ -83,6 +83,57 @@ func TestStartupAndCheckpointRoundTrips(t *testing.T) {
 	}
 }
 
+// Where instance_start_time is not "0" (PouchDB Server, CouchDB 3.4.3 on
+// one node) the final checkpoint takes two rounds: both commits together
+// (their answers are checked first: a database restarted since the run
+// began may have lost writes), then both checkpoint writes together.
+func TestCheckpointRoundsWithStartTime(t *testing.T) {
+	f := newFakeCouch(t)
+	f.startTime = "1732694400000000"
+	f.addDB("src")
+	f.addDB("tgt")
+	for i := range 20 {
+		f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+	}
+	commits, puts := newBarrier(2), newBarrier(2)
+	var mu sync.Mutex
+	var order []string
+	f.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		path := r.URL.Path
+		switch {
+		case strings.HasSuffix(path, "/_ensure_full_commit"):
+			commits.wait(path)
+		case r.Method == http.MethodPut && strings.Contains(path, "/_local/"):
+			puts.wait(path)
+		default:
+			return false
+		}
+		mu.Lock()
+		order = append(order, r.Method)
+		mu.Unlock()
+		return false
+	}
+	res, err := runFake(fakeParams(t, "", f.URL+"/src", f.URL+"/tgt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Stats.DocsWritten != 20 {
+		t.Errorf("docs_written %d, want 20", res.Stats.DocsWritten)
+	}
+	for name, b := range map[string]*barrier{"commits": commits, "checkpoint writes": puts} {
+		b.mu.Lock()
+		if b.failed || len(b.arrived) != 2 {
+			t.Errorf("%s were not in flight together: %q", name, b.arrived)
+		}
+		b.mu.Unlock()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"POST", "POST", "PUT", "PUT"}; !slices.Equal(order, want) {
+		t.Errorf("checkpoint requests %q, want %q (commits first, then the writes)", order, want)
+	}
+}
+
 // A batch's _bulk_docs is in flight while its worker reads the next batch
 // (CouchDB's worker spawns its writer): with one worker and two batches,
 // the first _bulk_docs is held until the second _bulk_get has arrived. A
