@@ -580,6 +580,7 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts pouchdb-server")
 	}
+	t.Parallel()
 	s := testserver.StartPouchDBWithDBUpdates(t)
 	if !s.External() {
 		s.AddAdmin(t, "boss", "s3cret-pw")
@@ -703,6 +704,7 @@ func TestPouchDBServerStub(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts pouchdb-server")
 	}
+	t.Parallel()
 	s := testserver.StartPouchDB(t)
 	if s.External() {
 		t.Skip("an external server is not PouchDB Server")
