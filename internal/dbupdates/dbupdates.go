@@ -209,11 +209,14 @@ type ServerStats struct {
 type Stats struct {
 	// Feeds open (or opening), and their watches.
 	Feeds, Watches int
-	// Unsupported counts the servers whose unsupported verdict is cached.
+	// Unsupported counts the servers found unsupported at their last
+	// probe (their jobs keep their feeds; the verdict is listed after its
+	// cache expired, until a new probe says otherwise).
 	Unsupported int
 	// Wakes counts the signals sent to watches since the Hub was made.
 	Wakes uint64
-	// Servers lists the servers with a feed or a cached verdict, by Name.
+	// Servers lists the servers with a feed, and those found unsupported,
+	// by Name.
 	Servers []ServerStats
 }
 
@@ -221,11 +224,10 @@ type Stats struct {
 func (h *Hub) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	now := time.Now()
 	st := Stats{Feeds: len(h.feeds), Wakes: h.wakes.Load()}
 	for key, s := range h.servers {
 		f := h.feeds[key]
-		if f == nil && (s.state != StateUnsupported || !now.Before(s.until)) {
+		if f == nil && s.state != StateUnsupported {
 			continue
 		}
 		ss := ServerStats{Name: s.name, State: s.state, Reason: s.reason, Since: s.since}

@@ -779,3 +779,18 @@ func TestProbeWithoutSeqWakesOnEveryStart(t *testing.T) {
 	s.lines <- row("a", "updated", 5)
 	woken(t, a)
 }
+
+func TestUnsupportedStaysListed(t *testing.T) {
+	f := newFake(t)
+	f.probeStatus = http.StatusNotFound
+	h := newHub(t, nil, Options{UnsupportedFor: time.Nanosecond})
+	srv := testServer(t, f.srv.URL+"/")
+	if _, err := h.Watch(context.Background(), srv, "a"); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("Watch: %v, want ErrUnsupported", err)
+	}
+	// The verdict's cache expired (jobs that got it keep their feeds and
+	// do not ask again): the server is still shown unsupported.
+	if st := h.Stats(); st.Unsupported != 1 || len(st.Servers) != 1 || st.Servers[0].State != StateUnsupported {
+		t.Fatalf("Stats = %+v, want the server listed unsupported", st)
+	}
+}

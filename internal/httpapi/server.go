@@ -331,7 +331,7 @@ type dbUpdatesState struct {
 }
 
 // dbUpdatesUp is GET /_up's "db_updates": each source server with a
-// _db_updates feed or a cached verdict (its redacted URL) and its state:
+// _db_updates feed or found unsupported (its redacted URL) and its state:
 // ok, opening, retrying or unsupported, with the reason. Feeds of one
 // server with other credentials add their watches, and the worst state
 // shows.
