@@ -794,3 +794,62 @@ func TestUnsupportedStaysListed(t *testing.T) {
 		t.Fatalf("Stats = %+v, want the server listed unsupported", st)
 	}
 }
+
+// TestConcurrentWatches: watches come and go from many goroutines while
+// rows arrive; the feed closes with the last one and reopens, and a watch
+// made at the end is woken by its row.
+func TestConcurrentWatches(t *testing.T) {
+	f := newFake(t)
+	h := newHub(t, nil, Options{})
+	srv := testServer(t, f.srv.URL+"/")
+	stop := make(chan struct{})
+	var rows sync.WaitGroup
+	rows.Add(1)
+	go func() { // every feed the hub opens gets rows until the test ends
+		defer rows.Done()
+		for {
+			select {
+			case s := <-f.streams:
+				go func() {
+					for j := 0; ; j++ {
+						select {
+						case s.lines <- row(fmt.Sprintf("db%d", j%20), "updated", j+2):
+						case <-s.done:
+							return
+						case <-stop:
+							return
+						}
+					}
+				}()
+			case <-stop:
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				w, err := h.Watch(context.Background(), srv, fmt.Sprintf("db%d", (g+i)%20))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%3 == 0 {
+					<-w.C() // rows of every database keep coming
+				}
+				w.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	if st := h.Stats(); st.Watches != 0 || st.Feeds != 0 {
+		t.Fatalf("Stats = %+v after every watch closed, want none", st)
+	}
+	w := watch(t, h, srv, "db7")
+	woken(t, w)
+	close(stop)
+	rows.Wait()
+}
