@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -166,7 +167,9 @@ func TestSharedSelectorFeed(t *testing.T) {
 		t.Error("alice's watch fired for bob's document")
 	default:
 	}
-	var seqBefore struct{ UpdateSeq couch.Seq `json:"update_seq"` }
+	var seqBefore struct {
+		UpdateSeq couch.Seq `json:"update_seq"`
+	}
 	s.GetJSON(t, central, &seqBefore)
 	if w.Moved(seqBefore.UpdateSeq) {
 		t.Errorf("alice's watch says she has a row after %s: only bob's came", seqBefore.UpdateSeq)
@@ -340,5 +343,118 @@ func TestPouchDBSelectorsAsCouchDB(t *testing.T) {
 		if !slices.Equal(couchIDs, want) {
 			t.Errorf("CouchDB: %s matches %q, want (the node's) %q", tc.sel, couchIDs, want)
 		}
+	}
+}
+
+// TestParkingFanOut: continuous selector jobs (per-user slices of a central
+// database on PouchDB Server, which has no _db_updates) and a doc_ids job,
+// run by couchrepd, park after idle_park_after on watches on their shared
+// feeds: the feeds stay open (one with documents for the selector jobs, one
+// without for the doc_ids job), no engine runs. A write for nobody wakes
+// no one, even with a recheck every second (the central database moved,
+// but no job has a row); a write for one user wakes that job alone, which
+// replicates it and parks again; the others stay parked since the same time.
+func TestParkingFanOut(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	px := newParkProxy(t, s.URL)
+	central := s.CreateDB(t, "central")
+	const users = 4
+	var first []map[string]any
+	for i := range users {
+		first = append(first, map[string]any{"_id": fmt.Sprintf("u%d-first", i), "owner": fmt.Sprintf("u%d", i)})
+		s.CreateDB(t, fmt.Sprintf("t-u%d", i))
+	}
+	first = append(first, map[string]any{"_id": "pinned", "owner": "nobody"})
+	s.CreateDB(t, "t-ids")
+	s.PutDocs(t, central, first...)
+	dir := t.TempDir()
+	node := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, fmt.Sprintf(parkNodeConfig, "1"))})
+	addr := node.httpAddr("")
+	jobs := map[string]string{} // target -> replication id
+	start := func(target, filter string) {
+		body := fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,%s}`, px.URL+"/central", s.DBURL(target), filter)
+		rep := api(t, addr, "POST", "/_replicate", body)
+		if rep.status != http.StatusAccepted {
+			t.Fatalf("POST /_replicate: %d %s", rep.status, rep.body)
+		}
+		jobs[target] = rep.obj(t)["_local_id"].(string)
+	}
+	for i := range users {
+		start(fmt.Sprintf("t-u%d", i), fmt.Sprintf(`"selector":{"owner":"u%d"}`, i))
+	}
+	start("t-ids", `"doc_ids":["pinned"]`)
+
+	has := func(db, id string) bool {
+		resp, err := http.Get(s.DBURL(db) + id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	await := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within a minute", what)
+			}
+			time.Sleep(50 * time.Millisecond) // other processes' state: poll
+		}
+	}
+	schedJobs := func() map[string]map[string]any {
+		rep := api(t, addr, "GET", "/_scheduler/jobs", "")
+		var out struct {
+			Jobs []map[string]any `json:"jobs"`
+		}
+		if err := json.Unmarshal(rep.body, &out); err != nil {
+			t.Fatalf("_scheduler/jobs: %v: %s", err, rep.body)
+		}
+		m := map[string]map[string]any{}
+		for _, j := range out.Jobs {
+			m[j["id"].(string)] = j
+		}
+		return m
+	}
+	parkedSince := func() map[string]any {
+		out := map[string]any{}
+		for target, id := range jobs {
+			if j := schedJobs()[id]; parkedJob(j) {
+				out[target] = j["info"].(map[string]any)["parked_since"]
+			}
+		}
+		return out
+	}
+	allParked := func() bool { return len(parkedSince()) == len(jobs) }
+
+	for i := range users {
+		db, id := fmt.Sprintf("t-u%d", i), fmt.Sprintf("u%d-first", i)
+		await(db+" has "+id, func() bool { return has(db, id) })
+	}
+	await("t-ids has pinned", func() bool { return has("t-ids", "pinned") })
+	await("every job parked", allParked)
+	if open := px.open.Load(); open != 2 {
+		t.Errorf("%d continuous feeds open with every job parked, want 2 (the selector jobs' and the doc_ids job's shared feeds)", open)
+	}
+	since := parkedSince()
+
+	// A write for nobody moves the central database: no job has a row,
+	// and the rechecks (park_recheck 1 s, each job's every 0.5-1.5 s) all
+	// along what follows must not wake one. Then a write for u2: that job
+	// alone wakes, replicates it and parks again (after idle_park_after,
+	// 1 s, a time in which every other job rechecked).
+	s.PutDocs(t, central, map[string]any{"_id": "stranger", "owner": "nobody-else"})
+	s.PutDocs(t, central, map[string]any{"_id": "u2-second", "owner": "u2"})
+	await("t-u2 has u2-second", func() bool { return has("t-u2", "u2-second") })
+	await("every job parked again", allParked)
+	got := parkedSince()
+	for target, v := range since {
+		if woke := got[target] != v; woke != (target == "t-u2") {
+			t.Errorf("%s: parked since %v, then %v: want a new time for t-u2 alone", target, v, got[target])
+		}
+	}
+	if has("t-u1", "u2-second") || has("t-u1", "stranger") {
+		t.Error("t-u1 holds another user's document")
 	}
 }

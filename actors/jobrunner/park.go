@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -42,7 +43,9 @@ type parker struct {
 
 // parking returns the job's parker, or nil when the job never parks: not
 // continuous, no checkpoints, idle_park_after 0, or no wake-up source on
-// this node. The wake-up source is opened now, so that the job knows
+// this node. A filtered job (doc_ids, a selector) that shares its source's
+// feed waits on a watch on that feed (replicate.WatchFeed); a whole-database
+// job on its server's _db_updates. The wake-up source is opened now, so that the job knows
 // whether it can park before its first run (a server whose _db_updates
 // cannot be read keeps its jobs' feeds).
 func (a *jobActor) parking(ctx context.Context, p replicate.Params, o replicate.Options) *parker {
@@ -50,6 +53,21 @@ func (a *jobActor) parking(ctx context.Context, p replicate.Params, o replicate.
 		return nil
 	}
 	pk := &parker{a: a, p: p, o: o, log: a.log, open: a.o.Wake}
+	if pk.open == nil && o.Feeds != nil && replicate.ParksOnSharedFeed(p) {
+		// A filtered job (doc_ids, a selector the node evaluates) parks on
+		// a watch on its shared feed: thousands of fan-out jobs of one
+		// source hold one feed and no engine.
+		pk.open = func(ctx context.Context, p replicate.Params, o replicate.Options) (park.Wake, error) {
+			w, err := replicate.WatchFeed(ctx, p, o)
+			if errors.Is(err, replicate.ErrNoSharedFeed) {
+				return nil, nil // a feed of its own: it does not park
+			}
+			if err != nil {
+				return nil, err // a nil *FeedWake must not become a non-nil Wake
+			}
+			return w, nil
+		}
+	}
 	if pk.open == nil {
 		if a.o.DBUpdates == nil || !replicate.ParksOnDBUpdates(p) {
 			return nil
@@ -195,8 +213,15 @@ wait:
 }
 
 // moved asks whether the parked job's source moved; an error counts as
-// moved (the new run reports it as a run does).
+// moved (the new run reports it as a run does). A wake-up source that
+// knows which rows are the job's (replicate.FeedWake) answers itself.
 func (pk *parker) moved(ctx context.Context, parked *replicate.Parked) bool {
+	pk.mu.Lock()
+	w := pk.wake
+	pk.mu.Unlock()
+	if m, ok := w.(interface{ Moved(couch.Seq) bool }); ok {
+		return m.Moved(parked.Seq()) || ctx.Err() != nil
+	}
 	c, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	moved, err := parked.Moved(c)

@@ -43,6 +43,17 @@ func (r *Replication) sharesFeed() bool {
 	return err == nil
 }
 
+// ParksOnSharedFeed reports whether an idle run of p parks on a watch on
+// its shared feed (WatchFeed) rather than on its server's _db_updates: a
+// continuous filtered replication (doc_ids, or a selector: a write to its
+// database may not concern it), with checkpoints and idle_park_after set.
+// A selector the node does not evaluate makes WatchFeed fail with
+// ErrNoSharedFeed: such a job keeps its feed.
+func ParksOnSharedFeed(p Params) bool {
+	return p.Continuous && p.UseCheckpoints && p.IdleParkAfter > 0 && p.Filter == "" &&
+		(p.DocIDs != nil || p.Selector != nil)
+}
+
 // ErrNoSharedFeed is WatchFeed's error for a replication that does not
 // share its source's feed.
 var ErrNoSharedFeed = errors.New("replication: does not share its source's feed")
