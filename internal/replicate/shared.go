@@ -286,11 +286,11 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 // would count unfiltered rows), pages as a one-shot replication's
 // otherwise (a server that builds the whole answer first, as PouchDB Server
 // does, would make a long first catch-up one huge response). A selector job
-// reads include_docs=true and matches each row here as its subscription
-// does (no filter=_selector: the same rows as the shared feed's, and
-// PouchDB Server, which answers filter=_selector with a 404 and exits,
-// serves it too). It reports whether it read up to the end; if not, the
-// error is failed's.
+// asks Apache CouchDB for filter=_selector (serverFiltersSelectors); from
+// any other server it reads include_docs=true and matches each row here as
+// its subscription does (PouchDB Server answers filter=_selector with a 404
+// and exits). It reports whether it read up to the end; if not, the error
+// is failed's.
 func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 	r := cr.s.r
 	pages := pager{}
@@ -300,7 +300,7 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 	// rows counts the rows read (a page's size), matched or not.
 	rows := 0
 	var sel *mango.Selector
-	if r.p.Selector != nil {
+	if r.p.Selector != nil && !cr.serverFiltersSelectors(ctx) {
 		filter, err := r.feedFilter()
 		if err != nil {
 			return false, fmt.Errorf("%w: %w", ErrChangesFailed, err)
@@ -352,6 +352,25 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 			return true, nil
 		}
 	}
+}
+
+// serverFiltersSelectors reports whether a selector job's catch-up asks
+// the source for filter=_selector: when it is Apache CouchDB (GET /
+// answers "couchdb": "Welcome"). A catch-up may read the source's whole
+// history (a job's first start: from 0): the server's filter sends the
+// matching rows only, where the node would read every document, once per
+// job (10,000 fan-out jobs: 10,000 times the central database). Any other
+// server, or one whose root cannot be read, gets include_docs and the
+// node's filter: PouchDB Server answers filter=_selector with a 404 and
+// exits. The shared feed the job follows afterwards is node-evaluated
+// either way (one read of each document for all the jobs).
+func (cr *changesReader) serverFiltersSelectors(ctx context.Context) bool {
+	info, err := cr.s.r.src.ServerInfo(ctx)
+	if err != nil {
+		cr.s.r.log.Debug().Err(err).Msg("replication: the source's root cannot be read: its selector is evaluated on the node")
+		return false
+	}
+	return info.CouchDB == "Welcome"
 }
 
 // seqAfter reports whether a is after b; seqs that are not numbers (opaque,

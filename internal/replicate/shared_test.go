@@ -1,6 +1,9 @@
 package replicate
 
 import (
+	"context"
+	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,5 +100,54 @@ func TestSelectorFeedKey(t *testing.T) {
 	}
 	if other := key(`{"owner":"alice"}`, "http://v:secret@127.0.0.1:5984/central"); other == alice {
 		t.Error("another user shares the feed")
+	}
+}
+
+// TestSelectorCatchUpOnCouchDB: a continuous selector job sharing its
+// source's feed catches up with the server's filter=_selector when the
+// source is Apache CouchDB (GET / says so): the matching rows only, not
+// every document; the shared feed it then follows is read with
+// include_docs=true and no filter. (From PouchDB Server the catch-up is
+// node-evaluated: integration's TestSharedSelectorFeed.)
+func TestSelectorCatchUpOnCouchDB(t *testing.T) {
+	f, fs := continuousSource(t)
+	feedHook := f.hook
+	f.hook = func(w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path == "/" {
+			writeJSON(w, 200, map[string]any{"couchdb": "Welcome", "version": "3.4.3"})
+			return true
+		}
+		return feedHook(w, r)
+	}
+	f.put("src", map[string]any{"_id": "x1", "type": "a"})
+	f.put("src", map[string]any{"_id": "x2", "type": "b"})
+	f.put("src", map[string]any{"_id": "x3", "type": "a"})
+	hub := sharedfeed.New(sharedfeed.Options{})
+	progress, o := progressOptions()
+	o.Feeds = hub
+	p := fakeParams(t, `,"continuous":true,"selector":{"type":"a"}`, f.URL+"/src", f.URL+"/tgt")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	New(p, o).Start(ctx, func(_ Result, err error) { done <- err })
+	awaitWritten(t, progress, done, 2)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	bodies, queries := slices.Clone(f.changesBodies), slices.Clone(f.changesQuery)
+	_, x2 := f.dbs["tgt"].docs["x2"]
+	f.mu.Unlock()
+	if len(bodies) != 1 || bodies[0] != `{"selector":{"type":"a"}}` || len(queries) != 1 ||
+		!strings.Contains(queries[0], "filter=_selector") || strings.Contains(queries[0], "include_docs") {
+		t.Errorf("catch-up requests: %q %q, want one POST filter=_selector", queries, bodies)
+	}
+	if x2 {
+		t.Error("the target holds x2, which the selector does not take")
+	}
+	feeds := fs.queries()
+	if len(feeds) == 0 || !strings.Contains(feeds[0], "include_docs=true") || strings.Contains(feeds[0], "filter") {
+		t.Errorf("shared feed requests %q, want include_docs=true and no filter", feeds)
 	}
 }
