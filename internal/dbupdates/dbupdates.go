@@ -100,9 +100,9 @@ type Options struct {
 	// Logger receives the feeds' logs (never a Server's Key).
 	Logger zerolog.Logger
 	// Heartbeat is the feeds' heartbeat= and stall detection; zero is
-	// DefaultHeartbeat. It must stay below the connection's read timeout
-	// (connection_timeout): CouchDB sends no headers before the first
-	// heartbeat.
+	// DefaultHeartbeat. A feed lowers it to a third of its connection's
+	// read timeout (connection_timeout) if that is shorter: CouchDB sends
+	// no headers before the first heartbeat (couch.DBUpdatesOptions).
 	Heartbeat time.Duration
 	// StallAfter is how long a feed may send nothing (not even a
 	// heartbeat) before it is presumed dead and read again; zero is
@@ -304,16 +304,18 @@ func (h *Hub) setState(key, name string, st State, reason string, err error, log
 		s = &server{}
 		h.servers[key] = s
 	}
+	if st == StateOpening && s.state != "" {
+		// A new feed of a known server: it shows what was found last
+		// until its probe answers.
+		s.name = name
+		return
+	}
 	changed := s.state != st
 	s.name, s.reason = name, reason
 	if st == StateUnsupported {
 		s.err, s.until = err, time.Now().Add(h.o.UnsupportedFor)
 	} else {
 		s.err, s.until = nil, time.Time{}
-	}
-	if st == StateOpening && s.state != "" {
-		// A new feed of a known server: keep what was logged last.
-		return
 	}
 	if !changed {
 		return

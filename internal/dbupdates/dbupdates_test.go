@@ -853,3 +853,40 @@ func TestConcurrentWatches(t *testing.T) {
 	close(stop)
 	rows.Wait()
 }
+
+func TestReprobeShowsTheLastVerdict(t *testing.T) {
+	f := newFake(t)
+	f.probeStatus = http.StatusNotFound
+	release := make(chan struct{})
+	h := newHub(t, nil, Options{UnsupportedFor: time.Nanosecond})
+	srv := testServer(t, f.srv.URL+"/")
+	if _, err := h.Watch(context.Background(), srv, "a"); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("Watch: %v, want ErrUnsupported", err)
+	}
+	// The next probe hangs: while it does, the server shows its last
+	// verdict and reason.
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer slow.Close()
+	defer close(release)
+	srv.Open = testServer(t, slow.URL+"/").Open
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Watch(ctx, srv, "a")
+		done <- err
+	}()
+	eventually(t, "a feed probing", func() bool { return h.Stats().Feeds == 1 })
+	st := h.Stats()
+	if len(st.Servers) != 1 || st.Servers[0].State != StateUnsupported || st.Servers[0].Reason != "404 Not Found" {
+		t.Fatalf("Stats while probing again = %+v, want the last verdict with its reason", st)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Watch: %v, want its context's error", err)
+	}
+}
