@@ -61,9 +61,13 @@ func TestIdleFeedServerProcess(t *testing.T) {
 // stays open without a row until its timeout= and then ends with last_seq,
 // as CouchDB does (sending a newline every heartbeat= meanwhile); a
 // checkpoint PUT is accepted (and forgotten). GET /_idle_feeds counts the
-// feeds open now.
+// feeds open now. GET /_db_updates answers as CouchDB 3 with
+// _global_changes for a server where nothing happens: since=now at once,
+// a continuous feed with heartbeats and no row (GET /_idle_db_updates
+// counts those open).
 type idleCouch struct {
-	open atomic.Int64
+	open    atomic.Int64
+	dbUpdts atomic.Int64
 }
 
 func newIdleCouch() *idleCouch { return &idleCouch{} }
@@ -74,6 +78,10 @@ func (c *idleCouch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.URL.Path == "/_idle_feeds":
 		fmt.Fprintf(w, "%d\n", c.open.Load())
+	case r.URL.Path == "/_idle_db_updates":
+		fmt.Fprintf(w, "%d\n", c.dbUpdts.Load())
+	case r.URL.Path == "/_db_updates":
+		c.dbUpdates(w, r)
 	case r.URL.Path == "/":
 		io.WriteString(w, `{"couchdb":"Welcome","version":"3.3.3","uuid":"85fb71bf700c17267fef77535820e371"}`)
 	case len(parts) == 1 && (r.Method == http.MethodGet || r.Method == http.MethodHead):
@@ -141,6 +149,33 @@ func (c *idleCouch) changes(w http.ResponseWriter, r *http.Request) {
 				io.WriteString(w, `{"last_seq":"0-g1AAAAB","pending":0}`+"\n")
 			}
 			return
+		}
+	}
+}
+
+func (c *idleCouch) dbUpdates(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Get("feed") != "continuous" {
+		io.WriteString(w, `{"results":[],"last_seq":"1-g1AAAAB"}`+"\n")
+		return
+	}
+	var beat <-chan time.Time
+	if ms, err := strconv.Atoi(q.Get("heartbeat")); err == nil && ms > 0 {
+		t := time.NewTicker(time.Duration(ms) * time.Millisecond)
+		defer t.Stop()
+		beat = t.C
+	}
+	c.dbUpdts.Add(1)
+	defer c.dbUpdts.Add(-1)
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case <-beat:
+			io.WriteString(w, "\n")
+			w.(http.Flusher).Flush()
 		}
 	}
 }
@@ -251,6 +286,7 @@ func benchIdleJobs(b *testing.B, n int) {
 	// Every job holds a feed of its own (all read one source: shared, they
 	// would hold one between them), which is what this measures.
 	cfg.Replicator.ShareChangesFeeds = false
+	cfg.Replicator.IdleParkAfter = 0 // idle jobs with their feeds (BenchmarkParkedMemory: parked)
 	if err := cfg.Complete(); err != nil {
 		b.Fatal(err)
 	}

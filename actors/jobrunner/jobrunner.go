@@ -472,7 +472,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	a.mu.Unlock()
 
 	continuous := p.Continuous
-	pk := a.parking(runCtx, p, o)
+	pk := a.parking(runCtx, &p, &o)
 	var start func()
 	var done func(res replicate.Result, err error)
 	done = func(res replicate.Result, err error) {

@@ -13,6 +13,8 @@ import (
 	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/internal/startlimit"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
 // parker is a job's parking (internal/park): the wake-up source its
@@ -25,9 +27,10 @@ import (
 // checkpoint when it did. A stop request, a drain or a shutdown cancels
 // the job's context, which ends the wait as it ends a run.
 type parker struct {
-	a    *jobActor
-	p    replicate.Params
-	o    replicate.Options
+	a *jobActor
+	// p and o are the job's (replicate's, which its runs share).
+	p    *replicate.Params
+	o    *replicate.Options
 	log  zerolog.Logger
 	open func(ctx context.Context, p replicate.Params, o replicate.Options) (park.Wake, error)
 
@@ -48,12 +51,12 @@ type parker struct {
 // job on its server's _db_updates. The wake-up source is opened now, so that the job knows
 // whether it can park before its first run (a server whose _db_updates
 // cannot be read keeps its jobs' feeds).
-func (a *jobActor) parking(ctx context.Context, p replicate.Params, o replicate.Options) *parker {
+func (a *jobActor) parking(ctx context.Context, p *replicate.Params, o *replicate.Options) *parker {
 	if !p.Continuous || !p.UseCheckpoints || p.IdleParkAfter <= 0 {
 		return nil
 	}
 	pk := &parker{a: a, p: p, o: o, log: a.log, open: a.o.Wake}
-	if pk.open == nil && o.Feeds != nil && replicate.ParksOnSharedFeed(p) {
+	if pk.open == nil && o.Feeds != nil && replicate.ParksOnSharedFeed(*p) {
 		// A filtered job (doc_ids, a selector the node evaluates) parks on
 		// a watch on its shared feed: thousands of fan-out jobs of one
 		// source hold one feed and no engine.
@@ -69,7 +72,7 @@ func (a *jobActor) parking(ctx context.Context, p replicate.Params, o replicate.
 		}
 	}
 	if pk.open == nil {
-		if a.o.DBUpdates == nil || !replicate.ParksOnDBUpdates(p) {
+		if a.o.DBUpdates == nil || !replicate.ParksOnDBUpdates(*p) {
 			return nil
 		}
 		hub := a.o.DBUpdates
@@ -114,7 +117,7 @@ func (pk *parker) ensure(ctx context.Context) bool {
 		return true
 	}
 	c, cancel := context.WithTimeout(ctx, wakeOpenTimeout)
-	w, err := pk.open(c, pk.p, pk.o)
+	w, err := pk.open(c, *pk.p, *pk.o)
 	cancel()
 	switch {
 	case err == nil && w == nil:
@@ -161,66 +164,220 @@ func (pk *parker) close() {
 // probeTimeout bounds one look at a parked job's source.
 const probeTimeout = time.Minute
 
-// wait is the parked job's goroutine: it records the job parked, waits
-// until its source moved, records it resumed and calls start (a new
-// engine run, from the checkpoint). When the job's context ends first (a
-// stop, a drain, a shutdown, the job lost) it calls done as an engine run
-// stopped then would.
+// wait parks the job whose engine run ended parked (res.Parked): it
+// records the job parked, looks at the source once if its wake-up source
+// was just opened (a change between the feed's close and the watch's start
+// would not signal it), then leaves the job to sleep. It runs on the
+// engine's last goroutine's successor; sleep is the one that stays.
 func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	done func(replicate.Result, error)) {
 	parked := res.Parked
-	res.Parked = nil
+	// What a stop of the parked job needs of the run: its id and stats.
+	res = replicate.Result{ID: res.ID, Stats: res.Stats}
 	if parked.Resume || !pk.ensure(ctx) {
 		// A change came in as the run parked, or the job cannot park now:
 		// run again at once (a run that cannot park keeps its feed).
 		start()
 		return
 	}
-	a := pk.a
 	pk.mu.Lock()
-	wake, probe := pk.wake, pk.fresh
+	wake, fresh := pk.wake, pk.fresh
 	pk.fresh = false
 	pk.mu.Unlock()
 	pk.record(ctx, parked.Since(), res.Stats)
-	a.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
+	pk.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
+	if fresh && pk.moved(ctx, parked) {
+		pk.resume(ctx, res, start, done)
+		return
+	}
+	(&sleeper{pk: pk, ctx: ctx, wake: wake, parked: parked, res: res, start: start, done: done}).sleep()
+}
 
-	timer := time.NewTimer(park.Jitter(pk.p.ParkRecheck))
-	defer timer.Stop()
-wait:
-	for !probe || !pk.moved(ctx, parked) {
+// sleepState is where a sleeping job is.
+type sleepState uint8
+
+const (
+	asleep  sleepState = iota // waiting for a signal: no goroutine
+	looking                   // a goroutine looks at the source
+	gone                      // resumed or ended: signals are ignored
+)
+
+// sleeper is a parked job while it sleeps: no goroutine of its own. Its
+// wake-up source calls signal (park.Notifier; a source that is not one has
+// a goroutine relay its C), so does its recheck timer (park_recheck,
+// jittered, on the node's timer wheel), and the job's context ending calls
+// canceled (context.AfterFunc). A signal starts one goroutine that looks at
+// the source (paced node-wide for a recheck); a signal during a look makes
+// it look again after. The look that finds the source moved resumes the
+// job; a job whose context ended is ended as a stop.
+type sleeper struct {
+	pk     *parker
+	ctx    context.Context
+	wake   park.Wake
+	parked *replicate.Parked
+	res    replicate.Result
+	start  func()
+	done   func(replicate.Result, error)
+
+	mu      sync.Mutex
+	state   sleepState
+	again   bool // a signal came during the look
+	timer   *timerwheel.Timer
+	stopCtx func() bool
+	relay   chan struct{} // closed to end the relay of C (a Wake that is not a Notifier)
+}
+
+// sleep arms the sleeper and returns.
+func (s *sleeper) sleep() {
+	wheel := s.pk.a.o.Timers
+	if wheel == nil {
+		wheel = timerwheel.Default()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.timer = wheel.AfterFunc(park.Jitter(s.pk.p.ParkRecheck), func() { s.signal(true) })
+	if n, ok := s.wake.(park.Notifier); ok {
+		n.OnSignal(func() { s.signal(false) })
+	} else {
+		s.relay = make(chan struct{})
+		go s.relayC(s.wake.C(), s.relay)
+	}
+	select {
+	case <-s.wake.C():
+		// A signal of the last run's idle time (the change may have come
+		// after the feed closed): look once.
+		s.state = looking
+		go s.look(false)
+	default:
+	}
+	s.stopCtx = context.AfterFunc(s.ctx, s.canceled)
+}
+
+// relayC turns the signals of a Wake that cannot call a function into
+// signal calls; the price is this goroutine.
+func (s *sleeper) relayC(c <-chan struct{}, stop <-chan struct{}) {
+	for {
 		select {
-		case <-ctx.Done():
-			done(res, nil)
+		case <-c:
+			s.signal(false)
+		case <-stop:
 			return
-		case <-wake.C():
-			if park.Err(wake) != nil {
-				pk.ensure(ctx) // turns parking off: the job goes back to its feed
-				break wait
-			}
-			probe = true
-		case <-timer.C:
-			probe = pk.a.o.Rechecks.Wait(ctx) == nil
-			timer.Reset(park.Jitter(pk.p.ParkRecheck))
 		}
 	}
+}
+
+// signal is a wake-up (recheck: the timer's); it must return at once.
+func (s *sleeper) signal(recheck bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch s.state {
+	case asleep:
+		s.state = looking
+		go s.look(recheck)
+	case looking:
+		s.again = true
+	}
+}
+
+// look asks whether the source moved (a recheck waits for the node's
+// pace first), again while signals came meanwhile; it resumes the job
+// when it did, or when the wake-up source stopped working (parking off).
+func (s *sleeper) look(recheck bool) {
+	pk := s.pk
+	for {
+		if recheck {
+			_ = pk.a.o.Rechecks.Wait(s.ctx) // a context that ended makes moved true
+		}
+		failed := park.Err(s.wake) != nil
+		moved := failed || pk.moved(s.ctx, s.parked)
+		s.mu.Lock()
+		if s.state == gone {
+			s.mu.Unlock()
+			return
+		}
+		if moved {
+			s.state = gone
+			s.mu.Unlock()
+			s.stop()
+			if failed {
+				pk.ensure(s.ctx) // turns parking off: back to a feed of the job's own
+			}
+			pk.resume(s.ctx, s.res, s.start, s.done)
+			return
+		}
+		if recheck {
+			s.timer.Reset(park.Jitter(pk.p.ParkRecheck))
+		}
+		if !s.again {
+			s.state = asleep
+			s.mu.Unlock()
+			return
+		}
+		s.again, recheck = false, false
+		s.mu.Unlock()
+	}
+}
+
+// canceled is called when the job's context ends (a stop, a drain, a
+// shutdown, the job lost): a sleeping job ends as a stopped run would; a
+// look under way sees the context ended and does the same.
+func (s *sleeper) canceled() {
+	s.mu.Lock()
+	if s.state != asleep {
+		s.mu.Unlock()
+		return
+	}
+	s.state = gone
+	s.mu.Unlock()
+	s.stop()
+	s.done(s.res, nil)
+}
+
+// stop disarms the sleeper's timer, hook and relay (not under mu: the
+// wheel may be waiting to call signal).
+func (s *sleeper) stop() {
+	s.timer.Stop()
+	if n, ok := s.wake.(park.Notifier); ok {
+		n.OnSignal(nil)
+	}
+	if s.relay != nil {
+		close(s.relay)
+	}
+	s.stopCtx()
+}
+
+// resume records the job resumed and starts a new engine run from the
+// checkpoint; a job whose context ended meanwhile ends as a stop.
+func (pk *parker) resume(ctx context.Context, res replicate.Result, start func(), done func(replicate.Result, error)) {
 	if ctx.Err() != nil {
 		done(res, nil)
 		return
 	}
 	pk.record(ctx, time.Time{}, res.Stats)
-	a.log.Debug().Msg("replication job: its source changed; resuming")
+	pk.log.Debug().Msg("replication job: resuming")
 	start()
 }
 
 // moved asks whether the parked job's source moved; an error counts as
 // moved (the new run reports it as a run does). A wake-up source that
 // knows which rows are the job's (replicate.FeedWake) answers itself.
+// Otherwise the look takes a start-up slot of the source's server
+// (Options.Startup, [replicator] startup_concurrency) for its request or
+// two: a wake-up of every watch of a server (its _db_updates feed
+// restarted) sends the server that many at a time, not ten thousand.
 func (pk *parker) moved(ctx context.Context, parked *replicate.Parked) bool {
 	pk.mu.Lock()
 	w := pk.wake
 	pk.mu.Unlock()
 	if m, ok := w.(interface{ Moved(couch.Seq) bool }); ok {
 		return m.Moved(parked.Seq()) || ctx.Err() != nil
+	}
+	if acquire := pk.a.o.Startup; acquire != nil {
+		release, err := acquire(ctx, startlimit.ServerOf(pk.p.Source.URL))
+		if err != nil {
+			return true // the job's context ended
+		}
+		defer release()
 	}
 	c, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()

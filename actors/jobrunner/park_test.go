@@ -32,6 +32,28 @@ type fakeWake struct {
 	mu     sync.Mutex
 	err    error
 	closed atomic.Int32
+	notify atomic.Pointer[func()] // notifyingWake's OnSignal
+}
+
+// notifyingWake is a fakeWake that is also a park.Notifier (as
+// dbupdates.Watch): the parked job holds no goroutine for it.
+type notifyingWake struct{ *fakeWake }
+
+func (w notifyingWake) OnSignal(f func()) {
+	if f == nil {
+		w.notify.Store(nil)
+		return
+	}
+	w.notify.Store(&f)
+}
+
+// wakeVariants run a test with each kind of wake-up source.
+var wakeVariants = []struct {
+	name string
+	wrap func(*fakeWake) park.Wake
+}{
+	{"relayed", func(w *fakeWake) park.Wake { return w }},
+	{"notifier", func(w *fakeWake) park.Wake { return notifyingWake{w} }},
 }
 
 func newFakeWake() *fakeWake { return &fakeWake{c: make(chan struct{}, 1)} }
@@ -44,6 +66,9 @@ func (w *fakeWake) Err() error {
 	return w.err
 }
 func (w *fakeWake) signal() {
+	if f := w.notify.Load(); f != nil {
+		(*f)()
+	}
 	select {
 	case w.c <- struct{}{}:
 	default:
@@ -218,73 +243,85 @@ func (r *parkRig) stop() *repjob.Record {
 // starts a new engine run (stats carried on) and the record says it
 // resumed; a stop of the parked job ends it as a stop of a running one.
 func TestParkWakeResumes(t *testing.T) {
-	w := newFakeWake()
-	r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil })
-	if !r.run() {
-		t.Fatal("the first run may not park")
-	}
-	rec := r.parked()
-	if rec.GetStats().GetDocsWritten() != 1 {
-		t.Errorf("parked with stats %v", rec.GetStats())
-	}
-	// Parked after its wake-up source was opened: it looked once.
-	for r.probes.Load() < 1 {
-		time.Sleep(time.Millisecond) // the probe is the actor's goroutine's: poll
-	}
-	w.signal()
-	for r.probes.Load() < 2 {
-		time.Sleep(time.Millisecond)
-	}
-	r.noRun()
-	r.moved.Store(true)
-	r.block.Store(true)
-	w.signal()
-	if !r.run() {
-		t.Fatal("a resumed run may not park")
-	}
-	r.unparked()
-	rec = r.stop()
-	if rec.GetStats().GetDocsWritten() != 2 {
-		t.Errorf("stopped with stats %v, want docs_written 2", rec.GetStats())
-	}
-	if w.closed.Load() == 0 {
-		t.Error("the wake-up source was not closed")
+	for _, v := range wakeVariants {
+		t.Run(v.name, func(t *testing.T) {
+			w := newFakeWake()
+			r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return v.wrap(w), nil })
+			if !r.run() {
+				t.Fatal("the first run may not park")
+			}
+			rec := r.parked()
+			if rec.GetStats().GetDocsWritten() != 1 {
+				t.Errorf("parked with stats %v", rec.GetStats())
+			}
+			// Parked after its wake-up source was opened: it looked once.
+			for r.probes.Load() < 1 {
+				time.Sleep(time.Millisecond) // the probe is the actor's goroutine's: poll
+			}
+			w.signal()
+			for r.probes.Load() < 2 {
+				time.Sleep(time.Millisecond)
+			}
+			r.noRun()
+			r.moved.Store(true)
+			r.block.Store(true)
+			w.signal()
+			if !r.run() {
+				t.Fatal("a resumed run may not park")
+			}
+			r.unparked()
+			rec = r.stop()
+			if rec.GetStats().GetDocsWritten() != 2 {
+				t.Errorf("stopped with stats %v, want docs_written 2", rec.GetStats())
+			}
+			if w.closed.Load() == 0 {
+				t.Error("the wake-up source was not closed")
+			}
+		})
 	}
 }
 
 // TestParkStopWhileParked: a stop request to a parked job ends it at once,
 // as for a running one: back to the queue, stats kept, no engine run.
 func TestParkStopWhileParked(t *testing.T) {
-	w := newFakeWake()
-	r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil })
-	r.run()
-	r.parked()
-	rec := r.stop()
-	if rec.GetStats().GetDocsWritten() != 1 {
-		t.Errorf("stopped with stats %v", rec.GetStats())
+	for _, v := range wakeVariants {
+		t.Run(v.name, func(t *testing.T) {
+			w := newFakeWake()
+			r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return v.wrap(w), nil })
+			r.run()
+			r.parked()
+			rec := r.stop()
+			if rec.GetStats().GetDocsWritten() != 1 {
+				t.Errorf("stopped with stats %v", rec.GetStats())
+			}
+			r.noRun()
+			waitEvent(t, r.events, repjob.StatePending)
+		})
 	}
-	r.noRun()
-	waitEvent(t, r.events, repjob.StatePending)
 }
 
 // TestParkSafetyNet: with no wake-up at all (a lost event), the recheck
 // (park_recheck, jittered) looks at the source again and again, and
 // resumes the job once it moved.
 func TestParkSafetyNet(t *testing.T) {
-	w := newFakeWake() // never signalled
-	r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil },
-		20*time.Millisecond)
-	r.run()
-	r.parked()
-	for r.probes.Load() < 3 {
-		time.Sleep(time.Millisecond) // the rechecks are the actor's goroutine's: poll
+	for _, v := range wakeVariants {
+		t.Run(v.name, func(t *testing.T) {
+			w := newFakeWake() // never signalled
+			r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return v.wrap(w), nil },
+				20*time.Millisecond)
+			r.run()
+			r.parked()
+			for r.probes.Load() < 3 {
+				time.Sleep(time.Millisecond) // the rechecks are the actor's goroutine's: poll
+			}
+			r.noRun()
+			r.block.Store(true)
+			r.moved.Store(true)
+			r.run()
+			r.unparked()
+			r.stop()
+		})
 	}
-	r.noRun()
-	r.block.Store(true)
-	r.moved.Store(true)
-	r.run()
-	r.unparked()
-	r.stop()
 }
 
 // TestParkFallbacks: a source that cannot wake the job (ErrUnsupported, or

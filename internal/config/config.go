@@ -259,8 +259,9 @@ type Replicator struct {
 	IdleParkAfter time.Duration
 	// ParkRecheck is how often a parked job re-reads its source database's
 	// update_seq, in case an event of _db_updates was lost (park_recheck,
-	// 600 s; a couchrep key): each job's rechecks are jittered, and the
-	// node sends at most ParkRecheckRate of them per second overall.
+	// 1800 s; a couchrep key): each job's rechecks are jittered (half to
+	// one and a half times it), and the node sends at most park.DefaultRate
+	// (5) of them a second in all, however many jobs are parked.
 	ParkRecheck time.Duration
 
 	// ValidEndpointProtocols are the URL schemes accepted for sources and
@@ -468,7 +469,7 @@ func Default() Config {
 			UseDBUpdates:       true,
 			StartupConcurrency: 20,
 			IdleParkAfter:      60 * time.Second,
-			ParkRecheck:        600 * time.Second,
+			ParkRecheck:        1800 * time.Second,
 
 			ValidEndpointProtocols:   []string{"http", "https"},
 			ValidProxyProtocols:      []string{"http", "https", "socks5"},

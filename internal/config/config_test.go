@@ -94,7 +94,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.use_db_updates":                "true", // couchrep's own key
 		"replicator.startup_concurrency":           "20",   // couchrep's own key
 		"replicator.idle_park_after":               "60",   // couchrep's own key
-		"replicator.park_recheck":                  "600",  // couchrep's own key
+		"replicator.park_recheck":                  "1800", // couchrep's own key
 		"ssl.enable":                               "false",
 		"ssl.cert_file":                            "",
 		"ssl.key_file":                             "",

@@ -376,6 +376,20 @@ type Watch struct {
 	mu     sync.Mutex
 	err    error
 	closed bool
+	// notify, when set, is called at every signal (OnSignal).
+	notify atomic.Pointer[func()]
+}
+
+// OnSignal makes every later signal of w also call f, on the feed's
+// goroutine (f must return at once: hand the work to a goroutine of its
+// own), so that a parked job needs no goroutine waiting on C; nil stops
+// that. C is signalled as before.
+func (w *Watch) OnSignal(f func()) {
+	if f == nil {
+		w.notify.Store(nil)
+		return
+	}
+	w.notify.Store(&f)
 }
 
 // C is signalled (at most one signal waits: they coalesce) after a row
@@ -406,6 +420,9 @@ func (w *Watch) Close() {
 }
 
 func (w *Watch) signal() bool {
+	if f := w.notify.Load(); f != nil {
+		(*f)()
+	}
 	select {
 	case w.c <- struct{}{}:
 		return true

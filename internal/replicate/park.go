@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -44,7 +45,9 @@ type Parked struct {
 	seq, base couch.Seq
 	since     time.Time
 	style     string
-	closeIdle func()
+	// own are the transports the run built (none with a connection
+	// pool's clients): their idle connections are closed after each look.
+	own []*http.Transport
 	// Resume is set when the run read a change it did not finish before it
 	// parked (it came in as the run was parking): start again at once.
 	Resume bool
@@ -78,7 +81,11 @@ func (pk *Parked) Moved(ctx context.Context) (moved bool, err error) {
 	if pk.moved != nil {
 		return pk.moved(ctx)
 	}
-	defer pk.closeIdle()
+	defer func() {
+		for _, tr := range pk.own {
+			tr.CloseIdleConnections()
+		}
+	}()
 	info, err := pk.src.Info(ctx)
 	if err != nil {
 		return true, err
@@ -188,7 +195,9 @@ func (s *runState) parked(ctx context.Context) (Result, error) {
 	r := s.r
 	var opts couch.ChangesOptions
 	r.changesOptions(&opts, nil)
-	res.Parked = &Parked{src: r.src, seq: s.through(), since: r.now(), style: opts.Style, closeIdle: r.closeIdle,
+	// Only the source's client and the transports the run built stay
+	// referenced: the engine, its target and its state are garbage.
+	res.Parked = &Parked{src: r.src, seq: s.through(), since: r.now(), style: opts.Style, own: r.ownTrs,
 		Resume: s.inFlight() || s.bt != nil && s.bt.dropped}
 	return res, nil
 }

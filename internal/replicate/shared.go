@@ -98,6 +98,10 @@ func (fw *FeedWake) C() <-chan struct{} { return fw.w.C() }
 // Close ends the watch.
 func (fw *FeedWake) Close() { fw.w.Close() }
 
+// OnSignal makes the watch call f at every signal (park.Notifier): a parked
+// job waits on it without a goroutine.
+func (fw *FeedWake) OnSignal(f func()) { fw.w.OnSignal(f) }
+
 // Moved reports whether a job parked at seq (its checkpoint) has a row to
 // replicate: the watch took a row after seq, or its feed failed and rows up
 // to the next feed's start, after seq, may have been missed. The watch is

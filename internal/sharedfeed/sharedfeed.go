@@ -673,6 +673,8 @@ type Subscription struct {
 	max   int
 	wake  chan struct{}
 	watch bool // a Watch's: no rows kept
+	// notify, when set, is called at every signal (Watch.OnSignal).
+	notify atomic.Pointer[func()]
 
 	mu   sync.Mutex
 	rows []couch.Change
@@ -715,6 +717,9 @@ func (s *Subscription) fail(err error) {
 }
 
 func (s *Subscription) signal() {
+	if f := s.notify.Load(); f != nil {
+		(*f)()
+	}
 	select {
 	case s.wake <- struct{}{}:
 	default:
@@ -776,3 +781,14 @@ func (w *Watch) Marks() (last, lostUntil couch.Seq, lost bool) {
 // Close ends the watch; the feed closes with its last subscription or
 // watch. Closing twice is harmless.
 func (w *Watch) Close() { w.s.Close() }
+
+// OnSignal makes every later signal of w (what C receives) also call f, on
+// the feed's goroutine (f must return at once), so that a parked job needs
+// no goroutine waiting on C (park.Notifier); nil stops that.
+func (w *Watch) OnSignal(f func()) {
+	if f == nil {
+		w.s.notify.Store(nil)
+		return
+	}
+	w.s.notify.Store(&f)
+}

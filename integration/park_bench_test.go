@@ -1,0 +1,223 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/couchrep/couchrep"
+	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/jobqueue"
+	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/park"
+	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/testserver"
+)
+
+// BenchmarkParkedMemory measures what a parked job holds: a node (in this
+// process, couchrep.Start: the actors of couchrepd) runs N continuous jobs,
+// each from a database of its own (per-user databases) of the idle
+// CouchDB-shaped fake in a child process (idleCouch, which answers
+// _db_updates as a CouchDB with _global_changes where nothing happens),
+// into one central database, with idle_park_after 1 s. Once every job is
+// parked (its record says so; the fake holds no _changes feed and one
+// _db_updates feed), it reports per job, after a full GC, against the node
+// before the jobs were added: Go heap in use plus stacks, RSS, goroutines.
+// COUCHREP_PARKED_JOBS sets N (default 1,000).
+//
+//	go test -run '^$' -bench ParkedMemory -benchtime 1x -timeout 30m ./integration/
+func BenchmarkParkedMemory(b *testing.B) {
+	n := envInt(b, "COUCHREP_PARKED_JOBS", 1000)
+	b.Run(fmt.Sprintf("jobs=%d", n), func(b *testing.B) {
+		for range b.N {
+			benchParked(b, n)
+		}
+	})
+}
+
+func benchParked(b *testing.B, n int) {
+	base := startIdleCouch(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	dir := b.TempDir()
+	cfg := couchrep.DefaultConfig()
+	cfg.Couchrep.DataDir = dir
+	cfg.Couchrep.NodeTypes = []string{config.NodeTypeReplication}
+	cfg.Replicator.MaxJobs = n + 10
+	cfg.Replicator.StartupJitter = 0
+	cfg.Replicator.IdleParkAfter = time.Second
+	if err := cfg.Complete(); err != nil {
+		b.Fatal(err)
+	}
+	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.Nop()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := node.Stop(c); err != nil {
+			b.Errorf("node stop: %v", err)
+		}
+	}()
+	db, err := sqlite.Open(ctx, filepath.Join(dir, config.StoreFileName), sqlite.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
+	if err := store.Init(ctx); err != nil {
+		b.Fatal(err)
+	}
+	parked := func() (int, int) {
+		recs, err := store.List(ctx, repjob.Filter{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		p, r := 0, 0
+		for _, rec := range recs {
+			if rec.State() == repjob.StateRunning {
+				r++
+				if rec.GetParkedSince() != nil {
+					p++
+				}
+			}
+		}
+		return p, r
+	}
+
+	before := measureMem()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range n {
+		body := fmt.Sprintf(`{"source":"%su%05d","target":"%scentral","continuous":true}`, base, i, base)
+		if _, err := store.AddTransient(ctx, []byte(body), "bench"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(20 * time.Minute)
+	for {
+		p, r := parked()
+		if p == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d jobs parked (%d running) after 20 minutes", p, n, r)
+		}
+		time.Sleep(500 * time.Millisecond) // the store: poll
+	}
+	allParked := time.Since(start)
+	b.StopTimer()
+	// A node that stays idle collects at least every two minutes (the
+	// runtime's forced GC), and each collection halves the stacks that use
+	// less than a quarter of theirs: a few collections show the stacks
+	// parked jobs settle at, not those they were started with.
+	for range 4 {
+		runtime.GC()
+	}
+	after := measureMem()
+	if f, u := idleFeeds(b, base), idleCount(b, base+"_idle_db_updates"); f != 0 || u != 1 {
+		b.Fatalf("parked: %d _changes feeds and %d _db_updates feeds open on the server, want 0 and 1", f, u)
+	}
+	if p := os.Getenv("COUCHREP_PARKED_PROFILE"); p != "" {
+		writeIdleProfiles(b, fmt.Sprintf("%s-%d", p, n))
+	}
+	per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(n) }
+	b.ReportMetric(per(after.heapInuse+after.stackInuse, before.heapInuse+before.stackInuse), "heap+stack-B/job")
+	b.ReportMetric(per(after.heapAlloc, before.heapAlloc), "heap-alloc-B/job")
+	b.ReportMetric(per(after.stackInuse, before.stackInuse), "stack-B/job")
+	b.ReportMetric(per(after.rss, before.rss), "RSS-B/job")
+	b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "goroutines/job")
+	b.ReportMetric(allParked.Seconds(), "s-to-all-parked")
+	b.Logf("jobs=%d: goroutines by where they wait (groups of at least %d): %s", n, n/10, goroutineGroups(b, n/10))
+	b.Logf("jobs=%d: heap in use %d -> %d, stacks %d -> %d, RSS %d -> %d, goroutines %d -> %d, all parked in %s; load %s",
+		n, before.heapInuse, after.heapInuse, before.stackInuse, after.stackInuse,
+		before.rss, after.rss, before.goroutines, after.goroutines, allParked.Round(time.Millisecond), loadAvg())
+}
+
+// idleCount reads one of idleCouch's counters.
+func idleCount(b *testing.B, u string) int {
+	resp, err := http.Get(u)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var n int
+	if err := json.NewDecoder(resp.Body).Decode(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// BenchmarkParkRecheck measures what the safety net of parked jobs costs
+// the source server: PouchDB Server (StartPouchDBWithDBUpdates) with D
+// user databases of one document each answers the rechecks of parked jobs
+// — GET /db, at the node's pace (park.Rechecks, 20 a second), each from
+// a job's own client as a parked job sends it — and the benchmark reports
+// the server's CPU time per recheck and the share of a core the node's
+// whole recheck rate takes. COUCHREP_RECHECKS sets how many (default 400:
+// 20 s at 20 a second).
+//
+//	go test -run '^$' -bench ParkRecheck -benchtime 1x ./integration/
+func BenchmarkParkRecheck(b *testing.B) {
+	n := envInt(b, "COUCHREP_RECHECKS", 400)
+	const dbs = 200
+	s := testserver.StartPouchDBWithDBUpdates(b)
+	for i := range dbs {
+		db := fmt.Sprintf("user-%d", i)
+		s.CreateDB(b, db)
+		s.PutDocs(b, s.DBURL(db), map[string]any{"_id": "doc"})
+	}
+	srvCPU := serverCPU(s)
+	if srvCPU == nil {
+		b.Fatal("pouchdb-server process not found")
+	}
+	client := &http.Client{}
+	get := func(u string) {
+		resp, err := client.Get(u)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("GET %s: %d", u, resp.StatusCode)
+		}
+	}
+	for _, kind := range []string{"GET /db", "GET /db + _changes?limit=1"} {
+		b.Run(kind, func(b *testing.B) {
+			for range b.N {
+				pace := park.NewRechecks(park.DefaultRate)
+				idle0, t0 := srvCPU(), time.Now()
+				time.Sleep(2 * time.Second) // the server's own idle CPU, to subtract
+				idle := float64(srvCPU()-idle0) / float64(time.Since(t0))
+				cpu0, start := srvCPU(), time.Now()
+				for i := range n {
+					if err := pace.Wait(context.Background()); err != nil {
+						b.Fatal(err)
+					}
+					u := s.DBURL(fmt.Sprintf("user-%d", i%dbs))
+					get(u)
+					if kind != "GET /db" {
+						get(u + "_changes?since=1&limit=1")
+					}
+				}
+				wall := time.Since(start)
+				cpu := float64(srvCPU()-cpu0) - idle*float64(wall)
+				b.ReportMetric(cpu/float64(time.Millisecond)/float64(n), "server-cpu-ms/recheck")
+				b.ReportMetric(100*cpu/float64(wall), "server-%core-at-20/s")
+				b.Logf("%s: %d rechecks in %s, server CPU %.0f ms beyond its idle %.2f %% of a core; load %s",
+					kind, n, wall.Round(time.Millisecond), cpu/float64(time.Millisecond), 100*idle, loadAvg())
+			}
+		})
+	}
+}
