@@ -231,15 +231,15 @@ func windowsUpTo(s *runState) int64 {
 	return u
 }
 
-// errWindowFailed marks the failure of a window other than the first one
-// in flight (its rows were never handed on).
-var errWindowFailed = errors.New("replicate: a later _changes window failed")
+// errWindowFailed ends a window whose previous window failed: it hands on
+// none of its rows.
+var errWindowFailed = errors.New("replicate: the _changes window before this one failed")
 
 // changesWindow is one page of readWindows: the rows with seqs in
 // (lo, hi], read with since=lo&limit=hi-lo.
 type changesWindow struct {
 	lo, hi int64
-	gate   <-chan struct{} // closed when the window before it is done
+	prev   *changesWindow // the window before it, nil for the first
 	done   chan struct{}
 	end    couch.FeedEnd
 	err    error
@@ -273,11 +273,10 @@ func (cr *changesReader) readWindows(ctx context.Context) error {
 	defer cancel()
 	width := int64(r.p.WorkerBatchSize)
 	next := width * int64(max(r.p.WorkerProcesses, 1))
-	prev := make(chan struct{})
-	close(prev)
+	var prev *changesWindow
 	start := func() *changesWindow {
-		w := &changesWindow{lo: lo, hi: min(lo+width, u), gate: prev, done: make(chan struct{})}
-		lo, width, prev = w.hi, next, w.done
+		w := &changesWindow{lo: lo, hi: min(lo+width, u), prev: prev, done: make(chan struct{})}
+		lo, width, prev = w.hi, next, w
 		var o couch.ChangesOptions
 		r.changesOptions(&o, couch.SeqOf([]byte(strconv.FormatInt(w.lo, 10))))
 		o.Limit = int(w.hi - w.lo)
@@ -285,14 +284,21 @@ func (cr *changesReader) readWindows(ctx context.Context) error {
 			defer close(w.done)
 			waited := false
 			w.end, w.err = r.src.ReadChangesEnd(wctx, &o, func(c couch.Change) error {
-				if !waited {
+				if !waited && w.prev != nil {
 					select {
-					case <-w.gate:
+					case <-w.prev.done:
 					case <-wctx.Done():
 						return context.Cause(wctx)
 					}
-					waited = true
+					if w.prev.err != nil {
+						// Rows of the window before it are missing: none
+						// of this one may be handed on (they would be cut
+						// into batches ahead of the missing ones).
+						return errWindowFailed
+					}
+					w.prev = nil // the windows do not chain in memory
 				}
+				waited = true
 				if n, ok := c.Seq.Int(); !ok || c.Seq == nil || n > w.hi {
 					return nil // the next window's
 				}
