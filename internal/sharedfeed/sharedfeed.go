@@ -699,7 +699,7 @@ func (s *Subscription) push(c couch.Change) {
 	case s.err != nil:
 	case len(s.rows) >= s.max:
 		s.rows, s.err = nil, ErrOverflow
-		s.f.h.overflows.Add(1)
+		s.h.overflows.Add(1)
 	default:
 		s.rows = append(s.rows, c)
 	}
