@@ -11,6 +11,8 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -36,7 +38,7 @@ type feedProxy struct {
 	docs    atomic.Int64 // continuous feeds opened with include_docs=true
 }
 
-func newFeedProxy(t *testing.T, target string) *feedProxy {
+func newFeedProxy(t testing.TB, target string) *feedProxy {
 	u, err := url.Parse(target)
 	if err != nil {
 		t.Fatal(err)
@@ -457,4 +459,99 @@ func TestParkingFanOut(t *testing.T) {
 	if has("t-u1", "u2-second") || has("t-u1", "stranger") {
 		t.Error("t-u1 holds another user's document")
 	}
+}
+
+// BenchmarkParkedFanOut measures a node with N continuous per-user
+// selector jobs of one central PouchDB Server database
+// (COUCHREP_BENCH_FANOUT, default 1000), each job's slice one document,
+// all into one target database: the time until all are parked
+// (idle_park_after 5 s), then, all parked, 30 s idle: the node's and the
+// server's CPU, the node's RSS and open descriptors, the continuous feeds
+// open at the server; then a write for one user → its document in the
+// target (20 writes, a random user each: p50, p99).
+func BenchmarkParkedFanOut(b *testing.B) {
+	n := 1000
+	if v := os.Getenv("COUCHREP_BENCH_FANOUT"); v != "" {
+		if _, err := fmt.Sscanf(v, "%d", &n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range b.N {
+		benchParkedFanOut(b, n)
+	}
+}
+
+func benchParkedFanOut(b *testing.B, n int) {
+	s := testserver.StartPouchDB(b)
+	px := newFeedProxy(b, s.URL)
+	central := s.CreateDB(b, "central")
+	tgt := s.CreateDB(b, "tgt")
+	var docs []map[string]any
+	for i := range n {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("u%05d-0", i), "owner": fmt.Sprintf("u%05d", i)})
+	}
+	for len(docs) > 0 {
+		k := min(len(docs), 1000)
+		s.PutDocs(b, central, docs[:k]...)
+		docs = docs[k:]
+	}
+	dir := b.TempDir()
+	config := filepath.Join(dir, "couchrep.ini")
+	if err := os.WriteFile(config, fmt.Appendf(nil, "[replicator]\nstartup_jitter = 0\nmax_jobs = %d\nidle_park_after = 5\npark_recheck = 600\n", n+10), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	node := startNode(b, nodeOptions{dataDir: dir, extra: []string{"--log-level", "info"}, config: config})
+	addr := node.httpAddr("")
+	nodePID, srvPID := node.cmd.Process.Pid, serverPID(s)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Minute)
+	defer cancel()
+	b.ResetTimer()
+	start := time.Now()
+	if _, err := submitReplicate(ctx, addr, n, 32, func(i int) string {
+		return fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,"selector":{"owner":"u%05d"}}`, px.URL+"/central", tgt, i)
+	}); err != nil {
+		b.Fatal(err)
+	}
+	parked := metricPrefix("couchrep_replication_jobs_parked")
+	for metricSum(b, addr, parked) < float64(n) {
+		if time.Since(start) > 30*time.Minute {
+			b.Fatalf("%.0f of %d jobs parked after 30 minutes", metricSum(b, addr, parked), n)
+		}
+		time.Sleep(time.Second) // another process's state: poll
+	}
+	allParked := time.Since(start)
+	b.StopTimer()
+
+	load0 := loadAvg()
+	nodeCPU, srvCPU := procCPU(nodePID), procCPU(srvPID)
+	const idle = 30 * time.Second
+	time.Sleep(idle) // the idle time measured
+	nodeIdle := float64(procCPU(nodePID)-nodeCPU) / float64(idle) * 100
+	srvIdle := float64(procCPU(srvPID)-srvCPU) / float64(idle) * 100
+	nodeRSS, nodeFDs, open := procRSS(nodePID), procFDs(nodePID), px.open.Load()
+
+	var lat []time.Duration
+	for k := range 20 {
+		id := fmt.Sprintf("u%05d-w%d", (k*7919)%n, k)
+		t0 := time.Now()
+		s.PutDocs(b, central, map[string]any{"_id": id, "owner": id[:6]})
+		for !docExists(http.DefaultClient, tgt, id) {
+			if time.Since(t0) > time.Minute {
+				b.Fatalf("%s not in the target after a minute", id)
+			}
+			time.Sleep(5 * time.Millisecond) // another process's state: poll
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	slices.Sort(lat)
+	p50, p99 := lat[len(lat)/2], lat[len(lat)-1]
+	b.ReportMetric(allParked.Seconds(), "all-parked-s")
+	b.ReportMetric(nodeIdle, "node-idle-%cpu")
+	b.ReportMetric(srvIdle, "server-idle-%cpu")
+	b.ReportMetric(float64(nodeRSS)/(1<<20), "node-RSS-MB")
+	b.ReportMetric(float64(nodeFDs), "node-fds")
+	b.ReportMetric(p99.Seconds()*1000, "write-p99-ms")
+	b.Logf("jobs=%d: all parked %s after the first POST; idle %s: couchrepd %.2f%% of a core, pouchdb-server %.2f%%; RSS couchrepd %.1f MB; fds %d; continuous feeds open at the server %d; write → target p50 %s p99 %s (20, a parked job woken each); load %s -> %s",
+		n, allParked.Round(time.Second), idle, nodeIdle, srvIdle, float64(nodeRSS)/(1<<20), nodeFDs, open,
+		p50.Round(time.Millisecond), p99.Round(time.Millisecond), load0, loadAvg())
 }
