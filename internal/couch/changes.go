@@ -84,6 +84,10 @@ type Change struct {
 	// Doc is the row's document with ChangesOptions.IncludeDocs (nil
 	// when the server sent none or null).
 	Doc json.RawMessage
+	// Rest marks a row of a continuous feed after which nothing more had
+	// arrived: the feed is at rest (a batcher may cut its batch at once
+	// instead of waiting to see whether more rows come).
+	Rest bool
 }
 
 // errFeedTimedOut cancels a feed whose server ignored timeout=.
@@ -362,7 +366,8 @@ func (f *feed) deliver() error {
 			return nil
 		}
 	}
-	return f.fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs, Doc: row.Doc})
+	rest := f.opts.Feed == FeedContinuous && f.js.atRest()
+	return f.fn(Change{Seq: row.Seq, ID: row.ID, Deleted: row.Deleted, Revs: row.Revs, Doc: row.Doc, Rest: rest})
 }
 
 // fail turns a read error into the feed's error: nil when the feed watch

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -293,5 +294,33 @@ func TestChangesContextCancel(t *testing.T) {
 	})
 	if !errors.Is(err, context.Canceled) || !last.Equal(Seq(`1`)) {
 		t.Fatalf("Changes = %s, %v; want context.Canceled", last, err)
+	}
+}
+
+// TestChangesRest: in a continuous feed, the row after which nothing more
+// had arrived is marked Rest (a batcher cuts its batch there); rows of a
+// normal feed never are.
+func TestChangesRest(t *testing.T) {
+	two := `{"seq":1,"id":"a","changes":[{"rev":"1-a"}]}` + "\n" + `{"seq":2,"id":"b","changes":[{"rev":"1-b"}]}` + "\n"
+	f := hangingFeed(t, two, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var rest []bool
+	_, _ = f.db(t, Options{}).Changes(ctx, ChangesOptions{Feed: FeedContinuous}, func(c Change) error {
+		rest = append(rest, c.Rest)
+		if len(rest) == 2 {
+			cancel()
+		}
+		return nil
+	})
+	if fmt.Sprint(rest) != "[false true]" {
+		t.Fatalf("Rest of the rows %v, want [false true]", rest)
+	}
+	n := newFake(t, func(w http.ResponseWriter, r *http.Request, _ []byte) {
+		writeJSON(w, 200, `{"results":[{"seq":1,"id":"a","changes":[{"rev":"1-a"}]}],"last_seq":1}`)
+	})
+	got, _, err := collect(t, n.db(t, Options{}), ChangesOptions{})
+	if err != nil || len(got) != 1 || got[0].Rest {
+		t.Fatalf("normal feed: %+v, %v", got, err)
 	}
 }

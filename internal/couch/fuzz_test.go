@@ -22,7 +22,11 @@ func decodeFeed(body []byte, continuous bool, r func(io.Reader) io.Reader) ([]Ch
 	}
 	var rows []Change
 	f := &feed{d: d, opts: opts, r: &request{method: "GET", path: "_changes"}, w: &feedWatch{}, ctx: context.Background()}
-	f.fn = func(c Change) error { rows = append(rows, c); return nil }
+	f.fn = func(c Change) error {
+		c.Rest = false // how the bytes arrived, not what they say
+		rows = append(rows, c)
+		return nil
+	}
 	f.js = newLimitedJSONStream(r(bytes.NewReader(body)), d.lim.MaxLineBytes, "_changes row")
 	err := f.read()
 	return rows, f.lastSeq, err

@@ -85,6 +85,12 @@ func (s *jsonStream) fill(keep int) bool {
 	}
 }
 
+// atRest reports whether nothing but whitespace is left unread in the
+// buffer (what the connection holds beyond it is not looked at).
+func (s *jsonStream) atRest() bool {
+	return skipWS(s.buf, s.off) >= len(s.buf)
+}
+
 func (s *jsonStream) readErr() error {
 	if s.err == nil || s.err == io.EOF {
 		return io.ErrUnexpectedEOF

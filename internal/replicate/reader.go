@@ -398,7 +398,10 @@ func (cr *changesReader) failed(ctx context.Context, err error) error {
 
 // batcher cuts the feed's rows into batches of worker_batch_size and
 // submits them to the workers. The changes reader appends rows; a partial
-// batch is flushed once the feed has been quiet for batchIdle (checked by a
+// batch is cut at once after a row of a continuous feed at rest (nothing
+// more received: couch.Change.Rest), as CouchDB's workers take what the
+// changes queue holds; otherwise it is flushed once the feed has been
+// quiet for batchIdle (checked by a
 // timer, not a goroutine: an idle feed holds neither a goroutine nor a
 // batch buffer here). Batches are registered with the seq tracker in feed
 // order when they are cut, so the order they reach the workers in does not
@@ -441,7 +444,7 @@ func (b *batcher) add(c couch.Change) error {
 	b.cur = append(b.cur, c)
 	b.waiting.Store(int32(len(b.cur)))
 	b.rows++
-	if len(b.cur) < b.size {
+	if len(b.cur) < b.size && !c.Rest {
 		if !b.armed {
 			b.armed, b.seen = true, b.rows
 			if b.timer == nil {
