@@ -41,7 +41,7 @@ func (s *Store) KeepLease(ctx context.Context) {
 	}()
 	// A round is due a third of the timeout (every) after the previous
 	// one began, and at once after the lease was lost.
-	for due := time.Now(); pause.For(ctx, time.Until(due)) == nil; {
+	for due := time.Now(); s.waitRound(ctx, due); {
 		due = time.Now().Add(every)
 		if l == nil {
 			if err := s.Init(ctx); err != nil {
@@ -81,6 +81,43 @@ func (s *Store) GoKeepLease(ctx context.Context) (done <-chan struct{}) {
 	ch := make(chan struct{})
 	go func() { defer close(ch); s.KeepLease(ctx) }()
 	return ch
+}
+
+// waitRound waits until due, or until an Accept found the lease lost
+// (leaseLost); it returns false once ctx ended.
+func (s *Store) waitRound(ctx context.Context, due time.Time) bool {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.leaseMu.Lock()
+	if s.kicked {
+		s.kicked = false
+		cancel()
+	}
+	s.leaseKick = cancel
+	s.leaseMu.Unlock()
+	_ = pause.For(wctx, time.Until(due))
+	s.leaseMu.Lock()
+	s.leaseKick = nil
+	s.kicked = false
+	s.leaseMu.Unlock()
+	return ctx.Err() == nil
+}
+
+// leaseLost is an Accept's report that lease l was found lost (expired by
+// the activity monitor): later Accepts wait for the next lease, and
+// KeepLease renews (finds it lost, opens another) at once rather than at
+// its next round.
+func (s *Store) leaseLost(l *jobqueue.Lease) {
+	s.leaseMu.Lock()
+	defer s.leaseMu.Unlock()
+	if s.lease.Load() == l {
+		s.lease.Store(nil)
+	}
+	if s.leaseKick != nil {
+		s.leaseKick()
+	} else {
+		s.kicked = true
+	}
 }
 
 // setLease publishes the lease jobs are accepted under (nil: none is open)

@@ -788,3 +788,64 @@ func TestAddDoesNotConflictWithStart(t *testing.T) {
 		}
 	})
 }
+
+// TestAcceptAfterTheLeaseExpired: when the activity monitor (of any node)
+// expired this process's lease, a waiting Accept does not fail with
+// ErrLeaseLost (the node's accept loop would back off for up to 10 s, and
+// the lease would be replaced only at KeepLease's next round, a third of
+// the timeout later): it has KeepLease open another lease at once and
+// takes the job under that.
+func TestAcceptAfterTheLeaseExpired(t *testing.T) {
+	e := newEnv(t, func(o *repjob.Options) { o.ActivityTimeout = time.Hour }) // no renewal during the test
+	ctx := t.Context()
+	if err := e.q.SetTypeTimeout(ctx, repjob.JobType, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := e.store.AddTransient(ctx, body(fmt.Sprintf("http://a/s%d", i), "http://b/t", `,"continuous":true`), "alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := e.store.GoKeepLease(lctx)
+	defer func() { stop(); <-done }()
+	first, err := e.store.Accept(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := e.q.Leases(ctx, repjob.JobType)
+	if err != nil || len(leases) != 1 {
+		t.Fatalf("leases %+v (%v), want one", leases, err)
+	}
+	old := leases[0].ID
+	// A monitor finds the lease a whole timeout old and re-enqueues its job.
+	m := e.q.NewMonitor(jobqueue.MonitorOptions{})
+	t0 := time.Now()
+	if _, err := m.Check(ctx, t0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Check(ctx, t0.Add(2*time.Hour)); err != nil || n != 1 {
+		t.Fatalf("monitor re-enqueued %d (%v), want the lease's one job", n, err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for range 2 {
+		run, err := e.store.Accept(actx, true)
+		if err != nil {
+			t.Fatalf("accept after the lease expired: %v", err)
+		}
+		unwatch, leased := run.Watch(func() {}, func() {})
+		unwatch()
+		if !leased {
+			t.Fatalf("job %s accepted outside a lease", run.ID())
+		}
+	}
+	leases, err = e.q.Leases(ctx, repjob.JobType)
+	if err != nil || len(leases) != 1 || leases[0].ID == old || len(leases[0].Jobs) != 2 {
+		t.Fatalf("leases %+v (%v): want one new lease (not %s) holding both jobs", leases, err, old)
+	}
+	if err := first.Start(ctx, "n1"); !repjob.IsLost(err) {
+		t.Fatalf("start under the expired lease's run: %v, want lost", err)
+	}
+}

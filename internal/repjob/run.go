@@ -40,13 +40,24 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 	if err := s.Init(ctx); err != nil {
 		return nil, err
 	}
-	lease, err := s.acceptLease(ctx, wait)
-	if err != nil {
-		return nil, fmt.Errorf("repjob: accept: %w", err)
-	}
-	j, err := s.q.Accept(ctx, JobType, jobqueue.AcceptOptions{Wait: wait, Lease: lease})
-	if err != nil {
-		return nil, fmt.Errorf("repjob: accept: %w", err)
+	var j *jobqueue.Job
+	for {
+		lease, err := s.acceptLease(ctx, wait)
+		if err != nil {
+			return nil, fmt.Errorf("repjob: accept: %w", err)
+		}
+		j, err = s.q.Accept(ctx, JobType, jobqueue.AcceptOptions{Wait: wait, Lease: lease})
+		if errors.Is(err, jobqueue.ErrLeaseLost) && lease != nil && wait {
+			// The activity monitor expired the lease (this process was
+			// silent for a whole timeout): wait for the next one
+			// rather than fail, and have KeepLease open it now.
+			s.leaseLost(lease)
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("repjob: accept: %w", err)
+		}
+		break
 	}
 	r, err := recordFromInfo(j.Info())
 	if err != nil {

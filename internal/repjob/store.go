@@ -122,6 +122,11 @@ type Store struct {
 	leaseMu   sync.Mutex
 	leasing   bool
 	leaseOpen chan struct{}
+	// leaseKick ends KeepLease's wait for its next round (an Accept found
+	// the lease lost); kicked records a kick that came while it was not
+	// waiting.
+	leaseKick func()
+	kicked    bool
 }
 
 // New returns the store of replication jobs in queue (whose database is db).
