@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/couchrep/couchrep/actors/connpool"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/supervisor"
 )
 
@@ -487,5 +488,38 @@ func TestAcquireHonoursContext(t *testing.T) {
 	_, err := connpool.At(system, actor.NewPID(system.Address(), "couchrep_sup/connection_pool")).Acquire(ctx, actor.NewPID("nonhost", "owner"), 1)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Acquire without a pool: %v", err)
+	}
+}
+
+// TestLeaseCloseIdle: CloseIdle closes the idle pooled connections of the
+// lease's endpoints at once (a job that parks), not after
+// connection_close_interval; the lease goes on working.
+func TestLeaseCloseIdle(t *testing.T) {
+	b := setup(t, connpool.Config{CloseInterval: time.Hour})
+	srv, ct := trackedServer(t)
+	l := b.acquire(t, b.owner(t, "owner"), 2)
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.ClientFor(u, couch.TransportOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := get(b.ctx, c, srv.URL); err != nil {
+		t.Fatal(err)
+	}
+	opened := <-ct.opened
+	l.CloseIdle()
+	select {
+	case closed := <-ct.closed:
+		if closed != opened {
+			t.Errorf("closed an unknown connection")
+		}
+	case <-time.After(waitLimit):
+		t.Fatal("CloseIdle left the idle connection open")
+	}
+	if err := get(b.ctx, c, srv.URL); err != nil {
+		t.Fatalf("a request after CloseIdle: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -40,8 +41,10 @@ type Lease struct {
 	// of one endpoint share them. A slice: a lease sees one or two hosts
 	// (and a map costs an idle job hundreds of bytes).
 	endpoints []hostSlots
-	notify    func(*Lease) // tells the actor about Release; set once
-	released  atomic.Bool
+	// used are the pooled transports ClientFor handed out (CloseIdle).
+	used     []*http.Transport
+	notify   func(*Lease) // tells the actor about Release; set once
+	released atomic.Bool
 }
 
 // slots bounds the requests of one lease to one endpoint.
@@ -77,7 +80,26 @@ func (l *Lease) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Client, e
 	if err != nil {
 		return nil, err
 	}
+	l.mu.Lock()
+	if !slices.Contains(l.used, tr) {
+		l.used = append(l.used, tr)
+	}
+	l.mu.Unlock()
 	return &http.Client{Transport: leaseTransport{l: l, tr: tr}}, nil
+}
+
+// CloseIdle closes the idle connections of the pooled transports the
+// lease's clients use (those of its endpoints, shared with every lease of
+// the same endpoints; each transport at most once a second): a job that
+// parks leaves the node holding connections only for the jobs that work,
+// not for connection_close_interval after a thousand jobs parked together.
+// Requests in flight are not touched; a later request opens a new
+// connection.
+func (l *Lease) CloseIdle() {
+	l.mu.Lock()
+	used := slices.Clone(l.used)
+	l.mu.Unlock()
+	l.trs.closeIdleOf(used)
 }
 
 // leaseTransport sends a lease's requests over one pooled transport.

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
 )
@@ -20,6 +21,48 @@ type transports struct {
 
 	mu sync.Mutex
 	m  map[string]*http.Transport
+	// closedAt is when closeIdleOf last closed a transport's idle
+	// connections; pending, that a close is due at the end of its gap.
+	closedAt map[*http.Transport]time.Time
+	pending  map[*http.Transport]bool
+}
+
+// closeIdleGap is the least time between two closeIdleOf of one
+// transport: a thousand jobs parking together close its idle connections
+// once a second, not a thousand times while others still start on it.
+const closeIdleGap = time.Second
+
+// closeIdleOf closes the idle connections of trs, each at most once per
+// closeIdleGap: a transport closed less than that ago is closed again at
+// the end of the gap (once), so the connections of the last jobs to park
+// do not wait for connection_close_interval either.
+func (t *transports) closeIdleOf(trs []*http.Transport) {
+	now := time.Now()
+	var due []*http.Transport
+	t.mu.Lock()
+	if t.closedAt == nil {
+		t.closedAt, t.pending = map[*http.Transport]time.Time{}, map[*http.Transport]bool{}
+	}
+	for _, tr := range trs {
+		switch since := now.Sub(t.closedAt[tr]); {
+		case since >= closeIdleGap:
+			t.closedAt[tr] = now
+			due = append(due, tr)
+		case !t.pending[tr]:
+			t.pending[tr] = true
+			time.AfterFunc(closeIdleGap-since, func() {
+				t.mu.Lock()
+				delete(t.pending, tr)
+				t.closedAt[tr] = time.Now()
+				t.mu.Unlock()
+				tr.CloseIdleConnections()
+			})
+		}
+	}
+	t.mu.Unlock()
+	for _, tr := range due {
+		tr.CloseIdleConnections()
+	}
 }
 
 func newTransports(cfg Config) *transports {

@@ -440,7 +440,12 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	// The engine reports about once a second while its stats change: each
 	// report is published at once (the node's API shows it live) and
 	// written to the store at most once per every (and at checkpoints).
-	rec := a.run.Record()
+	// The progress events name the job: its identity is all they keep of
+	// the record (not its body, history and stats: a job lives for long,
+	// mostly idle or parked).
+	full := a.run.Record()
+	rec := &messages.ReplicationJob{JobId: full.JobId, RepId: full.RepId, Kind: full.Kind, DbName: full.DbName,
+		DocId: full.DocId, User: full.User, Continuous: full.Continuous, LastStarted: full.LastStarted}
 	id := a.run.ID()
 	onProgress := func(s replicate.Stats) {
 		pw.write(s)

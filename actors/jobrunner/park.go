@@ -185,6 +185,11 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	pk.fresh = false
 	pk.mu.Unlock()
 	pk.record(ctx, parked.Since(), res.Stats)
+	if l := pk.a.lease; l != nil {
+		// The connections the run left idle in the node's pool: the node's
+		// descriptors follow the jobs that work, not those that sleep.
+		l.CloseIdle()
+	}
 	pk.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
 	if fresh && pk.moved(ctx, parked) {
 		pk.resume(ctx, res, start, done)
