@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,6 +260,10 @@ func TestParkWakeResumes(t *testing.T) {
 			for r.probes.Load() < 1 {
 				time.Sleep(time.Millisecond) // the probe is the actor's goroutine's: poll
 			}
+			if v.name == "notifier" {
+				// Asleep on a source that calls it: no goroutine of the job.
+				awaitNoGoroutine(t, "actors/jobrunner.")
+			}
 			w.signal()
 			for r.probes.Load() < 2 {
 				time.Sleep(time.Millisecond)
@@ -278,6 +284,26 @@ func TestParkWakeResumes(t *testing.T) {
 				t.Error("the wake-up source was not closed")
 			}
 		})
+	}
+}
+
+// awaitNoGoroutine waits until no goroutine runs a function whose name
+// contains frame (the goroutine profile: other goroutines' state, polled).
+func awaitNoGoroutine(t *testing.T, frame string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var b strings.Builder
+		if err := pprof.Lookup("goroutine").WriteTo(&b, 1); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), frame) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a goroutine in %s stays while the job is parked:\n%s", frame, b.String())
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
