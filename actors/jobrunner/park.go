@@ -191,7 +191,7 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 		l.CloseIdle()
 	}
 	pk.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
-	if fresh && pk.moved(ctx, parked) {
+	if fresh && pk.moved(ctx, parked, false) {
 		pk.resume(ctx, res, start, done)
 		return
 	}
@@ -294,7 +294,7 @@ func (s *sleeper) look(recheck bool) {
 			_ = pk.a.o.Rechecks.Wait(s.ctx) // a context that ended makes moved true
 		}
 		failed := park.Err(s.wake) != nil
-		moved := failed || pk.moved(s.ctx, s.parked)
+		moved := failed || pk.moved(s.ctx, s.parked, recheck)
 		s.mu.Lock()
 		if s.state == gone {
 			s.mu.Unlock()
@@ -369,8 +369,11 @@ func (pk *parker) resume(ctx context.Context, res replicate.Result, start func()
 // Otherwise the look takes a start-up slot of the source's server
 // (Options.Startup, [replicator] startup_concurrency) for its request or
 // two: a wake-up of every watch of a server (its _db_updates feed
-// restarted) sends the server that many at a time, not ten thousand.
-func (pk *parker) moved(ctx context.Context, parked *replicate.Parked) bool {
+// restarted) sends the server that many at a time, not ten thousand. A
+// recheck asks Parked.Moved (update_seq first: one GET /db when nothing
+// moved), a wake-up Parked.Changed (the source said it was written: one
+// _changes request).
+func (pk *parker) moved(ctx context.Context, parked *replicate.Parked, recheck bool) bool {
 	pk.mu.Lock()
 	w := pk.wake
 	pk.mu.Unlock()
@@ -386,7 +389,11 @@ func (pk *parker) moved(ctx context.Context, parked *replicate.Parked) bool {
 	}
 	c, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	moved, err := parked.Moved(c)
+	look := parked.Changed
+	if recheck {
+		look = parked.Moved
+	}
+	moved, err := look(c)
 	if err != nil && ctx.Err() == nil {
 		pk.log.Debug().Err(err).Msg("replication job: reading its source while parked failed; resuming")
 	}

@@ -97,16 +97,37 @@ func (pk *Parked) Moved(ctx context.Context) (moved bool, err error) {
 	if !SeqPast(info.UpdateSeq, base) {
 		return false, nil
 	}
+	if moved, err := pk.changed(ctx); moved || err != nil {
+		return true, err
+	}
+	pk.base = info.UpdateSeq
+	return false, nil
+}
+
+// Changed reports whether the source has a change after the parked seq: a
+// _changes read from it (limit=1, unfiltered) has a row. It is Moved
+// without the update_seq step, for a wake-up that says the database was
+// written (a _db_updates row): one request instead of two. An error is
+// returned with moved set, as Moved's.
+func (pk *Parked) Changed(ctx context.Context) (moved bool, err error) {
+	if pk.moved != nil {
+		return pk.moved(ctx)
+	}
+	defer func() {
+		for _, tr := range pk.own {
+			tr.CloseIdleConnections()
+		}
+	}()
+	return pk.changed(ctx)
+}
+
+func (pk *Parked) changed(ctx context.Context) (bool, error) {
 	opts := couch.ChangesOptions{Feed: couch.FeedNormal, Since: pk.seq, Limit: 1, Style: pk.style}
 	rows := 0
 	if _, err := pk.src.ReadChangesEnd(ctx, &opts, func(couch.Change) error { rows++; return nil }); err != nil {
 		return true, err
 	}
-	if rows > 0 {
-		return true, nil
-	}
-	pk.base = info.UpdateSeq
-	return false, nil
+	return rows > 0, nil
 }
 
 // SeqPast reports whether the source's update_seq u is past the seq s a

@@ -159,6 +159,9 @@ func TestParkIdleRun(t *testing.T) {
 	if moved, err := pk.Moved(ctx); moved || err != nil {
 		t.Fatalf("Moved on an unchanged source: %v, %v", moved, err)
 	}
+	if changed, err := pk.Changed(ctx); changed || err != nil {
+		t.Fatalf("Changed on an unchanged source: %v, %v", changed, err)
+	}
 	// A write that changes no document (a _security update) moves
 	// update_seq: one _changes read finds nothing, and it is not asked
 	// again.
@@ -178,9 +181,15 @@ func TestParkIdleRun(t *testing.T) {
 		t.Errorf("%d _changes reads for one write without a change, want 1", asked)
 	}
 
+	if changed, err := pk.Changed(ctx); changed || err != nil {
+		t.Fatalf("Changed after a write without a change: %v, %v", changed, err)
+	}
 	f.put("src", map[string]any{"_id": "b"})
 	if moved, err := pk.Moved(ctx); !moved || err != nil {
 		t.Fatalf("Moved after a change: %v, %v", moved, err)
+	}
+	if changed, err := pk.Changed(ctx); !changed || err != nil {
+		t.Fatalf("Changed after a change: %v, %v", changed, err)
 	}
 	done2 := make(chan parkOutcome, 1)
 	p2 := p
