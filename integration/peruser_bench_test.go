@@ -310,7 +310,10 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 // their fan-in jobs' _replicator documents until the server has served
 // every job's feed and had no request in flight for 3 s. It reports the
 // CPU this process used per job; COUCHREP_PERUSER_PROFILE=prefix writes
-// its CPU profile to prefix.node-start.cpu.
+// its CPU profile to prefix.node-start.cpu. Then it waits until every job
+// has parked (idle_park_after; the server holds no feed of theirs) and
+// reports what a parked job holds, per job after a full GC: heap and
+// stacks, RSS, goroutines (and its heap profile to prefix.parked.heap).
 //
 //	go test -run '^$' -bench PerUserStart -benchtime 1x -timeout 30m ./integration/
 func BenchmarkPerUserStart(b *testing.B) {
@@ -343,6 +346,7 @@ func BenchmarkPerUserStart(b *testing.B) {
 			}
 			defer f.Close()
 		}
+		before := measureMem()
 		cpu0 := cpuTime()
 		b.StartTimer()
 		p.writeDocs(b, false)
@@ -363,6 +367,34 @@ func BenchmarkPerUserStart(b *testing.B) {
 		pprof.StopCPUProfile()
 		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/job")
 		b.Logf("users=%d: started %s after the _bulk_docs' answer, CPU %s; load %s", n, time.Since(p.written).Round(time.Millisecond), cpu.Round(time.Millisecond), loadAvg())
+
+		// Parked: the server holds none of their feeds (the three left
+		// are the node's own: _replicator's, and _db_updates').
+		deadline = time.Now().Add(10 * time.Minute)
+		for r := p.requests(b, false); r.Feeds > 3; r = p.requests(b, false) {
+			if time.Now().After(deadline) {
+				b.Fatalf("jobs not parked after 10 minutes: %d feeds open at the server", r.Feeds)
+			}
+			time.Sleep(time.Second) // another process's state: poll
+		}
+		after := measureMem()
+		if prefix := os.Getenv("COUCHREP_PERUSER_PROFILE"); prefix != "" {
+			f, err := os.Create(prefix + ".parked.heap")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+				b.Fatal(err)
+			}
+			f.Close()
+		}
+		per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(n) }
+		b.ReportMetric(per(after.heapInuse+after.stackInuse, before.heapInuse+before.stackInuse), "parked-heap+stack-B/job")
+		b.ReportMetric(per(after.rss, before.rss), "parked-RSS-B/job")
+		b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "parked-goroutines/job")
+		b.Logf("users=%d parked: heap in use %d -> %d (alloc %d -> %d), stacks %d -> %d, RSS %d -> %d, goroutines %d -> %d (by where they wait, groups of at least %d: %s); load %s",
+			n, before.heapInuse, after.heapInuse, before.heapAlloc, after.heapAlloc, before.stackInuse, after.stackInuse,
+			before.rss, after.rss, before.goroutines, after.goroutines, n/10, goroutineGroups(b, n/10), loadAvg())
 		c, cancel2 := context.WithTimeout(context.Background(), 5*time.Minute)
 		if err := node.Stop(c); err != nil {
 			b.Errorf("node stop: %v", err)

@@ -201,6 +201,28 @@ func (p *perUser) waitStarted(t testing.TB, quiet, timeout time.Duration) time.D
 	return since.Sub(p.written)
 }
 
+// waitParked waits until the node's /metrics count every job parked
+// (through its start-up and idle for idle_park_after) and returns how long
+// after the _bulk_docs that was.
+func (p *perUser) waitParked(t testing.TB, timeout time.Duration) time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		parked := int(metricSum(t, p.addr, metricPrefix("couchrep_replication_jobs_parked")))
+		if parked >= p.jobs {
+			return time.Since(p.written)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d jobs parked %s after the _bulk_docs", parked, p.jobs, time.Since(p.written).Round(time.Second))
+		}
+		select {
+		case <-p.node.exited:
+			t.Fatalf("couchrepd exited (%v)", p.node.exitErr)
+		case <-time.After(250 * time.Millisecond): // another process's state: poll
+		}
+	}
+}
+
 // serverRequests are the pouchdb-server process's request counts
 // (integration/bench/count-requests.js): requests other than feeds in
 // flight and their peak, feeds open and their peak, and all requests
@@ -287,24 +309,27 @@ const perUserStartupConcurrency = 20
 // 26): 2,000 user databases on one PouchDB Server (with a real
 // _db_updates feed), one continuous replication each into a central
 // database, written as 2,000 _replicator documents in one _bulk_docs. Every
-// job comes to run on one node; the server never has more requests in
+// job comes to run on one node, goes through its start-up and parks
+// (idle_park_after 5 s here); the server never had more requests in
 // flight at once than the node's start-up limit allows
 // ([replicator] startup_concurrency jobs starting per server, a few
-// requests each, counted at the server); and a write to each user database
-// of a sample reaches the central database, and only those.
+// requests each, counted at the server); the node's file descriptors are
+// bounded by its own feeds, not by the jobs; and a write to each user
+// database of a sample wakes its job and reaches the central database, and
+// only those.
 func TestPerUserDatabases(t *testing.T) {
 	skipShort(t)
 	n, sample := perUserTestDBs(), 20
-	p := startPerUser(t, n, false)
+	p := startPerUser(t, n, false, "COUCHREP_REPLICATOR_IDLE_PARK_AFTER=5")
 	nodeCPU, srvCPU := procCPU(p.node.cmd.Process.Pid), procCPU(serverPID(p.srv))
 	running := p.waitRunning(t, 5*time.Minute)
-	started := p.waitStarted(t, 3*time.Second, 5*time.Minute)
+	parked := p.waitParked(t, 5*time.Minute)
 	reqs := p.requests(t, false)
-	t.Logf("%d jobs: the server took the _bulk_docs in %s; all running %s after it, started at the source after %s "+
-		"(CPU meanwhile: couchrepd %s, pouchdb-server %s; %d requests); server: peak %d requests in flight, %d feeds; load %s",
-		p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), started.Round(time.Millisecond),
-		procCPU(p.node.cmd.Process.Pid)-nodeCPU, procCPU(serverPID(p.srv))-srvCPU, reqs.Total, reqs.Peak, reqs.PeakFeeds, loadAvg())
-
+	fds := procFDs(p.node.cmd.Process.Pid)
+	t.Logf("%d jobs: the server took the _bulk_docs in %s; all running %s after it, all parked after %s "+
+		"(CPU meanwhile: couchrepd %s, pouchdb-server %s; %d requests); server: peak %d requests in flight, %d feeds; couchrepd fds %d; load %s",
+		p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), parked.Round(time.Millisecond),
+		procCPU(p.node.cmd.Process.Pid)-nodeCPU, procCPU(serverPID(p.srv))-srvCPU, reqs.Total, reqs.Peak, reqs.PeakFeeds, fds, loadAvg())
 	// A starting job sends at most 5 requests at once (source and target
 	// infos and checkpoints; then the shared feed's info, then its
 	// catch-up); the rest is the node's own (doc processor, _db_updates)
@@ -312,6 +337,12 @@ func TestPerUserDatabases(t *testing.T) {
 	if limit := 6*perUserStartupConcurrency + 40; reqs.Peak > limit {
 		t.Errorf("the server had %d requests in flight at once (feeds not counted), want at most %d (startup_concurrency %d)",
 			reqs.Peak, limit, perUserStartupConcurrency)
+	}
+	// Parked jobs hold no feed: what is open is the node's own (store,
+	// listeners, the _replicator and _db_updates feeds, pooled
+	// connections), a few dozen, not one per job.
+	if fds > 200 {
+		t.Errorf("couchrepd holds %d file descriptors with %d jobs parked, want at most 200", fds, p.jobs)
 	}
 
 	client := &http.Client{Timeout: time.Minute}
