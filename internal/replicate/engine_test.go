@@ -234,12 +234,17 @@ func TestRevsDiffEmptyTarget(t *testing.T) {
 	}
 }
 
-// TestChangesPaging: a one-shot feed is read in pages of one batch, then
-// growing 4× (capped at 32 batches); doc_ids feeds are read in one request.
+// TestChangesPaging: a one-shot feed of a source with numeric seqs (as
+// PouchDB Server's, which builds a page whole before its first byte) is
+// read in pages of one batch, then growing 4× (capped at 32 batches); its
+// rows here are sparse (three seqs a document), so no windows are read
+// first (TestChangesWindows). doc_ids feeds, and the feed of a source with
+// opaque seqs (clustered CouchDB, which streams it), are one request.
 func TestChangesPaging(t *testing.T) {
 	tests := []struct {
 		name, extra string
 		docs        int
+		opaque      bool
 		wantLimits  []string
 	}{
 		{name: "one batch", extra: `,"worker_batch_size":5`, docs: 3, wantLimits: []string{"5"}},
@@ -247,14 +252,18 @@ func TestChangesPaging(t *testing.T) {
 		{name: "growing", extra: `,"worker_batch_size":5`, docs: 30, wantLimits: []string{"5", "20", "80"}},
 		{name: "capped", extra: `,"worker_batch_size":1`, docs: 100, wantLimits: []string{"1", "4", "16", "32", "32", "32"}},
 		{name: "doc_ids in one request", extra: `,"worker_batch_size":5,"doc_ids":["d00","d01","d02","d03","d04","d05","d06"]`, docs: 30, wantLimits: []string{""}},
+		{name: "opaque seqs in one request", extra: `,"worker_batch_size":5`, docs: 30, opaque: true, wantLimits: []string{""}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFakeCouch(t)
+			f.numeric = !tc.opaque
 			f.addDB("src")
 			f.addDB("tgt")
-			for i := 0; i < tc.docs; i++ {
-				f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+			for range 3 {
+				for i := 0; i < tc.docs; i++ {
+					f.put("src", map[string]any{"_id": fmt.Sprintf("d%02d", i)})
+				}
 			}
 			res, err := runFake(fakeParams(t, tc.extra, f.URL+"/src", f.URL+"/tgt"))
 			if err != nil {
@@ -276,13 +285,15 @@ func TestChangesPaging(t *testing.T) {
 				t.Errorf("target has %d docs (stats %+v), want %d", n, res.Stats, want)
 			}
 			var body struct {
-				SourceLastSeq string `json:"source_last_seq"`
+				SourceLastSeq json.RawMessage `json:"source_last_seq"`
 			}
 			_ = json.Unmarshal(res.Body, &body)
 			// The seq of the last change processed (CouchDB's one-shot
-			// checkpoint), not the feed's last_seq.
-			if body.SourceLastSeq != seqStr(want) {
-				t.Errorf("source_last_seq %q, want %q", body.SourceLastSeq, seqStr(want))
+			// checkpoint), not the feed's last_seq: the wanted documents'
+			// last updates are the third round's (seqs 2×docs+1 on).
+			wantSeq, _ := json.Marshal(f.seqOf(2*tc.docs + want))
+			if string(body.SourceLastSeq) != string(wantSeq) {
+				t.Errorf("source_last_seq %s, want %s", body.SourceLastSeq, wantSeq)
 			}
 		})
 	}

@@ -78,16 +78,32 @@ const (
 // workers drain them. Pages also bound what such a server holds in memory
 // for one answer. A continuous feed and a doc_ids feed (which may be
 // filtered on the client, where limit= would count unfiltered rows) are
-// read in one request, as before.
+// read in one request, as before; so is the feed of a source whose seqs
+// are opaque (Apache CouchDB 2 and later, Cloudant: clustered seqs), which
+// streams a normal feed row by row as it reads its shards — one request,
+// as CouchDB's own replicator reads it, with no round trip between pages
+// (issue 25: 5,000 changes were three pages, two round trips more).
 type pager struct {
 	limit, max int // 0: no paging
 }
 
-func newPager(p Params) pager {
-	if p.Continuous || p.DocIDs != nil {
+func newPager(p Params, sourceSeq couch.Seq) pager {
+	if p.Continuous || p.DocIDs != nil || streamsChanges(sourceSeq) {
 		return pager{}
 	}
 	return pager{limit: p.WorkerBatchSize, max: p.WorkerBatchSize * pageMaxBatches}
+}
+
+// streamsChanges reports whether a source whose info gave updateSeq
+// streams a normal _changes feed: its seqs are opaque (not numbers), as
+// clustered CouchDB's are. Numeric seqs (PouchDB Server, CouchDB 1.x)
+// are paged: PouchDB Server builds a page whole before its first byte.
+func streamsChanges(updateSeq couch.Seq) bool {
+	if updateSeq.IsZero() {
+		return false
+	}
+	_, numeric := updateSeq.Int()
+	return !numeric
 }
 
 // follows reports whether another page follows a page of got rows.
@@ -149,7 +165,7 @@ type changesReader struct {
 
 //go:noinline
 func newChangesReader(s *runState, bt *batcher) *changesReader {
-	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p)}
+	cr := &changesReader{s: s, bt: bt, since: s.startSeq, pages: newPager(s.r.p, s.sourceSeq)}
 	cr.upTo = windowsUpTo(s)
 	cr.backoff = pause.Backoff{Min: cr.firstWait(), Max: 5 * time.Minute}
 	cr.onRow = func(c couch.Change) error {
