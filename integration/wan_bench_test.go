@@ -92,11 +92,11 @@ func BenchmarkWAN(b *testing.B) {
 				var tgtBase string
 				switch mode {
 				case "pull":
-					src, tgtServer, tgtBase = farLink.URL+"src/", near, near.URL
+					src, tgtServer, tgtBase = farLink.URL+relName(far, "src"), near, near.URL
 				case "push":
-					src, tgtServer, tgtBase = near.URL+"src/", far, farLink.URL
+					src, tgtServer, tgtBase = near.URL+relName(near, "src"), far, farLink.URL
 				case "both":
-					src, tgtServer, tgtBase = farLink.URL+"src/", near, nearLink.URL
+					src, tgtServer, tgtBase = farLink.URL+relName(far, "src"), near, nearLink.URL
 				default:
 					b.Fatalf("COUCHREP_WAN_MODES: unknown shape %q (pull, push, both)", mode)
 				}
@@ -109,22 +109,22 @@ func BenchmarkWAN(b *testing.B) {
 					b.StopTimer()
 					btgt := fmt.Sprintf("b%s%d-%d", mode, rtt, i)
 					tgtServer.CreateDB(b, btgt)
-					d, err := wanBound(ctx, remoteSrc, remoteTgt, src, tgtBase+btgt+"/", write)
+					d, err := wanBound(ctx, remoteSrc, remoteTgt, src, tgtBase+relName(tgtServer, btgt), write)
 					if err != nil {
 						b.Fatal(err)
 					}
 					bound += d
-					tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(btgt), nil, http.StatusOK)
+					tgtServer.DeleteDB(b, btgt)
 
 					if withPouch {
 						ptgt := fmt.Sprintf("p%s%d-%d", mode, rtt, i)
 						tgtServer.CreateDB(b, ptgt)
-						r, err := runPouchDB(ctx, script, src, tgtBase+ptgt+"/", 0)
+						r, err := runPouchDB(ctx, script, src, tgtBase+relName(tgtServer, ptgt), 0)
 						if err != nil {
 							b.Fatal(err)
 						}
 						pr += time.Duration(r.MS * float64(time.Millisecond))
-						tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(ptgt), nil, http.StatusOK)
+						tgtServer.DeleteDB(b, ptgt)
 					}
 
 					ctgt := fmt.Sprintf("c%s%d-%d", mode, rtt, i)
@@ -136,7 +136,7 @@ func BenchmarkWAN(b *testing.B) {
 						o.HTTPClient = &http.Client{Transport: rt}
 					}
 					b.StartTimer()
-					c, err := runCouchrepWith(ctx, src, tgtBase+ctgt+"/", heapObjects, o)
+					c, err := runCouchrepWith(ctx, src, tgtBase+relName(tgtServer, ctgt), heapObjects, o)
 					b.StopTimer()
 					if rt != nil {
 						writeTrace(b, trace, fmt.Sprintf("%s, RTT %d ms, round %d", mode, rtt, i), rt)
@@ -148,7 +148,7 @@ func BenchmarkWAN(b *testing.B) {
 						b.Fatalf("couchrep wrote %d docs, want %d", c.written, n)
 					}
 					cr += c.wall
-					tgtServer.Do(b, http.MethodDelete, tgtServer.DBURL(ctgt), nil, http.StatusOK)
+					tgtServer.DeleteDB(b, ctgt)
 				}
 				per := func(d time.Duration) float64 { return d.Seconds() / float64(b.N) }
 				b.ReportMetric(per(cr), "couchrep-s")
@@ -264,4 +264,11 @@ func readAllDocs(ctx context.Context, u string) error {
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
 	return err
+}
+
+// relName is database name's path on s, escaped, with its trailing slash:
+// the name itself, or on an external server (COUCHREP_TEST_COUCH_URL) the
+// test's prefixed name, so the benchmark runs against a CouchDB too.
+func relName(s *testserver.Server, name string) string {
+	return strings.TrimPrefix(s.DBURL(name), s.URL)
 }

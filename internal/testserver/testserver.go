@@ -362,6 +362,16 @@ func (s *Server) CreateDB(t testing.TB, name string) string {
 	return u
 }
 
+// DeleteDB deletes database name: 200, or 202 from a CouchDB that has not
+// written every copy yet.
+func (s *Server) DeleteDB(t testing.TB, name string) {
+	t.Helper()
+	u := s.DBURL(name)
+	if b, status, err := s.do(http.MethodDelete, u, nil); err != nil || (status != http.StatusOK && status != http.StatusAccepted) {
+		t.Fatalf("testserver: DELETE %s: %d %s %v", redactURL(u), status, b, err)
+	}
+}
+
 // Do sends a JSON request (body marshalled unless it is []byte or nil) and
 // fails the test unless the status is want; it returns the response body.
 func (s *Server) Do(t testing.TB, method, u string, body any, want int) []byte {
