@@ -193,6 +193,13 @@ func (m *Metrics) ObserveJob(jobID string, state repjob.State, progress bool, c 
 	}
 }
 
+// summaryLister is a Store that lists its jobs without the fields read
+// from their documents (RepjobStore.ListSummaries), which /metrics does
+// not show.
+type summaryLister interface {
+	ListSummaries(ctx context.Context) ([]*Job, error)
+}
+
 // jobsCollector reads the store at scrape time.
 type jobsCollector struct {
 	store Store
@@ -220,7 +227,11 @@ func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	jobs, err := c.store.List(ctx)
+	list := c.store.List
+	if s, ok := c.store.(summaryLister); ok {
+		list = s.ListSummaries // every job at every scrape: no parse of its document
+	}
+	jobs, err := list(ctx)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return

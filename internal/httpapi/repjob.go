@@ -83,6 +83,22 @@ func (a *RepjobStore) List(ctx context.Context) ([]*Job, error) {
 	return out, nil
 }
 
+// ListSummaries is List without the fields read from each job's body
+// (CheckpointInterval, SourceProxy, TargetProxy, and Source and Target of
+// a record that has none): what /metrics counts, without a JSON parse of
+// every job's document at every scrape.
+func (a *RepjobStore) ListSummaries(ctx context.Context) ([]*Job, error) {
+	recs, err := a.store.List(ctx, repjob.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Job, len(recs))
+	for i, r := range recs {
+		out[i] = jobFromRecord(r, false)
+	}
+	return out, nil
+}
+
 // SchedulerJobs implements Store with repjob's listing index: it reads the
 // page, not every job.
 func (a *RepjobStore) SchedulerJobs(ctx context.Context, skip, limit int) ([]*Job, int, error) {
@@ -143,7 +159,11 @@ func goTime(ts *timestamppb.Timestamp) time.Time {
 }
 
 // JobFromRecord translates a stored replication job.
-func JobFromRecord(r *repjob.Record) *Job {
+func JobFromRecord(r *repjob.Record) *Job { return jobFromRecord(r, true) }
+
+// jobFromRecord is JobFromRecord; body: with the fields read from the
+// job's document (its replication parameters).
+func jobFromRecord(r *repjob.Record, body bool) *Job {
 	m := r.ReplicationJob
 	j := &Job{
 		JobID:       m.GetJobId(),
@@ -171,6 +191,9 @@ func JobFromRecord(r *repjob.Record) *Job {
 	}
 	if r.WorkerNode != "" && j.State == repjob.StateRunning {
 		j.Node = r.WorkerNode
+	}
+	if !body {
+		return j
 	}
 	if p, err := replicate.ParseParams(m.GetBody()); err == nil {
 		j.CheckpointInterval = p.CheckpointInterval
