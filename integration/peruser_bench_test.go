@@ -307,8 +307,10 @@ func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
 // process: a node (couchrep.Start, info logs formatted and dropped)
 // watching a PouchDB Server with N user databases
 // (COUCHREP_PERUSER_BENCH_DBS, default 2,000), from the one _bulk_docs of
-// their fan-in jobs' _replicator documents until the server has served
-// every job's feed and had no request in flight for 3 s. It reports the
+// their fan-in jobs' _replicator documents (and with
+// COUCHREP_PERUSER_BENCH_FANOUT=1 their selector fan-out jobs', max_jobs
+// above both) until the server has served every job's feed and had no
+// request in flight for 3 s (with fan-out: and no new request for 3 s). It reports the
 // CPU this process used per job; COUCHREP_PERUSER_PROFILE=prefix writes
 // its CPU profile to prefix.node-start.cpu. Then it waits until every job
 // has parked (idle_park_after; the server holds no feed of theirs) and
@@ -327,13 +329,26 @@ func BenchmarkPerUserStart(b *testing.B) {
 		cfg.Couchrep.DataDir = b.TempDir()
 		cfg.Couchrep.HTTPBind, cfg.Couchrep.AdminBind = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Couchrep.Watch = []string{strings.TrimSuffix(p.srv.URL, "/")}
+		fanOut := os.Getenv("COUCHREP_PERUSER_BENCH_FANOUT") != ""
 		cfg.Replicator.MaxJobs = n + 10
+		if fanOut {
+			cfg.Replicator.MaxJobs += n
+		}
 		cfg.Replicator.StartupJitter = 0
 		if err := cfg.Complete(); err != nil {
 			b.Fatal(err)
 		}
 		node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.New(io.Discard).Level(zerolog.InfoLevel)))
 		if err != nil {
+			b.Fatal(err)
+		}
+		db, err := sqlite.Open(ctx, filepath.Join(cfg.Couchrep.DataDir, config.StoreFileName), sqlite.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
+		if err := store.Init(ctx); err != nil {
 			b.Fatal(err)
 		}
 		if prefix := os.Getenv("COUCHREP_PERUSER_PROFILE"); prefix != "" {
@@ -349,12 +364,13 @@ func BenchmarkPerUserStart(b *testing.B) {
 		before := measureMem()
 		cpu0 := cpuTime()
 		b.StartTimer()
-		p.writeDocs(b, false)
+		p.writeDocs(b, fanOut)
 		deadline := time.Now().Add(20 * time.Minute)
+		last := -1
 		for quiet := time.Now(); ; time.Sleep(100 * time.Millisecond) { // another process's state: poll
 			r := p.requests(b, false)
-			if r.Feeds < n || r.Inflight > 1 {
-				quiet = time.Now()
+			if r.Feeds < n && !fanOut || r.Inflight > 1 || fanOut && r.Total != last {
+				quiet, last = time.Now(), r.Total
 			} else if time.Since(quiet) > 3*time.Second {
 				break
 			}
@@ -365,15 +381,21 @@ func BenchmarkPerUserStart(b *testing.B) {
 		b.StopTimer()
 		cpu := cpuTime() - cpu0
 		pprof.StopCPUProfile()
-		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/job")
-		b.Logf("users=%d: started %s after the _bulk_docs' answer, CPU %s; load %s", n, time.Since(p.written).Round(time.Millisecond), cpu.Round(time.Millisecond), loadAvg())
+		b.ReportMetric(float64(cpu.Microseconds())/float64(p.jobs), "cpu-µs/job")
+		b.Logf("users=%d jobs=%d: started %s after the _bulk_docs' answer, CPU %s; load %s", n, p.jobs, time.Since(p.written).Round(time.Millisecond), cpu.Round(time.Millisecond), loadAvg())
 
-		// Parked: the server holds none of their feeds (the three left
-		// are the node's own: _replicator's, and _db_updates').
+		// Parked: every record says so, and the server holds none of
+		// their feeds (the three left are the node's own: _replicator's,
+		// and _db_updates'; with fan-out also the central database's
+		// shared feed, the parked fan-out jobs' wake-only watch).
 		deadline = time.Now().Add(10 * time.Minute)
-		for r := p.requests(b, false); r.Feeds > 3; r = p.requests(b, false) {
+		ownFeeds := 3
+		if fanOut {
+			ownFeeds++
+		}
+		for r := p.requests(b, false); r.Feeds > ownFeeds || parkedJobs(ctx, b, store) < p.jobs; r = p.requests(b, false) {
 			if time.Now().After(deadline) {
-				b.Fatalf("jobs not parked after 10 minutes: %d feeds open at the server", r.Feeds)
+				b.Fatalf("jobs not parked after 10 minutes: %d feeds open at the server, %d of %d jobs parked", r.Feeds, parkedJobs(ctx, b, store), p.jobs)
 			}
 			time.Sleep(time.Second) // another process's state: poll
 		}
@@ -388,10 +410,10 @@ func BenchmarkPerUserStart(b *testing.B) {
 			}
 			f.Close()
 		}
-		per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(n) }
+		per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(p.jobs) }
 		b.ReportMetric(per(after.heapInuse+after.stackInuse, before.heapInuse+before.stackInuse), "parked-heap+stack-B/job")
 		b.ReportMetric(per(after.rss, before.rss), "parked-RSS-B/job")
-		b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(n), "parked-goroutines/job")
+		b.ReportMetric(float64(after.goroutines-before.goroutines)/float64(p.jobs), "parked-goroutines/job")
 		b.Logf("users=%d parked: heap in use %d -> %d (alloc %d -> %d), stacks %d -> %d, RSS %d -> %d, goroutines %d -> %d (by where they wait, groups of at least %d: %s); load %s",
 			n, before.heapInuse, after.heapInuse, before.heapAlloc, after.heapAlloc, before.stackInuse, after.stackInuse,
 			before.rss, after.rss, before.goroutines, after.goroutines, n/10, goroutineGroups(b, n/10), loadAvg())
@@ -401,4 +423,21 @@ func BenchmarkPerUserStart(b *testing.B) {
 		}
 		cancel2()
 	}
+}
+
+// parkedJobs counts the jobs whose record in store says they are running
+// and parked.
+func parkedJobs(ctx context.Context, tb testing.TB, store *repjob.Store) int {
+	tb.Helper()
+	recs, err := store.List(ctx, repjob.Filter{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	n := 0
+	for _, rec := range recs {
+		if rec.State() == repjob.StateRunning && rec.GetParkedSince() != nil {
+			n++
+		}
+	}
+	return n
 }
