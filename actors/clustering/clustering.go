@@ -122,6 +122,55 @@ type clustering struct {
 
 	mu       sync.Mutex
 	unstable bool
+
+	// running is the last count of running jobs per node, kept while the
+	// store's job generation stays the same (runningJobs).
+	running runningCount
+}
+
+// runningCount is a count of the running jobs per node and the job
+// generation read before it was taken.
+type runningCount struct {
+	mu     sync.Mutex
+	gen    int64
+	at     time.Time
+	byNode map[string]uint32 // nil: none
+}
+
+// runningMaxAge bounds how long a count whose generation did not change
+// is kept (a node of an older version writes records without changing
+// it).
+const runningMaxAge = 5 * time.Minute
+
+// runningJobs counts the running jobs of every node. Counting decodes every
+// job record, so the count is kept while no record was written since
+// (repjob.Store.Generation): on an idle node, a scrape of /metrics or the
+// status page reads a few keys. The map is shared: callers must not change
+// it.
+func (a *clustering) runningJobs(ctx context.Context) (map[string]uint32, error) {
+	c := &a.running
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	gen, err := a.deps.RepJobs.Generation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c.byNode != nil && gen == c.gen && time.Since(c.at) < runningMaxAge {
+		return c.byNode, nil
+	}
+	at := time.Now()
+	running := map[string]uint32{}
+	err = a.deps.RepJobs.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
+		if r.QueueState == jobqueue.StateRunning {
+			running[r.WorkerNode]++
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.gen, c.at, c.byNode = gen, at, running
+	return running, nil
 }
 
 func (a *clustering) Receive(ctx actor.Context) {
@@ -313,15 +362,9 @@ func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error)
 	if err != nil {
 		return nil, err
 	}
-	running := map[string]uint32{}
+	var running map[string]uint32
 	if a.deps.RepJobs != nil {
-		err := a.deps.RepJobs.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
-			if r.QueueState == jobqueue.StateRunning {
-				running[r.WorkerNode]++
-			}
-			return nil
-		})
-		if err != nil {
+		if running, err = a.runningJobs(ctx); err != nil {
 			return nil, fmt.Errorf("clustering: count running jobs: %w", err)
 		}
 	}

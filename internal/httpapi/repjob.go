@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -17,6 +19,24 @@ import (
 type RepjobStore struct {
 	store      *repjob.Store
 	serverUUID string
+
+	// summaries is ListSummaries' last listing, kept while the store's
+	// job generation (repjob.Store.Generation) stays the same.
+	summaries summaryCache
+}
+
+// summaryMaxAge bounds how long ListSummaries keeps a listing whose
+// generation did not change (a node of an older version writes records
+// without changing it).
+const summaryMaxAge = 5 * time.Minute
+
+// summaryCache is a listing of every job and the job generation read
+// before it was taken.
+type summaryCache struct {
+	mu   sync.Mutex
+	gen  int64
+	at   time.Time
+	jobs []*Job // nil: none
 }
 
 // NewRepjobStore returns the API's view of s; serverUUID is [couchdb] uuid
@@ -87,7 +107,24 @@ func (a *RepjobStore) List(ctx context.Context) ([]*Job, error) {
 // (CheckpointInterval, SourceProxy, TargetProxy, and Source and Target of
 // a record that has none): what /metrics counts, without a JSON parse of
 // every job's document at every scrape.
+//
+// While no job record was written since the last listing (the store's job
+// generation did not change: an idle node, parked jobs) it answers that
+// listing again, up to summaryMaxAge: a scrape of an idle node reads a few
+// keys, not every job. The jobs it returns are shared: callers must not
+// change them (the slice is the caller's).
 func (a *RepjobStore) ListSummaries(ctx context.Context) ([]*Job, error) {
+	c := &a.summaries
+	c.mu.Lock() // one listing at a time: concurrent scrapes share it
+	defer c.mu.Unlock()
+	gen, err := a.store.Generation(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if c.jobs != nil && gen == c.gen && time.Since(c.at) < summaryMaxAge {
+		return slices.Clone(c.jobs), nil
+	}
+	at := time.Now()
 	recs, err := a.store.List(ctx, repjob.Filter{})
 	if err != nil {
 		return nil, err
@@ -96,7 +133,8 @@ func (a *RepjobStore) ListSummaries(ctx context.Context) ([]*Job, error) {
 	for i, r := range recs {
 		out[i] = jobFromRecord(r, false)
 	}
-	return out, nil
+	c.gen, c.at, c.jobs = gen, at, out
+	return slices.Clone(out), nil
 }
 
 // SchedulerJobs implements Store with repjob's listing index: it reads the

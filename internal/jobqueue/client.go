@@ -148,6 +148,7 @@ func (q *Queue) RemoveTx(tx kv.Tx, typ, id string) error {
 		}
 	}
 	tx.Clear(q.keys.dataKey(typ, id))
+	q.bumpGeneration(tx, typ, id)
 	return nil
 }
 
@@ -241,6 +242,29 @@ func (q *Queue) CancelTx(tx kv.Tx, typ, id string) error {
 	}
 	rec.UpdatedAt = timeTS(now)
 	return q.storeRecord(tx, rec)
+}
+
+// Generation is a number that changes whenever a record of a job of typ is
+// written or removed (every write of a record bumps one of the type's
+// counter shards; it never decreases): a reader that listed the jobs
+// after reading generation g and finds g again later knows its listing is
+// still current. Records written by a process older than this counter do
+// not bump it: keep a listing only for a bounded time.
+func (q *Queue) Generation(ctx context.Context, typ string) (int64, error) {
+	var g int64
+	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		g = 0
+		begin, end := q.keys.generation.Sub(typ).Range()
+		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{})
+		for it.Next() {
+			g += kv.Int64LE(it.KeyValue().Value)
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return 0, fmt.Errorf("jobqueue: generation of %q: %w", typ, err)
+	}
+	return g, nil
 }
 
 // Fold calls fn for every job of typ, in id order, in one read transaction.

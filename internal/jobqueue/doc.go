@@ -23,6 +23,7 @@
 //	(TYPES, type)                         = JobTypeConfig (activity timeout)
 //	(ACTIVITY, type, versionstamp, id)    = ""   one per running job
 //	(CORRUPT, type, id)                   = ""   records that failed to decode
+//	(GENERATION, type, shard)             = int64 bumped by every record write (Generation)
 //	(LEASES ... LEASE_KICK, ...)                 a worker process's lease on its jobs (see Lease)
 //
 // Accept promotes due DELAYED entries to READY, snapshot-reads the first

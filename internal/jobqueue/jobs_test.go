@@ -774,3 +774,56 @@ func TestAcceptHeadCache(t *testing.T) {
 		}
 	})
 }
+
+// TestGeneration: every write of a job's record (add, accept, update,
+// finish, resubmit, remove, a requeue by the activity monitor) changes the
+// type's generation; reads and other types' writes do not.
+func TestGeneration(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		b := setup(t, Options{})
+		if err := b.q.SetTypeTimeout(b.ctx, "other", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		gen := func() int64 {
+			t.Helper()
+			g, err := b.q.Generation(b.ctx, typA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return g
+		}
+		last := gen()
+		step := func(what string, changes bool, f func() error) {
+			t.Helper()
+			if err := f(); err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			g := gen()
+			if changed := g != last; changed != changes {
+				t.Fatalf("%s: generation %d -> %d, want a change: %t", what, last, g, changes)
+			}
+			last = g
+		}
+		step("add", true, func() error { return b.q.Add(b.ctx, typA, "j1", AddOptions{Data: []byte("v0")}) })
+		step("read", false, func() error { _, err := b.q.Get(b.ctx, typA, "j1"); return err })
+		step("other type", false, func() error { return b.q.Add(b.ctx, "other", "x", AddOptions{}) })
+		var j *Job
+		step("accept", true, func() (err error) { j, err = b.q.Accept(b.ctx, typA, AcceptOptions{}); return err })
+		step("update", true, func() error { return j.Update(b.ctx, []byte("v1")) })
+		step("finish", true, func() error { return j.Finish(b.ctx, nil) })
+		step("resubmit", true, func() error { return b.q.Resubmit(b.ctx, typA, "j1", ResubmitOptions{}) })
+		step("accept again", true, func() (err error) { j, err = b.q.Accept(b.ctx, typA, AcceptOptions{}); return err })
+		step("requeue by the monitor", true, func() error {
+			m := b.q.NewMonitor(MonitorOptions{})
+			if _, err := m.Check(b.ctx, time.Now()); err != nil {
+				return err
+			}
+			n, err := m.Check(b.ctx, time.Now().Add(2*time.Minute))
+			if err == nil && n != 1 {
+				err = fmt.Errorf("requeued %d jobs, want 1", n)
+			}
+			return err
+		})
+		step("remove", true, func() error { return b.q.Remove(b.ctx, typA, "j1") })
+	})
+}

@@ -2,6 +2,7 @@ package jobqueue
 
 import (
 	"fmt"
+	"hash/fnv"
 	"math"
 	"time"
 
@@ -19,10 +20,11 @@ const (
 	tagTypes        = 6
 	tagActivity     = 7
 	tagCorrupt      = 8
+	tagGeneration   = 15 // (GENERATION, type, shard) = int64 bumped by every write of a record (Generation)
 )
 
 type keys struct {
-	root, data, ready, delayed, pendingWatch, types, activity, corrupt tuple.Subspace
+	root, data, ready, delayed, pendingWatch, types, activity, corrupt, generation tuple.Subspace
 }
 
 func newKeys(prefix []byte) keys {
@@ -36,7 +38,20 @@ func newKeys(prefix []byte) keys {
 		types:        root.Sub(tagTypes),
 		activity:     root.Sub(tagActivity),
 		corrupt:      root.Sub(tagCorrupt),
+		generation:   root.Sub(tagGeneration),
 	}
+}
+
+// generationShards spreads the generation counter of a type over keys, so
+// that no one key is written by every job write (a hot key on
+// FoundationDB).
+const generationShards = 16
+
+// generationKey is the generation counter shard job id's writes bump.
+func (k keys) generationKey(typ, id string) []byte {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return k.generation.Pack(tuple.Tuple{typ, int64(h.Sum32() % generationShards)})
 }
 
 func (k keys) dataKey(typ, id string) []byte { return k.data.Pack(tuple.Tuple{typ, id}) }

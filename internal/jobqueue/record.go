@@ -106,7 +106,14 @@ func (q *Queue) storeKeepStamp(tx kv.Tx, rec *messages.JobRecord) error {
 		return err
 	}
 	tx.Set(q.keys.dataKey(rec.GetType(), rec.GetId()), v)
+	q.bumpGeneration(tx, rec.GetType(), rec.GetId())
 	return nil
+}
+
+// bumpGeneration records in tx that job (typ, id)'s record changed (see
+// Generation). An atomic add: it adds no conflict.
+func (q *Queue) bumpGeneration(tx kv.Tx, typ, id string) {
+	tx.Add(q.keys.generationKey(typ, id), 1)
 }
 
 // storeRunning writes rec as running: the record carries this
@@ -129,6 +136,7 @@ func (q *Queue) storeRunning(tx kv.Tx, rec *messages.JobRecord) error {
 	if err := tx.SetVersionstampedValue(q.keys.dataKey(typ, id), v, activityStampOffset); err != nil {
 		return fmt.Errorf("jobqueue: write job %q/%q: %w", typ, id, err)
 	}
+	q.bumpGeneration(tx, typ, id)
 	key, off, err := q.keys.activityKeyIncomplete(typ, id)
 	if err != nil {
 		return err

@@ -479,6 +479,18 @@ func (f Filter) match(r *Record) bool {
 	return len(f.States) == 0 || slices.Contains(f.States, r.State())
 }
 
+// Generation is a number that changes whenever a job's record is written
+// or removed (jobqueue.Queue.Generation): a listing taken after reading
+// generation g is current as long as Generation still answers g. Keep such
+// a listing for a bounded time only: a node of an older version writes
+// records without changing it.
+func (s *Store) Generation(ctx context.Context) (int64, error) {
+	if err := s.Init(ctx); err != nil {
+		return 0, err
+	}
+	return s.q.Generation(ctx, JobType)
+}
+
 // Each calls fn for every job matching f, in job id order, from one
 // consistent snapshot; fn returning an error stops with that error.
 func (s *Store) Each(ctx context.Context, f Filter, fn func(*Record) error) error {
