@@ -95,10 +95,18 @@ type Options struct {
 	// MaxPollInterval bounds the poll's back-off: each poll that finds
 	// data_version unchanged doubles the interval, up to this; a change
 	// seen, a local commit or a newly armed watch brings it back to
-	// PollInterval. 100ms by default: an idle node polls 10 times a second
+	// PollInterval. 100ms by default: a node polls 10 times a second
 	// instead of 200, and a cross-process change after a quiet spell is
 	// still seen within a tenth of a second (jobs' own timers are seconds).
 	MaxPollInterval time.Duration
+	// QuietMaxPollInterval replaces MaxPollInterval once no other process
+	// has committed for QuietAfter: a node alone on its store (couchrepd
+	// holds its data directory; other nodes write heartbeats every few
+	// seconds) polls once a second, and the first change another process
+	// makes after such a spell is seen within a second, the next ones
+	// within MaxPollInterval again. 1s and one minute by default.
+	QuietMaxPollInterval time.Duration
+	QuietAfter           time.Duration
 	// BusyTimeout is SQLite's busy timeout for locks the lock file does not
 	// cover (checkpoints, processes without the lock file); 30s by default.
 	BusyTimeout time.Duration
@@ -122,6 +130,12 @@ func (o *Options) fill() {
 	}
 	if o.MaxPollInterval < o.PollInterval {
 		o.MaxPollInterval = max(100*time.Millisecond, o.PollInterval)
+	}
+	if o.QuietMaxPollInterval < o.MaxPollInterval {
+		o.QuietMaxPollInterval = max(time.Second, o.MaxPollInterval)
+	}
+	if o.QuietAfter <= 0 {
+		o.QuietAfter = time.Minute
 	}
 	if o.BusyTimeout <= 0 {
 		o.BusyTimeout = 30 * time.Second

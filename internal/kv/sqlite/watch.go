@@ -152,7 +152,9 @@ func (s *watchSet) committed(version int64, t touchedKeys) {
 // watchLoop is the DB's one watch goroutine. It re-reads keys marked dirty
 // by in-process commits at once, and while watches are pending it polls
 // PRAGMA data_version every PollInterval to find commits by other
-// processes, after which it re-reads every watched key.
+// processes, after which it re-reads every watched key. The interval backs
+// off to MaxPollInterval, or to QuietMaxPollInterval once no other process
+// committed for QuietAfter.
 func (db *DB) watchLoop() {
 	defer db.done.Done()
 	s := db.watches
@@ -171,6 +173,7 @@ func (db *DB) watchLoop() {
 		s.mu.Unlock()
 	}()
 	var lastDataVersion, lastCommit int64 = -1, -1
+	lastForeign := time.Now() // a foreign commit seen (or the start)
 	// The poll interval starts at PollInterval, doubles with every poll
 	// that finds data_version unchanged, up to MaxPollInterval, and goes
 	// back to PollInterval on a change, a local commit or a new watch.
@@ -224,7 +227,11 @@ func (db *DB) watchLoop() {
 				continue
 			}
 			if dv == lastDataVersion {
-				interval = min(2*interval, db.opts.MaxPollInterval)
+				limit := db.opts.MaxPollInterval
+				if time.Since(lastForeign) >= db.opts.QuietAfter {
+					limit = db.opts.QuietMaxPollInterval
+				}
+				interval = min(2*interval, limit)
 				continue
 			}
 			interval = db.opts.PollInterval
@@ -234,11 +241,16 @@ func (db *DB) watchLoop() {
 				continue
 			}
 			s.mu.Lock()
-			foreign := lastDataVersion < 0 || lastCommit < 0
-			for v := lastCommit + 1; !foreign && v <= commit; v++ {
+			baseline := lastDataVersion < 0 || lastCommit < 0
+			seen := false // a commit of another process
+			for v := lastCommit + 1; !baseline && !seen && v <= commit; v++ {
 				if !s.own[v] {
-					foreign = true
+					seen = true
 				}
+			}
+			foreign := baseline || seen
+			if seen {
+				lastForeign = time.Now()
 			}
 			for v := range s.own {
 				if v <= commit {

@@ -83,3 +83,66 @@ func TestWatchPollBacksOff(t *testing.T) {
 }
 
 func waitDone(w kv.Watch) <-chan struct{} { return w.(*watch).fired }
+
+// TestWatchPollQuietBound: once no other process has committed for
+// QuietAfter, the poll backs off to QuietMaxPollInterval instead of
+// MaxPollInterval; a foreign commit still brings it back to PollInterval.
+// It asserts the intervals the poller chose, never elapsed time.
+func TestWatchPollQuietBound(t *testing.T) {
+	const minI, maxI, quietI = time.Millisecond, 4 * time.Millisecond, 16 * time.Millisecond
+	db, path := openTemp(t, Options{PollInterval: minI, MaxPollInterval: maxI, QuietMaxPollInterval: quietI, QuietAfter: time.Nanosecond})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	intervals := make(chan time.Duration, 1024)
+	db.watches.mu.Lock()
+	db.watches.pollHook = func(d time.Duration) {
+		select {
+		case intervals <- d:
+		case <-ctx.Done():
+		}
+	}
+	db.watches.mu.Unlock()
+	defer cancel() // unblocks the hook before Close
+
+	var w, stays kv.Watch // stays keeps the poll going after w fired
+	if err := db.Transact(ctx, func(tx kv.Tx) error { w, stays = tx.Watch(keyB), tx.Watch(keyA); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Cancel()
+	defer stays.Cancel()
+	next := func() time.Duration {
+		t.Helper()
+		select {
+		case d := <-intervals:
+			return d
+		case <-ctx.Done():
+			t.Fatal("no poll within a minute")
+			return 0
+		}
+	}
+	backsOff := func(what string) {
+		t.Helper()
+		d := next()
+		for d == minI {
+			d = next()
+		}
+		for _, want := range []time.Duration{2 * minI, maxI, 2 * maxI, quietI, quietI} {
+			if d != want {
+				t.Fatalf("%s: poll interval %v, want %v", what, d, want)
+			}
+			d = next()
+		}
+	}
+	backsOff("quiet from the start")
+	kvtest.StartChild(t, "bump", path).Wait(t)
+	if err := w.Wait(ctx); err != nil {
+		t.Fatalf("watch on keyB: %v", err)
+	}
+	d := next()
+	for d == quietI {
+		d = next()
+	}
+	if d != minI {
+		t.Fatalf("poll interval %v after a foreign change, want %v", d, minI)
+	}
+}
