@@ -363,6 +363,7 @@ func BenchmarkPerUserStart(b *testing.B) {
 		}
 		before := measureMem()
 		cpu0 := cpuTime()
+		total0 := p.requests(b, false).Total
 		b.StartTimer()
 		p.writeDocs(b, fanOut)
 		deadline := time.Now().Add(20 * time.Minute)
@@ -399,6 +400,12 @@ func BenchmarkPerUserStart(b *testing.B) {
 			}
 			time.Sleep(time.Second) // another process's state: poll
 		}
+		// Every request the server served from the _bulk_docs until all
+		// parked, per job (the node's own feeds and this benchmark's
+		// polling of the server's counts are not counted: a few).
+		reqs := p.requests(b, false).Total - total0 - 1
+		b.ReportMetric(float64(reqs)/float64(p.jobs), "requests/job")
+		b.Logf("users=%d jobs=%d: %d requests at the server from the _bulk_docs until all parked", n, p.jobs, reqs)
 		after := measureMem()
 		if prefix := os.Getenv("COUCHREP_PERUSER_PROFILE"); prefix != "" {
 			f, err := os.Create(prefix + ".parked.heap")

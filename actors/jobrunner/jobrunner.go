@@ -113,6 +113,9 @@ type Options struct {
 	// Feeds, if set, is the node's hub of shared changes feeds
 	// (replicate.Options.Feeds).
 	Feeds *sharedfeed.Hub
+	// Infos, if set, shares database and server infos among the node's
+	// jobs starting together (replicate.Options.Infos).
+	Infos *replicate.InfoShare
 	// Startup, if set, admits the engine's start-up
 	// (replicate.Options.Startup).
 	Startup func(ctx context.Context, server string) (release func(), err error)
@@ -461,6 +464,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	o.Endpoints = a.o.Endpoints
 	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
 	o.Startup = a.o.Startup
+	o.Infos = a.o.Infos
 	if a.lease != nil {
 		o.Clients = leaseClients{a}
 	}

@@ -89,6 +89,9 @@ func (a *jobActor) parking(ctx context.Context, p *replicate.Params, o *replicat
 		}
 	}
 	pk.ensure(ctx)
+	// Opened before the job's first run: a change after the run's feed
+	// closes signals it, so the first park needs no look at the source.
+	pk.fresh = false
 	return pk
 }
 

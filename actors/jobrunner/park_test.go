@@ -256,17 +256,22 @@ func TestParkWakeResumes(t *testing.T) {
 			if rec.GetStats().GetDocsWritten() != 1 {
 				t.Errorf("parked with stats %v", rec.GetStats())
 			}
-			// Parked after its wake-up source was opened: it looked once.
-			for r.probes.Load() < 1 {
-				time.Sleep(time.Millisecond) // the probe is the actor's goroutine's: poll
-			}
 			if v.name == "notifier" {
 				// Asleep on a source that calls it: no goroutine of the job.
 				awaitNoGoroutine(t, "actors/jobrunner.")
 			}
 			w.signal()
-			for r.probes.Load() < 2 {
-				time.Sleep(time.Millisecond)
+			for r.probes.Load() < 1 {
+				time.Sleep(time.Millisecond) // the probe is the actor's goroutine's: poll
+			}
+			if v.name == "notifier" {
+				// Its wake-up source was opened before its first run (a
+				// change since signals it): it parked without a look, and
+				// looked once for the signal.
+				awaitNoGoroutine(t, "actors/jobrunner.")
+				if n := r.probes.Load(); n != 1 {
+					t.Errorf("%d looks at the source, want 1 (the signal's)", n)
+				}
 			}
 			r.noRun()
 			r.moved.Store(true)

@@ -244,6 +244,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		MissingDocRetry:     a.deps.Config.Replicator.MissingDocRetry,
 		Feeds:               a.w.Feeds,
 		Startup:             a.reg.startup.Acquire,
+		Infos:               a.reg.infos,
 		DBUpdates:           a.w.DBUpdates,
 		Rechecks:            a.w.Rechecks,
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/startlimit"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -31,6 +32,9 @@ type Registry struct {
 	// ([replicator] startup_concurrency); node-wide, so it outlives the
 	// acceptor's incarnations with the jobs waiting in it.
 	startup *startlimit.Limiter
+	// infos shares GET /db and GET / answers among the jobs starting
+	// together (replicate.InfoShare); node-wide as startup.
+	infos *replicate.InfoShare
 }
 
 // entry is one job actor.
@@ -47,7 +51,8 @@ type entry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0)}
+	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0),
+		infos: replicate.NewInfoShare()}
 }
 
 // attach sets where changes are told (the scheduler of system; nil: nobody).

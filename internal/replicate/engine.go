@@ -121,6 +121,10 @@ type Options struct {
 	// start-up is through (the infos, the checkpoints and, for a run on
 	// a shared feed, its catch-up), or when it ends.
 	Startup func(ctx context.Context, server string) (release func(), err error)
+	// Infos, when set, shares the answers of GET /db and GET / among the
+	// node's runs that start together (InfoShare): one read of a central
+	// database's info for the jobs starting in the same second.
+	Infos *InfoShare
 	// Park lets a continuous run park (Params.IdleParkAfter): after that
 	// long without a change, with nothing in flight and its feed working,
 	// it records its checkpoint, closes its feed and returns with
@@ -385,10 +389,10 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 		wg.Go(func() { tgtLog, tgtLogErr = r.readCheckpoint(ctx, r.tgt, localID) })
 		return nil
 	}
-	wg.Go(func() { srcInfo, srcErr = r.src.Info(ctx) })
+	wg.Go(func() { srcInfo, srcErr = r.o.Infos.dbInfo(ctx, p.Source, r.src) })
 	wg.Go(func() {
 		if tgtErr = r.createTarget(ctx); tgtErr == nil {
-			tgtInfo, tgtErr = r.tgt.Info(ctx)
+			tgtInfo, tgtErr = r.o.Infos.dbInfo(ctx, p.Target, r.tgt)
 		}
 	})
 	needCode := p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet

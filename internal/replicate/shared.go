@@ -215,10 +215,18 @@ func openFeed(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, fu
 // shared reads the changes through the node's shared feed: join, then
 // join again after the subscription ends, until ctx is done or the feed
 // failed for good.
+//
+// The first join hands the hub the source's update_seq the run read at its
+// start (moments ago): a feed it opens starts there instead of reading the
+// source's info again. Later joins (after an overflow or a failure) let
+// the feed read it: the run's is old by then.
 func (cr *changesReader) shared(ctx context.Context) error {
 	src := cr.s.r.feedSource()
+	src.Start = cr.s.sourceSeq
 	for !cr.done {
-		if err := cr.join(ctx, src); err != nil {
+		err := cr.join(ctx, src)
+		src.Start = nil
+		if err != nil {
 			return err
 		}
 	}
@@ -247,7 +255,16 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 	}
 	defer sub.Close()
 
-	caught, err := cr.catchUp(ctx)
+	var caught bool
+	if from, ok := sub.From(); ok && seqAtOrBefore(from, cr.since) {
+		// The subscription hands over every row after cr.since: a
+		// catch-up would read nothing (the source has no change after the
+		// checkpoint, or the feed starts at it).
+		caught = true
+		cr.s.feedRead(couch.FeedEnd{LastSeq: cr.since}, true)
+	} else {
+		caught, err = cr.catchUp(ctx)
+	}
 	cr.s.startupDone() // caught up, or failed: the start-up is over either way
 	if !caught {
 		return err // join again (after failed's pause), stop, or give up
@@ -369,12 +386,25 @@ func (cr *changesReader) catchUp(ctx context.Context) (bool, error) {
 // exits. The shared feed the job follows afterwards is node-evaluated
 // either way (one read of each document for all the jobs).
 func (cr *changesReader) serverFiltersSelectors(ctx context.Context) bool {
-	info, err := cr.s.r.src.ServerInfo(ctx)
+	r := cr.s.r
+	info, err := r.o.Infos.serverInfo(ctx, r.p.Source, r.src)
 	if err != nil {
 		cr.s.r.log.Debug().Err(err).Msg("replication: the source's root cannot be read: its selector is evaluated on the node")
 		return false
 	}
 	return info.CouchDB == "Welcome"
+}
+
+// seqAtOrBefore reports whether seq a is known to be at or before b: the
+// same seq (0 is the zero seq), or both numbers and a ≤ b. Opaque seqs
+// (CouchDB's) that differ are not known to be.
+func seqAtOrBefore(a, b couch.Seq) bool {
+	if a.Equal(b) {
+		return true
+	}
+	x, ok1 := a.Int()
+	y, ok2 := b.Int()
+	return ok1 && ok2 && x <= y
 }
 
 // seqAfter reports whether a is after b; seqs that are not numbers (opaque,

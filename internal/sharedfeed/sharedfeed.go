@@ -17,7 +17,11 @@
 // already delivered. The Hub starts a feed at the source's update_seq read
 // before the first Subscribe returns, and a later subscriber receives every
 // row the feed reads after it subscribed, so catch-up plus subscription
-// miss nothing.
+// miss nothing. A subscription knows where it joined (Subscription.From):
+// a subscriber whose checkpoint is at or after that seq has nothing to
+// catch up. A subscriber that has just read the source's update_seq passes
+// it (Source.Start): a feed its Subscribe opens starts there, without
+// reading the source's info again.
 //
 // The Hub never waits for a subscriber: each has a bounded buffer, and one
 // that falls further behind gets ErrOverflow (it then catches up on its own
@@ -81,6 +85,14 @@ type Source struct {
 	// selector filters (the Key must differ from the same source's feed
 	// without documents). Subscribers receive the rows without them.
 	IncludeDocs bool
+	// Start, when set, is the source's update_seq as the subscriber read
+	// it just before Subscribe (its own GET /db): a feed this Subscribe
+	// opens starts at it instead of reading the source's info again. A
+	// seq read earlier is safe (the feed reads from there: rows twice, none
+	// missed) but makes every subscriber of the feed see rows it may have
+	// replicated already: pass only a fresh one. Ignored when the feed is
+	// open, and by Watch.
+	Start couch.Seq
 }
 
 // Filter chooses the rows a subscription or watch receives; its zero value
@@ -179,6 +191,9 @@ func (h *Hub) join(ctx context.Context, src Source, filter Filter, watch bool) (
 	f := h.feeds[src.Key]
 	if f == nil {
 		f = h.newFeed(src)
+		if !watch {
+			f.start = src.Start
+		}
 		h.feeds[src.Key] = f
 		go f.run()
 	}
@@ -229,6 +244,9 @@ type feed struct {
 	delay    time.Duration
 	kick     chan struct{}
 	kickOnce sync.Once
+	// start is where the feed starts when its opener knew (Source.Start);
+	// nil: it reads the source's info.
+	start couch.Seq
 
 	mu      sync.Mutex
 	subs    map[*Subscription]struct{}
@@ -238,6 +256,12 @@ type feed struct {
 	eq      map[string]*eqIndex
 	watches int // of subs
 	ended   bool
+	// pos is the seq after which the feed hands every row it reads to the
+	// members it has now: its start once fixed (nil before), then each
+	// row's seq as it is dispatched. A subscription joins at pos
+	// (Subscription.From).
+	pos     couch.Seq
+	started bool // pos is fixed
 }
 
 func (h *Hub) newFeed(src Source) *feed {
@@ -253,6 +277,9 @@ func (f *feed) add(s *Subscription) {
 	defer f.mu.Unlock()
 	s.f = f
 	f.subs[s] = struct{}{}
+	if f.started && !s.watch {
+		s.from, s.fromOK = f.pos, true
+	}
 	if s.watch {
 		f.watches++
 	}
@@ -404,14 +431,25 @@ func (f *feed) run() {
 		return
 	}
 	defer release()
-	info, err := db.Info(f.ctx)
-	if err != nil {
-		f.openErr = err
-		close(f.ready)
-		f.end(err)
-		return
+	since := f.start
+	if since == nil {
+		info, err := db.Info(f.ctx)
+		if err != nil {
+			f.openErr = err
+			close(f.ready)
+			f.end(err)
+			return
+		}
+		since = info.UpdateSeq
 	}
-	since := info.UpdateSeq
+	f.mu.Lock()
+	f.pos, f.started = since, true
+	for s := range f.subs {
+		if !s.watch {
+			s.from, s.fromOK = since, true
+		}
+	}
+	f.mu.Unlock()
 	f.found(since)
 	close(f.ready)
 	f.log.Debug().Str("since", since.String()).Msg("shared feed: open")
@@ -483,6 +521,9 @@ func (f *feed) dispatch(c couch.Change) {
 	d := docRow{c: c, raw: raw}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if c.Seq != nil {
+		f.pos = c.Seq
+	}
 	for _, s := range f.byID[c.ID] {
 		if s.sel == nil {
 			s.push(c)
@@ -676,6 +717,11 @@ type Subscription struct {
 	// notify, when set, is called at every signal (Watch.OnSignal).
 	notify atomic.Pointer[func()]
 
+	// from is where the subscription joined its feed (From), written
+	// under its feed's mu before Subscribe returns; fromOK: it is known.
+	from   couch.Seq
+	fromOK bool
+
 	mu   sync.Mutex
 	rows []couch.Change
 	err  error
@@ -683,6 +729,13 @@ type Subscription struct {
 	lastMatch, lostUntil couch.Seq
 	lost                 bool
 }
+
+// From is the seq after which the subscription receives every row its feed
+// reads (unless it overflows or the feed fails): where it joined, the
+// feed's start or the last row it had read then. A subscriber checkpointed
+// at or after it has nothing to catch up. ok is false when the feed did
+// not say (a seq the feed reads is then still delivered; catch up).
+func (s *Subscription) From() (seq couch.Seq, ok bool) { return s.from, s.fromOK }
 
 func (s *Subscription) push(c couch.Change) {
 	if s.watch {

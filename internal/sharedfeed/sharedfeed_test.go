@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,3 +130,70 @@ func TestHub(t *testing.T) {
 		t.Errorf("after a failed start: %+v", st)
 	}
 }
+
+// TestHubStartAndFrom: a feed opened with Source.Start starts there
+// without reading the source's info (its first subscriber has just read
+// it), and each subscription says where it joined (From): the feed's start
+// for the subscribers that opened it, the last row the feed had read for
+// a later one, which then receives every row after it.
+func TestHubStartAndFrom(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PouchDB Server")
+	}
+	s := testserver.StartPouchDB(t)
+	db := s.CreateDB(t, "src")
+	s.PutDocs(t, db, map[string]any{"_id": "one"}, map[string]any{"_id": "two"})
+	hub := sharedfeed.New(sharedfeed.Options{})
+	ctx := context.Background()
+	src := source(t, db, "k")
+	var infos atomic.Int32
+	open := src.Open
+	src.Open = func(log zerolog.Logger) (*couch.DB, func(), error) {
+		d, release, err := open(log)
+		u, _ := url.Parse(db)
+		tr := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+			if strings.TrimSuffix(req.URL.Path, "/") == strings.TrimSuffix(u.Path, "/") {
+				infos.Add(1)
+			}
+			return http.DefaultTransport.RoundTrip(req)
+		})
+		d = couch.NewDB(couch.Endpoint{URL: u}, couch.Options{Logger: log, HTTPClient: &http.Client{Transport: tr}})
+		return d, release, err
+	}
+	// Started at seq 1 (as if read before the second write): the feed
+	// hands over "two" (seq 2), and the subscriber joined at 1.
+	src.Start = couch.Seq("1")
+	first, err := hub.Subscribe(ctx, src, sharedfeed.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if from, ok := first.From(); !ok || !from.Equal(couch.Seq("1")) {
+		t.Errorf("the opener joined at %s (%v), want 1", from, ok)
+	}
+	if got := next(t, first, 1); !slices.Equal(got, []string{"two"}) {
+		t.Errorf("rows %v, want [two]", got)
+	}
+	if n := infos.Load(); n != 0 {
+		t.Errorf("the feed read the source's info %d times, want 0 (it was given its start)", n)
+	}
+	// A later subscriber joins at the last row read (seq 2), whatever
+	// Start it passes, and receives the rows after it.
+	src.Start = couch.Seq("0")
+	later, err := hub.Subscribe(ctx, src, sharedfeed.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer later.Close()
+	if from, ok := later.From(); !ok || !from.Equal(couch.Seq("2")) {
+		t.Errorf("the later subscriber joined at %s (%v), want 2", from, ok)
+	}
+	s.PutDocs(t, db, map[string]any{"_id": "three"})
+	if got := next(t, later, 1); !slices.Equal(got, []string{"three"}) {
+		t.Errorf("later: rows %v, want [three]", got)
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
