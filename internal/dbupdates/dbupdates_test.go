@@ -619,6 +619,25 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 	urls := make([]string, n)
 	for i := range names {
 		names[i] = fmt.Sprintf("userdb-%03d", i)
+		urls[i] = s.DBURL(names[i])
+	}
+	dbName := func(i int) string { // the name as the server's rows give it
+		u, _ := url.Parse(urls[i])
+		return strings.Trim(u.Path, "/")
+	}
+	ws := make([]*Watch, n)
+	// CouchDB's _db_updates is read from _global_changes, which it writes
+	// in batches (max_write_delay): its rows come late and not in one
+	// global order, so a database's "created" row may come after watches
+	// set up after the database was created. There the watches come
+	// first, and each must be woken by its database's creation (none
+	// missed): then the creation rows have settled. PouchDB Server's feed
+	// (the test server's) is in order: its watches come after the
+	// creations, and no creation may wake them.
+	if s.External() {
+		for i := range ws {
+			ws[i] = watch(t, h, srv, dbName(i))
+		}
 	}
 	// Created 20 at a time (integration/README.md: distinct names
 	// concurrently are fine).
@@ -628,18 +647,19 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for i := c; i < n; i += 5 {
-				urls[i] = s.CreateDB(t, names[i])
+				s.CreateDB(t, names[i])
 			}
 		}()
 	}
 	wg.Wait()
-	dbName := func(i int) string { // the name as the server's rows give it
-		u, _ := url.Parse(urls[i])
-		return strings.Trim(u.Path, "/")
-	}
-	ws := make([]*Watch, n)
-	for i := range ws {
-		ws[i] = watch(t, h, srv, dbName(i))
+	if s.External() {
+		for _, w := range ws {
+			woken(t, w)
+		}
+	} else {
+		for i := range ws {
+			ws[i] = watch(t, h, srv, dbName(i))
+		}
 	}
 	if st := h.Stats(); st.Feeds != 1 || st.Watches != n {
 		t.Fatalf("Stats = %+v, want 1 feed and %d watches", st, n)
@@ -650,17 +670,18 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 		written[i] = true
 	}
 	// A last write to a sentinel, then its wake-up: rows come in order,
-	// so every earlier row was dispatched by then.
+	// so every earlier row was dispatched by then. CouchDB's may not: the
+	// written databases' watches are woken (none missed), the others'
+	// signals are not asserted (a late row, or a second one for a
+	// creation, would only cost a parked job a look at its source).
 	sentinel := 50
 	s.PutDocs(t, urls[sentinel], map[string]any{"_id": "sentinel"})
 	woken(t, ws[sentinel])
 	for i, w := range ws {
 		switch {
-		case i == sentinel:
-			notWoken(t, w)
 		case written[i]:
 			woken(t, w)
-		default:
+		case !s.External():
 			notWoken(t, w)
 		}
 	}
