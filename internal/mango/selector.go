@@ -69,7 +69,7 @@ func ParseValue(v any) (*Selector, error) {
 	if len(obj) == 0 {
 		return &Selector{}, nil
 	}
-	n, err := normalize(obj)
+	n, err := Normalize(obj, JSONForm)
 	if err != nil {
 		return nil, err
 	}
@@ -107,261 +107,6 @@ func (s *Selector) MatchJSON(doc []byte) (bool, error) {
 		return false, err
 	}
 	return s.Match(v), nil
-}
-
-// --- normalization (mango_selector:normalize/1) ---
-
-func obj1(k string, v any) Object { return Object{{k, v}} }
-
-func badArg(op string, arg any) error {
-	return fmt.Errorf("%w: bad argument for operator %s: %s", ErrInvalid, op, text(arg))
-}
-
-func normalize(sel Object) (Object, error) {
-	v, err := normOps(sel)
-	if err != nil {
-		return nil, err
-	}
-	if v, err = normFieldsTop(v); err != nil {
-		return nil, err
-	}
-	if v, err = normNegations(v); err != nil {
-		return nil, err
-	}
-	obj := v.(Object)
-	for _, m := range obj {
-		if m.Key == "" {
-			return nil, fmt.Errorf("%w: one or more conditions is missing a field name", ErrInvalid)
-		}
-	}
-	return obj, nil
-}
-
-func isInt(v any) bool { n, ok := v.(Number); return ok && n.Int }
-
-// normOps validates each operator's argument and makes implicit operators
-// explicit (norm_ops/1).
-func normOps(v any) (any, error) {
-	obj, isObj := v.(Object)
-	if isObj && len(obj) >= 2 {
-		and := make([]any, len(obj))
-		for i, m := range obj {
-			n, err := normOps(Object{m})
-			if err != nil {
-				return nil, err
-			}
-			and[i] = n
-		}
-		return obj1("$and", and), nil
-	}
-	if !isObj || len(obj) == 0 {
-		return obj1("$eq", v), nil
-	}
-	k, a := obj[0].Key, obj[0].Value
-	switch k {
-	case "$and", "$or", "$nor":
-		l, ok := a.([]any)
-		if !ok {
-			return nil, badArg(k, a)
-		}
-		out := make([]any, len(l))
-		for i, x := range l {
-			n, err := normOps(x)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = n
-		}
-		return obj1(k, out), nil
-	case "$not", "$elemMatch", "$allMatch", "$keyMapMatch":
-		if _, ok := a.(Object); !ok {
-			return nil, badArg(k, a)
-		}
-		n, err := normOps(a)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, n), nil
-	case "$in", "$nin", "$all":
-		if _, ok := a.([]any); !ok {
-			return nil, badArg(k, a)
-		}
-		return obj, nil
-	case "$exists":
-		if _, ok := a.(bool); !ok {
-			return nil, badArg(k, a)
-		}
-		return obj, nil
-	case "$type", "$regex":
-		if _, ok := a.(string); !ok {
-			return nil, badArg(k, a)
-		}
-		return obj, nil
-	case "$mod":
-		if l, ok := a.([]any); !ok || len(l) != 2 || !isInt(l[0]) || !isInt(l[1]) {
-			return nil, badArg(k, a)
-		}
-		return obj, nil
-	case "$size":
-		if n, ok := a.(Number); !ok || !n.Int || n.I < 0 {
-			return nil, badArg(k, a)
-		}
-		return obj, nil
-	case "$text":
-		switch a.(type) {
-		case string, Number, bool:
-			return obj1("$default", obj1("$text", a)), nil
-		}
-		return nil, badArg(k, a)
-	case "$beginsWith":
-		if _, ok := a.(string); !ok {
-			return nil, fmt.Errorf("%w: invalid operator: %s (its argument must be a string, not %s)", ErrInvalid, k, text(a))
-		}
-		return obj, nil
-	case "$default", "$lt", "$lte", "$eq", "$ne", "$gte", "$gt":
-		return obj, nil
-	case "$where", "$geoWithin", "$geoIntersects", "$near", "$nearSphere":
-		return nil, fmt.Errorf("%w: unsupported operator: %s", ErrInvalid, k)
-	}
-	if strings.HasPrefix(k, "$") {
-		return nil, fmt.Errorf("%w: invalid operator: %s", ErrInvalid, k)
-	}
-	c, err := normOps(a)
-	if err != nil {
-		return nil, err
-	}
-	return obj1(k, c), nil
-}
-
-func badField(v any) error {
-	return fmt.Errorf("%w: invalid field normalization on selector: %s", ErrInvalid, text(v))
-}
-
-func normFieldsTop(v any) (any, error) {
-	if o, ok := v.(Object); ok && len(o) == 0 {
-		return v, nil
-	}
-	return normFields(v, "")
-}
-
-// normFields moves field names down to the conditions they apply to
-// (norm_fields/2): {a: {b: {$gt: 1}}} is {"a.b": {$gt: 1}}.
-func normFields(v any, path string) (any, error) {
-	obj, ok := v.(Object)
-	if !ok || len(obj) != 1 {
-		return nil, badField(v)
-	}
-	k, a := obj[0].Key, obj[0].Value
-	switch k {
-	case "$and", "$or", "$nor":
-		l := a.([]any)
-		out := make([]any, len(l))
-		for i, x := range l {
-			n, err := normFields(x, path)
-			if err != nil {
-				return nil, err
-			}
-			out[i] = n
-		}
-		return obj1(k, out), nil
-	case "$not":
-		n, err := normFields(a, path)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, n), nil
-	case "$elemMatch", "$allMatch", "$keyMapMatch":
-		n, err := normFieldsTop(a)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(path, obj1(k, n)), nil
-	case "$default":
-		if t, ok := a.(Object); path == "" && ok && len(t) == 1 && t[0].Key == "$text" {
-			return v, nil
-		}
-		return nil, badField(v)
-	}
-	if strings.HasPrefix(k, "$") {
-		return obj1(path, v), nil
-	}
-	if path == "" {
-		return normFields(a, k)
-	}
-	return normFields(a, path+"."+k)
-}
-
-// normNegations moves negations down to the conditions (norm_negations/1).
-func normNegations(v any) (any, error) {
-	obj := v.(Object)
-	if len(obj) != 1 {
-		return v, nil
-	}
-	k, a := obj[0].Key, obj[0].Value
-	switch k {
-	case "$not":
-		return negate(a)
-	case "$nor":
-		return mapArgs("$and", a, negate)
-	case "$and", "$or":
-		return mapArgs(k, a, normNegations)
-	case "$elemMatch", "$allMatch", "$keyMapMatch":
-		n, err := normNegations(a)
-		if err != nil {
-			return nil, err
-		}
-		return obj1(k, n), nil
-	}
-	return v, nil
-}
-
-func mapArgs(op string, args any, f func(any) (any, error)) (any, error) {
-	l := args.([]any)
-	out := make([]any, len(l))
-	for i, x := range l {
-		n, err := f(x)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = n
-	}
-	return obj1(op, out), nil
-}
-
-var negated = map[string]string{"$lt": "$gte", "$lte": "$gt", "$eq": "$ne", "$ne": "$eq", "$gte": "$lt", "$gt": "$lte", "$in": "$nin", "$nin": "$in"}
-
-// negate is negate/1: De Morgan, and each comparison turned around.
-func negate(v any) (any, error) {
-	obj := v.(Object)
-	if len(obj) != 1 {
-		return obj1("$not", v), nil
-	}
-	k, a := obj[0].Key, obj[0].Value
-	switch k {
-	case "$not":
-		return normNegations(a)
-	case "$nor":
-		return mapArgs("$or", a, normNegations)
-	case "$and":
-		return mapArgs("$or", a, negate)
-	case "$or":
-		return mapArgs("$and", a, negate)
-	case "$default":
-		return nil, badArg("$not", v)
-	case "$exists":
-		return obj1(k, !a.(bool)), nil
-	}
-	if op, ok := negated[k]; ok {
-		return obj1(op, a), nil
-	}
-	if strings.HasPrefix(k, "$") {
-		return obj1("$not", v), nil
-	}
-	n, err := negate(a)
-	if err != nil {
-		return nil, err
-	}
-	return obj1(k, n), nil
 }
 
 // --- compiled form and matching (match/3) ---
@@ -424,7 +169,7 @@ func compile(v any) (*node, error) {
 		}
 		n := &node{op: opField, id: k == "_id"}
 		if k != "" {
-			p, err := parseField(k)
+			p, err := ParseField(k)
 			if err != nil {
 				return nil, err
 			}
@@ -482,10 +227,12 @@ func compile(v any) (*node, error) {
 	return n, nil
 }
 
-// parseField splits a field name at its unescaped dots
+// ParseField splits a field name at its unescaped dots
 // (mango_util:parse_field/1): "a.b" is [a b], "a\.b" is [a.b]; every
-// backslash is then dropped.
-func parseField(f string) ([]string, error) {
+// backslash is then dropped. A name with an empty part ("a..b", "") is an
+// ErrUnsupported: CouchDB fails the request when it matches with one
+// (internal/replicate, which hashes the selector, rejects it).
+func ParseField(f string) ([]string, error) {
 	var parts []string
 	if !strings.Contains(f, `\`) {
 		parts = strings.Split(f, ".")

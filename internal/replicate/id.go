@@ -63,7 +63,7 @@ func ID(p Params, serverUUID string) (base, ext string, err error) {
 		if err != nil {
 			return "", "", err
 		}
-		parts = append(parts, ejsort(joinKeys(norm)))
+		parts = append(parts, ejsort(norm))
 	}
 	if p.WinningRevsOnly {
 		parts = append(parts, etfBinary("winning_revs_only"))

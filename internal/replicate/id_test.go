@@ -2,8 +2,11 @@ package replicate
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"math/big"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -206,5 +209,47 @@ func TestTermToBinary(t *testing.T) {
 	}
 	if _, err := termToBinary(struct{}{}); err == nil || !strings.Contains(err.Error(), "unsupported") {
 		t.Errorf("unsupported type: err = %v", err)
+	}
+}
+
+// TestSelectorIDsPinned pins the replication ids of 800 selectors (the
+// selectors of internal/mango's and integration's tests, each also as
+// {"x": S} and {"x": {"$not": S}}, and edge cases: escaped dots, bignums,
+// floats, $text, $size, every operator's bad arguments) to those the
+// id's own normaliser gave before internal/mango's became the one
+// normaliser of both (testdata/selector_ids.json): the same id, or
+// invalid for the same selectors.
+func TestSelectorIDsPinned(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "selector_ids.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rows []struct {
+		Selector string `json:"selector"`
+		ID       string `json:"id"`
+		Invalid  bool   `json:"invalid"`
+	}
+	if err := json.Unmarshal(raw, &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		p, err := ParseParams([]byte(`{"source":"http://a/s","target":"http://b/t","selector":` + r.Selector + `}`))
+		var id string
+		if err == nil {
+			var base, ext string
+			base, ext, err = ID(p, "0d5b6a3c9e1f4a7b8c2d3e4f5a6b7c8d")
+			id = base + ext
+		}
+		switch {
+		case r.Invalid && err == nil:
+			t.Errorf("%s: id %s, want it rejected", r.Selector, id)
+		case !r.Invalid && err != nil:
+			t.Errorf("%s: %v, want id %s", r.Selector, err, r.ID)
+		case !r.Invalid && id != r.ID:
+			t.Errorf("%s: id %s, want %s", r.Selector, id, r.ID)
+		}
+	}
+	if len(rows) < 800 {
+		t.Errorf("%d selectors pinned, want at least 800", len(rows))
 	}
 }

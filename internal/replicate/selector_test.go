@@ -40,5 +40,5 @@ func normalized(t *testing.T, sel string) any {
 	if err != nil {
 		t.Fatalf("normalizeSelector(%s): %v", sel, err)
 	}
-	return ejsort(joinKeys(n))
+	return ejsort(n)
 }
