@@ -31,9 +31,10 @@ const InfoShareFor = time.Second
 // run whose shared request failed sends its own. Safe for concurrent use;
 // the zero value is not usable, NewInfoShare returns one.
 type InfoShare struct {
-	now func() time.Time
-	mu  sync.Mutex
-	m   map[[sha256.Size]byte]*infoCall
+	now   func() time.Time
+	mu    sync.Mutex
+	m     map[[sha256.Size]byte]*infoCall
+	swept time.Time // the last sweep: at most one per InfoShareFor
 }
 
 // infoCall is one request whose answer is shared.
@@ -79,7 +80,7 @@ func (s *InfoShare) share(ctx context.Context, key [sha256.Size]byte, get func(*
 		}
 	}
 	if c == nil {
-		if len(s.m) >= 1024 {
+		if now.Sub(s.swept) >= InfoShareFor {
 			s.sweep(now)
 		}
 		c = &infoCall{done: make(chan struct{})}
@@ -104,8 +105,11 @@ func (s *InfoShare) share(ctx context.Context, key [sha256.Size]byte, get func(*
 	return c, nil
 }
 
-// sweep drops the answers too old to share; s.mu is held.
+// sweep drops the answers too old to share, so that the map holds the
+// last second's databases, not every database the node ever started a
+// job of; s.mu is held.
 func (s *InfoShare) sweep(now time.Time) {
+	s.swept = now
 	for k, c := range s.m {
 		select {
 		case <-c.done:

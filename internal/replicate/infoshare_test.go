@@ -3,6 +3,7 @@ package replicate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -93,4 +94,22 @@ func TestInfoShare(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("after a failure", 2)
+}
+
+// TestInfoShareSweeps: answers too old to share are dropped as new ones
+// come, so the share holds the last second's databases only.
+func TestInfoShareSweeps(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := NewInfoShare()
+	s.now = func() time.Time { return now }
+	for i := range 100 {
+		_, _ = s.share(context.Background(), infoKey("db", EndpointParams{URL: fmt.Sprintf("http://h/db%d", i)}), func(*infoCall) {})
+		now = now.Add(100 * time.Millisecond)
+	}
+	s.mu.Lock()
+	n := len(s.m)
+	s.mu.Unlock()
+	if n > 21 {
+		t.Errorf("%d answers kept after 100 databases over 10 s, want at most the last 2 s' (21)", n)
+	}
 }
