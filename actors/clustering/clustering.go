@@ -228,7 +228,9 @@ func (a *clustering) start(ctx actor.Context) error {
 	if a.deps.Store == nil {
 		return nil
 	}
-	c, cancel := context.WithTimeout(context.Background(), max(5*time.Second, a.opts.Interval))
+	// The liveness lane (kv.WithPriority): job transactions queued for the
+	// store never delay the heartbeat.
+	c, cancel := context.WithTimeout(kv.WithPriority(context.Background()), max(5*time.Second, a.opts.Interval))
 	err := a.checkStore(c)
 	if err == nil {
 		err = a.reg.Heartbeat(c, a.record())
@@ -275,6 +277,10 @@ func (a *clustering) checkStore(ctx context.Context) error {
 
 // loop heartbeats and watches membership until ctx ends.
 func (a *clustering) loop(ctx context.Context, system *actor.ActorSystem, self *actor.PID) {
+	// Heartbeats and the members' read go in the store's liveness lane:
+	// a node whose job transactions queue for the store (thousands of
+	// jobs starting) is alive, and must look it.
+	ctx = kv.WithPriority(ctx)
 	stab := cluster.NewStability(a.opts.Quiet)
 	lastOK := time.Now()
 	var lastForget time.Time

@@ -124,7 +124,7 @@ func (q *Queue) OpenLease(ctx context.Context, typ string) (*Lease, error) {
 	_, _ = rand.Read(b[:])
 	l := &Lease{q: q, typ: typ, id: hex.EncodeToString(b[:]), kicks: map[string]func(){}, abandoned: map[string][]byte{}}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	err := q.db.Transact(ctx, func(tx kv.Tx) error {
+	err := q.db.Transact(kv.WithPriority(ctx), func(tx kv.Tx) error {
 		if err := q.checkType(tx, typ); err != nil {
 			return err
 		}
@@ -169,7 +169,8 @@ func leaseValue(v []byte) (stamp [kv.VersionstampLength]byte, dead, ok bool) {
 
 // Renew proves the worker alive for every job held under the lease, and
 // calls the Watch callback of every job a user canceled or removed since.
-// It returns ErrLeaseLost (and Lost is closed) if the lease expired.
+// It returns ErrLeaseLost (and Lost is closed) if the lease expired. It
+// runs in the store's liveness lane (kv.WithPriority), as OpenLease does.
 func (l *Lease) Renew(ctx context.Context) error {
 	var kicked []string
 	l.mu.Lock()
@@ -178,7 +179,9 @@ func (l *Lease) Renew(ctx context.Context) error {
 		abandoned[id] = lock
 	}
 	l.mu.Unlock()
-	err := l.q.db.Transact(ctx, func(tx kv.Tx) error {
+	// The liveness lane: a renewal that waited behind the node's job
+	// transactions for a whole timeout would lose every job it holds.
+	err := l.q.db.Transact(kv.WithPriority(ctx), func(tx kv.Tx) error {
 		kicked = kicked[:0]
 		v, err := tx.Get(l.q.keys.leaseKey(l.typ, l.id))
 		if err != nil {

@@ -79,7 +79,11 @@ type commitReq struct {
 func (db *DB) commit(t *tx, a *commitArgs) (int64, int, [][]byte, error) {
 	t.end() // the snapshot is not needed any more
 	req := &commitReq{args: a, done: make(chan struct{})}
-	db.commitQ.add(req)
+	if t.prio {
+		db.commitQ.addFront(req) // the liveness lane: ahead of the queued commits
+	} else {
+		db.commitQ.add(req)
+	}
 	db.sendNext()
 	<-req.done
 	return req.result()
@@ -179,14 +183,19 @@ func (db *DB) batchCalls(batch []*commitReq, version *int64) []call {
 }
 
 // acquire takes a connection: one parked by an ended snapshot (dirty: it
-// must be sent ROLLBACK first) or one from the pool.
-func (db *DB) acquire(ctx context.Context) (*pgxpool.Conn, bool, error) {
-	select {
-	case p := <-db.parked:
-		return p.c, true, nil
-	default:
+// must be sent ROLLBACK first) or one from the pool; for a transaction of
+// the liveness lane (prio), one of the lane's.
+func (db *DB) acquire(ctx context.Context, prio bool) (*pgxpool.Conn, bool, error) {
+	pool := db.lane
+	if !prio {
+		pool = db.pool
+		select {
+		case p := <-db.parked:
+			return p.c, true, nil
+		default:
+		}
 	}
-	c, err := db.pool.Acquire(ctx)
+	c, err := pool.Acquire(ctx)
 	if err != nil {
 		if db.isClosed() {
 			return nil, false, kv.ErrClosed
@@ -214,6 +223,19 @@ func (db *DB) park(c *pgxpool.Conn) {
 		}
 		c.Release()
 	}
+}
+
+// rollback ends the snapshot on c at once and returns c to its pool (the
+// liveness lane's connections: never parked).
+func (db *DB) rollback(c *pgxpool.Conn) {
+	if !c.Conn().IsClosed() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+			db.log.Debug().Err(db.errorf("end snapshot", err)).Msg("postgres: rollback")
+		}
+		cancel()
+	}
+	c.Release()
 }
 
 // unpark returns the parked connections to the pool (which drops them:

@@ -62,8 +62,15 @@ type Options struct {
 	Durability kv.Durability
 	// MaxConns bounds the connection pool (default 16, or the DSN's
 	// pool_max_conns). A transaction holds one connection from its first
-	// read to its commit.
+	// read to its commit; when all are taken, transactions queue for one.
 	MaxConns int32
+	// LaneConns bounds the liveness lane (default 2): a pool of its own
+	// for the transactions marked kv.WithPriority (heartbeats, lease
+	// renewals) and the health check, so that job transactions queued for
+	// the main pool never delay them. Their commits go ahead of the queued
+	// ones on the commit connection, and that connection and the read
+	// connection are opened from the lane too.
+	LaneConns int32
 	// MaxAttempts bounds how many times Transact runs a transaction that
 	// keeps conflicting (default 100).
 	MaxAttempts int
@@ -75,6 +82,7 @@ type Options struct {
 // kv.Checker.
 type DB struct {
 	pool   *pgxpool.Pool
+	lane   *pgxpool.Pool // the liveness lane (Options.LaneConns)
 	opts   Options
 	log    zerolog.Logger
 	secret string // the DSN's password, kept out of every error
@@ -163,12 +171,23 @@ func Open(ctx context.Context, dsn string, opts Options) (*DB, error) {
 	db.commits.name, db.commits.listen = "commit connection", true
 	db.commits.sql = []string{lockSQL, pruneSQL, fastApplySQL, applySQL}
 	db.reads.name, db.reads.sql = "read connection", []string{autoGetSQL}
+	if opts.LaneConns <= 0 {
+		opts.LaneConns = 2
+	}
+	db.opts.LaneConns = opts.LaneConns
+	lcfg := cfg.Copy()
+	lcfg.MaxConns, lcfg.MinConns = opts.LaneConns, 0
 	db.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, db.errorf("connect", err)
 	}
+	if db.lane, err = pgxpool.NewWithConfig(ctx, lcfg); err != nil {
+		db.pool.Close()
+		return nil, db.errorf("connect", err)
+	}
 	if err := migrate(ctx, db.pool); err != nil {
 		db.pool.Close()
+		db.lane.Close()
 		return nil, db.errorf("schema", err)
 	}
 	db.watches = newWatchHub(db)
@@ -296,14 +315,15 @@ func (db *DB) ReadTransact(ctx context.Context, fn func(kv.ReadTx) error) error 
 }
 
 // Check implements kv.Checker: a round trip to the server through the
-// pool, bounded by 5 s.
+// liveness lane (a main pool busy with job transactions is no failure of
+// the store), bounded by 5 s.
 func (db *DB) Check(ctx context.Context) error {
 	if db.isClosed() {
 		return kv.ErrClosed
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := db.pool.Exec(ctx, "SELECT 1"); err != nil {
+	if _, err := db.lane.Exec(ctx, "SELECT 1"); err != nil {
 		return db.errorf("health check", err)
 	}
 	return nil
@@ -324,6 +344,7 @@ func (db *DB) Close() error {
 		db.reads.close()
 		db.unpark()
 		db.pool.Close()
+		db.lane.Close()
 	})
 	return nil
 }

@@ -127,12 +127,15 @@ func (s *pipeSlot) openedLocked(db *DB) (*pipe, error) {
 	return p, nil
 }
 
-// open takes a connection from the pool for good, prepares the slot's
-// statements on it (and LISTENs) and starts its reader.
+// open takes a connection from the liveness lane for good (a main pool
+// busy with job transactions must not keep the heartbeats' commits from
+// their connection; a hijacked connection leaves the lane's count),
+// prepares the slot's statements on it (and LISTENs) and starts its
+// reader.
 func (s *pipeSlot) open(db *DB) (*pipe, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
-	pc, err := db.pool.Acquire(ctx)
+	pc, err := db.lane.Acquire(ctx)
 	if err != nil {
 		if db.isClosed() {
 			return nil, kv.ErrClosed
@@ -371,6 +374,7 @@ func (p *pipe) deliverAll() {
 type batcher[T any] struct {
 	mu       sync.Mutex
 	queue    []T
+	front    int // how many at the queue's head were added by addFront
 	inflight int // batches in flight
 }
 
@@ -378,6 +382,15 @@ func (b *batcher[T]) add(r T) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.queue = append(b.queue, r)
+}
+
+// addFront queues r ahead of every queued request (the liveness lane's),
+// behind the others of the lane queued before it.
+func (b *batcher[T]) addFront(r T) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.queue = slices.Insert(b.queue, b.front, r)
+	b.front++
 }
 
 // take takes the next batch (up to maxBatch requests) and counts it in
@@ -393,6 +406,7 @@ func (b *batcher[T]) take(maxInFlight, minPipelined int) []T {
 	n := min(len(b.queue), maxBatch)
 	batch := slices.Clone(b.queue[:n])
 	b.queue = b.queue[n:]
+	b.front = max(0, b.front-n)
 	b.inflight++
 	return batch
 }

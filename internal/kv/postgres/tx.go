@@ -21,6 +21,9 @@ type tx struct {
 	db       *DB
 	ctx      context.Context
 	readOnly bool
+	// prio: a transaction of the liveness lane (kv.WithPriority): its
+	// reads on a connection of the lane, its commit ahead of the queue.
+	prio bool
 
 	conn  *pgxpool.Conn // held from the first read to the end
 	open  bool          // the snapshot transaction is open on conn
@@ -54,7 +57,7 @@ var (
 )
 
 func newTx(ctx context.Context, db *DB, readOnly bool) *tx {
-	t := &tx{db: db, ctx: ctx, readOnly: readOnly}
+	t := &tx{db: db, ctx: ctx, readOnly: readOnly, prio: kv.IsPriority(ctx)}
 	t.Init(t)
 	return t
 }
@@ -84,13 +87,13 @@ func (t *tx) query(sql string, args ...any) ([]kvbuf.Row, error) {
 		}}})
 		return out, err
 	}
-	if sql == getSQL && !t.readOnly && !t.auto && len(t.cached) == 0 {
+	if sql == getSQL && !t.readOnly && !t.auto && len(t.cached) == 0 && !t.prio {
 		return t.autoRead(args...)
 	}
 	var err error
 	for try := 0; try < 3; try++ {
 		if t.conn == nil {
-			c, dirty, err := t.db.acquire(t.ctx)
+			c, dirty, err := t.db.acquire(t.ctx, t.prio)
 			if err != nil {
 				return nil, err
 			}
@@ -221,7 +224,11 @@ func (t *tx) end() {
 	if t.conn == nil {
 		return
 	}
-	if t.open || t.dirty {
+	if (t.open || t.dirty) && t.prio {
+		// A connection of the lane goes back to the lane, its snapshot
+		// ended now: parked, a job transaction would take it.
+		t.db.rollback(t.conn)
+	} else if t.open || t.dirty {
 		// The snapshot (read only) ends with the ROLLBACK that the next
 		// user of the connection sends ahead of its own statements: no
 		// round trip of its own.

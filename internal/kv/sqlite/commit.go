@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"runtime"
+	"slices"
 
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/kvbuf"
@@ -139,7 +140,13 @@ func (db *DB) commit(ctx context.Context, t *tx) error {
 		db.mu.Unlock()
 		return kv.ErrClosed
 	}
-	db.pending = append(db.pending, req)
+	if kv.IsPriority(ctx) {
+		// The liveness lane (a heartbeat, a lease renewal): in the next
+		// batch, whatever is queued.
+		db.pending = slices.Insert(db.pending, 0, req)
+	} else {
+		db.pending = append(db.pending, req)
+	}
 	t.leaveInflight()
 	lead := !db.leading
 	if lead {
