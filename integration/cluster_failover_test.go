@@ -81,7 +81,12 @@ type failoverResult struct {
 	reparked time.Duration
 	// failover: from the SIGKILL until every job of the victim ran on a
 	// survivor (to the harness's poll interval).
-	failover   time.Duration
+	failover time.Duration
+	// requeued: from the SIGKILL until none of the victim's jobs was
+	// running on it any more (its lease expired, its jobs back in the
+	// queue or taken): failover less requeued is the survivors' accepts
+	// and starts.
+	requeued   time.Duration
 	victim     string
 	victimJobs int
 	perNode    map[string]int
@@ -403,6 +408,10 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	deadline = time.Now().Add(failoverBound(p.timeout) + p.settle)
 	for {
 		running, left := poll()
+		if res.requeued == 0 && len(running[victim]) == 0 {
+			res.requeued = time.Since(killedAt)
+			c.logf("none of the %d jobs of %s runs on it %v after the SIGKILL", len(victimIDs), victim, res.requeued.Round(time.Millisecond))
+		}
 		if len(left) == 0 && len(running[victim]) == 0 {
 			break
 		}
@@ -684,10 +693,10 @@ func TestClusterFailover(t *testing.T) {
 	res := runClusterFailover(t, failoverParams{jobs: n, timeout: 10 * time.Second, sample: 20, strict: true, parkAfter: 2,
 		poll: 250 * time.Millisecond, settle: 3 * time.Minute})
 	t.Logf("%d jobs: databases created in %v, jobs added in %v, all running after %v (%v), replicating after %v, all parked after %v; "+
-		"SIGKILL %s (%d jobs): all running on the survivors after %v, all parked again after %v (%d polls); load %s",
+		"SIGKILL %s (%d jobs): off it after %v, all running on the survivors after %v, all parked again after %v (%d polls); load %s",
 		n, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
 		res.perNode, res.ready.Round(time.Millisecond), res.parked.Round(time.Millisecond), res.victim, res.victimJobs,
-		res.failover.Round(time.Millisecond), res.reparked.Round(time.Millisecond), res.polls, loadAvg())
+		res.requeued.Round(time.Millisecond), res.failover.Round(time.Millisecond), res.reparked.Round(time.Millisecond), res.polls, loadAvg())
 	for _, v := range res.violations {
 		t.Error(v)
 	}
@@ -731,6 +740,7 @@ func BenchmarkClusterFailover(b *testing.B) {
 		b.ReportMetric(res.allRunning.Seconds(), "s-all-running")
 		b.ReportMetric(res.ready.Seconds(), "s-replicating")
 		b.ReportMetric(res.failover.Seconds(), "s-failover")
+		b.ReportMetric(res.requeued.Seconds(), "s-off-victim")
 		b.ReportMetric(res.parked.Seconds(), "s-all-parked")
 		b.ReportMetric(res.reparked.Seconds(), "s-reparked")
 		b.ReportMetric(res.pgIdleCPU, "%cpu-pg-idle")
@@ -758,8 +768,8 @@ func BenchmarkClusterFailover(b *testing.B) {
 		}
 		b.Logf("idle %v: PostgreSQL %.2f %% CPU, %.1f commits/s", idle, res.pgIdleCPU, res.pgCommits)
 		b.Logf("jobs seen crashing: %d; runs after a crash: %d", len(res.crashed), res.reruns)
-		b.Logf("SIGKILL %s (%d jobs): all running on the survivors after %v; PostgreSQL meanwhile %.1f %% CPU, %.1f commits/s; load %s",
-			res.victim, res.victimJobs, res.failover.Round(time.Millisecond), res.pgTakeoverCPU, res.pgTakeoverCommits, loadAvg())
+		b.Logf("SIGKILL %s (%d jobs): off it after %v, all running on the survivors after %v; PostgreSQL meanwhile %.1f %% CPU, %.1f commits/s; load %s",
+			res.victim, res.victimJobs, res.requeued.Round(time.Millisecond), res.failover.Round(time.Millisecond), res.pgTakeoverCPU, res.pgTakeoverCommits, loadAvg())
 		for _, v := range res.violations {
 			b.Error(v)
 		}

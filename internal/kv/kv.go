@@ -121,6 +121,33 @@ type Tx interface {
 	Versionstamp() VersionstampFuture
 }
 
+// BatchReader is implemented by transactions that can read many keys in
+// one round trip (PostgreSQL); GetMany uses it.
+type BatchReader interface {
+	// GetMany returns the values of keys (nil where absent), read as Get
+	// reads them (with read conflicts, seeing the transaction's writes).
+	GetMany(keys [][]byte) ([][]byte, error)
+}
+
+// GetMany reads keys as tx.Get would, one after the other, or in one round
+// trip where the backend can (BatchReader): for a transaction that must
+// read many records it knows the keys of (a dead node's jobs, a batch of
+// accepts).
+func GetMany(tx ReadTx, keys [][]byte) ([][]byte, error) {
+	if b, ok := tx.(BatchReader); ok {
+		return b.GetMany(keys)
+	}
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		v, err := tx.Get(k)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
 // Watch fires once after a committed change to its key.
 type Watch interface {
 	// Wait blocks until the key changed (nil), the context ended, the watch

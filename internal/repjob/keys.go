@@ -98,8 +98,17 @@ func (l ledger) frontierFloor() (uint64, error) {
 	return binary.BigEndian.Uint64(b), nil
 }
 
-// accepted raises the frontier to at least prio.
+// accepted raises the frontier to at least prio. A frontier already there
+// (read without a conflict: every write of it is under one, so it only
+// grows) needs no write and adds no conflict: the Starts of a batch of
+// accepted jobs each read it with a conflict, and each that raised it
+// aborted the others, which read it again with a conflict and aborted
+// again (541 jobs accepted at once started at 4-5 a second); now a Start
+// aborted by a higher frontier finds it high enough on its next attempt.
 func (l ledger) accepted(prio uint64) error {
+	if f, err := l.frontierFloor(); err != nil || f >= prio {
+		return err
+	}
 	f, err := l.frontier()
 	if err != nil {
 		return err

@@ -355,8 +355,10 @@ const (
 	beginSQL = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 	snapSQL  = "SELECT cur FROM couchrep_kv_meta WHERE id = 1"
 	getSQL   = "SELECT k, v FROM couchrep_kv WHERE k = $1"
-	fwdSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
-	revSQL   = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k DESC LIMIT $3"
+	// manySQL reads many keys in one statement (tx.GetMany).
+	manySQL = "SELECT k, v FROM couchrep_kv WHERE k = ANY ($1)"
+	fwdSQL  = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k LIMIT $3"
+	revSQL  = "SELECT k, v FROM couchrep_kv WHERE k >= $1 AND k < $2 ORDER BY k DESC LIMIT $3"
 	// The first read of a transaction: the read and the snapshot's commit
 	// version in one statement (one row without a key when nothing is
 	// found).

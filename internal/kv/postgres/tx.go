@@ -264,6 +264,59 @@ func (t *tx) ReadStored(key []byte, snapshot bool) ([]byte, error) {
 	return v, nil
 }
 
+// GetMany implements kv.BatchReader: the keys the transaction has not
+// written are read in one statement on its snapshot (opened first, if it
+// is not), each recorded as ReadStored records a point read.
+func (t *tx) GetMany(keys [][]byte) ([][]byte, error) {
+	if t.Done {
+		return nil, kv.ErrTxDone
+	}
+	out := make([][]byte, len(keys))
+	var fetch [][]byte
+	var at []int
+	for i, k := range keys {
+		if _, ok := t.Buf.Writes[string(k)]; ok || t.Buf.Cleared(k) {
+			v, err := t.Read(k, false)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = v
+			continue
+		}
+		fetch, at = append(fetch, k), append(at, i)
+	}
+	if len(fetch) < 2 {
+		for j, k := range fetch {
+			v, err := t.Read(k, false)
+			if err != nil {
+				return nil, err
+			}
+			out[at[j]] = v
+		}
+		return out, nil
+	}
+	if err := t.begin(); err != nil {
+		return nil, err
+	}
+	rows, err := t.query(manySQL, fetch)
+	if err != nil {
+		return nil, t.db.errorf(fmt.Sprintf("get %d keys", len(fetch)), err)
+	}
+	found := make(map[string][]byte, len(rows))
+	for _, r := range rows {
+		found[string(r.K)] = r.V
+	}
+	for j, k := range fetch {
+		v, ok := found[string(k)]
+		out[at[j]] = v
+		if !t.readOnly {
+			t.setPresent(k, ok)
+			t.readKeys = append(t.readKeys, slices.Clone(k))
+		}
+	}
+	return out, nil
+}
+
 // setPresent records whether key has a value in the state at the
 // transaction's snapshot version (a point read found it).
 func (t *tx) setPresent(key []byte, present bool) {

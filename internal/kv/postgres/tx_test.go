@@ -95,3 +95,58 @@ func TestAutoRead(t *testing.T) {
 // isAuto reports whether the transaction's first read ran without a
 // snapshot.
 func isAuto(t kv.Tx) bool { return t.(*tx).auto }
+
+// TestGetMany: kv.GetMany reads many keys in one statement: absent keys
+// are nil, a present empty value is empty, the transaction's own writes
+// and clears are seen, and a key read so conflicts as a point read does
+// (a commit of another process in between makes the attempt run again).
+func TestGetMany(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: starts a PostgreSQL server")
+	}
+	dsn := pgtest.Shared(t).NewDatabase(t)
+	a, b := openDB(t, dsn, Options{}), openDB(t, dsn, Options{})
+	ctx := context.Background()
+	if err := a.Transact(ctx, func(tx kv.Tx) error {
+		tx.Set([]byte("m/1"), []byte("one"))
+		tx.Set([]byte("m/2"), []byte{})
+		tx.Set([]byte("m/3"), []byte("three"))
+		tx.Set([]byte("m/4"), []byte("four"))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	attempts := 0
+	if err := a.Transact(ctx, func(tx kv.Tx) error {
+		attempts++
+		tx.Set([]byte("m/3"), []byte("mine"))
+		tx.Clear([]byte("m/4"))
+		got, err := kv.GetMany(tx, [][]byte{[]byte("m/1"), []byte("m/2"), []byte("m/3"), []byte("m/4"), []byte("m/5"), []byte("m/1")})
+		if err != nil {
+			return err
+		}
+		want := []string{"one", "", "mine", "<nil>", "<nil>", "one"}
+		for i, v := range got {
+			s := string(v)
+			if v == nil {
+				s = "<nil>"
+			}
+			if s != want[i] {
+				t.Errorf("attempt %d: key %d = %q, want %q", attempts, i, s, want[i])
+			}
+		}
+		if attempts == 1 {
+			// Another process writes m/1 (read above) before this commits.
+			if err := b.Transact(ctx, func(tx kv.Tx) error { tx.Set([]byte("m/1"), []byte("one")); return nil }); err != nil {
+				return err
+			}
+		}
+		tx.Set([]byte("m/out"), []byte("x"))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 {
+		t.Fatalf("%d attempts, want 2 (the first conflicts on a key read with GetMany)", attempts)
+	}
+}

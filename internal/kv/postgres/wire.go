@@ -40,7 +40,7 @@ var stmtNames = map[string]string{}
 
 func init() {
 	for i, sql := range []string{"ROLLBACK", beginSQL, snapSQL, getSQL, fwdSQL, revSQL,
-		firstGetSQL, firstFwdSQL, firstRevSQL, lockSQL, fastApplySQL, applySQL, cacheCheckSQL, autoGetSQL, autoCheckSQL, pruneSQL} {
+		firstGetSQL, firstFwdSQL, firstRevSQL, lockSQL, fastApplySQL, applySQL, cacheCheckSQL, autoGetSQL, autoCheckSQL, pruneSQL, manySQL} {
 		stmtNames[sql] = "couchrep_" + strconv.Itoa(i)
 	}
 }
