@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -26,8 +25,6 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobqueue"
-	"github.com/couchrep/couchrep/internal/kv/sqlite"
 	"github.com/couchrep/couchrep/internal/repjob"
 )
 
@@ -277,9 +274,7 @@ func benchIdleJobs(b *testing.B, n int) {
 	base := startIdleCouch(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	dir := b.TempDir()
 	cfg := couchrep.DefaultConfig()
-	cfg.Couchrep.DataDir = dir
 	cfg.Couchrep.NodeTypes = []string{config.NodeTypeReplication}
 	cfg.Replicator.MaxJobs = n + 10
 	cfg.Replicator.StartupJitter = 0
@@ -287,29 +282,7 @@ func benchIdleJobs(b *testing.B, n int) {
 	// would hold one between them), which is what this measures.
 	cfg.Replicator.ShareChangesFeeds = false
 	cfg.Replicator.IdleParkAfter = 0 // idle jobs with their feeds (BenchmarkParkedMemory: parked)
-	if err := cfg.Complete(); err != nil {
-		b.Fatal(err)
-	}
-	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.Nop()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		if err := node.Stop(c); err != nil {
-			b.Errorf("node stop: %v", err)
-		}
-	}()
-	db, err := sqlite.Open(ctx, filepath.Join(dir, config.StoreFileName), sqlite.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
-	store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
-	if err := store.Init(ctx); err != nil {
-		b.Fatal(err)
-	}
+	store := startInProcessNode(b, cfg, zerolog.Nop()).Store
 
 	before := measureMem()
 	b.ResetTimer()

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -21,9 +20,6 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
-	"github.com/couchrep/couchrep/internal/jobqueue"
-	"github.com/couchrep/couchrep/internal/kv/sqlite"
-	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // envInt is the integer in environment variable name, else def.
@@ -65,35 +61,11 @@ func benchPerUserMemory(b *testing.B, n int) {
 	base := startIdleCouch(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
-	dir := b.TempDir()
 	cfg := couchrep.DefaultConfig()
-	cfg.Couchrep.DataDir = dir
 	cfg.Couchrep.NodeTypes = []string{config.NodeTypeReplication}
 	cfg.Replicator.MaxJobs = n + 10
 	cfg.Replicator.StartupJitter = 0
-	if err := cfg.Complete(); err != nil {
-		b.Fatal(err)
-	}
-	node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.Nop()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() {
-		c, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := node.Stop(c); err != nil {
-			b.Errorf("node stop: %v", err)
-		}
-	}()
-	db, err := sqlite.Open(ctx, filepath.Join(dir, config.StoreFileName), sqlite.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer db.Close()
-	store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
-	if err := store.Init(ctx); err != nil {
-		b.Fatal(err)
-	}
+	store := startInProcessNode(b, cfg, zerolog.Nop()).Store
 
 	before := measureMem()
 	prefix := os.Getenv("COUCHREP_PERUSER_PROFILE")
