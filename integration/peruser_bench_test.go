@@ -20,6 +20,7 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/repjob"
 )
 
 // envInt is the integer in environment variable name, else def.
@@ -186,10 +187,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	if fanOut {
 		p.jobs = 2 * n
 	}
-	p.node, p.addr = scaleNode(b, p.jobs, "COUCHREP_COUCHREP_WATCH="+strings.TrimSuffix(p.srv.URL, "/"))
-	nodePID, srvPID := p.node.cmd.Process.Pid, serverPID(p.srv)
+	p.node, p.addr = scaleNode(b, p.jobs, "COUCHREP_COUCHREP_WATCH="+strings.TrimSuffix(p.repSrv.URL, "/"))
+	nodePID, srvPID, srvName := p.node.cmd.Process.Pid, p.serverPID(), p.serverName()
 	if srvPID == 0 {
-		b.Fatal("pouchdb-server process not found")
+		b.Fatalf("%s process not found", srvName)
 	}
 	nodeCPU0, srvCPU0 := procCPU(nodePID), procCPU(srvPID)
 	b.StartTimer()
@@ -200,18 +201,20 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	startNodeCPU, startSrvCPU := procCPU(nodePID)-nodeCPU0, procCPU(srvPID)-srvCPU0
 	startReqs := p.requests(b, true)
 	startFDs := procFDs(nodePID)
+	sent := metricSum(b, p.addr, metricPrefix("couchrep_replication_requests_total"))
 	b.Logf("users=%d jobs=%d: _bulk_docs answered in %s; all running %s after it, started at the source after %s; "+
-		"CPU from the _bulk_docs to started: couchrepd %s, pouchdb-server %s; server: %d requests, peak %d in flight at once (feeds apart), peak %d feeds; "+
-		"couchrepd fds %d; load %s",
+		"CPU from the _bulk_docs to started: couchrepd %s, %s %s; the node's jobs sent %.0f requests (%.1f a job); "+
+		"server (test server only): %d requests, peak %d in flight at once (feeds apart), peak %d feeds; couchrepd fds %d; load %s",
 		n, p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), started.Round(time.Millisecond),
-		startNodeCPU.Round(time.Millisecond), startSrvCPU.Round(time.Millisecond), startReqs.Total, startReqs.Peak, startReqs.PeakFeeds,
-		startFDs, loadAvg())
+		startNodeCPU.Round(time.Millisecond), srvName, startSrvCPU.Round(time.Millisecond), sent, sent/float64(p.jobs),
+		startReqs.Total, startReqs.Peak, startReqs.PeakFeeds, startFDs, loadAvg())
 
 	time.Sleep(settle) // the measured system settles (idle jobs park): a pause, not a wait for an event
+	mem0 := goMetrics(b, p.addr) // before the window: a scrape of /metrics costs the node CPU
+	parked := metricSum(b, p.addr, metricPrefix("couchrep_replication_jobs_parked"))
 	load0 := loadAvg()
 	nodeCPU, srvCPU := procCPU(nodePID), procCPU(srvPID)
 	reqs0 := p.requests(b, true)
-	mem0 := goMetrics(b, p.addr)
 	const idle = 60 * time.Second
 	time.Sleep(idle) // the measurement window itself
 	nodeIdle := float64(procCPU(nodePID)-nodeCPU) / float64(idle) * 100
@@ -221,10 +224,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	nodeRSS, srvRSS := procRSS(nodePID), procRSS(srvPID)
 	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
 	mem1 := goMetrics(b, p.addr)
-	b.Logf("users=%d: idle 60 s (after %s): couchrepd %.2f%% of a core, pouchdb-server %.2f%%, %d requests served (%d feeds open, peak %d); "+
-		"RSS couchrepd %.1f MB, pouchdb-server %.1f MB; fds couchrepd %d, pouchdb-server %d; load %s -> %s",
-		n, settle, nodeIdle, srvIdle, reqs1.Total-reqs0.Total, reqs1.Feeds, reqs1.PeakFeeds,
-		float64(nodeRSS)/(1<<20), float64(srvRSS)/(1<<20), nodeFDs, srvFDs, load0, load1)
+	b.Logf("users=%d: idle 60 s (after %s; %.0f of %d jobs parked): couchrepd %.2f%% of a core, %s %.2f%%, %d requests served (test server only: %d feeds open, peak %d); "+
+		"RSS couchrepd %.1f MB, %s %.1f MB; fds couchrepd %d, %s %d; load %s -> %s",
+		n, settle, parked, p.jobs, nodeIdle, srvName, srvIdle, reqs1.Total-reqs0.Total, reqs1.Feeds, reqs1.PeakFeeds,
+		float64(nodeRSS)/(1<<20), srvName, float64(srvRSS)/(1<<20), nodeFDs, srvName, srvFDs, load0, load1)
 	b.Logf("users=%d: couchrepd's Go memory after the idle minute: %s; in it, it allocated %.1f MB and ran %.0f GCs",
 		n, goMemory(mem1), (mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
 		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"])
@@ -234,22 +237,28 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	var in, out []time.Duration
 	for k := range writes {
 		u := p.users[rng.IntN(n)]
-		in = append(in, roundTrip(b, client, p.srv.DBURL(perUserDB(u)), p.central, fmt.Sprintf("in-%d-%s", k, u), u))
+		in = append(in, roundTrip(b, client, p.userDB(u), p.central, fmt.Sprintf("in-%s-%d-%s", p.tag, k, u), u))
 	}
 	if fanOut {
 		for k := range writes {
 			u := p.users[rng.IntN(n)]
-			out = append(out, roundTrip(b, client, p.central, p.srv.DBURL(perUserDB(u)), fmt.Sprintf("out-%d-%s", k, u), u))
+			out = append(out, roundTrip(b, client, p.central, p.userDB(u), fmt.Sprintf("out-%s-%d-%s", p.tag, k, u), u))
 		}
 	}
 	inP50, inP99 := percentiles(in)
 	b.ReportMetric(running.Seconds(), "s-all-running")
 	b.ReportMetric(started.Seconds(), "s-all-started")
-	b.ReportMetric(float64(startReqs.Peak), "server-peak-inflight")
+	b.ReportMetric(sent/float64(p.jobs), "start-requests/job")
+	b.ReportMetric(float64(startNodeCPU.Milliseconds())/float64(p.jobs), "start-node-cpu-ms/job")
+	b.ReportMetric(float64(startSrvCPU.Milliseconds())/float64(p.jobs), "start-server-cpu-ms/job")
+	if !p.external {
+		b.ReportMetric(float64(startReqs.Peak), "server-peak-inflight")
+	}
 	b.ReportMetric(nodeIdle, "node-idle-%cpu")
 	b.ReportMetric(srvIdle, "server-idle-%cpu")
 	b.ReportMetric(float64(nodeRSS)/(1<<20), "node-RSS-MB")
 	b.ReportMetric(float64(nodeFDs), "node-fds")
+	b.ReportMetric(parked, "jobs-parked")
 	b.ReportMetric(inP50.Seconds()*1000, "in-p50-ms")
 	b.ReportMetric(inP99.Seconds()*1000, "in-p99-ms")
 	msg := fmt.Sprintf("users=%d: write to a random user database → central: p50 %s, p99 %s (%d writes)",
@@ -298,7 +307,6 @@ func BenchmarkPerUserStart(b *testing.B) {
 		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 		defer cancel()
 		cfg := couchrep.DefaultConfig()
-		cfg.Couchrep.DataDir = b.TempDir()
 		cfg.Couchrep.HTTPBind, cfg.Couchrep.AdminBind = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Couchrep.Watch = []string{strings.TrimSuffix(p.srv.URL, "/")}
 		fanOut := os.Getenv("COUCHREP_PERUSER_BENCH_FANOUT") != ""
@@ -307,22 +315,8 @@ func BenchmarkPerUserStart(b *testing.B) {
 			cfg.Replicator.MaxJobs += n
 		}
 		cfg.Replicator.StartupJitter = 0
-		if err := cfg.Complete(); err != nil {
-			b.Fatal(err)
-		}
-		node, err := couchrep.Start(ctx, cfg, couchrep.WithLogger(zerolog.New(io.Discard).Level(zerolog.InfoLevel)))
-		if err != nil {
-			b.Fatal(err)
-		}
-		db, err := sqlite.Open(ctx, filepath.Join(cfg.Couchrep.DataDir, config.StoreFileName), sqlite.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer db.Close()
-		store := repjob.NewFromConfig(jobqueue.New(db, jobqueue.Options{NodeName: "bench", Logger: zerolog.Nop()}), db, cfg, zerolog.Nop())
-		if err := store.Init(ctx); err != nil {
-			b.Fatal(err)
-		}
+		node := startInProcessNode(b, cfg, zerolog.New(io.Discard).Level(zerolog.InfoLevel))
+		store := node.Store
 		if prefix := os.Getenv("COUCHREP_PERUSER_PROFILE"); prefix != "" {
 			f, err := os.Create(prefix + ".node-start.cpu")
 			if err != nil {
@@ -396,11 +390,9 @@ func BenchmarkPerUserStart(b *testing.B) {
 		b.Logf("users=%d parked: heap in use %d -> %d (alloc %d -> %d), stacks %d -> %d, RSS %d -> %d, goroutines %d -> %d (by where they wait, groups of at least %d: %s); load %s",
 			n, before.heapInuse, after.heapInuse, before.heapAlloc, after.heapAlloc, before.stackInuse, after.stackInuse,
 			before.rss, after.rss, before.goroutines, after.goroutines, n/10, goroutineGroups(b, n/10), loadAvg())
-		c, cancel2 := context.WithTimeout(context.Background(), 5*time.Minute)
-		if err := node.Stop(c); err != nil {
+		if err := node.stop(); err != nil { // before the next iteration's server and node
 			b.Errorf("node stop: %v", err)
 		}
-		cancel2()
 	}
 }
 

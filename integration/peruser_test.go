@@ -1,13 +1,16 @@
 package integration
 
 import (
+	"cmp"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,11 +32,16 @@ func perUserName(i int) string { return fmt.Sprintf("user%05d", i) }
 
 func perUserDB(user string) string { return "userdb-" + hex.EncodeToString([]byte(user)) }
 
-// perUser is a running per-user set-up: the server (whose requests are
-// counted at the server: serverRequests), the node watching its
-// _replicator database, and the jobs' documents written in one _bulk_docs.
+// perUser is a running per-user set-up: the server of the user and
+// central databases (whose requests are counted at the server on a test
+// server: serverRequests), the server holding the _replicator database the
+// node watches (the same test server; on an Apache CouchDB
+// (COUCHREP_TEST_COUCH_URL) a PouchDB Server of its own, see
+// newPerUserServer), the node, and the jobs' documents written in one
+// _bulk_docs.
 type perUser struct {
 	srv     *testserver.Server
+	repSrv  *testserver.Server // holds the _replicator database
 	node    *nodeProc
 	addr    string
 	users   []string
@@ -43,6 +51,67 @@ type perUser struct {
 	// took is how long the server took to answer it.
 	written time.Time
 	took    time.Duration
+	// external: srv is a CouchDB the tests did not start; its databases
+	// are named prefix+perUserDB(user) and prefix+"central", the user
+	// databases kept after the run when keep is set.
+	external bool
+	prefix   string
+	keep     bool
+	// tag makes the benchmark's document ids unique to this run (user
+	// databases kept from an earlier run hold that run's documents).
+	tag string
+}
+
+// userDB is the URL of user's database.
+func (p *perUser) userDB(user string) string {
+	if p.external {
+		return p.srv.URL + url.PathEscape(p.prefix+perUserDB(user)) + "/"
+	}
+	return p.srv.DBURL(perUserDB(user))
+}
+
+// serverName names the process serverPID finds: what the logs call it.
+func (p *perUser) serverName() string {
+	if p.external {
+		return "beam.smp"
+	}
+	return "pouchdb-server"
+}
+
+// serverPID is the pid of the user databases' server process: the test
+// server's, or on an external CouchDB on this machine its beam.smp's.
+func (p *perUser) serverPID() int {
+	if p.external {
+		return beamPID()
+	}
+	return serverPID(p.srv)
+}
+
+// beamPID is the pid of the (one) Erlang VM running on this machine, the
+// CouchDB of COUCHREP_TEST_COUCH_URL; 0 when there is none or several.
+func beamPID() int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	found := 0
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		if arg0, _, _ := strings.Cut(string(cmd), "\x00"); strings.HasSuffix(arg0, "/beam.smp") && strings.Contains(string(cmd), "couchdb") {
+			if found != 0 {
+				return 0
+			}
+			found = pid
+		}
+	}
+	return found
 }
 
 // countRequestsScript is integration/bench/count-requests.js, preloaded
@@ -70,7 +139,7 @@ func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
 	if fanOut {
 		p.jobs = 2 * n
 	}
-	p.node, p.addr = scaleNode(t, p.jobs, append([]string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.srv.URL, "/")}, env...)...)
+	p.node, p.addr = scaleNode(t, p.jobs, append([]string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.repSrv.URL, "/")}, env...)...)
 	p.writeDocs(t, fanOut)
 	return p
 }
@@ -78,18 +147,66 @@ func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
 // newPerUserServer starts a PouchDB Server with a real _db_updates feed
 // whose requests are counted at the server (count-requests.js), with n
 // user databases and the central one.
+//
+// With COUCHREP_TEST_COUCH_URL (an Apache CouchDB with _global_changes)
+// the databases are that server's instead, named with the prefix
+// COUCHREP_PERUSER_DB_PREFIX (default "couchrep-peruser-") and created
+// with q=1 (CouchDB's advice for many small databases); the central one
+// is created anew and deleted at the end, the user databases too unless
+// COUCHREP_PERUSER_KEEP_DBS=1 keeps them for the next run (creating 10,000
+// takes CouchDB minutes; a kept one that exists is used as it is). The
+// _replicator documents go to a PouchDB Server of their own: the CouchDB's
+// own _replicator databases are seen by its replicator (max_jobs 0 keeps
+// it from running them, not from parsing and scheduling them) and by any
+// other node watching that CouchDB. Its requests are not counted
+// (serverRequests is PouchDB Server's).
 func newPerUserServer(t testing.TB, n int) *perUser {
 	t.Helper()
-	t.Setenv("NODE_OPTIONS", "--require "+countRequestsScript(t))
-	srv := testserver.StartPouchDBWithDBUpdates(t)
-	plainReplicatorDB(t, srv, true)
-	p := &perUser{srv: srv, users: make([]string, n)}
+	p := &perUser{users: make([]string, n), tag: strconv.FormatInt(time.Now().UnixNano()/1e6, 36)}
 	for i := range p.users {
 		p.users[i] = perUserName(i)
 	}
-	createDBs(t, srv, p.users)
-	p.central = srv.CreateDB(t, "central")
+	if ext := os.Getenv(testserver.ExternalURLEnv); ext != "" {
+		p.external = true
+		p.prefix = cmp.Or(os.Getenv("COUCHREP_PERUSER_DB_PREFIX"), "couchrep-peruser-")
+		p.keep = os.Getenv("COUCHREP_PERUSER_KEEP_DBS") == "1"
+		p.srv = testserver.StartPouchDBWithDBUpdates(t) // the external server
+		// A PouchDB Server for the _replicator database: started with
+		// the variable unset (StartPouchDB would return the CouchDB).
+		os.Unsetenv(testserver.ExternalURLEnv)
+		p.repSrv = testserver.StartPouchDB(t)
+		os.Setenv(testserver.ExternalURLEnv, ext)
+		plainReplicatorDB(t, p.repSrv, true)
+		p.central = p.srv.URL + url.PathEscape(p.prefix+"central") + "/"
+		_, _, _ = p.srv.Request(http.MethodDelete, p.central, nil) // a run that did not end
+		p.srv.Do(t, http.MethodPut, p.central+"?q=1", nil, http.StatusCreated)
+		t.Cleanup(func() {
+			_, _, _ = p.srv.Request(http.MethodDelete, p.central, nil)
+			if !p.keep {
+				deleteDBs(t, p.srv, p.userDBs())
+			}
+		})
+		start := time.Now()
+		createDBs(t, p.srv, p.userDBs(), true)
+		t.Logf("per-user: %d user databases on %s (prefix %q) ready in %s", n, p.srv.URL, p.prefix, time.Since(start).Round(time.Millisecond))
+		return p
+	}
+	t.Setenv("NODE_OPTIONS", "--require "+countRequestsScript(t))
+	p.srv = testserver.StartPouchDBWithDBUpdates(t)
+	p.repSrv = p.srv
+	plainReplicatorDB(t, p.srv, true)
+	createDBs(t, p.srv, p.userDBs(), false)
+	p.central = p.srv.CreateDB(t, "central")
 	return p
+}
+
+// userDBs are the URLs of every user's database.
+func (p *perUser) userDBs() []string {
+	urls := make([]string, len(p.users))
+	for i, u := range p.users {
+		urls[i] = p.userDB(u)
+	}
+	return urls
 }
 
 // writeDocs writes every job's _replicator document in one _bulk_docs:
@@ -98,14 +215,13 @@ func newPerUserServer(t testing.TB, n int) *perUser {
 // continuous, selector {"owner": user}).
 func (p *perUser) writeDocs(t testing.TB, fanOut bool) {
 	t.Helper()
-	srv := p.srv
 	p.jobs = len(p.users)
 	if fanOut {
 		p.jobs *= 2
 	}
 	docs := make([]json.RawMessage, 0, p.jobs)
 	for _, u := range p.users {
-		db := srv.DBURL(perUserDB(u))
+		db := p.userDB(u)
 		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"in-%s","source":%q,"target":%q,"continuous":true}`, u, db, p.central)))
 		if fanOut {
 			docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"out-%s","source":%q,"target":%q,"continuous":true,"selector":{"owner":%q}}`,
@@ -113,16 +229,34 @@ func (p *perUser) writeDocs(t testing.TB, fanOut bool) {
 		}
 	}
 	start := time.Now()
-	srv.Do(t, http.MethodPost, srv.DBURL("_replicator")+"_bulk_docs", map[string]any{"docs": docs}, http.StatusCreated)
+	p.repSrv.Do(t, http.MethodPost, p.repSrv.DBURL("_replicator")+"_bulk_docs", map[string]any{"docs": docs}, http.StatusCreated)
 	p.written = time.Now()
 	p.took = p.written.Sub(start)
 }
 
-// createDBs creates the user databases of users, 16 at a time.
-func createDBs(t testing.TB, srv *testserver.Server, users []string) {
+// createDBs creates the databases at urls, 16 at a time (q=1 on a
+// CouchDB: the query parameter is ignored by PouchDB Server). With
+// existingOK a database that exists already (412) is taken as it is.
+func createDBs(t testing.TB, srv *testserver.Server, urls []string, existingOK bool) {
 	t.Helper()
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}, Timeout: time.Minute}
-	defer client.CloseIdleConnections()
+	forEachDB(t, srv, urls, http.MethodPut, func(status int) bool {
+		return status == http.StatusCreated || status == http.StatusAccepted || existingOK && status == http.StatusPreconditionFailed
+	})
+}
+
+// deleteDBs deletes the databases at urls, 16 at a time (one missing is
+// no error).
+func deleteDBs(t testing.TB, srv *testserver.Server, urls []string) {
+	t.Helper()
+	forEachDB(t, srv, urls, http.MethodDelete, func(status int) bool {
+		return status == http.StatusOK || status == http.StatusAccepted || status == http.StatusNotFound
+	})
+}
+
+// forEachDB sends method to every URL of urls (with srv's admin
+// credentials, if any), 16 at a time; ok says which statuses succeed.
+func forEachDB(t testing.TB, srv *testserver.Server, urls []string, method string, ok func(status int) bool) {
+	t.Helper()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
@@ -130,19 +264,20 @@ func createDBs(t testing.TB, srv *testserver.Server, users []string) {
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= len(users) {
+				if i >= len(urls) {
 					return
 				}
-				req, _ := http.NewRequest(http.MethodPut, srv.DBURL(perUserDB(users[i])), nil)
-				resp, err := client.Do(req)
+				u := urls[i]
+				if method == http.MethodPut && srv.External() {
+					u += "?q=1"
+				}
+				b, status, err := srv.Request(method, u, nil)
 				if err != nil {
 					errs <- err
 					return
 				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusCreated {
-					errs <- fmt.Errorf("PUT %s: %d", perUserDB(users[i]), resp.StatusCode)
+				if !ok(status) {
+					errs <- fmt.Errorf("%s %s: %d %s", method, redactedURL(urls[i]), status, b)
 					return
 				}
 			}
@@ -151,7 +286,7 @@ func createDBs(t testing.TB, srv *testserver.Server, users []string) {
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		t.Fatalf("creating the user databases: %v", err)
+		t.Fatalf("%s of the user databases: %v", method, err)
 	}
 }
 
@@ -171,7 +306,7 @@ func (p *perUser) waitRunning(t testing.TB, timeout time.Duration) time.Duration
 		select {
 		case <-p.node.exited:
 			t.Fatalf("couchrepd exited (%v)", p.node.exitErr)
-		case <-time.After(250 * time.Millisecond): // another process's state: poll
+		case <-time.After(time.Second): // another process's state: poll (a /metrics scrape is not free)
 		}
 	}
 }
@@ -184,8 +319,18 @@ func (p *perUser) waitStarted(t testing.TB, quiet, timeout time.Duration) time.D
 	deadline := time.Now().Add(timeout)
 	last, since := -1.0, time.Now()
 	for time.Since(since) < quiet {
-		sent := metricSum(t, p.addr, metricPrefix("couchrep_replication_requests_total"))
-		answered := metricSum(t, p.addr, metricPrefix("couchrep_replication_responses_total"))
+		var sent, answered float64 // one scrape: at 20,000 jobs each costs the node ~0.1-0.5 s of CPU
+		metricSum(t, p.addr, func(line string) bool {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			switch {
+			case metricPrefix("couchrep_replication_requests_total")(line):
+				sent += v
+			case metricPrefix("couchrep_replication_responses_total")(line):
+				answered += v
+			}
+			return false
+		})
 		if sent != last || answered < sent {
 			last, since = sent, time.Now()
 		}
@@ -195,7 +340,7 @@ func (p *perUser) waitStarted(t testing.TB, quiet, timeout time.Duration) time.D
 		select {
 		case <-p.node.exited:
 			t.Fatalf("couchrepd exited (%v)", p.node.exitErr)
-		case <-time.After(250 * time.Millisecond): // another process's state: poll
+		case <-time.After(time.Second): // another process's state: poll (a /metrics scrape is not free)
 		}
 	}
 	return since.Sub(p.written)
@@ -218,7 +363,7 @@ func (p *perUser) waitParked(t testing.TB, timeout time.Duration) time.Duration 
 		select {
 		case <-p.node.exited:
 			t.Fatalf("couchrepd exited (%v)", p.node.exitErr)
-		case <-time.After(250 * time.Millisecond): // another process's state: poll
+		case <-time.After(time.Second): // another process's state: poll (a /metrics scrape is not free)
 		}
 	}
 }
@@ -235,14 +380,18 @@ type serverRequests struct {
 	Total     int `json:"total"`
 }
 
-// requests reads the server's request counts; reset starts new peaks.
+// requests reads the server's request counts; reset starts new peaks. On
+// an external CouchDB nothing is counted: all zero.
 func (p *perUser) requests(t testing.TB, reset bool) serverRequests {
 	t.Helper()
+	var r serverRequests
+	if p.external {
+		return r
+	}
 	u := p.srv.URL + "_couchrep_requests"
 	if reset {
 		u += "?reset=1"
 	}
-	var r serverRequests
 	p.srv.GetJSON(t, u, &r)
 	return r
 }
@@ -321,7 +470,7 @@ func TestPerUserDatabases(t *testing.T) {
 	skipShort(t)
 	n, sample := perUserTestDBs(), 20
 	p := startPerUser(t, n, false, "COUCHREP_REPLICATOR_IDLE_PARK_AFTER=5")
-	nodeCPU, srvCPU := procCPU(p.node.cmd.Process.Pid), procCPU(serverPID(p.srv))
+	nodeCPU, srvCPU := procCPU(p.node.cmd.Process.Pid), procCPU(p.serverPID())
 	running := p.waitRunning(t, 5*time.Minute)
 	parked := p.waitParked(t, 5*time.Minute)
 	reqs := p.requests(t, false)
@@ -329,7 +478,7 @@ func TestPerUserDatabases(t *testing.T) {
 	t.Logf("%d jobs: the server took the _bulk_docs in %s; all running %s after it, all parked after %s "+
 		"(CPU meanwhile: couchrepd %s, pouchdb-server %s; %d requests); server: peak %d requests in flight, %d feeds; couchrepd fds %d; load %s",
 		p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), parked.Round(time.Millisecond),
-		procCPU(p.node.cmd.Process.Pid)-nodeCPU, procCPU(serverPID(p.srv))-srvCPU, reqs.Total, reqs.Peak, reqs.PeakFeeds, fds, loadAvg())
+		procCPU(p.node.cmd.Process.Pid)-nodeCPU, procCPU(p.serverPID())-srvCPU, reqs.Total, reqs.Peak, reqs.PeakFeeds, fds, loadAvg())
 	// A starting job sends at most 5 requests at once (source and target
 	// infos and checkpoints; then the shared feed's info, then its
 	// catch-up); the rest is the node's own (doc processor, _db_updates)
@@ -348,7 +497,7 @@ func TestPerUserDatabases(t *testing.T) {
 	client := &http.Client{Timeout: time.Minute}
 	for k := range sample {
 		u := p.users[k*n/sample]
-		roundTrip(t, client, p.srv.DBURL(perUserDB(u)), p.central, "note-"+u, u)
+		roundTrip(t, client, p.userDB(u), p.central, "note-"+u, u)
 	}
 	var info struct {
 		DocCount int `json:"doc_count"`

@@ -386,6 +386,13 @@ func (s *Server) Do(t testing.TB, method, u string, body any, want int) []byte {
 	return b
 }
 
+// Request sends a request as Do does (JSON body, the admin's credentials
+// once AddAdmin made one or the external server's URL carries them) and
+// returns the body and status without judging them.
+func (s *Server) Request(method, u string, body any) ([]byte, int, error) {
+	return s.do(method, u, body)
+}
+
 func (s *Server) do(method, u string, body any) ([]byte, int, error) {
 	var rd io.Reader
 	switch b := body.(type) {
