@@ -63,28 +63,48 @@ function ignored(name) {
     name.indexOf('-mrview-') !== -1 || /^https?:\/\//.test(name);
 }
 
-// The feed's state: one entry per "type:db", in seq order (a JS Map keeps
-// insertion order; an entry is deleted and re-set to move it to the end).
+// The feed's state: one entry per "type:db" (latest), and the entries in
+// seq order (log; an entry a later event of its pair replaced stays there
+// until a compaction, and is skipped). A feed reading since its last seq
+// costs the rows after it, not every database's (10,000 user databases: a
+// write's row reached each open feed through a walk of 10,000 entries).
 class Updates {
   constructor() {
     this.seq = 0;
     this.latest = new Map(); // "type:db" -> {db_name, type, n}
+    this.log = []; // entries, n ascending; replaced ones included
     this.waiters = new Set(); // functions called after each event
   }
   record(dbName, type) {
     const key = type + ':' + dbName;
     this.seq++;
-    this.latest.delete(key);
-    this.latest.set(key, {db_name: dbName, type: type, n: this.seq});
+    const e = {key: key, db_name: dbName, type: type, n: this.seq};
+    this.latest.set(key, e);
+    this.log.push(e);
+    if (this.log.length > 2 * this.latest.size + 1024) {
+      this.log = this.log.filter((x) => this.latest.get(x.key) === x);
+    }
     for (const w of Array.from(this.waiters)) {
       w();
     }
   }
   // rows after since, oldest first
   since(n) {
+    // the first entry after n (log is in n order)
+    let lo = 0;
+    let hi = this.log.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (this.log[mid].n > n) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
     const out = [];
-    for (const e of this.latest.values()) {
-      if (e.n > n) {
+    for (let i = lo; i < this.log.length; i++) {
+      const e = this.log[i];
+      if (this.latest.get(e.key) === e) {
         out.push(e);
       }
     }
@@ -213,6 +233,42 @@ function install(app) {
     }).catch(function () {});
   }
 
+  // express-pouchdb's setDBOnReq (every request to /db/...) asks
+  // PouchDB.allDbs() and looks the name up in the array: three walks of
+  // every database's name per request (pouchdb-all-dbs' cache keys, their
+  // prefix cut, express-pouchdb's decodeURIComponent) and an indexOf, ~5 ms
+  // of CPU per request at 10,000 databases. The names allDbs answered are
+  // kept in a Set: a name in it skips the walk; a name not in it (a
+  // database created since, or none) asks allDbs as before, which answers
+  // after pouchdb-all-dbs recorded every earlier creation and deletion,
+  // and refreshes the Set. Any deletion empties the Set (at the
+  // `destroyed` event, before the DELETE is answered), so a deleted
+  // database is never served from it.
+  const utils = epRequire('../utils');
+  const cleanFilename = epRequire('../clean-filename');
+  const getOrCreateDB = epRequire('../create-or-delete-dbs').getOrCreateDB;
+  const setDBOnReq = utils.setDBOnReq;
+  let existing = null; // Set of allDbs' last answer, or null
+  let deletions = 0; // databases destroyed so far
+  utils.setDBOnReq = function (dbName, dbWrapper, req, res, next) {
+    const name = cleanFilename(dbName);
+    if (existing !== null && existing.has(name) && name.indexOf('/') === -1) {
+      return getOrCreateDB(req.PouchDB, name).then(function (db) {
+        return dbWrapper.wrap(name, db).then(function () {
+          req.db = db;
+          next();
+        });
+      });
+    }
+    const before = deletions;
+    req.PouchDB.allDbs(function (err, dbs) {
+      if (!err && deletions === before) { // none destroyed meanwhile
+        existing = new Set(dbs);
+      }
+      setDBOnReq(dbName, dbWrapper, req, res, next);
+    });
+  };
+
   // Every database express-pouchdb serves requests with: bulkDocs carries
   // every document write (put, post, remove and attachments call it).
   const pouchWrappers = epRequire('pouchdb-wrappers');
@@ -246,6 +302,8 @@ function install(app) {
   }
 
   function onDestroyed(name) {
+    existing = null;
+    deletions++;
     if (ignored(name)) {
       return;
     }
@@ -292,7 +350,6 @@ function install(app) {
   // exists: PouchDB opens it (a `created` event) and destroys it. That pair
   // is no event at all (CouchDB answers 404 and records nothing). This runs
   // before routes/db and changes nothing of the answer.
-  const cleanFilename = epRequire('../clean-filename');
   app.delete('/:db', function (req, res, next) {
     if (!req.query.rev) {
       const name = cleanFilename(req.params.db);
