@@ -59,6 +59,19 @@ func (j *Job) Lock() []byte { return bytes.Clone(j.lock) }
 // what users asked for.
 func (j *Job) Info() *JobInfo { return j.info }
 
+// DropData forgets the job's data as last read or written (JobInfo.Data):
+// a worker that keeps a job for long without working on it (a parked
+// replication) holds its lock, not its payload. Info's Data is nil until
+// the next call on the job; not safe for concurrent use with the job's
+// other calls.
+func (j *Job) DropData() {
+	if j.info != nil && j.info.Data != nil {
+		info := *j.info
+		info.Data = nil
+		j.info = &info
+	}
+}
+
 // Accept takes a pending job of typ whose scheduled time has come: one
 // chosen at random among the first AcceptSpread eligible jobs in priority
 // order (or one of those that an earlier Accept of this Queue read and

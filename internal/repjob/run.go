@@ -74,11 +74,61 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 // ID returns the job id.
 func (r *Run) ID() string { return r.j.ID() }
 
-// Record returns a copy of the job as this worker last wrote or read it.
+// Record returns a copy of the job as this worker last wrote or read it
+// (after Hibernate, only its id until Load or a write).
 func (r *Run) Record() *messages.ReplicationJob {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.m == nil {
+		return &messages.ReplicationJob{JobId: r.j.ID()}
+	}
 	return proto.Clone(r.m).(*messages.ReplicationJob)
+}
+
+// Hibernate drops the run's copy of the record and the queue's copy of its
+// data: a parked job whose actor went away keeps its worker lock and its
+// place under the node's lease, a few hundred bytes. The next write reads
+// the record back in its transaction; Load reads it back now.
+func (r *Run) Hibernate() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m = nil
+	r.j.DropData()
+}
+
+// Load reads the record back from the store after Hibernate (nothing to
+// do if the run has it). It does not check the worker lock: the run's next
+// write does (a lost job is an error IsLost reports then).
+func (r *Run) Load(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m != nil {
+		return nil
+	}
+	var m *messages.ReplicationJob
+	err := r.s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		var err error
+		m, err = r.load(tx)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("repjob: load job %q: %w", r.j.ID(), err)
+	}
+	r.m = m
+	return nil
+}
+
+// load reads the run's record in tx.
+func (r *Run) load(tx kv.ReadTx) (*messages.ReplicationJob, error) {
+	info, err := r.s.q.GetTx(tx, JobType, r.j.ID())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := recordFromInfo(info)
+	if err != nil {
+		return nil, err
+	}
+	return rec.ReplicationJob, nil
 }
 
 // Priority is the fair-share deadline the job was accepted with.
@@ -93,8 +143,17 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var next *messages.ReplicationJob
+	cur := r.m
 	err := r.s.db.Transact(ctx, func(tx kv.Tx) error {
-		next = proto.Clone(r.m).(*messages.ReplicationJob)
+		if r.m == nil {
+			// Hibernated: the record comes back from the store.
+			m, err := r.load(tx)
+			if err != nil {
+				return err
+			}
+			cur = m
+		}
+		next = proto.Clone(cur).(*messages.ReplicationJob)
 		now := r.s.now()
 		next.LastUpdated = ts(now)
 		if err := fn(next, r.s.ledger(tx), now); err != nil {
@@ -113,7 +172,7 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 		switch {
 		case change:
 			return r.s.noteChange(tx, r.j.ID(), known)
-		case next.GetRepId() != r.m.GetRepId(): // the id _scheduler/jobs sorts by
+		case next.GetRepId() != cur.GetRepId(): // the id _scheduler/jobs sorts by
 			return r.s.relist(tx, r.j.ID(), known)
 		}
 		return nil
@@ -129,12 +188,25 @@ func (r *Run) write(ctx context.Context, what string, change bool,
 // "started", and the shared fair-share frontier raised to the job's
 // priority.
 func (r *Run) Start(ctx context.Context, node string) error {
+	return r.start(ctx, node, false)
+}
+
+// StartParked is Start for a job whose record says it is parked (a node
+// adopting it, or the one restarting, goes straight to sleep): the record
+// keeps its parked_since, so every view still shows it parked.
+func (r *Run) StartParked(ctx context.Context, node string) error {
+	return r.start(ctx, node, true)
+}
+
+func (r *Run) start(ctx context.Context, node string, parked bool) error {
 	prio := r.j.Info().Priority
 	err := r.write(ctx, "start", true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
 		m.State = StateRunning.Proto()
 		m.Node = node
 		m.LastStarted = ts(now)
-		m.ParkedSince = nil
+		if !parked {
+			m.ParkedSince = nil
+		}
 		h := schedpolicy.HistoryFromProto(m.History).Append(schedpolicy.Event{Type: schedpolicy.EventStarted, At: now},
 			r.s.Policy().MaxHistory)
 		m.History = h.Proto()
@@ -275,7 +347,7 @@ func (r *Run) finish(ctx context.Context, what string, st State, reason string,
 // when the job may run again.
 func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
 	var until time.Time
-	err := r.resubmit(ctx, "crash", func(m *messages.ReplicationJob, now time.Time) time.Time {
+	err := r.resubmit(ctx, "crash", false, func(m *messages.ReplicationJob, now time.Time) time.Time {
 		p := r.s.Policy()
 		h := schedpolicy.HistoryFromProto(m.History).Append(
 			schedpolicy.Event{Type: schedpolicy.EventCrashed, At: now, Reason: reason}, p.MaxHistory)
@@ -293,7 +365,26 @@ func (r *Run) Crash(ctx context.Context, reason string) (time.Time, error) {
 // replication id): the job goes back to the queue as pending, due now, with
 // a fresh fair-share deadline and "stopped" in its history.
 func (r *Run) Stop(ctx context.Context) error {
-	return r.resubmit(ctx, "stop", func(m *messages.ReplicationJob, now time.Time) time.Time {
+	return r.stop(ctx, false)
+}
+
+// StopParked is Stop for a parked job handed back by a shutdown or a drain:
+// its record keeps parked_since (the views show it pending, as any job in
+// the queue), so that the node taking it next starts it parked
+// (StartParked) without reading its source.
+func (r *Run) StopParked(ctx context.Context) error {
+	return r.stop(ctx, true)
+}
+
+// Check writes nothing but proves the worker still holds the job: an error
+// IsLost reports if a user canceled or removed it, or another worker took
+// it.
+func (r *Run) Check(ctx context.Context) error {
+	return r.write(ctx, "check", false, func(*messages.ReplicationJob, ledger, time.Time) error { return nil }, r.j.UpdateTx)
+}
+
+func (r *Run) stop(ctx context.Context, parked bool) error {
+	return r.resubmit(ctx, "stop", parked, func(m *messages.ReplicationJob, now time.Time) time.Time {
 		h := schedpolicy.HistoryFromProto(m.History).Append(
 			schedpolicy.Event{Type: schedpolicy.EventStopped, At: now}, r.s.Policy().MaxHistory)
 		m.History = h.Proto()
@@ -302,11 +393,13 @@ func (r *Run) Stop(ctx context.Context) error {
 	})
 }
 
-func (r *Run) resubmit(ctx context.Context, what string, fn func(m *messages.ReplicationJob, now time.Time) time.Time) error {
+func (r *Run) resubmit(ctx context.Context, what string, parked bool, fn func(m *messages.ReplicationJob, now time.Time) time.Time) error {
 	var opts jobqueue.ResubmitOptions
 	return r.write(ctx, what, true, func(m *messages.ReplicationJob, l ledger, now time.Time) error {
 		opts = jobqueue.ResubmitOptions{ScheduledAt: fn(m, now), SetPriority: true}
-		m.ParkedSince = nil
+		if !parked {
+			m.ParkedSince = nil
+		}
 		if err := l.chargeRun(m.ShareKey, r.ranFrom(m, now), now); err != nil {
 			return err
 		}
