@@ -30,6 +30,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -132,6 +133,14 @@ type Options struct {
 	// Rechecks paces the rechecks of the node's parked jobs (park_recheck);
 	// nil: park.DefaultRate a second for this job alone.
 	Rechecks *park.Rechecks
+	// Hibernate, if set, takes over a parked job whose actor goes away
+	// (the job server's registry; see Hibernated): false refuses it (a stop
+	// is on its way) and the actor keeps the job. Nil: a parked job sleeps
+	// in its actor.
+	Hibernate func(h *Hibernated) bool
+	// Resume, if set, is the wake-up of a hibernated job this actor was
+	// respawned for.
+	Resume *Resume
 	// Engine overrides how the replication runs (tests, benchmarks); nil
 	// runs replication.New(params, opts).Run.
 	Engine func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error)
@@ -179,6 +188,9 @@ type jobActor struct {
 	mu         sync.Mutex
 	stopReason string
 	cancelRun  context.CancelFunc
+	// parkedNow: the job's record says parked (it sleeps, or is being
+	// looked at after a wake-up), not running an engine.
+	parkedNow atomic.Bool
 }
 
 func (a *jobActor) Receive(ctx actor.Context) {
@@ -251,11 +263,22 @@ func (a *jobActor) Receive(ctx actor.Context) {
 // engine's goroutine (errHandedOff); otherwise it records how the job
 // ended and returns only store errors that could not be recorded.
 func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *actor.PID) error {
+	if a.o.Resume != nil {
+		return a.wakeUp(ctx, system, self, a.o.Resume)
+	}
 	run := a.run
 	if a.o.StartupDelay > 0 && pause.For(ctx, a.o.StartupDelay) != nil {
 		return a.handBack(system, false)
 	}
-	if err := run.Start(ctx, a.o.Node); err != nil {
+	// A job whose record says parked (another node's, or this node's
+	// before a restart) goes straight to sleep when it can park here.
+	accepted := run.Record()
+	adopt := a.o.Hibernate != nil && accepted.GetParkedSince() != nil && accepted.GetContinuous()
+	start := run.Start
+	if adopt {
+		start = run.StartParked
+	}
+	if err := start(ctx, a.o.Node); err != nil {
 		if repjob.IsLost(err) {
 			return nil
 		}
@@ -269,24 +292,23 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	rec := run.Record()
 	a.publish(system, rec, repjob.StateRunning, "", nil)
 
-	defaults := a.o.JobDefaults
-	if defaults.WorkerProcesses == 0 {
-		defaults = replicate.DefaultParams()
-	}
-	p, err := replicate.ParseParamsWith(rec.Body, defaults)
+	p, err := a.params(rec.Body)
 	if err != nil {
 		return a.fail(system, err.Error())
 	}
-	if a.o.Pool != nil {
-		lease, err := connpool.At(system, a.o.Pool).Acquire(ctx, self, p.HTTPConnections)
-		if err != nil {
-			if ctx.Err() != nil {
-				return a.handBack(system, true)
-			}
-			return a.crash(system, "connection_pool: "+err.Error())
+	if adopt {
+		if handled, err := a.adopt(ctx, system, p); handled {
+			return err
 		}
-		a.lease = lease
-		a.client = lease.Client()
+		if err := run.Park(ctx, time.Time{}, replicate.Stats{}); err != nil && !repjob.IsLost(err) && ctx.Err() == nil {
+			a.log.Warn().Err(err).Msg("replication job: recording it no longer parked failed")
+		}
+	}
+	if err := a.acquireLease(ctx, system, self, p); err != nil {
+		if ctx.Err() != nil {
+			return a.handBack(system, true)
+		}
+		return a.crash(system, "connection_pool: "+err.Error())
 	}
 	p, err = a.withFilterCode(ctx, p)
 	if err != nil {
@@ -322,7 +344,31 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 	if changed {
 		a.log.Info().Str("replication_id", base+ext).Msg("replication job: replication id changed (filter code or server uuid), recorded")
 	}
-	return a.replicate(ctx, system, self, p)
+	return a.replicate(ctx, system, self, p, nil)
+}
+
+// params parses the job's replication body with the node's defaults.
+func (a *jobActor) params(body []byte) (replicate.Params, error) {
+	defaults := a.o.JobDefaults
+	if defaults.WorkerProcesses == 0 {
+		defaults = replicate.DefaultParams()
+	}
+	return replicate.ParseParamsWith(body, defaults)
+}
+
+// acquireLease takes the job's HTTP clients from the node's connection
+// pool (Options.Pool), once.
+func (a *jobActor) acquireLease(ctx context.Context, system *actor.ActorSystem, self *actor.PID, p replicate.Params) error {
+	if a.o.Pool == nil || a.lease != nil {
+		return nil
+	}
+	lease, err := connpool.At(system, a.o.Pool).Acquire(ctx, self, p.HTTPConnections)
+	if err != nil {
+		return err
+	}
+	a.lease = lease
+	a.client = lease.Client()
+	return nil
 }
 
 // handBack ends a run stopped before its engine ran (a stop request, a
@@ -332,14 +378,14 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 // published: a pending event with the stop's reason follows it.
 func (a *jobActor) handBack(system *actor.ActorSystem, started bool) error {
 	run := a.run
-	if err := a.finalWrite(func(c context.Context) error { return run.Stop(c) }); err != nil || !started {
-		return err
-	}
 	a.mu.Lock()
 	reason := a.stopReason
 	a.mu.Unlock()
 	if reason == "" {
 		reason = "shutdown"
+	}
+	if err := a.finalWrite(func(c context.Context) error { return a.stopRun(c, reason) }); err != nil || !started {
+		return err
 	}
 	rec := run.Record()
 	a.publish(system, rec, repjob.StatePending, reason, rec.Stats)
@@ -434,7 +480,7 @@ func (s leaseClients) ClientFor(u *url.URL, o couch.TransportOptions) (*http.Cli
 // written from the engine's OnProgress (its timers) and, while the engine
 // reports none, by a heartbeat timer. So an idle continuous job holds one
 // goroutine of its own: the engine's, waiting on the changes feed.
-func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, self *actor.PID, p replicate.Params) error {
+func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, self *actor.PID, p replicate.Params, pk *parker) error {
 	every := a.o.Store.ActivityTimeout() / 2
 	// The engine runs under the job's context: a stop request cancels it
 	// too (after recording its reason), so does losing the job.
@@ -457,22 +503,8 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 			a.o.OnStats(id, s)
 		}
 	}
-	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: LiveInterval, Limiter: a.o.Limiter,
-		OnProgress: onProgress, OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers,
-		MaxDocumentIDLength: a.o.MaxDocumentIDLength, MissingDocRetry: a.o.MissingDocRetry}
-	o.HTTPClient = a.httpClient(p)
-	o.Endpoints = a.o.Endpoints
-	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
-	o.Startup = a.o.Startup
-	o.Infos = a.o.Infos
-	if a.lease != nil {
-		o.Clients = leaseClients{a}
-	}
-	if rec.GetDbName() != "" {
-		o.Principal = "in database " + rec.GetDbName() + ", docid " + rec.GetDocId()
-	} else if rec.GetUser() != "" {
-		o.Principal = "by user " + rec.GetUser()
-	}
+	o := a.engineOptions(p)
+	o.OnProgress = onProgress
 	a.mu.Lock()
 	a.cancelRun = cancelRun
 	if a.stopReason != "" {
@@ -481,7 +513,36 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	a.mu.Unlock()
 
 	continuous := p.Continuous
-	pk := a.parking(runCtx, &p, &o)
+	if pk != nil {
+		// A woken job's parker, its wake-up source open: the runs share
+		// this p and o.
+		pk.mu.Lock()
+		pk.p, pk.o = &p, &o
+		pk.mu.Unlock()
+	} else {
+		pk = a.parking(runCtx, &p, &o, nil)
+	}
+	if pk != nil && a.o.Hibernate != nil {
+		// A run that parks hands the job to the registry: the progress
+		// writer stops first (the registry watches the lease after it),
+		// then the actor exits without touching the run.
+		pk.hibernate = func() bool {
+			if pw.stop() {
+				return false // lost: the job's context is canceled
+			}
+			h := &Hibernated{Run: a.run, Wake: pk.take(), Recheck: park.Jitter(p.ParkRecheck), Period: p.ParkRecheck}
+			if !a.hibernate(h) {
+				pk.give(h.Wake)
+				return false
+			}
+			a.mu.Lock()
+			a.cancelRun = nil
+			a.mu.Unlock()
+			a.log.Debug().Msg("replication job: hibernated")
+			a.exit(system, self, nil)
+			return true
+		}
+	}
 	var start func()
 	var done func(res replicate.Result, err error)
 	done = func(res replicate.Result, err error) {
@@ -525,6 +586,28 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	}
 	start()
 	return errHandedOff
+}
+
+// engineOptions are the engine's options for a run of p (without its
+// progress hook): the node's settings, the job's clients.
+func (a *jobActor) engineOptions(p replicate.Params) replicate.Options {
+	o := replicate.Options{ServerUUID: a.o.ServerUUID, Logger: a.log, ProgressInterval: LiveInterval, Limiter: a.o.Limiter,
+		OnEvent: a.o.OnEvent, Limits: a.o.Limits, Timers: a.o.Timers,
+		MaxDocumentIDLength: a.o.MaxDocumentIDLength, MissingDocRetry: a.o.MissingDocRetry}
+	o.HTTPClient = a.httpClient(p)
+	o.Endpoints = a.o.Endpoints
+	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
+	o.Startup = a.o.Startup
+	o.Infos = a.o.Infos
+	if a.lease != nil {
+		o.Clients = leaseClients{a}
+	}
+	if m := a.run.Record(); m.GetDbName() != "" {
+		o.Principal = "in database " + m.GetDbName() + ", docid " + m.GetDocId()
+	} else if m.GetUser() != "" {
+		o.Principal = "by user " + m.GetUser()
+	}
+	return o
 }
 
 // progressWriteTimeout bounds one progress write.
@@ -725,7 +808,7 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 		}
 		return werr
 	case stopped != "" && (err == nil || errors.Is(err, context.Canceled)):
-		if err := a.finalWrite(func(c context.Context) error { return run.Stop(c) }); err != nil {
+		if err := a.finalWrite(func(c context.Context) error { return a.stopRun(c, stopped) }); err != nil {
 			return err
 		}
 		rec := run.Record()
@@ -739,6 +822,17 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 	default:
 		return a.crash(system, err.Error())
 	}
+}
+
+// stopRun hands the job back to the queue after a stop for reason: a job
+// parked now stays parked in its record after a drain or a shutdown
+// (repjob.Run.StopParked), so that the node taking it next puts it
+// straight to sleep.
+func (a *jobActor) stopRun(ctx context.Context, reason string) error {
+	if a.parkedNow.Load() && stopParkedReasons[reason] {
+		return a.run.StopParked(ctx)
+	}
+	return a.run.Stop(ctx)
 }
 
 // StatsOr returns s, or st converted when s is nil.
@@ -795,9 +889,14 @@ func (a *jobActor) publishProgress(system *actor.ActorSystem, rec *messages.Repl
 
 func (a *jobActor) publish(system *actor.ActorSystem, rec *messages.ReplicationJob, st repjob.State,
 	reason string, stats *messages.ReplicationStats) {
+	publishEvent(system, a.o.Node, rec, st, reason, stats)
+}
+
+func publishEvent(system *actor.ActorSystem, node string, rec *messages.ReplicationJob, st repjob.State,
+	reason string, stats *messages.ReplicationStats) {
 	system.EventStream.Publish(&messages.ReplicationJobEvent{
 		JobId: rec.JobId, RepId: rec.RepId, Kind: rec.Kind, DbName: rec.DbName, DocId: rec.DocId, State: st.Proto(),
-		Reason: reason, Stats: stats, Node: a.o.Node, Timestamp: timestamppb.Now(), Continuous: rec.Continuous,
+		Reason: reason, Stats: stats, Node: node, Timestamp: timestamppb.Now(), Continuous: rec.Continuous,
 		StartedAt: rec.LastStarted,
 	})
 }

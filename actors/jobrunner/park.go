@@ -42,6 +42,10 @@ type parker struct {
 	// off: the job's source cannot wake it (unsupported): it no longer
 	// parks, and keeps its feed.
 	off bool
+	// hibernate, if set, hands the parked job to the node's registry
+	// (Options.Hibernate) instead of sleeping in the actor; false: it
+	// sleeps here.
+	hibernate func() bool
 }
 
 // parking returns the job's parker, or nil when the job never parks: not
@@ -51,7 +55,7 @@ type parker struct {
 // job on its server's _db_updates. The wake-up source is opened now, so that the job knows
 // whether it can park before its first run (a server whose _db_updates
 // cannot be read keeps its jobs' feeds).
-func (a *jobActor) parking(ctx context.Context, p *replicate.Params, o *replicate.Options) *parker {
+func (a *jobActor) parking(ctx context.Context, p *replicate.Params, o *replicate.Options, wake park.Wake) *parker {
 	if !p.Continuous || !p.UseCheckpoints || p.IdleParkAfter <= 0 {
 		return nil
 	}
@@ -87,6 +91,11 @@ func (a *jobActor) parking(ctx context.Context, p *replicate.Params, o *replicat
 			}
 			return w, nil
 		}
+	}
+	if wake != nil {
+		// A woken job's: open since it first parked.
+		pk.wake = wake
+		return pk
 	}
 	pk.ensure(ctx)
 	// Opened before the job's first run: a change after the run's feed
@@ -188,6 +197,7 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	pk.fresh = false
 	pk.mu.Unlock()
 	pk.record(ctx, parked.Since(), res.Stats)
+	pk.a.parkedNow.Store(true)
 	if l := pk.a.lease; l != nil {
 		// The connections the run left idle in the node's pool: the node's
 		// descriptors follow the jobs that work, not those that sleep.
@@ -196,6 +206,9 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	pk.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
 	if fresh && pk.moved(ctx, parked, false) {
 		pk.resume(ctx, res, start, done)
+		return
+	}
+	if pk.hibernate != nil && pk.hibernate() {
 		return
 	}
 	(&sleeper{pk: pk, ctx: ctx, wake: wake, parked: parked, res: res, start: start, done: done}).sleep()
@@ -361,6 +374,7 @@ func (pk *parker) resume(ctx context.Context, res replicate.Result, start func()
 		done(res, nil)
 		return
 	}
+	pk.a.parkedNow.Store(false)
 	pk.record(ctx, time.Time{}, res.Stats)
 	pk.log.Debug().Msg("replication job: resuming")
 	start()

@@ -136,6 +136,7 @@ func (a *acceptor) started(ctx actor.Context) {
 		return
 	}
 	a.reg.startup.SetLimit(a.deps.Config.Replicator.StartupConcurrency)
+	a.reg.setHibernation(a.hibernation(system, ctx.Parent()))
 	a.startLoop(system, ctx.Parent(), true)
 	a.control.Go(func(c context.Context) { a.followControls(c, system, self) })
 }
@@ -229,6 +230,17 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	}
 	e, exited := a.reg.add(run.ID(), run.Generation(), run.Record().GetContinuous(),
 		actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+name), release)
+	if err := a.spawn(ctx, system, jobsSup, e, run, nil, exited); err != nil {
+		return err
+	}
+	a.reg.spawned(system, e)
+	return nil
+}
+
+// spawn starts the actor of e's run under jobs_sup (rs: the wake-up of a
+// hibernated job, nil for an accepted one); exited is its Released.
+func (a *acceptor) spawn(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, e *entry, run *repjob.Run,
+	rs *jobrunner.Resume, exited func()) error {
 	// The run belongs to whoever claims it first: the actor when it starts,
 	// or this function when StartChild fails. StartChild can fail after the
 	// actor started (it timed out), and then the actor hands the run back
@@ -247,6 +259,8 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 		Infos:               a.reg.infos,
 		DBUpdates:           a.w.DBUpdates,
 		Rechecks:            a.w.Rechecks,
+		Hibernate:           a.reg.hibernateFunc(e),
+		Resume:              rs,
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
@@ -258,7 +272,7 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	if a.w.Limiter != nil {
 		jo.Limiter = ratelimiter.At(system, a.w.Limiter)
 	}
-	if !a.o.NoJitter {
+	if !a.o.NoJitter && rs == nil {
 		jo.StartupDelay = a.deps.RepJobs.Policy().StartupDelay(nil)
 	}
 	if a.o.JobOptions != nil {
@@ -270,12 +284,28 @@ func (a *acceptor) startJob(ctx context.Context, system *actor.ActorSystem, jobs
 	// lose it half-started. StartChild ends if jobs_sup stops.
 	sc, cancel := context.WithTimeout(context.WithoutCancel(ctx), startTimeout)
 	defer cancel()
-	if _, err := supervisor.StartChild(sc, system, jobsSup, name, jobrunner.Props(run, jo)); err != nil && claim() {
+	if _, err := supervisor.StartChild(sc, system, jobsSup, jobrunner.Name(run.ID()), jobrunner.Props(run, jo)); err != nil && claim() {
 		exited()
 		return err
 	}
-	a.reg.spawned(system, e)
 	return nil
+}
+
+// hibernation is how the registry wakes this node's hibernated jobs: an
+// actor under jobs_sup (found by name: it may have been restarted since
+// the job went to sleep).
+func (a *acceptor) hibernation(system *actor.ActorSystem, jobServer *actor.PID) hibernation {
+	jobsSup := actor.NewPID(jobServer.Address, jobServer.Id+"/"+JobsSup)
+	return hibernation{
+		spawn: func(ctx context.Context, e *entry, run *repjob.Run, rs *jobrunner.Resume) error {
+			return a.spawn(ctx, system, jobsSup, e, run, rs, a.reg.exitedFunc(e))
+		},
+		maxJobs:  func() int { return a.deps.RepJobs.Policy().MaxJobs },
+		rechecks: a.w.Rechecks,
+		timers:   a.deps.Timers,
+		node:     a.deps.NodeName(),
+		log:      a.log,
+	}
 }
 
 // startTimeout bounds the start of a job actor (jobs_sup may first wait for

@@ -5,21 +5,31 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/park"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/startlimit"
+	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
 )
 
-// Registry is the one registry of the job actors running on this node and
-// of the slots they take against max_jobs. It belongs to the job server and
+// Registry is the one registry of the jobs running on this node — those
+// with a job actor, and the parked ones hibernated without one — and of the
+// slots the actors take against max_jobs. It belongs to the job server and
 // outlives its acceptor's incarnations (a killed and restarted acceptor still
-// knows what runs here); a job actor leaves it when it stops, however it
-// stops. Every change is told to the scheduler (JobStarted, JobExited). It is
-// safe for concurrent use.
+// knows what runs here) and jobs_sup's (a hibernated job has no actor to
+// lose: it stays asleep, and its wake-up starts an actor under the new
+// jobs_sup); a job leaves it when its run ends, however it ends. Every
+// change of the actors is told to the scheduler (JobStarted, JobExited): a
+// hibernated job takes no slot and is not rotated. It is safe for
+// concurrent use.
 type Registry struct {
 	mu     sync.Mutex
 	taken  int
@@ -35,18 +45,73 @@ type Registry struct {
 	// infos shares GET /db and GET / answers among the jobs starting
 	// together (replicate.InfoShare); node-wide as startup.
 	infos *replicate.InfoShare
+	// hib is how hibernated jobs come back (set by the acceptor).
+	hib hibernation
+	// woken counts hibernated jobs woken up and waiting for a slot: they
+	// go before the accept loop, and the scheduler counts them as pending.
+	woken int
+	// hibernated counts the jobs asleep without an actor.
+	hibernated int
+	// closing: the node is stopping; no job hibernates or wakes any more.
+	closing bool
 }
 
-// entry is one job actor.
+// hibernation is what the registry needs of the acceptor to wake a
+// hibernated job, and to end one.
+type hibernation struct {
+	// spawn starts the actor of e's run for a wake-up; release gives the
+	// slot it took back once the actor has exited.
+	spawn    func(ctx context.Context, e *entry, run *repjob.Run, rs *jobrunner.Resume) error
+	maxJobs  func() int
+	rechecks *park.Rechecks
+	timers   *timerwheel.Wheel
+	node     string
+	log      zerolog.Logger
+}
+
+// hstate is where a job of the registry is.
+type hstate uint8
+
+const (
+	withActor hstate = iota // its actor runs it
+	asleep                  // hibernated: no actor, waiting for a signal
+	waking                  // hibernated, woken: waiting for the pace, a slot, its actor's start
+	ending                  // hibernated, being ended (a stop): signals are ignored
+)
+
+// entry is one job of this node.
 type entry struct {
 	id         string
 	run        uint64
 	continuous bool
 	pid        *actor.PID
 	spawned    bool
-	// stopReason is a stop asked for before the actor was spawned.
+	// stopReason is a stop asked for before the actor was spawned, or
+	// while it was handing the job over (a hibernation is then refused).
 	stopReason string
 	done       chan struct{}
+	// inc counts the job's actors: an actor's exit is its own incarnation's.
+	inc uint32
+	// actorExit is closed when the current incarnation's actor has exited
+	// (a wake-up starts the next one only then: jobs_sup refuses a second
+	// child of the same name).
+	actorExit chan struct{}
+	// release gives back the slot of the current actor (nil: none).
+	release func()
+
+	// mu guards the hibernation below (never held while taking r.mu).
+	mu    sync.Mutex
+	state hstate
+	hib   *jobrunner.Hibernated
+	timer *timerwheel.Timer
+	// recheckAt is when the armed recheck was due: a look after a signal
+	// that found nothing keeps it.
+	recheckAt time.Time
+	unwatch   func()
+	// again: a signal came while the job was woken.
+	again       bool
+	cancelWake  context.CancelFunc
+	wakeRecheck bool
 }
 
 // NewRegistry returns an empty registry.
@@ -59,6 +124,14 @@ func NewRegistry() *Registry {
 func (r *Registry) attach(system *actor.ActorSystem, sched *actor.PID) {
 	r.mu.Lock()
 	r.system, r.sched = system, sched
+	r.mu.Unlock()
+}
+
+// setHibernation sets how hibernated jobs are woken (the acceptor, at each
+// start).
+func (r *Registry) setHibernation(h hibernation) {
+	r.mu.Lock()
+	r.hib = h
 	r.mu.Unlock()
 }
 
@@ -77,7 +150,15 @@ func (r *Registry) Running() int {
 	return r.taken
 }
 
-// Jobs returns the ids of the jobs whose actors run here, sorted.
+// Hibernated returns how many parked jobs are asleep without an actor.
+func (r *Registry) Hibernated() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.hibernated
+}
+
+// Jobs returns the ids of the jobs running here (with an actor or
+// hibernated), sorted.
 func (r *Registry) Jobs() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -113,11 +194,33 @@ func (r *Registry) broadcastLocked() {
 
 // acquire waits for a free slot (fewer than max() taken, not paused), takes
 // it and returns the function that gives it back (once, however often
-// called).
+// called). The accept loop leaves the slots to woken hibernated jobs
+// first (woken).
 func (r *Registry) acquire(ctx context.Context, max func() int) (release func(), err error) {
+	return r.acquireFor(ctx, max, false)
+}
+
+func (r *Registry) acquireFor(ctx context.Context, max func() int, woken bool) (release func(), err error) {
+	if woken {
+		r.mu.Lock()
+		r.woken++
+		r.tell(&scheduler.WokenWaiting{N: r.woken})
+		r.mu.Unlock()
+		defer func() {
+			r.mu.Lock()
+			r.woken--
+			r.tell(&scheduler.WokenWaiting{N: r.woken})
+			r.broadcastLocked()
+			r.mu.Unlock()
+		}()
+	}
 	for {
 		r.mu.Lock()
-		if !r.paused && r.taken < max() {
+		ahead := r.woken
+		if woken {
+			ahead = 0
+		}
+		if !r.paused && r.taken+ahead < max() {
 			r.taken++
 			r.mu.Unlock()
 			var once sync.Once
@@ -142,26 +245,52 @@ func (r *Registry) acquire(ctx context.Context, max func() int) (release func(),
 
 // add registers the actor pid about to run job id (run: the queue's accept
 // count), which holds the slot that release gives back, and returns the
-// function that removes it again: it leaves the registry, gives its slot
-// back, and only then is its exit (stop's channel) seen, so that whoever
-// waited for it (a drain) finds the slot free.
-func (r *Registry) add(id string, run uint64, continuous bool, pid *actor.PID, release func()) (e *entry, remove func()) {
-	e = &entry{id: id, run: run, continuous: continuous, pid: pid, done: make(chan struct{})}
+// function its actor calls when it has exited (exited).
+func (r *Registry) add(id string, run uint64, continuous bool, pid *actor.PID, release func()) (e *entry, exited func()) {
+	e = &entry{id: id, run: run, continuous: continuous, pid: pid, done: make(chan struct{}), release: release,
+		actorExit: make(chan struct{})}
 	r.mu.Lock()
 	r.jobs[id] = e
 	r.tell(&scheduler.JobStarted{ID: id, Continuous: continuous})
 	r.mu.Unlock()
+	return e, r.exitedFunc(e)
+}
+
+// exitedFunc is the Released of e's current actor: the job leaves the
+// registry and gives its slot back, and only then is its exit (stop's
+// channel) seen, so that whoever waited for it (a drain) finds the slot
+// free. An actor that handed its job over to hibernation (or an older
+// incarnation's) only gives its slot back.
+func (r *Registry) exitedFunc(e *entry) func() {
+	r.mu.Lock()
+	inc, exit := e.inc, e.actorExit
+	r.mu.Unlock()
 	var once sync.Once
-	return e, func() {
+	return func() {
 		once.Do(func() {
+			defer close(exit)
 			r.mu.Lock()
-			if r.jobs[id] == e {
-				delete(r.jobs, id)
-				r.tell(&scheduler.JobExited{ID: id})
+			if e.inc != inc {
+				r.mu.Unlock()
+				return
+			}
+			release := e.release
+			e.release = nil
+			e.mu.Lock()
+			st := e.state
+			e.mu.Unlock()
+			gone := st == withActor
+			if gone && r.jobs[e.id] == e {
+				delete(r.jobs, e.id)
+				r.tell(&scheduler.JobExited{ID: e.id})
 			}
 			r.mu.Unlock()
-			release()
-			close(e.done)
+			if release != nil {
+				release()
+			}
+			if gone {
+				close(e.done)
+			}
 		})
 	}
 }
@@ -177,7 +306,7 @@ func (r *Registry) spawned(system *actor.ActorSystem, e *entry) {
 	}
 }
 
-// lookup returns the entry of job id, if its actor runs here.
+// lookup returns the entry of job id, if it runs here.
 func (r *Registry) lookup(id string) *entry {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -185,22 +314,62 @@ func (r *Registry) lookup(id string) *entry {
 }
 
 // stop asks the actor of e to stop its job cleanly (final checkpoint, back
-// to the queue) and returns a channel closed once it has exited.
+// to the queue), or ends e's hibernated job itself, and returns a channel
+// closed once it has exited.
 func (r *Registry) stop(system *actor.ActorSystem, e *entry, reason string) <-chan struct{} {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !e.spawned {
-		if e.stopReason == "" {
-			e.stopReason = reason
+	if e.stopReason == "" {
+		e.stopReason = reason
+	}
+	e.mu.Lock()
+	st := e.state
+	if st == asleep || st == waking {
+		e.state = ending
+		h := e.hib
+		e.hib = nil
+		cancel := e.cancelWake
+		e.mu.Unlock()
+		if cancel != nil {
+			cancel()
 		}
+		r.disarm(e, h)
+		r.hibernated--
+		go r.end(system, e, h, e.stopReason)
+		return e.done
+	}
+	e.mu.Unlock()
+	if st == ending || !e.spawned {
 		return e.done
 	}
 	system.Root.Send(e.pid, &messages.StopReplicationJobRequest{JobId: e.id, Reason: reason})
 	return e.done
 }
 
-// stopAll stops every job actor of this node; it returns their exits by
-// job id.
+// end ends e's hibernated job (h) as a stop: back to the queue, its exit
+// seen.
+func (r *Registry) end(system *actor.ActorSystem, e *entry, h *jobrunner.Hibernated, reason string) {
+	r.mu.Lock()
+	node, log := r.hib.node, r.hib.log
+	r.mu.Unlock()
+	if err := h.End(context.Background(), system, node, reason); err != nil {
+		log.Warn().Err(err).Str("job_id", e.id).Msg("job server: ending a hibernated job failed; the lease hands it back")
+	}
+	r.forget(e)
+}
+
+// forget removes e, whose job ended without an actor, and makes its exit
+// seen.
+func (r *Registry) forget(e *entry) {
+	r.mu.Lock()
+	if r.jobs[e.id] == e {
+		delete(r.jobs, e.id)
+	}
+	r.mu.Unlock()
+	close(e.done)
+}
+
+// stopAll stops every job of this node; it returns their exits by job id.
 func (r *Registry) stopAll(system *actor.ActorSystem, reason string) map[string]<-chan struct{} {
 	r.mu.Lock()
 	all := make([]*entry, 0, len(r.jobs))
@@ -213,6 +382,39 @@ func (r *Registry) stopAll(system *actor.ActorSystem, reason string) map[string]
 		out[e.id] = r.stop(system, e, reason)
 	}
 	return out
+}
+
+// Shutdown hands every hibernated job back to the queue, still parked in
+// its record (jobrunner.Hibernated.End with "shutdown": the node that takes
+// it next, this one restarted or another, puts it straight to sleep), and
+// stops hibernating and waking jobs: the node is stopping. The jobs with
+// an actor are stopped by jobs_sup's shutdown. It returns once they are
+// ended, or ctx ended.
+func (r *Registry) Shutdown(ctx context.Context) error {
+	r.mu.Lock()
+	r.closing = true
+	var hib []*entry
+	for _, e := range r.jobs {
+		e.mu.Lock()
+		if e.state == asleep || e.state == waking {
+			hib = append(hib, e)
+		}
+		e.mu.Unlock()
+	}
+	system := r.system
+	r.mu.Unlock()
+	dones := make([]<-chan struct{}, 0, len(hib))
+	for _, e := range hib {
+		dones = append(dones, r.stop(system, e, "shutdown"))
+	}
+	for _, d := range dones {
+		select {
+		case <-d:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // Startup is the node's start-up limiter ([replicator]

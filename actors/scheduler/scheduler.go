@@ -84,8 +84,16 @@ type JobStarted struct {
 }
 
 // JobExited tells the scheduler that a job's actor on this node exited; the
-// job server sends it.
+// job server sends it. A parked job that hibernated (its actor gone, the job
+// still running) exits too: it takes no slot and is never rotated.
 type JobExited struct{ ID string }
+
+// WokenWaiting tells the scheduler how many hibernated parked jobs of this
+// node were woken up (their source changed) and wait for a slot: it counts
+// them with the due pending jobs, so that a node whose slots are all taken
+// rotates active jobs out for them (max_churn per interval) as it does for
+// pending ones. The job server sends it.
+type WokenWaiting struct{ N int }
 
 type pendingCount struct {
 	n   int
@@ -119,6 +127,8 @@ type schedActor struct {
 	o       Options
 	log     zerolog.Logger
 	running map[string]*entry
+	// woken: hibernated jobs woken up, waiting for a slot (WokenWaiting).
+	woken   int
 	cancel  context.CancelFunc
 	busy    bool
 	ticks   int64
@@ -141,6 +151,8 @@ func (a *schedActor) Receive(ctx actor.Context) {
 		a.running[m.ID] = &entry{continuous: m.Continuous, started: a.o.Clock.Now()}
 	case *JobExited:
 		delete(a.running, m.ID)
+	case *WokenWaiting:
+		a.woken = m.N
 	case Tick, *Tick:
 		a.tick(ctx)
 	case pendingCount:
@@ -257,7 +269,7 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 		}
 		running = append(running, schedpolicy.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
 	}
-	d := schedpolicy.Rotate(running, pc.n, p, now)
+	d := schedpolicy.Rotate(running, pc.n+a.woken, p, now)
 	for _, id := range d.Stop {
 		e := a.running[id]
 		e.stopping, e.stopAt = true, now

@@ -110,3 +110,20 @@ func Jitter(period time.Duration) time.Duration {
 	}
 	return period/2 + rand.N(period)
 }
+
+// AdoptJitter is the wait before the first recheck of a parked job a node
+// adopts (another node's lease expired, or this node restarted) and puts
+// straight to sleep without reading its source: uniform in [period/8,
+// period/2). Its wake-up source starts watching only now, so a change
+// between the previous node's last look and this watch would be signalled
+// by nothing; the early recheck finds it (paced node-wide by Rechecks like
+// any recheck, spread over the window so that ten thousand adopted jobs do
+// not look at once) instead of the next regular one, up to 1½ periods
+// later. The lower bound keeps the adoption itself free of requests to the
+// sources.
+func AdoptJitter(period time.Duration) time.Duration {
+	if period <= 0 {
+		return 0
+	}
+	return period/8 + rand.N(period*3/8+1)
+}

@@ -267,3 +267,18 @@ func DBUpdatesServer(p Params, o Options) (dbupdates.Server, string, error) {
 		},
 	}, db, nil
 }
+
+// OpenParked returns the Parked of a job of p that parked at seq (its
+// checkpoint) since then, for a look at its source without a run: a
+// hibernated job woken up (actors/jobrunner) has only its record. The
+// source is opened as a run opens it (o's clients or a transport of its
+// own, closed after each look); nothing is sent until Moved or Changed.
+func OpenParked(p Params, o Options, seq couch.Seq, since time.Time) (*Parked, error) {
+	r := New(p, o)
+	if err := r.openDBs(); err != nil {
+		return nil, err
+	}
+	var opts couch.ChangesOptions
+	r.changesOptions(&opts, nil)
+	return &Parked{src: r.src, seq: seq, since: since, style: opts.Style, own: r.ownTrs}, nil
+}
