@@ -41,6 +41,7 @@ type parkProxy struct {
 	dbUps  atomic.Int64   // _db_updates continuous requests open
 	drop   atomic.Bool    // drop _db_updates rows
 	probes map[string]int // GET /db by database
+	reqs   map[string]int // every request to a database, by database
 }
 
 func newParkProxy(t *testing.T, target string) *parkProxy {
@@ -51,9 +52,14 @@ func newParkProxy(t *testing.T, target string) *parkProxy {
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1 // feeds pass at once
 	rp.ErrorLog = log.New(io.Discard, "", 0)
-	p := &parkProxy{feeds: map[string]int{}, probes: map[string]int{}}
+	p := &parkProxy{feeds: map[string]int{}, probes: map[string]int{}, reqs: map[string]int{}}
 	p.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
+		if !strings.HasPrefix(parts[0], "_") {
+			p.mu.Lock()
+			p.reqs[parts[0]]++
+			p.mu.Unlock()
+		}
 		switch {
 		case len(parts) == 2 && parts[1] == "_changes" && r.URL.Query().Get("feed") == "continuous":
 			p.mu.Lock()
@@ -84,6 +90,17 @@ func (p *parkProxy) feedsOf(dbs ...string) []int {
 	out := make([]int, len(dbs))
 	for i, db := range dbs {
 		out[i] = p.feeds[db]
+	}
+	return out
+}
+
+// reqsOf returns the requests to each of dbs so far.
+func (p *parkProxy) reqsOf(dbs ...string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int, len(dbs))
+	for i, db := range dbs {
+		out[i] = p.reqs[db]
 	}
 	return out
 }
@@ -130,9 +147,17 @@ type parkNodeRig struct {
 	users []string
 	jobs  map[string]string // user db -> replication id
 	extra string            // more fields of the jobs' documents
+	dir   string            // the node's data directory
+	conf  string            // its config file
 }
 
 func newParkNodeRig(t *testing.T, s *testserver.Server, users int, recheck string, extra ...string) *parkNodeRig {
+	t.Helper()
+	return newParkNodeRigConf(t, s, users, fmt.Sprintf(parkNodeConfig, recheck), extra...)
+}
+
+// newParkNodeRigConf is newParkNodeRig with the node's whole config.
+func newParkNodeRigConf(t *testing.T, s *testserver.Server, users int, conf string, extra ...string) *parkNodeRig {
 	t.Helper()
 	r := &parkNodeRig{t: t, s: s, px: newParkProxy(t, s.URL), jobs: map[string]string{}, extra: strings.Join(extra, "")}
 	s.CreateDB(t, "central")
@@ -142,8 +167,9 @@ func newParkNodeRig(t *testing.T, s *testserver.Server, users int, recheck strin
 		s.CreateDB(t, db)
 		s.PutDocs(t, s.DBURL(db), map[string]any{"_id": db + "-first"})
 	}
-	dir := t.TempDir()
-	r.node = startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, fmt.Sprintf(parkNodeConfig, recheck))})
+	r.dir = t.TempDir()
+	r.conf = writeConfig(t, r.dir, conf)
+	r.node = startNode(t, nodeOptions{dataDir: r.dir, config: r.conf})
 	r.addr = r.node.httpAddr("")
 	for _, db := range r.users {
 		r.jobs[db] = r.start(db)
