@@ -436,11 +436,14 @@ func (n *Node) Stop(ctx context.Context) error {
 	n.stopOnce.Do(func() {
 		defer close(n.stopped)
 		// Hibernated parked jobs have no actor for the tree's shutdown to
-		// stop: the registry hands them back (still parked) first.
+		// stop: none hibernates or wakes from now on, and once the tree
+		// (its accept loop) has stopped the registry hands them back,
+		// still parked.
+		n.jobs.Closing()
+		n.stopErr = n.sup.Stop(ctx)
 		if err := n.jobs.Shutdown(ctx); err != nil {
 			n.log.Warn().Err(err).Msg("stop: handing the hibernated jobs back")
 		}
-		n.stopErr = n.sup.Stop(ctx)
 		n.system.EventStream.Unsubscribe(n.events)
 		n.stopLease() // after the jobs stopped: an empty lease is removed
 		n.release()

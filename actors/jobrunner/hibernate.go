@@ -137,6 +137,7 @@ func (a *jobActor) adopt(ctx context.Context, system *actor.ActorSystem, p repli
 	if w == nil {
 		pk.close()
 		a.parkedNow.Store(false)
+		a.log.Debug().Msg("replication job: accepted parked, but cannot park now; running")
 		return false, nil
 	}
 	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck}

@@ -354,6 +354,8 @@ func (r *Registry) end(system *actor.ActorSystem, e *entry, h *jobrunner.Hiberna
 	r.mu.Unlock()
 	if err := h.End(context.Background(), system, node, reason); err != nil {
 		log.Warn().Err(err).Str("job_id", e.id).Msg("job server: ending a hibernated job failed; the lease hands it back")
+	} else {
+		log.Debug().Str("job_id", e.id).Str("reason", reason).Msg("job server: hibernated job ended")
 	}
 	r.forget(e)
 }
@@ -384,12 +386,20 @@ func (r *Registry) stopAll(system *actor.ActorSystem, reason string) map[string]
 	return out
 }
 
+// Closing stops hibernating and waking jobs: the node is stopping (call it
+// before the tree stops; a job that parks meanwhile sleeps in its actor,
+// which the tree's shutdown stops).
+func (r *Registry) Closing() {
+	r.mu.Lock()
+	r.closing = true
+	r.mu.Unlock()
+}
+
 // Shutdown hands every hibernated job back to the queue, still parked in
 // its record (jobrunner.Hibernated.End with "shutdown": the node that takes
-// it next, this one restarted or another, puts it straight to sleep), and
-// stops hibernating and waking jobs: the node is stopping. The jobs with
-// an actor are stopped by jobs_sup's shutdown. It returns once they are
-// ended, or ctx ended.
+// it next, this one restarted or another, puts it straight to sleep). Call
+// it after Closing and once the tree has stopped (no accept loop takes them
+// again). It returns once they are ended, or ctx ended.
 func (r *Registry) Shutdown(ctx context.Context) error {
 	r.mu.Lock()
 	r.closing = true
