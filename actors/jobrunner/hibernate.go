@@ -39,6 +39,11 @@ type Hibernated struct {
 	Recheck time.Duration
 	// Period is the job's park_recheck.
 	Period time.Duration
+	// Unchecked: Wake was opened after the job's checkpoint (a node
+	// adopting it), so it cannot tell the changes in between: the next look
+	// reads the source, even where Wake could answer itself (a shared
+	// feed's watch).
+	Unchecked bool
 }
 
 // Resume is the wake-up a job actor is respawned for (Options.Resume).
@@ -48,6 +53,8 @@ type Resume struct {
 	// Recheck: the recheck timer woke it (it compares update_seq first),
 	// not a signal of its source.
 	Recheck bool
+	// Unchecked is the hibernated job's (Hibernated.Unchecked).
+	Unchecked bool
 }
 
 // stopParkedReasons are the stops after which a parked job stays parked in
@@ -140,7 +147,7 @@ func (a *jobActor) adopt(ctx context.Context, system *actor.ActorSystem, p repli
 		a.log.Debug().Msg("replication job: accepted parked, but cannot park now; running")
 		return false, nil
 	}
-	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck}
+	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck, Unchecked: true}
 	if a.hibernate(h) {
 		a.log.Debug().Dur("first_recheck", h.Recheck).Msg("replication job: adopted parked; asleep without a look")
 		return true, nil
@@ -195,7 +202,7 @@ func (a *jobActor) wakeUp(ctx context.Context, system *actor.ActorSystem, self *
 			}
 			parked, err := replicate.OpenParked(p, o, seq, since)
 			if err == nil {
-				moved = pk.moved(ctx, parked, rs.Recheck)
+				moved = pk.moved(ctx, parked, rs.Recheck, rs.Unchecked)
 			}
 		}
 	}
@@ -211,6 +218,8 @@ func (a *jobActor) wakeUp(ctx context.Context, system *actor.ActorSystem, self *
 		if rs.Recheck {
 			next = park.Jitter(p.ParkRecheck)
 		}
+		// The look read the source (or the watch vouched for it): checked,
+		// unless it could not look (no seq recorded).
 		h := &Hibernated{Run: run, Wake: pk.take(), Recheck: next, Period: p.ParkRecheck}
 		if a.hibernate(h) {
 			a.log.Debug().Bool("recheck", rs.Recheck).Msg("replication job: looked while parked; nothing moved, asleep again")

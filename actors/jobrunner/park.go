@@ -204,7 +204,7 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 		l.CloseIdle()
 	}
 	pk.log.Debug().Str("seq", parked.Seq().String()).Msg("replication job: parked")
-	if fresh && pk.moved(ctx, parked, false) {
+	if fresh && pk.moved(ctx, parked, false, false) {
 		pk.resume(ctx, res, start, done)
 		return
 	}
@@ -310,7 +310,7 @@ func (s *sleeper) look(recheck bool) {
 			_ = pk.a.o.Rechecks.Wait(s.ctx) // a context that ended makes moved true
 		}
 		failed := park.Err(s.wake) != nil
-		moved := failed || pk.moved(s.ctx, s.parked, recheck)
+		moved := failed || pk.moved(s.ctx, s.parked, recheck, false)
 		s.mu.Lock()
 		if s.state == gone {
 			s.mu.Unlock()
@@ -390,11 +390,11 @@ func (pk *parker) resume(ctx context.Context, res replicate.Result, start func()
 // recheck asks Parked.Moved (update_seq first: one GET /db when nothing
 // moved), a wake-up Parked.Changed (the source said it was written: one
 // _changes request).
-func (pk *parker) moved(ctx context.Context, parked *replicate.Parked, recheck bool) bool {
+func (pk *parker) moved(ctx context.Context, parked *replicate.Parked, recheck, unchecked bool) bool {
 	pk.mu.Lock()
 	w := pk.wake
 	pk.mu.Unlock()
-	if m, ok := w.(interface{ Moved(couch.Seq) bool }); ok {
+	if m, ok := w.(interface{ Moved(couch.Seq) bool }); ok && !unchecked {
 		return m.Moved(parked.Seq()) || ctx.Err() != nil
 	}
 	if acquire := pk.a.o.Startup; acquire != nil {

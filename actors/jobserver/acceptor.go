@@ -86,7 +86,9 @@ func (a *acceptor) Receive(ctx actor.Context) {
 		}
 	case *scheduler.TickDone:
 		for _, id := range m.Stopped {
-			if e := a.reg.lookup(id); e != nil {
+			// A job that hibernated since the decision holds no slot: it
+			// is not rotated.
+			if e := a.reg.lookup(id); e != nil && !e.hibernated() {
 				a.reg.stop(ctx.ActorSystem(), e, "rotation")
 			}
 		}

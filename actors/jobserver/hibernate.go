@@ -24,6 +24,14 @@ import (
 // the source and hibernates again or runs. A stop (operator, drain,
 // shutdown, cancel) ends it here as a stop of its actor would.
 
+// hibernated reports whether e's job sleeps without an actor (or is being
+// woken, or ended, without one).
+func (e *entry) hibernated() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state != withActor
+}
+
 // hibernateFunc is the jobrunner.Options.Hibernate of e's actors.
 func (r *Registry) hibernateFunc(e *entry) func(h *jobrunner.Hibernated) bool {
 	return func(h *jobrunner.Hibernated) bool { return r.hibernate(e, h) }
@@ -170,7 +178,7 @@ func (r *Registry) respawn(ctx context.Context, e *entry, recheck bool) {
 	r.tell(&scheduler.JobStarted{ID: e.id, Continuous: e.continuous})
 	system := r.system
 	r.mu.Unlock()
-	if err := hib.spawn(ctx, e, h.Run, &jobrunner.Resume{Wake: h.Wake, Recheck: recheck}); err != nil {
+	if err := hib.spawn(ctx, e, h.Run, &jobrunner.Resume{Wake: h.Wake, Recheck: recheck, Unchecked: h.Unchecked}); err != nil {
 		// jobs_sup refused (the node is stopping, or jobs_sup restarting):
 		// spawn gave the slot back and removed e; the job goes back to the
 		// queue still parked, and is taken again (straight to sleep).
