@@ -7,7 +7,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
+	"regexp"
 	"runtime"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,6 +43,86 @@ func BenchmarkParkedMemory(b *testing.B) {
 			benchParked(b, n)
 		}
 	})
+	b.Run(fmt.Sprintf("couchrepd/jobs=%d", n), func(b *testing.B) {
+		for range b.N {
+			benchParkedDaemon(b, n)
+		}
+	})
+}
+
+// benchParkedDaemon is benchParked with couchrepd in a process of its own
+// (its GC governor, as deployed) and CouchDB's default max_jobs of 500
+// (COUCHREP_PARKED_MAX_JOBS): parked jobs take no slot, so the node runs
+// all N with at most max_jobs active at once. N jobs are added through
+// POST /_replicate, then couchrepd's RSS is read once every job is parked
+// and the node stayed idle for 30 s, against its RSS before the jobs.
+func benchParkedDaemon(b *testing.B, n int) {
+	base := startIdleCouch(b)
+	dir := b.TempDir()
+	maxJobs := envInt(b, "COUCHREP_PARKED_MAX_JOBS", 500)
+	conf := fmt.Sprintf("[replicator]\nmax_jobs = %d\nstartup_jitter = 0\nidle_park_after = 1\n", maxJobs)
+	confFile := filepath.Join(dir, "couchrep.ini")
+	if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	node := startNode(b, nodeOptions{dataDir: dir, config: confFile, extra: []string{"--log-level", "warn"}})
+	addr := node.httpAddr("")
+	time.Sleep(5 * time.Second) // the node settles before the baseline
+	before := procRSS(node.cmd.Process.Pid)
+	b.ResetTimer()
+	start := time.Now()
+	client := &http.Client{}
+	err := parallel(8, n, func(i int) error {
+		body := fmt.Sprintf(`{"source":"%su%05d","target":"%scentral","continuous":true}`, base, i, base)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/_replicate", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusAccepted {
+			return fmt.Errorf("POST /_replicate: %d", resp.StatusCode)
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	re := regexp.MustCompile(`(?m)^couchrep_replication_jobs_parked\{[^}]*\} (\d+)$`)
+	deadline := time.Now().Add(20 * time.Minute)
+	for {
+		resp, err := client.Get("http://" + addr + "/metrics")
+		if err != nil {
+			b.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		p := 0
+		for _, m := range re.FindAllSubmatch(body, -1) {
+			k, _ := strconv.Atoi(string(m[1]))
+			p += k
+		}
+		if p == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d of %d jobs parked after 20 minutes", p, n)
+		}
+		time.Sleep(2 * time.Second) // another process: poll
+	}
+	allParked := time.Since(start)
+	b.StopTimer()
+	time.Sleep(30 * time.Second) // idle: the node's GC governor settles
+	after := procRSS(node.cmd.Process.Pid)
+	if f, u := idleFeeds(b, base), idleCount(b, base+"_idle_db_updates"); f != 0 || u != 1 {
+		b.Fatalf("parked: %d _changes feeds and %d _db_updates feeds open on the server, want 0 and 1", f, u)
+	}
+	b.ReportMetric((float64(after)-float64(before))/float64(n), "RSS-B/job")
+	b.ReportMetric(allParked.Seconds(), "s-to-all-parked")
+	b.Logf("couchrepd, jobs=%d, max_jobs %d: RSS %d -> %d, all parked in %s; load %s", n, maxJobs, before, after,
+		allParked.Round(time.Millisecond), loadAvg())
 }
 
 func benchParked(b *testing.B, n int) {
