@@ -188,7 +188,18 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		if err != nil {
 			return
 		}
-		run, err := store.Accept(ctx, true)
+		// A woken hibernated job may need the slot this wait holds (the
+		// registry cancels the wait: yield); the job stays in the queue.
+		actx, yield := context.WithCancel(ctx)
+		a.reg.setAccepting(yield)
+		run, err := store.Accept(actx, true)
+		a.reg.setAccepting(nil)
+		yielded := actx.Err() != nil && ctx.Err() == nil
+		yield()
+		if err != nil && yielded {
+			release()
+			continue
+		}
 		if err != nil {
 			release()
 			if !retryAfter(ctx, &retry, a.log, err, "acceptor: accept failed") {

@@ -47,6 +47,9 @@ type shared struct {
 	// adjusts each job actor's options after the test engine is set.
 	log        *zerolog.Logger
 	jobOptions func(*jobrunner.Options)
+	// lease: each node holds its jobs under a lease (repjob.Store.KeepLease),
+	// as couchrepd does.
+	lease bool
 }
 
 func newShared(t *testing.T) *shared {
@@ -77,7 +80,7 @@ type recorder chan any
 
 func (r recorder) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
-	case *scheduler.JobStarted, *scheduler.JobExited:
+	case *scheduler.JobStarted, *scheduler.JobExited, *scheduler.WokenWaiting:
 		r <- m
 	}
 }
@@ -109,6 +112,11 @@ func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs i
 	}
 	deps := actors.Deps{Config: cfg, Logger: log, System: system, Store: s.db, Jobs: q, RepJobs: store,
 		Timers: timerwheel.New()}
+	if s.lease {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := store.GoKeepLease(ctx)
+		t.Cleanup(func() { cancel(); <-done })
+	}
 	rec := recorder(n.sched)
 	n.start(t, deps, rec, s.jobOptions)
 	return n

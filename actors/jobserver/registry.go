@@ -54,6 +54,9 @@ type Registry struct {
 	hibernated int
 	// closing: the node is stopping; no job hibernates or wakes any more.
 	closing bool
+	// yieldAccept, while the accept loop waits in the queue holding a
+	// slot, ends that wait (a woken job needs the slot).
+	yieldAccept func()
 }
 
 // hibernation is what the registry needs of the acceptor to wake a
@@ -220,6 +223,12 @@ func (r *Registry) acquireFor(ctx context.Context, max func() int, woken bool) (
 		if woken {
 			ahead = 0
 		}
+		if woken && !r.paused && r.taken >= max() && r.yieldAccept != nil {
+			// The accept loop holds a slot while it waits for a job: it
+			// gives it back (its wait ends, the job queue is untouched).
+			r.yieldAccept()
+			r.yieldAccept = nil
+		}
 		if !r.paused && r.taken+ahead < max() {
 			r.taken++
 			r.mu.Unlock()
@@ -241,6 +250,14 @@ func (r *Registry) acquireFor(ctx context.Context, max func() int, woken bool) (
 		case <-wake:
 		}
 	}
+}
+
+// setAccepting records how to end the accept loop's wait in the queue
+// (nil: it is not waiting).
+func (r *Registry) setAccepting(yield func()) {
+	r.mu.Lock()
+	r.yieldAccept = yield
+	r.mu.Unlock()
 }
 
 // add registers the actor pid about to run job id (run: the queue's accept
