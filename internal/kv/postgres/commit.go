@@ -183,26 +183,60 @@ func (db *DB) batchCalls(batch []*commitReq, version *int64) []call {
 }
 
 // acquire takes a connection: one parked by an ended snapshot (dirty: it
-// must be sent ROLLBACK first) or one from the pool; for a transaction of
-// the liveness lane (prio), one of the lane's.
+// must be sent ROLLBACK first) or one from the pool, whichever comes
+// first; for a transaction of the liveness lane (prio), one of the
+// lane's. A transaction waiting for the pool also takes a connection
+// parked while it waits: when the pool was full, every connection ended
+// up parked (a transaction parks its connection at its end) while the
+// waiters slept in the pool's queue until the sweep released the parked
+// ones a second later, and a node starting hundreds of jobs ran 16
+// transactions a second.
 func (db *DB) acquire(ctx context.Context, prio bool) (*pgxpool.Conn, bool, error) {
-	pool := db.lane
-	if !prio {
-		pool = db.pool
-		select {
-		case p := <-db.parked:
-			return p.c, true, nil
-		default:
-		}
+	if prio {
+		c, err := db.lane.Acquire(ctx)
+		return c, false, db.acquireError(err)
 	}
-	c, err := pool.Acquire(ctx)
-	if err != nil {
-		if db.isClosed() {
-			return nil, false, kv.ErrClosed
-		}
-		return nil, false, db.errorf("acquire connection", err)
+	select {
+	case p := <-db.parked:
+		return p.c, true, nil
+	default:
 	}
-	return c, false, nil
+	actx, cancel := context.WithCancel(ctx)
+	got := make(chan acquired, 1)
+	go func() {
+		c, err := db.pool.Acquire(actx)
+		got <- acquired{c, err}
+	}()
+	select {
+	case r := <-got:
+		cancel()
+		return r.c, false, db.acquireError(r.err)
+	case p := <-db.parked:
+		cancel()
+		go func() {
+			// The pool's connection, if it came anyway, goes back.
+			if r := <-got; r.c != nil {
+				r.c.Release()
+			}
+		}()
+		return p.c, true, nil
+	}
+}
+
+// acquired is a connection from the pool, or why none came.
+type acquired struct {
+	c   *pgxpool.Conn
+	err error
+}
+
+func (db *DB) acquireError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if db.isClosed() {
+		return kv.ErrClosed
+	}
+	return db.errorf("acquire connection", err)
 }
 
 // park keeps a connection whose snapshot transaction is still open for
