@@ -19,6 +19,7 @@ import (
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/httpapi"
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -188,38 +189,89 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		if err != nil {
 			return
 		}
-		// A woken hibernated job may need the slot this wait holds (the
-		// registry cancels the wait: yield); the job stays in the queue.
-		actx, yield := context.WithCancel(ctx)
-		a.reg.setAccepting(yield)
-		run, err := store.Accept(actx, true)
-		a.reg.setAccepting(nil)
-		yielded := actx.Err() != nil && ctx.Err() == nil
-		yield()
-		if err != nil && yielded {
-			release()
-			continue
+		// The free slots, up to acceptBatch, are filled from one store
+		// transaction (repjob.Store.AcceptMany): a dead node's thousands
+		// of jobs, or a start with thousands queued, were one accept
+		// transaction each, one after the other. Nothing pending: the
+		// loop waits for a job with one slot, as it did.
+		releases := append([]func(){release}, a.reg.tryAcquire(maxJobs, acceptBatch-1)...)
+		var runs []*repjob.Run
+		if len(releases) > 1 {
+			runs, err = store.AcceptMany(ctx, false, len(releases))
+		}
+		if len(releases) == 1 || errors.Is(err, jobqueue.ErrNotFound) {
+			for _, r := range releases[1:] {
+				r()
+			}
+			releases = releases[:1]
+			// A woken hibernated job may need the slot this wait holds (the
+			// registry cancels the wait: yield); the job stays in the queue.
+			actx, yield := context.WithCancel(ctx)
+			a.reg.setAccepting(yield)
+			var run *repjob.Run
+			run, err = store.Accept(actx, true)
+			a.reg.setAccepting(nil)
+			yielded := actx.Err() != nil && ctx.Err() == nil
+			yield()
+			if err != nil && yielded {
+				release()
+				continue
+			}
+			if err == nil {
+				runs = []*repjob.Run{run}
+			}
 		}
 		if err != nil {
-			release()
+			for _, r := range releases {
+				r()
+			}
 			if !retryAfter(ctx, &retry, a.log, err, "acceptor: accept failed") {
 				return
 			}
 			continue
 		}
 		retry.Reset()
-		if err := a.startJob(ctx, system, jobsSup, run, release); err != nil {
-			a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
-			c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			if serr := run.Stop(c); serr != nil && !repjob.IsLost(serr) {
-				a.log.Warn().Err(serr).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
-			}
-			cancel()
-			if errors.Is(err, supervisor.ErrAlreadyStarted) && pause.For(ctx, minRetry) != nil {
+		for _, r := range releases[len(runs):] {
+			r()
+		}
+		for i, run := range runs {
+			if !a.start(ctx, system, jobsSup, run, releases[i]) {
+				// The rest of the batch goes back to the queue.
+				for k, rest := range runs[i+1:] {
+					a.handBack(rest)
+					releases[i+1+k]()
+				}
 				return
 			}
 		}
 	}
+}
+
+// handBack puts an accepted run whose actor never started back in the
+// queue.
+func (a *acceptor) handBack(run *repjob.Run) {
+	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := run.Stop(c); err != nil && !repjob.IsLost(err) {
+		a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: resubmit failed; the activity monitor will")
+	}
+}
+
+// acceptBatch bounds the jobs the accept loop takes in one store
+// transaction.
+const acceptBatch = 64
+
+// start starts the actor of accepted run (see startJob); if it cannot, the
+// job goes back to the queue. It returns false when the loop must end.
+func (a *acceptor) start(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, run *repjob.Run, release func()) bool {
+	if err := a.startJob(ctx, system, jobsSup, run, release); err != nil {
+		a.log.Warn().Err(err).Str("job_id", run.ID()).Msg("acceptor: could not start the job actor; job back to the queue")
+		a.handBack(run)
+		if errors.Is(err, supervisor.ErrAlreadyStarted) && pause.For(ctx, minRetry) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // startJob starts the actor of an accepted job under jobs_sup and registers

@@ -119,8 +119,7 @@ type entry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0),
-		infos: replicate.NewInfoShare()}
+	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0)}
 }
 
 // attach sets where changes are told (the scheduler of system; nil: nobody).
@@ -258,6 +257,27 @@ func (r *Registry) setAccepting(yield func()) {
 	r.mu.Lock()
 	r.yieldAccept = yield
 	r.mu.Unlock()
+}
+
+// tryAcquire takes up to n more free slots without waiting and returns
+// their release functions (see acquire): the accept loop's batch.
+func (r *Registry) tryAcquire(max func() int, n int) []func() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []func()
+	for len(out) < n && !r.paused && r.taken+r.woken < max() {
+		r.taken++
+		var once sync.Once
+		out = append(out, func() {
+			once.Do(func() {
+				r.mu.Lock()
+				r.taken--
+				r.broadcastLocked()
+				r.mu.Unlock()
+			})
+		})
+	}
+	return out
 }
 
 // add registers the actor pid about to run job id (run: the queue's accept

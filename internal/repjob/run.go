@@ -71,6 +71,54 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 	return &Run{s: s, j: j, m: r.ReplicationJob}, nil
 }
 
+// AcceptMany is Accept for up to n jobs in one store transaction
+// (jobqueue.Queue.AcceptMany): what an accept loop with many free slots
+// uses when many jobs are pending at once (a node's start, or a dead
+// node's jobs back in the queue). With wait it waits for at least one.
+// Call Start on each.
+func (s *Store) AcceptMany(ctx context.Context, wait bool, n int) ([]*Run, error) {
+	if n < 2 {
+		r, err := s.Accept(ctx, wait)
+		if err != nil {
+			return nil, err
+		}
+		return []*Run{r}, nil
+	}
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	var jobs []*jobqueue.Job
+	for {
+		lease, err := s.acceptLease(ctx, wait)
+		if err != nil {
+			return nil, fmt.Errorf("repjob: accept: %w", err)
+		}
+		jobs, err = s.q.AcceptMany(ctx, JobType, n, jobqueue.AcceptOptions{Wait: wait, Lease: lease})
+		if errors.Is(err, jobqueue.ErrLeaseLost) && lease != nil && wait {
+			s.leaseLost(lease) // as Accept does
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("repjob: accept: %w", err)
+		}
+		break
+	}
+	runs := make([]*Run, 0, len(jobs))
+	for _, j := range jobs {
+		r, err := recordFromInfo(j.Info())
+		if err != nil {
+			// A record we cannot read can never run (as Accept does).
+			if ferr := j.Finish(ctx, nil); ferr != nil {
+				s.log.Warn().Err(ferr).Str("job_id", j.ID()).Msg("repjob: finish undecodable job")
+			}
+			s.log.Warn().Err(err).Str("job_id", j.ID()).Msg("repjob: accepted an undecodable job; finished it")
+			continue
+		}
+		runs = append(runs, &Run{s: s, j: j, m: r.ReplicationJob})
+	}
+	return runs, nil
+}
+
 // ID returns the job id.
 func (r *Run) ID() string { return r.j.ID() }
 
