@@ -151,9 +151,11 @@ type Couchrep struct {
 	// IdleGCPercent is the Go GC's heap growth couchrepd sets while the
 	// node is quiet (idle_gc_percent, 25; 0 keeps Go's default of 100
 	// always): a node of thousands of idle continuous jobs then holds
-	// about 1.25 times its live heap instead of twice. Go's default comes
-	// back as soon as the node allocates again. GOGC in the environment
-	// overrides it. Programs embedding a node keep their own GC settings.
+	// about 1.25 times its live heap instead of twice, and is not
+	// collected every two minutes by the clock, only once its heap grew by
+	// that much (a soft memory limit, unless GOMEMLIMIT is set). Go's
+	// default comes back as soon as the node allocates again. GOGC in the
+	// environment overrides it. Programs embedding a node keep their own GC settings.
 	IdleGCPercent int
 	// AllowAdminParty lets the HTTP API listen beyond loopback without
 	// [admins] (allow_admin_party, false): as Apache CouchDB 3, couchrep
