@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/pprof"
 	"runtime/trace"
 	"strings"
@@ -58,6 +59,18 @@ func BenchmarkIdleNode(b *testing.B) {
 			benchIdleNode(b, n, fanOut, window)
 		}
 	})
+}
+
+// gcNow is what the Go runtime reports of its collector so far.
+type gcNow struct {
+	cpu                  float64 // CPU seconds spent in GC
+	cycles, live, allocs uint64  // completed cycles; live heap after the last; bytes allocated
+}
+
+func gcMetrics() gcNow {
+	s := []metrics.Sample{{Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"}, {Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	return gcNow{cpu: s[0].Value.Float64(), cycles: s[1].Value.Uint64(), live: s[2].Value.Uint64(), allocs: s[3].Value.Uint64()}
 }
 
 func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
@@ -183,16 +196,20 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 		defer trace.Stop()
 	}
 	load0 := loadAvg()
+	gc0 := gcMetrics()
 	cpu0 := cpuTime()
 	b.StartTimer()
 	time.Sleep(window) // the measurement window itself
 	b.StopTimer()
 	cpu := cpuTime() - cpu0
+	gc1 := gcMetrics()
 	if prefix != "" {
 		pprof.StopCPUProfile()
 	}
 	pct := float64(cpu) / float64(window) * 100
 	b.ReportMetric(pct, "idle-%cpu")
-	b.Logf("users=%d jobs=%d: idle %s: CPU %s = %.2f%% of a core; load %s -> %s",
-		n, jobs, window, cpu.Round(time.Millisecond), pct, load0, loadAvg())
+	b.ReportMetric(gc1.cpu-gc0.cpu, "gc-cpu-s")
+	b.Logf("users=%d jobs=%d: idle %s: CPU %s = %.2f%% of a core (GC %.0f ms in %d cycles, %.1f MB allocated, live heap %.1f MB); load %s -> %s",
+		n, jobs, window, cpu.Round(time.Millisecond), pct, (gc1.cpu-gc0.cpu)*1000, gc1.cycles-gc0.cycles,
+		float64(gc1.allocs-gc0.allocs)/(1<<20), float64(gc1.live)/(1<<20), load0, loadAvg())
 }
