@@ -237,6 +237,8 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	nodeRSS, srvRSS := procRSS(nodePID), procRSS(srvPID)
 	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
 	mem1 := goMetrics(b, p.addr)
+	store := storeBytes(p.node.dataDir)
+	b.Logf("users=%d: couchrepd's job store (SQLite, WAL included): %.1f MB, %.0f bytes a job", n, float64(store)/(1<<20), float64(store)/float64(p.jobs))
 	b.Logf("users=%d: idle 60 s (after %s; %.0f of %d jobs parked): couchrepd %.2f%% of a core, %s %.2f%%, %d requests served (test server only: %d feeds open, peak %d); "+
 		"RSS couchrepd %.1f MB, %s %.1f MB; fds couchrepd %d, %s %d; load %s -> %s",
 		n, settle, parked, p.jobs, nodeIdle, srvName, srvIdle, reqs1.Total-reqs0.Total, reqs1.Feeds, reqs1.PeakFeeds,
@@ -271,6 +273,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	b.ReportMetric(srvIdle, "server-idle-%cpu")
 	b.ReportMetric(float64(nodeRSS)/(1<<20), "node-RSS-MB")
 	b.ReportMetric(float64(nodeFDs), "node-fds")
+	b.ReportMetric(float64(store)/float64(p.jobs), "store-B/job")
+	if !p.external {
+		b.ReportMetric(float64(reqs1.Feeds), "server-feeds-idle")
+	}
 	b.ReportMetric(parked, "jobs-parked")
 	b.ReportMetric(inP50.Seconds()*1000, "in-p50-ms")
 	b.ReportMetric(inP99.Seconds()*1000, "in-p99-ms")
@@ -286,6 +292,22 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		b.Errorf("%d of %d jobs running at the end", r, p.jobs)
 	}
 	b.Logf("%s; load %s", msg, loadAvg())
+}
+
+// storeBytes is the size of the node's SQLite job store in dataDir: the
+// database file, its WAL and shared-memory index.
+func storeBytes(dataDir string) int64 {
+	var total int64
+	ents, _ := os.ReadDir(dataDir)
+	for _, e := range ents {
+		if !strings.HasPrefix(e.Name(), config.StoreFileName) {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			total += fi.Size()
+		}
+	}
+	return total
 }
 
 // percentiles returns the p50 and p99 of ds (sorted in place).
