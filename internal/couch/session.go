@@ -2,14 +2,17 @@ package couch
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"weak"
 )
 
 // Auth plugin names of CouchDB's [replicator] auth_plugins.
@@ -54,6 +57,52 @@ type SessionOptions struct {
 	MinUpdateInterval time.Duration
 	// Now is the clock (tests); nil is time.Now.
 	Now func() time.Time
+	// Shared, when set, shares the session (its cookie) with the other
+	// DBs of the process that reach the same server's /_session with the
+	// same credentials and options (Sessions).
+	Shared *Sessions
+}
+
+// Sessions shares cookie sessions among the DBs of a process (a node's
+// jobs: SessionOptions.Shared): the DBs that reach one server's /_session
+// with the same credentials and session options use one cookie, obtained
+// once and renewed once, instead of one POST /_session per DB (each of
+// which makes CouchDB hash the password). A session no DB uses any more
+// is dropped. Safe for concurrent use.
+type Sessions struct {
+	mu sync.Mutex
+	m  map[[sha256.Size]byte]weak.Pointer[session]
+}
+
+// NewSessions returns an empty Sessions.
+func NewSessions() *Sessions {
+	return &Sessions{m: map[[sha256.Size]byte]weak.Pointer[session]{}}
+}
+
+// get returns the session under key, or the one made by mk, registered.
+func (ss *Sessions) get(key [sha256.Size]byte, mk func() *session) *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if s := ss.m[key].Value(); s != nil {
+		return s
+	}
+	s := mk()
+	ss.m[key] = weak.Make(s)
+	runtime.AddCleanup(s, func(k [sha256.Size]byte) {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		if ss.m[k].Value() == nil {
+			delete(ss.m, k)
+		}
+	}, key)
+	return s
+}
+
+// len is how many sessions are registered (tests).
+func (ss *Sessions) len() int {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.m)
 }
 
 // sessionMode is what a session found out about its endpoint.
@@ -95,7 +144,16 @@ func newSession(d *DB, o SessionOptions) *session {
 	u := *d.ep.URL
 	u.User, u.RawQuery, u.ForceQuery, u.Fragment = nil, "", false, ""
 	u.Path, u.RawPath = "/_session", ""
-	return &session{opts: o, sessionURL: u.String(), user: d.ep.Username, pass: d.ep.Password}
+	mk := func() *session {
+		return &session{opts: o, sessionURL: u.String(), user: d.ep.Username, pass: d.ep.Password}
+	}
+	if o.Shared == nil {
+		return mk()
+	}
+	// The key is a digest: the credentials stay out of the map's keys.
+	key := sha256.Sum256(fmt.Appendf(nil, "%s\x00%s\x00%s\x00%t\x00%d\x00%d",
+		u.String(), d.ep.Username, d.ep.Password, o.Fallback, o.RefreshInterval, o.MinUpdateInterval))
+	return o.Shared.get(key, mk)
 }
 
 // authorize sets the request's credentials: the session cookie (getting or

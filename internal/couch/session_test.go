@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -224,5 +225,48 @@ func TestParseAuthSession(t *testing.T) {
 		if c != tc.cookie || m != tc.maxAge || ok != tc.ok {
 			t.Errorf("parseAuthSession(%q) = %q, %d, %v; want %q, %d, %v", tc.headers, c, m, ok, tc.cookie, tc.maxAge, tc.ok)
 		}
+	}
+}
+
+// TestSessionsShared: DBs of one server and user with SessionOptions.Shared
+// use one cookie (one POST /_session for all of them, other databases of
+// the server included); other credentials get a session of their own,
+// and so does a DB without Shared. A session no DB holds is dropped.
+func TestSessionsShared(t *testing.T) {
+	s := newSessionServer(t)
+	shared := NewSessions()
+	db := func(path, user, pass string, sh *Sessions) *DB {
+		ep, err := ParseEndpoint(map[string]any{"url": s.URL + path,
+			"auth": map[string]any{"basic": map[string]any{"username": user, "password": pass}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return NewDB(ep, Options{HTTPClient: s.Client(), Session: &SessionOptions{Fallback: true, Shared: sh}})
+	}
+	ctx := context.Background()
+	for _, path := range []string{"/a", "/b", "/a", "/c"} {
+		if _, err := db(path, "bob", "hunter2", shared).Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p, _, _ := s.counts(); p != 1 {
+		t.Errorf("4 DBs of one server and user sent %d POST /_session, want 1", p)
+	}
+	if _, err := db("/a", "bob", "wrong", shared).Info(ctx); !errors.Is(err, ErrUnauthorized) {
+		t.Errorf("other credentials: %v, want ErrUnauthorized (a session of their own)", err)
+	}
+	if _, err := db("/a", "bob", "hunter2", nil).Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, _ := s.counts(); p != 3 {
+		t.Errorf("%d POST /_session in all, want 3 (other credentials, no Shared: one each)", p)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for shared.len() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d sessions still registered with no DB left", shared.len())
+		}
+		runtime.GC() // the cleanups run after a collection: wait for them
+		time.Sleep(10 * time.Millisecond)
 	}
 }

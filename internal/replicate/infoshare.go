@@ -28,9 +28,14 @@ const InfoShareFor = time.Second
 // target's at the checkpoint), its update_seq (a shared feed started at an
 // older seq reads rows twice, none missed) and doc_count (an empty target
 // only makes the first _revs_diff optional). Failures are never shared: a
-// run whose shared request failed sends its own. Safe for concurrent use;
-// the zero value is not usable, NewInfoShare returns one.
+// run whose shared request failed sends its own. It also holds the node's
+// shared cookie sessions (couch.Sessions): the runs' endpoints on one
+// server with the same credentials ask /_session once, not once each.
+// Safe for concurrent use; the zero value is not usable, NewInfoShare
+// returns one.
 type InfoShare struct {
+	sessions *couch.Sessions
+
 	now   func() time.Time
 	mu    sync.Mutex
 	m     map[[sha256.Size]byte]*infoCall
@@ -48,7 +53,7 @@ type infoCall struct {
 
 // NewInfoShare returns an empty InfoShare.
 func NewInfoShare() *InfoShare {
-	return &InfoShare{now: time.Now, m: map[[sha256.Size]byte]*infoCall{}}
+	return &InfoShare{sessions: couch.NewSessions(), now: time.Now, m: map[[sha256.Size]byte]*infoCall{}}
 }
 
 // infoKey is the digest of what shapes a GET of an endpoint: what (the
@@ -150,4 +155,15 @@ func (s *InfoShare) serverInfo(ctx context.Context, ep EndpointParams, db *couch
 		return couch.ServerInfo{}, err
 	}
 	return c.server, nil
+}
+
+// sessionOptions are the session options of the run's endpoints: the
+// node's ([replicator] auth_plugins, session intervals), their cookies
+// shared through Infos when set.
+func (o Options) sessionOptions() *couch.SessionOptions {
+	so := o.Endpoints.sessionOptions()
+	if so != nil && o.Infos != nil {
+		so.Shared = o.Infos.sessions
+	}
+	return so
 }

@@ -208,7 +208,7 @@ func openFeed(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, fu
 		limits.MaxLineBytes = max(limits.MaxLineBytes, limits.MaxDocumentBytes)
 	}
 	return couch.NewDB(ep, couch.Options{Logger: log, Retries: p.RetriesPerRequest, RetryBackoff: o.RetryBackoff,
-		Limiter: lim, Session: o.Endpoints.sessionOptions(), ErrorBudget: o.Endpoints.errorBudget(),
+		Limiter: lim, Session: o.sessionOptions(), ErrorBudget: o.Endpoints.errorBudget(),
 		Limits: limits, HTTPClient: client, RequestTimeout: o.Endpoints.RequestTimeout}), release, nil
 }
 
@@ -396,10 +396,15 @@ func (cr *changesReader) serverFiltersSelectors(ctx context.Context) bool {
 }
 
 // seqAtOrBefore reports whether seq a is known to be at or before b: the
-// same seq (0 is the zero seq), or both numbers and a ≤ b. Opaque seqs
-// (CouchDB's) that differ are not known to be.
+// same seq (0 is the zero seq), both numbers and a ≤ b, or a is the
+// start of the database (CouchDB's "0-…": its number is the sum of its
+// shards' seqs, so every shard is at 0). Other opaque seqs (CouchDB's)
+// that differ are not known to be.
 func seqAtOrBefore(a, b couch.Seq) bool {
 	if a.Equal(b) {
+		return true
+	}
+	if n, ok := seqNumber(a); ok && n == 0 {
 		return true
 	}
 	x, ok1 := a.Int()

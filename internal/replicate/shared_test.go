@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 )
 
@@ -149,5 +150,39 @@ func TestSelectorCatchUpOnCouchDB(t *testing.T) {
 	feeds := fs.queries()
 	if len(feeds) == 0 || !strings.Contains(feeds[0], "include_docs=true") || strings.Contains(feeds[0], "filter") {
 		t.Errorf("shared feed requests %q, want include_docs=true and no filter", feeds)
+	}
+}
+
+// TestSeqAtOrBefore: when a subscription's start spares a job its
+// catch-up: the same seq, numbers in order, or the start of a database
+// (CouchDB's "0-…"); never for differing opaque seqs.
+func TestSeqAtOrBefore(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string // "" is the zero (nil) seq
+		want bool
+	}{
+		{"0", "", true},
+		{"", "", true},
+		{"3", "3", true},
+		{"3", "5", true},
+		{"5", "3", false},
+		{"3", "", false},
+		{`"0-g1AAAA"`, "", true},
+		{`"0-g1AAAA"`, `"7-g1BBBB"`, true},
+		{`"7-g1BBBB"`, `"7-g1BBBB"`, true},
+		{`"7-g1BBBB"`, `"7-g1CCCC"`, false},
+		{`"7-g1BBBB"`, `"9-g1CCCC"`, false},
+		{`"7-g1BBBB"`, "", false},
+	} {
+		var a, b couch.Seq
+		if tc.a != "" {
+			a = couch.Seq(tc.a)
+		}
+		if tc.b != "" {
+			b = couch.Seq(tc.b)
+		}
+		if got := seqAtOrBefore(a, b); got != tc.want {
+			t.Errorf("seqAtOrBefore(%s, %s) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
 	}
 }
