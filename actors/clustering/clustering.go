@@ -42,7 +42,6 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/internal/cluster"
-	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -142,8 +141,9 @@ type runningCount struct {
 // it).
 const runningMaxAge = 5 * time.Minute
 
-// runningJobs counts the running jobs of every node. Counting decodes every
-// job record, so the count is kept while no record was written since
+// runningJobs counts the running jobs of every node. Counting reads every
+// job record (its state and node: repjob.Store.RunningByNode), so the count
+// is kept while no record was written since
 // (repjob.Store.Generation): on an idle node, a scrape of /metrics or the
 // status page reads a few keys. The map is shared: callers must not change
 // it.
@@ -159,15 +159,13 @@ func (a *clustering) runningJobs(ctx context.Context) (map[string]uint32, error)
 		return c.byNode, nil
 	}
 	at := time.Now()
-	running := map[string]uint32{}
-	err = a.deps.RepJobs.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
-		if r.QueueState == jobqueue.StateRunning {
-			running[r.WorkerNode]++
-		}
-		return nil
-	})
+	counts, err := a.deps.RepJobs.RunningByNode(ctx)
 	if err != nil {
 		return nil, err
+	}
+	running := make(map[string]uint32, len(counts))
+	for node, n := range counts {
+		running[node] = uint32(n)
 	}
 	c.gen, c.at, c.byNode = gen, at, running
 	return running, nil

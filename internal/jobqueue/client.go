@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -265,6 +267,68 @@ func (q *Queue) Generation(ctx context.Context, typ string) (int64, error) {
 		return 0, fmt.Errorf("jobqueue: generation of %q: %w", typ, err)
 	}
 	return g, nil
+}
+
+// RunningByNode counts the running jobs of typ per worker node, from one
+// read transaction. It reads of each record only its state and worker node
+// (the protobuf fields, not a decode of the record and its data): what a
+// view of the cluster's nodes shows, at a fraction of a Fold. Records that
+// cannot be read so are not counted.
+func (q *Queue) RunningByNode(ctx context.Context, typ string) (map[string]int, error) {
+	out := map[string]int{}
+	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		clear(out)
+		if err := q.checkType(tx, typ); err != nil {
+			return err
+		}
+		begin, end := q.keys.dataRange(typ)
+		it := tx.GetRange(begin, end, kv.RangeOptions{})
+		for it.Next() {
+			if node, running := runningNode(it.KeyValue().Value); running {
+				out[node]++
+			}
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobqueue: running jobs of %q: %w", typ, err)
+	}
+	return out, nil
+}
+
+// runningNode reads an encoded JobRecord's state and worker node
+// (fields 4 and 9) without decoding the rest.
+func runningNode(b []byte) (node string, running bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return "", false
+		}
+		b = b[n:]
+		switch {
+		case num == 4 && typ == protowire.VarintType:
+			v, m := protowire.ConsumeVarint(b)
+			if m < 0 {
+				return "", false
+			}
+			running = v == uint64(messages.JobState_JOB_STATE_RUNNING)
+			n = m
+		case num == 9 && typ == protowire.BytesType:
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return "", false
+			}
+			node = string(v)
+			n = m
+		default:
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return "", false
+			}
+		}
+		b = b[n:]
+	}
+	return node, running
 }
 
 // Fold calls fn for every job of typ, in id order, in one read transaction.

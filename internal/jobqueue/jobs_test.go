@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -825,5 +826,55 @@ func TestGeneration(t *testing.T) {
 			return err
 		})
 		step("remove", true, func() error { return b.q.Remove(b.ctx, typA, "j1") })
+	})
+}
+
+// TestRunningByNode: the count per worker node read from the records'
+// state and node fields equals what a Fold of the decoded records counts,
+// through accepts by two nodes, a finish and a requeue.
+func TestRunningByNode(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		b := setup(t, Options{NodeName: "n1"})
+		q2 := New(b.db, Options{NodeName: "n2", Clock: b.clock.Now})
+		for i := range 6 {
+			mustAdd(t, b, fmt.Sprintf("j%d", i), AddOptions{Data: bytes.Repeat([]byte("d"), 3000)})
+		}
+		check := func(what string, want map[string]int) {
+			t.Helper()
+			got, err := b.q.RunningByNode(b.ctx, typA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			folded := map[string]int{}
+			if err := b.q.Fold(b.ctx, typA, func(info *JobInfo) error {
+				if info.State == StateRunning {
+					folded[info.WorkerNode]++
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(got, want) || !maps.Equal(folded, want) {
+				t.Fatalf("%s: running by node %v (a fold counts %v), want %v", what, got, folded, want)
+			}
+		}
+		check("all pending", map[string]int{})
+		var jobs []*Job
+		for _, q := range []*Queue{b.q, b.q, q2} {
+			j, err := q.Accept(b.ctx, typA, AcceptOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			jobs = append(jobs, j)
+		}
+		check("three accepted", map[string]int{"n1": 2, "n2": 1})
+		if err := jobs[0].Finish(b.ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		check("one finished", map[string]int{"n1": 1, "n2": 1})
+		if err := jobs[2].Resubmit(b.ctx, nil, ResubmitOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		check("one resubmitted", map[string]int{"n1": 1})
 	})
 }

@@ -491,6 +491,15 @@ func (s *Store) Generation(ctx context.Context) (int64, error) {
 	return s.q.Generation(ctx, JobType)
 }
 
+// RunningByNode counts the running jobs per worker node, reading of each
+// job only its queue state and node (jobqueue.Queue.RunningByNode).
+func (s *Store) RunningByNode(ctx context.Context) (map[string]int, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	return s.q.RunningByNode(ctx, JobType)
+}
+
 // Each calls fn for every job matching f, in job id order, from one
 // consistent snapshot; fn returning an error stops with that error.
 func (s *Store) Each(ctx context.Context, f Filter, fn func(*Record) error) error {
