@@ -204,20 +204,23 @@ func waitFeeds(t testing.TB, node *nodeProc, c *requestCounter, n int, timeout t
 	}
 }
 
-// waitCatchUps waits until n jobs have read their catch-up (a one-shot
-// doc_ids _changes request, POST) at c, failing the test if the node exits
-// or timeout passes.
-func waitCatchUps(t testing.TB, node *nodeProc, c *requestCounter, n int, timeout time.Duration) {
+// waitSubscribed waits until the node's n jobs have subscribed to its
+// shared feeds (/metrics couchrep_shared_feed_subscriptions): a job's
+// start-up (infos, checkpoints, and the catch-up _changes when its source
+// has changes after its checkpoint) ends with its subscription. It fails
+// the test if the node exits or timeout passes.
+func waitSubscribed(t testing.TB, node *nodeProc, addr string, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for c.kindsNow()["POST _changes"] < n {
+	subs := func() float64 { return metricSum(t, addr, metricPrefix("couchrep_shared_feed_subscriptions")) }
+	for got := subs(); got < float64(n); got = subs() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d jobs caught up after %s", c.kindsNow()["POST _changes"], n, timeout)
+			t.Fatalf("%v of %d jobs subscribed to a shared feed after %s", got, n, timeout)
 		}
 		select {
 		case <-node.exited:
 			t.Fatalf("couchrepd exited (%v)", node.exitErr)
-		case <-time.After(100 * time.Millisecond): // another process's state: poll
+		case <-time.After(250 * time.Millisecond): // another process's state: poll
 		}
 	}
 }
@@ -236,8 +239,9 @@ func docExists(client *http.Client, dbURL, id string) bool {
 // TestThousandIdleContinuousJobs runs 1,000 continuous replications on one
 // couchrepd against PouchDB Server (one doc_ids job per document, 20 jobs
 // on each of 50 source databases, one target database) and checks,
-// counting at a proxy in front of the server: once every job has caught up
-// (its one-shot doc_ids request), the node holds one open _changes feed per
+// counting at a proxy in front of the server: once every job has started
+// (subscribed to its shared feed; the sources are empty, so no job needs a
+// catch-up _changes), the node holds one open _changes feed per
 // source database, shared by its jobs (share_changes_feeds, the default);
 // over a 30 s window with no writes the jobs send no request at all (the
 // feeds carry only the server's heartbeats); then a write reaches the
@@ -268,9 +272,9 @@ func TestThousandIdleContinuousJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitCatchUps(t, node, proxy, n, 5*time.Minute)
+	waitSubscribed(t, node, addr, n, 5*time.Minute)
 	waitFeeds(t, node, proxy, scaleSources, 5*time.Minute)
-	t.Logf("%d jobs submitted in %s, all caught up and feeds open after %s", n, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("%d jobs submitted in %s, all subscribed and feeds open after %s", n, took.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 
 	before, kinds, beats := proxy.requests.Load(), proxy.kindsNow(), proxy.beats.Load()
 	select {
