@@ -577,6 +577,10 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	start = func() {
 		if pk != nil {
 			o.Park = pk.enabled()
+			o.ParkLater = nil
+			if !o.Park {
+				o.ParkLater = pk.parkLater(runCtx)
+			}
 		}
 		if a.o.Engine != nil {
 			done(a.o.Engine(runCtx, p, o))

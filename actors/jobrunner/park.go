@@ -40,8 +40,12 @@ type parker struct {
 	// the feed's close and the watch's start would not signal it).
 	fresh bool
 	// off: the job's source cannot wake it (unsupported): it no longer
-	// parks, and keeps its feed.
-	off bool
+	// parks, and keeps its feed; until offUntil, if set (a server whose
+	// _db_updates could not be read is asked again once the hub's verdict
+	// expired: dbupdates.DefaultUnsupportedFor).
+	off      bool
+	offUntil time.Time
+	retrying bool
 	// hibernate, if set, hands the parked job to the node's registry
 	// (Options.Hibernate) instead of sleeping in the actor; false: it
 	// sleeps here.
@@ -116,14 +120,15 @@ const wakeOpenTimeout = 30 * time.Second
 func (pk *parker) ensure(ctx context.Context) bool {
 	pk.mu.Lock()
 	defer pk.mu.Unlock()
-	if pk.off {
+	if pk.off && (pk.offUntil.IsZero() || time.Now().Before(pk.offUntil)) {
 		return false
 	}
+	pk.off, pk.offUntil = false, time.Time{}
 	if pk.wake != nil {
 		if err := park.Err(pk.wake); err != nil {
 			pk.log.Debug().Err(err).Msg("replication job: its wake-up source stopped working; it keeps its feed")
 			pk.wake.Close()
-			pk.wake, pk.off = nil, true
+			pk.wake, pk.off, pk.offUntil = nil, true, time.Now().Add(dbupdates.DefaultUnsupportedFor)
 			return false
 		}
 		return true
@@ -137,7 +142,7 @@ func (pk *parker) ensure(ctx context.Context) bool {
 		return false
 	case errors.Is(err, dbupdates.ErrUnsupported):
 		pk.log.Debug().Err(err).Msg("replication job: the source server's _db_updates cannot be read; it keeps its feed")
-		pk.off = true
+		pk.off, pk.offUntil = true, time.Now().Add(dbupdates.DefaultUnsupportedFor)
 		return false
 	case err != nil:
 		if ctx.Err() == nil {
@@ -147,6 +152,36 @@ func (pk *parker) ensure(ctx context.Context) bool {
 	}
 	pk.wake, pk.fresh = w, true
 	return true
+}
+
+// parkLater is the engine's Options.ParkLater for a run that may not park
+// (its server's _db_updates could not be read): once the verdict expired
+// it opens the wake-up source again on a goroutine of its own, and answers
+// true at the engine's next ask if that worked. It never blocks.
+func (pk *parker) parkLater(ctx context.Context) func() bool {
+	return func() bool {
+		pk.mu.Lock()
+		if pk.wake != nil && !pk.off {
+			pk.mu.Unlock()
+			return true
+		}
+		due := pk.off && !pk.offUntil.IsZero() && !time.Now().Before(pk.offUntil) && !pk.retrying
+		if due {
+			pk.retrying = true
+		}
+		pk.mu.Unlock()
+		if due {
+			go func() {
+				if pk.ensure(ctx) {
+					pk.log.Debug().Msg("replication job: its wake-up source works now; it parks when idle")
+				}
+				pk.mu.Lock()
+				pk.retrying = false
+				pk.mu.Unlock()
+			}()
+		}
+		return false
+	}
 }
 
 // enabled reports whether the next run may park.

@@ -131,6 +131,12 @@ type Options struct {
 	// Result.Parked set and a nil error. The caller, which can tell when
 	// the source changes, waits for that and starts a new run.
 	Park bool
+	// ParkLater, if set while Park is not, is asked every idle_park_after
+	// of an idle continuous run (on a timer: it must not block): true lets
+	// the run park as with Park (the caller's wake-up source works now: a
+	// server whose _db_updates could not be read, asked again once its
+	// verdict expired).
+	ParkLater func() bool
 }
 
 // Result is the outcome of a one-shot run, or of a continuous run that was
@@ -782,7 +788,7 @@ func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimer
 	iv := s.r.o.ProgressInterval
 	tm := &runTimers{s: s, ctx: ctx, abort: abort,
 		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(iv), progWait: iv}
-	if s.r.parks() {
+	if s.r.parks() || s.r.parksLater() {
 		tm.nextPark = now.Add(s.r.p.IdleParkAfter)
 	}
 	tm.mu.Lock() // fire uses tm.t under mu
@@ -887,7 +893,10 @@ func (tm *runTimers) fire() {
 		h(ckpt, prog)
 	}
 	if !ckpt && !prog && !tm.nextPark.IsZero() && !now.Before(tm.nextPark) {
-		if tm.nextPark = s.parkDue(now); !now.Before(tm.nextPark) {
+		if !r.parks() && !r.o.ParkLater() {
+			// Not yet: asked again after idle_park_after.
+			tm.nextPark = now.Add(r.p.IdleParkAfter)
+		} else if tm.nextPark = s.parkDue(now); !now.Before(tm.nextPark) {
 			// Idle for idle_park_after: the pipeline ends, and the run
 			// with a final checkpoint (runState.parked).
 			tm.stopped = true

@@ -189,6 +189,12 @@ func (r *Replication) parks() bool {
 	return r.o.Park && r.p.Continuous && r.p.UseCheckpoints && r.p.IdleParkAfter > 0
 }
 
+// parksLater reports whether a run that may not park now asks again
+// (Options.ParkLater).
+func (r *Replication) parksLater() bool {
+	return !r.o.Park && r.o.ParkLater != nil && r.p.Continuous && r.p.UseCheckpoints && r.p.IdleParkAfter > 0
+}
+
 // parkDue is when the run may park, as seen at now: its last activity
 // plus idle_park_after while its feed works and nothing is in flight, else
 // idle_park_after from now (looked at again then).

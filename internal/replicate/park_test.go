@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -243,5 +244,24 @@ func TestParkStoppedRunDoesNotPark(t *testing.T) {
 	out := <-done
 	if out.err != nil || out.res.Parked != nil {
 		t.Fatalf("stopped run: %v, parked %v", out.err, out.res.Parked)
+	}
+}
+
+// TestParkLater: a run without Options.Park but with ParkLater keeps its
+// feed while ParkLater says no, asked every idle_park_after, and parks once
+// it says yes.
+func TestParkLater(t *testing.T) {
+	f, _ := continuousSource(t)
+	progress, o := progressOptions()
+	p := fakeParams(t, `,"continuous":true`, f.URL+"/src", f.URL+"/tgt")
+	p.IdleParkAfter = 50 * time.Millisecond
+	var asked atomic.Int32
+	o.ParkLater = func() bool { return asked.Add(1) >= 3 }
+	done := make(chan parkOutcome, 1)
+	New(p, o).Start(context.Background(), func(res Result, err error) { done <- parkOutcome{res, err} })
+	awaitWritten(t, progress, noEnd, 1)
+	awaitParked(t, done)
+	if n := asked.Load(); n < 3 {
+		t.Errorf("ParkLater asked %d times, want at least 3 before the run parked", n)
 	}
 }
