@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -730,7 +731,11 @@ func (a *supervisorActor) byPID(pid *actor.PID) *child {
 
 func (a *supervisorActor) removeChild(c *child) {
 	if i := a.indexOf(c); i >= 0 {
-		a.children = append(a.children[:i], a.children[i+1:]...)
+		// slices.Delete clears the freed tail: a removed child (its props,
+		// its options, what they reference) is not kept alive by the
+		// backing array of a simple_one_for_one supervisor that had
+		// thousands of children.
+		a.children = slices.Delete(a.children, i, i+1)
 	}
 }
 
