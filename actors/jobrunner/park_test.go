@@ -104,6 +104,14 @@ type parkRig struct {
 
 func newParkRig(t *testing.T, wake func(context.Context, replicate.Params, replicate.Options) (park.Wake, error), recheck ...time.Duration) *parkRig {
 	t.Helper()
+	return newParkRigWith(t, wake, nil, recheck...)
+}
+
+// newParkRigWith is newParkRig with setup called before the job actor
+// starts (the engine's switches set before its first run).
+func newParkRigWith(t *testing.T, wake func(context.Context, replicate.Params, replicate.Options) (park.Wake, error),
+	setup func(*parkRig), recheck ...time.Duration) *parkRig {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
@@ -161,6 +169,9 @@ func newParkRig(t *testing.T, wake func(context.Context, replicate.Params, repli
 		})
 		pk.Resume = r.resume.Swap(false)
 		return replicate.Result{Stats: st, Parked: pk}, nil
+	}
+	if setup != nil {
+		setup(r)
 	}
 	o := jobrunner.Options{Store: store, Node: "n1", ServerUUID: "u", Logger: zerolog.Nop(), Engine: engine,
 		JobDefaults: defaults, Wake: wake, Rechecks: park.NewRechecks(1000),
@@ -408,9 +419,11 @@ func TestParkFallbacks(t *testing.T) {
 	})
 	t.Run("resume at once", func(t *testing.T) {
 		w := newFakeWake()
-		r := newParkRig(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil })
-		r.resume.Store(true)
-		r.blockFrom.Store(2)
+		r := newParkRigWith(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil },
+			func(r *parkRig) {
+				r.resume.Store(true)
+				r.blockFrom.Store(2)
+			})
 		r.run()
 		if !r.run() {
 			t.Fatal("the resumed run may not park")

@@ -648,10 +648,18 @@ func TestDocumentJobLifecycle(t *testing.T) {
 		return slices.Contains(s.runningOn(t, "worker"), id) && slices.Contains(worker.reg.Jobs(), id)
 	}
 	waitFor(t, "the document's job running on worker", running)
-	first, err := s.store.Get(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Its actor's start writes the record twice (started, then its
+	// replication id claimed, after the start): the version compared below
+	// is the one after both.
+	var first *repjob.Record
+	waitFor(t, "the document's job's replication id claimed", func() bool {
+		r, err := s.store.Get(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = r
+		return r.GetLastUpdated().AsTime().After(r.GetLastStarted().AsTime())
+	})
 	const stopBound = 3 * time.Second
 	if every := s.store.ActivityTimeout() / 3; every <= stopBound {
 		t.Fatalf("lease renewed every %v: the test cannot tell a request from a renewal", every)
