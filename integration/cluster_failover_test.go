@@ -23,6 +23,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/postgres/pgtest"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/testserver"
 )
@@ -108,7 +109,8 @@ type failoverResult struct {
 
 func (r *failoverResult) violate(format string, args ...any) {
 	if len(r.violations) < 200 {
-		r.violations = append(r.violations, fmt.Sprintf(format, args...))
+		// Job ids name their server, with its credentials on a CouchDB.
+		r.violations = append(r.violations, redact.Text(fmt.Sprintf(format, args...)))
 	}
 }
 
