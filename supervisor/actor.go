@@ -3,6 +3,7 @@ package supervisor
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -98,6 +99,11 @@ type supervisorActor struct {
 
 	mode     mode
 	children []*child
+	// names indexes children by name (a name is one child's at a time:
+	// a start for a name still leaving waits, see onStartChild), so that
+	// a start, ack or exit among thousands of dynamic children does not
+	// walk them all.
+	names    map[string]*child
 	restarts []time.Time
 	queue    []*step
 	cur      *step
@@ -129,7 +135,7 @@ func (a *supervisorActor) Receive(ctx actor.Context) {
 		if a.spec.Strategy != SimpleOneForOne {
 			for _, cs := range a.spec.Children {
 				c := &child{spec: cs, state: Stopped}
-				a.children = append(a.children, c)
+				a.addChild(c)
 				a.queue = append(a.queue, &step{kind: stepStart, child: c})
 			}
 		}
@@ -144,7 +150,7 @@ func (a *supervisorActor) Receive(ctx actor.Context) {
 	case *actor.Terminated:
 		a.onTerminated(ctx, msg.Who)
 	case *childAck:
-		a.onAck(ctx, msg.cell)
+		a.onAck(ctx, msg.cell, msg.child)
 	case *stopTimeout:
 		a.onStopTimeout(ctx, msg)
 	case *shutdownRequest:
@@ -202,7 +208,7 @@ func (a *supervisorActor) advance(ctx actor.Context) {
 
 func (a *supervisorActor) execStart(ctx actor.Context, s *step) {
 	c := s.child
-	if c.alive() || c.remove || a.indexOf(c) < 0 {
+	if c.alive() || c.remove || !a.has(c) {
 		if s.reply != nil {
 			s.reply(c.pid, nil)
 		}
@@ -216,7 +222,7 @@ func (a *supervisorActor) execStart(ctx actor.Context, s *step) {
 	c.stopping, c.stopReason, c.killReason, c.timedOut = false, "", "", false
 	c.cell = &cell{log: a.log, deferAck: c.isSupervisor()}
 	self, cl := a.self, c.cell
-	c.cell.onAck = func() { a.system.Root.Send(self, &childAck{cell: cl}) }
+	c.cell.onAck = func() { a.system.Root.Send(self, &childAck{cell: cl, child: c}) }
 	pid, err := a.spawn(ctx, c)
 	if err != nil {
 		c.state = Stopped
@@ -290,7 +296,7 @@ func (a *supervisorActor) execStop(ctx actor.Context, s *step) {
 // execExit applies the restart type and the strategy to an unexpected exit.
 func (a *supervisorActor) execExit(ctx actor.Context, s *step) {
 	c := s.child
-	if c.incarnation != s.incarnation || c.alive() || a.indexOf(c) < 0 {
+	if c.incarnation != s.incarnation || c.alive() || !a.has(c) {
 		return // already restarted (by a sibling's restart) or removed
 	}
 	restart := false
@@ -383,13 +389,18 @@ func (a *supervisorActor) startFailed(ctx actor.Context, s *step, reason string)
 	}
 }
 
-// onAck completes a child's start.
-func (a *supervisorActor) onAck(ctx actor.Context, cl *cell) {
+// onAck completes a child's start (cl: its cell; hint: the child it was
+// made for, if known).
+func (a *supervisorActor) onAck(ctx actor.Context, cl *cell, hint *child) {
 	var c *child
-	for _, x := range a.children {
-		if x.cell == cl {
-			c = x
-			break
+	if hint != nil && hint.cell == cl && a.has(hint) {
+		c = hint
+	} else {
+		for _, x := range a.children {
+			if x.cell == cl {
+				c = x
+				break
+			}
 		}
 	}
 	if c == nil || c.state != Starting {
@@ -434,7 +445,7 @@ func (a *supervisorActor) onTerminated(ctx actor.Context, who *actor.PID) {
 		c.timer = nil
 	}
 	if c.state == Starting && c.cell.isAcked() {
-		a.onAck(ctx, c.cell) // its ack is still queued behind Terminated
+		a.onAck(ctx, c.cell, c) // its ack is still queued behind Terminated
 		if !c.alive() {
 			return
 		}
@@ -602,7 +613,7 @@ func (a *supervisorActor) onStartChild(ctx actor.Context, m *startChildRequest) 
 		return
 	}
 	c := &child{spec: cs.normalized(), state: Stopped}
-	a.children = append(a.children, c)
+	a.addChild(c)
 	a.queue = append(a.queue, &step{kind: stepStart, child: c, dynamic: true, reply: reply})
 	a.advance(ctx)
 }
@@ -712,15 +723,33 @@ func (a *supervisorActor) indexOf(c *child) int {
 }
 
 func (a *supervisorActor) byName(name string) *child {
-	for _, c := range a.children {
-		if c.spec.Name == name {
-			return c
-		}
+	return a.names[name]
+}
+
+// addChild appends c to the children (start order) and indexes its name.
+func (a *supervisorActor) addChild(c *child) {
+	if a.names == nil {
+		a.names = map[string]*child{}
 	}
-	return nil
+	a.children = append(a.children, c)
+	a.names[c.spec.Name] = c
+}
+
+// has reports whether c is one of the children.
+func (a *supervisorActor) has(c *child) bool {
+	return c != nil && a.names[c.spec.Name] == c
 }
 
 func (a *supervisorActor) byPID(pid *actor.PID) *child {
+	if pid == nil {
+		return nil
+	}
+	// A child's actor is spawned under the supervisor with its name.
+	if i := strings.LastIndex(pid.Id, "/"); i >= 0 {
+		if c := a.names[pid.Id[i+1:]]; c != nil && c.pid != nil && c.pid.Id == pid.Id && c.alive() {
+			return c
+		}
+	}
 	for _, c := range a.children {
 		if c.pid != nil && pid != nil && c.pid.Id == pid.Id && c.alive() {
 			return c
@@ -730,6 +759,9 @@ func (a *supervisorActor) byPID(pid *actor.PID) *child {
 }
 
 func (a *supervisorActor) removeChild(c *child) {
+	if a.names[c.spec.Name] == c {
+		delete(a.names, c.spec.Name)
+	}
 	if i := a.indexOf(c); i >= 0 {
 		// slices.Delete clears the freed tail: a removed child (its props,
 		// its options, what they reference) is not kept alive by the

@@ -2,6 +2,7 @@ package supervisor_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,6 +61,40 @@ func BenchmarkRestartLatency(b *testing.B) {
 			}
 			b.StopTimer()
 			b.ReportMetric(float64(childTime.Nanoseconds())/float64(b.N), "child-ns/op")
+		})
+	}
+}
+
+// BenchmarkStartChildren starts 20,000 dynamic children under one
+// simple_one_for_one supervisor (a node's job actors after a _bulk_docs of
+// 20,000 _replicator documents), one StartChild after the other or 64 at
+// once (the accept loop's batch), and reports the time per child: a start
+// among thousands of children must not walk them all.
+func BenchmarkStartChildren(b *testing.B) {
+	const children = 20000
+	for _, batch := range []int{1, 64} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
+			for range b.N {
+				system := newSystem(b)
+				sup := startTree(b, system, "jobs", supervisor.Spec{Strategy: supervisor.SimpleOneForOne,
+					MaxRestarts: 10, Period: time.Hour, Children: []supervisor.ChildSpec{idleChild("job", supervisor.Temporary)}})
+				ctx := testContext(b)
+				start := time.Now()
+				for i := 0; i < children; i += batch {
+					var wg sync.WaitGroup
+					for k := i; k < min(i+batch, children); k++ {
+						wg.Add(1)
+						go func() {
+							defer wg.Done()
+							if _, err := supervisor.StartChild(ctx, system, sup.PID(), fmt.Sprintf("job-%08d", k), nil); err != nil {
+								b.Error(err)
+							}
+						}()
+					}
+					wg.Wait()
+				}
+				b.ReportMetric(float64(time.Since(start).Microseconds())/children, "µs/child")
+			}
 		})
 	}
 }

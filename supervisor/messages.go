@@ -6,7 +6,10 @@ import "github.com/asynkron/protoactor-go/actor"
 // (protoactor remote is off), so replies travel on buffered channels.
 
 // childAck: the child owning cell acknowledged its start.
-type childAck struct{ cell *cell }
+type childAck struct {
+	cell  *cell
+	child *child // the child cell was made for
+}
 
 // stopTimeout: the shutdown timer of child's incarnation fired.
 type stopTimeout struct {
