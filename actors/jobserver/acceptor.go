@@ -3,6 +3,7 @@ package jobserver
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -234,17 +235,39 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		for _, r := range releases[len(runs):] {
 			r()
 		}
-		for i, run := range runs {
-			if !a.start(ctx, system, jobsSup, run, releases[i]) {
-				// The rest of the batch goes back to the queue.
-				for k, rest := range runs[i+1:] {
-					a.handBack(rest)
-					releases[i+1+k]()
-				}
-				return
-			}
+		if !a.startAll(ctx, system, jobsSup, runs, releases) {
+			return
 		}
 	}
+}
+
+// startAll starts the actors of a batch of accepted runs (releases[i] is
+// runs[i]'s slot) and returns false when the loop must end. One run starts
+// as start does; a batch's actors are started at once: jobs_sup queues the
+// starts and runs them back to back, where one StartChild after the other
+// cost the loop a round trip to jobs_sup per job (on a busy machine a few
+// milliseconds each: the accept loop's own limit at thousands of jobs).
+// Every run is started or handed back before startAll returns, so that
+// once the loop returned every job it accepted is in the registry.
+func (a *acceptor) startAll(ctx context.Context, system *actor.ActorSystem, jobsSup *actor.PID, runs []*repjob.Run, releases []func()) bool {
+	if len(runs) == 1 {
+		return a.start(ctx, system, jobsSup, runs[0], releases[0])
+	}
+	var (
+		wg   sync.WaitGroup
+		stop atomic.Bool
+	)
+	for i, run := range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !a.start(ctx, system, jobsSup, run, releases[i]) {
+				stop.Store(true)
+			}
+		}()
+	}
+	wg.Wait()
+	return !stop.Load()
 }
 
 // handBack puts an accepted run whose actor never started back in the
