@@ -39,6 +39,11 @@ type failoverParams struct {
 	// sample is how many user databases get a write during and one after
 	// the kill (half of them the victim's).
 	sample int
+	// written is how many user databases (spread evenly over them) hold a
+	// document before the jobs are added: their jobs replicate it and
+	// checkpoint at the start; the others' databases are empty, as most
+	// of a per-user deployment's are idle (0: all empty).
+	written int
 	// strict: a job that crashes is a finding, and each job must have run
 	// exactly once per node it was seen on (else crashes are counted, and
 	// a crashed job may run again anywhere).
@@ -161,6 +166,15 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 	}
 	if err := parallel(16, p.jobs, func(i int) error { return putDB(srv.DBURL(userDB(i)) + create) }); err != nil {
 		tb.Fatalf("creating the user databases: %v", err)
+	}
+	if p.written > 0 {
+		n := min(p.written, p.jobs)
+		if err := parallel(16, n, func(k int) error {
+			i := k * p.jobs / n
+			return putUserDoc(srv.DBURL(userDB(i))+userDB(i)+"-preloaded", p.settle)
+		}); err != nil {
+			tb.Fatalf("writing to the user databases: %v", err)
+		}
 	}
 	res.createDBs = time.Since(t0)
 
@@ -403,12 +417,18 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 			survivorsIDs = append(survivorsIDs, js...)
 		}
 	}
+	inSample := map[int]bool{}
 	for k := range p.sample {
 		from := victimIDs
 		if k%2 == 1 {
 			from = survivorsIDs
 		}
-		sample = append(sample, byID[from[k/2*len(from)/max(1, p.sample/2+1)]])
+		// A small run may pick a database twice: once (a second write of
+		// the same document would conflict).
+		if i := byID[from[k/2*len(from)/max(1, p.sample/2+1)]]; !inSample[i] {
+			inSample[i] = true
+			sample = append(sample, i)
+		}
 	}
 	var victimNode *clusterNode
 	for _, n := range c.nodes {
@@ -581,8 +601,8 @@ func runClusterFailover(tb testing.TB, p failoverParams) *failoverResult {
 		DocCount int `json:"doc_count"`
 	}
 	srv.GetJSON(tb, central, &info)
-	if info.DocCount != len(written) {
-		res.violate("central database has %d documents, want the %d written", info.DocCount, len(written))
+	if want := len(written) + min(p.written, p.jobs); info.DocCount != want {
+		res.violate("central database has %d documents, want the %d written", info.DocCount, want)
 	}
 	return res
 }
@@ -758,7 +778,10 @@ func TestClusterFailover(t *testing.T) {
 // (idle_park_after 10 s, COUCHREP_CLUSTER_BENCH_PARK; 0 never parks), each
 // node's and PostgreSQL's load over 30 s idle (COUCHREP_CLUSTER_BENCH_IDLE),
 // the time until the jobs of the SIGKILLed node run on the other two and
-// park again, and the store's load meanwhile. COUCHREP_HARNESS_ECHO=1
+// park again, and the store's load meanwhile. The user databases are empty
+// but for the writes of the checks (their jobs' starts write no
+// checkpoint); COUCHREP_CLUSTER_BENCH_WRITTEN=n gives n of them (spread
+// evenly) a document before the jobs are added. COUCHREP_HARNESS_ECHO=1
 // shows the progress as it happens.
 //
 //	go test -run '^$' -bench ClusterFailover -benchtime 1x -timeout 120m ./integration/
@@ -776,8 +799,12 @@ func BenchmarkClusterFailover(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_PARK")); err == nil && v >= 0 {
 		park = v
 	}
+	written := 0
+	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_WRITTEN")); err == nil && v >= 0 {
+		written = v
+	}
 	for range b.N {
-		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle, parkAfter: park,
+		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle, parkAfter: park, written: written,
 			poll: time.Second, settle: 10 * time.Minute, logLevel: "warn",
 			// The default heartbeat (the harness's is 250 ms): the idle
 			// store load is then the jobs' and the leases'.
@@ -805,8 +832,8 @@ func BenchmarkClusterFailover(b *testing.B) {
 			per = append(per, fmt.Sprintf("%s=%d", nd, res.perNode[nd]))
 		}
 		sort.Strings(per)
-		b.Logf("%d jobs (timeout %v): databases created in %v, jobs added in %v, all running after %v (%s), replicating after %v",
-			n, timeout, res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
+		b.Logf("%d jobs (timeout %v, %d databases written before the add): databases created in %v, jobs added in %v, all running after %v (%s), replicating after %v",
+			n, timeout, min(written, n), res.createDBs.Round(time.Millisecond), res.addJobs.Round(time.Millisecond), res.allRunning.Round(time.Millisecond),
 			strings.Join(per, " "), res.ready.Round(time.Millisecond))
 		for _, l := range res.idle {
 			b.Logf("idle %v: %v", idle, l)
