@@ -781,7 +781,9 @@ func TestClusterFailover(t *testing.T) {
 // park again, and the store's load meanwhile. The user databases are empty
 // but for the writes of the checks (their jobs' starts write no
 // checkpoint); COUCHREP_CLUSTER_BENCH_WRITTEN=n gives n of them (spread
-// evenly) a document before the jobs are added. COUCHREP_HARNESS_ECHO=1
+// evenly) a document before the jobs are added. Each wait (all running,
+// parked, failover, a write arriving) is bounded by 10 minutes
+// (COUCHREP_CLUSTER_BENCH_SETTLE). COUCHREP_HARNESS_ECHO=1
 // shows the progress as it happens.
 //
 //	go test -run '^$' -bench ClusterFailover -benchtime 1x -timeout 120m ./integration/
@@ -803,9 +805,13 @@ func BenchmarkClusterFailover(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("COUCHREP_CLUSTER_BENCH_WRITTEN")); err == nil && v >= 0 {
 		written = v
 	}
+	settle := 10 * time.Minute
+	if v, err := time.ParseDuration(os.Getenv("COUCHREP_CLUSTER_BENCH_SETTLE")); err == nil && v > 0 {
+		settle = v
+	}
 	for range b.N {
 		res := runClusterFailover(b, failoverParams{jobs: n, timeout: timeout, sample: 20, idle: idle, parkAfter: park, written: written,
-			poll: time.Second, settle: 10 * time.Minute, logLevel: "warn",
+			poll: time.Second, settle: settle, logLevel: "warn",
 			// The default heartbeat (the harness's is 250 ms): the idle
 			// store load is then the jobs' and the leases'.
 			env: []string{"COUCHREP_COUCHREP_HEARTBEAT_INTERVAL=5000"}})
