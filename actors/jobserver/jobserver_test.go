@@ -650,7 +650,9 @@ func TestDocumentJobLifecycle(t *testing.T) {
 	waitFor(t, "the document's job running on worker", running)
 	// Its actor's start writes the record twice (started, then its
 	// replication id claimed, after the start): the version compared below
-	// is the one after both.
+	// is the one after both. The store says the job runs from its accept,
+	// before either write: a record without last_started is not started
+	// yet (its zero time is before any update).
 	var first *repjob.Record
 	waitFor(t, "the document's job's replication id claimed", func() bool {
 		r, err := s.store.Get(ctx, id)
@@ -658,7 +660,7 @@ func TestDocumentJobLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		first = r
-		return r.GetLastUpdated().AsTime().After(r.GetLastStarted().AsTime())
+		return r.GetLastStarted() != nil && r.GetLastUpdated().AsTime().After(r.GetLastStarted().AsTime())
 	})
 	const stopBound = 3 * time.Second
 	if every := s.store.ActivityTimeout() / 3; every <= stopBound {
