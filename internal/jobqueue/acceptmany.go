@@ -20,10 +20,13 @@ const maxAcceptMany = 256
 // back to the queue), where one transaction per job made the accept loop
 // the bottleneck. It reads a window of the queue head (about 16 n keys,
 // lowest priority first) and takes a run of up to n consecutive pending
-// jobs starting at a random place in it, so that the acceptors of several
-// nodes taking batches at once rarely collide (a collision costs the loser
-// one attempt); their records are read in one round trip where the store
-// allows (kv.GetMany). With opts.Wait it waits, as Accept does, for at
+// jobs starting at a random place among its first Options.AcceptSpread
+// keys, the head Accept picks from: no job is passed over by more than
+// AcceptSpread-1 others (with AcceptSpread 1, the batch is the head in
+// priority order), and the acceptors of several nodes taking batches at
+// once start at different places (a collision costs the loser one
+// attempt, which reads the head the winner left). Their records are read
+// in one round trip where the store allows (kv.GetMany). With opts.Wait it waits, as Accept does, for at
 // least one job. n < 2 is Accept. AcceptMany ignores the head keys cached
 // by Accept (it reads the head itself).
 func (q *Queue) AcceptMany(ctx context.Context, typ string, n int, opts AcceptOptions) ([]*Job, error) {
@@ -122,8 +125,11 @@ func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions) ([
 		}
 		want := n - len(jobs)
 		from := 0
-		if len(cands) > want {
-			from = mrand.IntN(len(cands) - want + 1)
+		if len(cands) > want && q.spread > 1 {
+			// Within Accept's reach of the head, not anywhere in the
+			// window: a run from deep in it started jobs up to 15 n
+			// places ahead of their turn.
+			from = mrand.IntN(min(len(cands)-want, q.spread-1) + 1)
 		}
 		run := cands[from:min(len(cands), from+want)]
 		ids := make([]string, len(run))

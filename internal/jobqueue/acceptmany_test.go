@@ -3,6 +3,7 @@ package jobqueue
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +14,8 @@ import (
 // TestAcceptMany: one AcceptMany takes up to n pending jobs, each running
 // under its own lock and held under the lease (the lease records agree
 // with the job records), skips stale entries, takes no more than what is
-// pending, then waits or reports ErrNotFound; two nodes taking batches at
+// pending, then waits or reports ErrNotFound; a batch starts within
+// AcceptSpread of the head (the head itself with AcceptSpread 1); two nodes taking batches at
 // once take every job exactly once; the jobs it took work as Accept's do
 // (Finish), and a dead lease makes it fail with ErrLeaseLost.
 func TestAcceptMany(t *testing.T) {
@@ -49,6 +51,13 @@ func TestAcceptMany(t *testing.T) {
 		}
 		if len(jobs) != 10 {
 			t.Fatalf("took %d jobs, want 10", len(jobs))
+		}
+		// The batch starts among the first AcceptSpread (16) pending jobs:
+		// none of it lies beyond j26 (j03 was removed).
+		for _, j := range jobs {
+			if j.ID() > "j26" {
+				t.Fatalf("batch %v: %s is more than AcceptSpread jobs past the head", ids(jobs), j.ID())
+			}
 		}
 		take(jobs)
 		jobs, err = b.q.AcceptMany(b.ctx, typA, 100, AcceptOptions{Lease: l, Wait: true})
@@ -139,6 +148,25 @@ func TestAcceptMany(t *testing.T) {
 			}
 		}
 
+		// With AcceptSpread 1 the batch is the head, in priority order.
+		strict := New(b.db, Options{NodeName: "n3", Clock: b.clock.Now, AcceptSpread: 1})
+		for i := range 40 {
+			mustAdd(t, b, fmt.Sprintf("s%02d", i), AddOptions{Priority: uint64(i)})
+		}
+		for round := range 4 {
+			jobs, err := strict.AcceptMany(b.ctx, typA, 5, AcceptOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []string
+			for i := range 5 {
+				want = append(want, fmt.Sprintf("s%02d", 5*round+i))
+			}
+			if got := ids(jobs); !slices.Equal(got, want) {
+				t.Fatalf("AcceptSpread 1, batch %d: %v, want the head %v", round, got, want)
+			}
+		}
+
 		// A lease the monitor found dead takes nothing.
 		mustAdd(t, b, "late", AddOptions{})
 		m := b.q.NewMonitor(MonitorOptions{})
@@ -151,4 +179,12 @@ func TestAcceptMany(t *testing.T) {
 			t.Fatalf("accept under an expired lease: %v, want ErrLeaseLost", err)
 		}
 	})
+}
+
+func ids(jobs []*Job) []string {
+	out := make([]string, len(jobs))
+	for i, j := range jobs {
+		out[i] = j.ID()
+	}
+	return out
 }
