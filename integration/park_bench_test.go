@@ -55,7 +55,11 @@ func BenchmarkParkedMemory(b *testing.B) {
 // (COUCHREP_PARKED_MAX_JOBS): parked jobs take no slot, so the node runs
 // all N with at most max_jobs active at once. N jobs are added through
 // POST /_replicate, then couchrepd's RSS is read once every job is parked
-// and the node stayed idle for 30 s, against its RSS before the jobs.
+// and the node stayed idle for 30 s (RSS-B/job), and again after 90 s
+// (RSS-B/job-90s: the GC governor's idle collection, three quiet windows
+// of 10 s, has returned the free heap to the OS: the node's steady state),
+// against its RSS before the jobs; each is logged with its breakdown
+// (daemonMemory).
 func benchParkedDaemon(b *testing.B, n int) {
 	base := startIdleCouch(b)
 	dir := b.TempDir()
@@ -69,6 +73,7 @@ func benchParkedDaemon(b *testing.B, n int) {
 	addr := node.httpAddr("")
 	time.Sleep(5 * time.Second) // the node settles before the baseline
 	before := procRSS(node.cmd.Process.Pid)
+	b.Logf("couchrepd before the jobs: %s", daemonMemory(b, &http.Client{}, addr, node.cmd.Process.Pid, dir))
 	b.ResetTimer()
 	start := time.Now()
 	client := &http.Client{}
@@ -121,6 +126,11 @@ func benchParkedDaemon(b *testing.B, n int) {
 	}
 	b.ReportMetric((float64(after)-float64(before))/float64(n), "RSS-B/job")
 	b.ReportMetric(allParked.Seconds(), "s-to-all-parked")
+	b.Logf("couchrepd, jobs=%d, 30 s idle: %s", n, daemonMemory(b, client, addr, node.cmd.Process.Pid, dir))
+	time.Sleep(60 * time.Second) // the governor's idle collection has run (three quiet windows of 10 s)
+	after90 := procRSS(node.cmd.Process.Pid)
+	b.ReportMetric((float64(after90)-float64(before))/float64(n), "RSS-B/job-90s")
+	b.Logf("couchrepd, jobs=%d, 90 s idle: %s", n, daemonMemory(b, client, addr, node.cmd.Process.Pid, dir))
 	b.Logf("couchrepd, jobs=%d, max_jobs %d: RSS %d -> %d, all parked in %s; load %s", n, maxJobs, before, after,
 		allParked.Round(time.Millisecond), loadAvg())
 }
@@ -277,4 +287,45 @@ func BenchmarkParkRecheck(b *testing.B) {
 			}
 		})
 	}
+}
+
+// daemonMemory breaks couchrepd's RSS down: the Go runtime's view from
+// /metrics (heap in use, heap free but not returned, stacks, the runtime's
+// own structures), the rest of the RSS (outside the Go runtime: SQLite's
+// C memory, modernc.org/libc's allocator, binary text), the process's
+// anonymous and file-backed RSS, and the store file's size.
+func daemonMemory(b *testing.B, client *http.Client, addr string, pid int, dir string) string {
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	val := func(name string) float64 {
+		m := regexp.MustCompile(`(?m)^` + name + ` (\S+)$`).FindSubmatch(body)
+		if m == nil {
+			return -1
+		}
+		v, _ := strconv.ParseFloat(string(m[1]), 64)
+		return v
+	}
+	mb := func(v float64) string { return fmt.Sprintf("%.1f MB", v/1e6) }
+	sys, inuse, idle, released := val("go_memstats_sys_bytes"), val("go_memstats_heap_inuse_bytes"),
+		val("go_memstats_heap_idle_bytes"), val("go_memstats_heap_released_bytes")
+	stacks := val("go_memstats_stack_sys_bytes")
+	rt := val("go_memstats_mspan_sys_bytes") + val("go_memstats_mcache_sys_bytes") +
+		val("go_memstats_buck_hash_sys_bytes") + val("go_memstats_gc_sys_bytes") + val("go_memstats_other_sys_bytes")
+	rss := float64(procRSS(pid))
+	anon := float64(statusBytes(fmt.Sprintf("/proc/%d/status", pid), "RssAnon:"))
+	file := float64(statusBytes(fmt.Sprintf("/proc/%d/status", pid), "RssFile:"))
+	var store int64
+	ents, _ := filepath.Glob(filepath.Join(dir, "*"))
+	for _, e := range ents {
+		if fi, err := os.Stat(e); err == nil && fi.Mode().IsRegular() {
+			store += fi.Size()
+		}
+	}
+	return fmt.Sprintf("RSS %s (anon %s, file %s); Go: heap alloc %s, heap in use %s, heap free not released %s, released %s, stacks %s, runtime %s, mapped not released %s; anonymous outside Go (RSS anon - Go mapped) %s; data dir files %s; goroutines %.0f",
+		mb(rss), mb(anon), mb(file), mb(val("go_memstats_heap_alloc_bytes")), mb(inuse), mb(idle-released), mb(released), mb(stacks), mb(rt),
+		mb(sys-released), mb(anon-(sys-released)), mb(float64(store)), val("go_goroutines"))
 }
