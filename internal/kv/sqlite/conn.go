@@ -1,6 +1,10 @@
 package sqlite
 
-import "github.com/couchrep/couchrep/internal/kv/kvbuf"
+import (
+	"fmt"
+
+	"github.com/couchrep/couchrep/internal/kv/kvbuf"
+)
 
 const (
 	qGet       = "SELECT v FROM kv WHERE k = ?"
@@ -73,6 +77,9 @@ type readerConn struct {
 	pragmaDataVersion, getCommit *cstmt // the watch poller's
 }
 
+// readerCacheKiB bounds each reader connection's page cache.
+const readerCacheKiB = 256
+
 func (db *DB) getReader() (*readerConn, error) {
 	select {
 	case r := <-db.readers:
@@ -84,6 +91,14 @@ func (db *DB) getReader() (*readerConn, error) {
 		return nil, err
 	}
 	if err := c.execOnce("PRAGMA query_only = 1"); err != nil {
+		c.close()
+		return nil, err
+	}
+	// A reader's page cache is emptied whenever it starts a snapshot after
+	// another commit, so a big one buys little; SQLite's default (2 MB)
+	// on each of up to 64 pooled readers is C memory a node holds for
+	// good once a wave of jobs has read through them.
+	if err := c.execOnce(fmt.Sprintf("PRAGMA cache_size = -%d", readerCacheKiB)); err != nil {
 		c.close()
 		return nil, err
 	}
