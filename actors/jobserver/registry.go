@@ -252,11 +252,20 @@ func (r *Registry) acquireFor(ctx context.Context, max func() int, woken bool) (
 }
 
 // setAccepting records how to end the accept loop's wait in the queue
-// (nil: it is not waiting).
+// (nil: it is not waiting). A woken job already waiting for a slot is
+// owed the one the loop holds: the wait ends at once (yield is called).
+// A woken job that came to acquireFor between the loop's acquire and this
+// call found no wait to end and slept until a slot came free: with the
+// loop's wait the only slot taken, forever.
 func (r *Registry) setAccepting(yield func()) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if yield != nil && r.woken > 0 {
+		r.yieldAccept = nil
+		yield()
+		return
+	}
 	r.yieldAccept = yield
-	r.mu.Unlock()
 }
 
 // tryAcquire takes up to n more free slots without waiting and returns
