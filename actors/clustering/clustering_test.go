@@ -58,7 +58,7 @@ func startMember(t *testing.T, db kv.Database, name string, types ...string) (*m
 	})
 	t.Cleanup(func() { system.EventStream.Unsubscribe(sub) })
 	spec := supervisor.ChildSpec{Name: clustering.Name, Props: clustering.Props(deps, clustering.Options{
-		Interval: 20 * time.Millisecond, Quiet: 100 * time.Millisecond, FailAfter: 200 * time.Millisecond})}
+		Interval: 250 * time.Millisecond, Quiet: 100 * time.Millisecond, FailAfter: 200 * time.Millisecond})}
 	sup, err := supervisor.Start(t.Context(), system, "couchrep_sup", supervisor.Spec{
 		Strategy: supervisor.OneForOne, MaxRestarts: 3, Period: time.Second, Children: []supervisor.ChildSpec{spec}})
 	if err != nil {

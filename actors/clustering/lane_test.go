@@ -97,7 +97,7 @@ func TestHeartbeatWhileStoreSaturated(t *testing.T) {
 	saturated := time.Now()
 
 	// Heartbeats go on: the record's heartbeat passes the time the pool
-	// filled, again and again (the member's interval is 20 ms), and the
+	// filled, again and again (the member's interval is 250 ms), and the
 	// node is alive to another node.
 	deadline := time.Now().Add(time.Minute)
 	beats := 0
