@@ -148,6 +148,15 @@ func TestCouchDBUsers(t *testing.T) {
 	wantError(t, "ann cancels joe's job by its body", call(addrA, "POST", "/_replicate", "application/json",
 		`{"source":"`+withAdmin(src)+`","target":"`+withAdmin(tgt)+`","continuous":true,"cancel":true}`, "ann", "ann-pw", ""),
 		401, "unauthorized", notAdmin)
+	// ann POSTing joe's replication: CouchDB 3.4.3's check_authorization
+	// (couch_replicator.erl): 401, and joe's job stays the only one.
+	wantError(t, "ann POSTs joe's replication", call(addrA, "POST", "/_replicate", "application/json",
+		`{"source":"`+withAdmin(src)+`","target":"`+withAdmin(tgt)+`","continuous":true}`, "ann", "ann-pw", ""),
+		401, "unauthorized", notAdmin)
+	if r := call(addrA, "GET", "/_scheduler/jobs", "", "", "adm", "adm-pw", ""); r.status != 200 ||
+		r.obj(t)["total_rows"] != float64(1) || !strings.Contains(string(r.body), `"user":"joe"`) {
+		t.Fatalf("after ann's POST, _scheduler/jobs: %d %s", r.status, r.body)
+	}
 	wantError(t, "joe reads _scheduler/jobs", call(addrA, "GET", "/_scheduler/jobs", "", "", "joe", "erly-pw", ""), 403, "forbidden", notAdmin)
 	wantError(t, "joe reads _scheduler/docs", call(addrA, "GET", "/_scheduler/docs", "", "", "joe", "erly-pw", ""), 403, "forbidden", notAdmin)
 	wantError(t, "joe reads _active_tasks", call(addrA, "GET", "/_active_tasks", "", "", "joe", "erly-pw", ""), 401, "unauthorized", notAdmin)

@@ -40,7 +40,7 @@ func (m *memStore) TransientJobID(body []byte, user string) (string, error) {
 	return repjob.TransientJobID(p, user, uuid), nil
 }
 
-func (m *memStore) AddTransient(_ context.Context, body []byte, user string) (*httpapi.Job, error) {
+func (m *memStore) AddTransient(_ context.Context, body []byte, user string, _ bool) (*httpapi.Job, error) {
 	if m.down {
 		return nil, errStoreDown
 	}

@@ -55,8 +55,11 @@ func notFound(err error) error {
 }
 
 // AddTransient implements Store.
-func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string) (*Job, error) {
-	res, err := a.store.AddTransient(ctx, body, user)
+func (a *RepjobStore) AddTransient(ctx context.Context, body []byte, user string, admin bool) (*Job, error) {
+	res, err := a.store.AddTransientAs(ctx, body, user, admin)
+	if errors.Is(err, repjob.ErrOtherUser) {
+		return nil, fmt.Errorf("%w: %w", ErrOtherUser, err)
+	}
 	if err != nil {
 		return nil, err
 	}

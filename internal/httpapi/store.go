@@ -15,6 +15,10 @@ import (
 // not exist.
 var ErrNotFound = errors.New("httpapi: job not found")
 
+// ErrOtherUser is wrapped by Store.AddTransient's error when another
+// user's live job runs the replication and the caller is not an admin.
+var ErrOtherUser = errors.New("httpapi: another user's job runs this replication")
+
 // Job is one replication job as the API shows it: the store's record
 // translated into plain fields.
 type Job struct {
@@ -71,8 +75,12 @@ type Store interface {
 	// AddTransient adds the transient replication described by body (a
 	// valid POST /_replicate body) for user and returns the job as stored
 	// (no second read). Adding a replication identical to a pending or
-	// running one is a no-op that returns the existing job.
-	AddTransient(ctx context.Context, body []byte, user string) (*Job, error)
+	// running one is a no-op that returns the existing job. When a live
+	// job of another user owns the same replication id, a user who is not
+	// an admin gets an error wrapping ErrOtherUser (CouchDB's 401 "You
+	// are not a server admin.") and nothing changes; an admin's replaces
+	// another user's transient job.
+	AddTransient(ctx context.Context, body []byte, user string, admin bool) (*Job, error)
 	// TransientJobID derives, without network calls, the job id
 	// AddTransient gives body and user.
 	TransientJobID(body []byte, user string) (string, error)

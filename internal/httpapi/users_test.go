@@ -276,6 +276,35 @@ func TestUsersOwnJobs(t *testing.T) {
 		return e.call(call{method: "POST", path: "/_replicate", ctype: "application/json", user: user, pass: pass,
 			body: `{"source":"` + src + `","target":"` + tgtURL + `","continuous":true,"cancel":true}`})
 	}
+	// Another user who is not an admin POSTing the same replication:
+	// CouchDB's check_authorization, 401, and still one job.
+	again := e.call(call{method: "POST", path: "/_replicate", ctype: "application/json", user: "ann", pass: "ann-pw",
+		body: `{"source":"` + srcURL + `","target":"` + tgtURL + `","continuous":true}`})
+	assertError(t, again, 401, "unauthorized", "You are not a server admin.")
+	if m := again.json(t); m["reason"] != "You are not a server admin." {
+		t.Fatalf("reason %q", m["reason"])
+	}
+	jobsOf := func() map[string]int {
+		t.Helper()
+		r := e.call(call{path: "/_scheduler/jobs", user: "admin", pass: "admin-pw"})
+		var v struct {
+			Jobs []struct {
+				ID   string `json:"id"`
+				User string `json:"user"`
+			} `json:"jobs"`
+		}
+		if err := json.Unmarshal(r.body, &v); err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, j := range v.Jobs {
+			n[j.ID+" "+j.User]++
+		}
+		return n
+	}
+	if n := jobsOf(); len(n) != 2 || n[joeJob+" joe"] != 1 {
+		t.Fatalf("after ann's POST of joe's replication, _scheduler/jobs: %v", n)
+	}
 	assertError(t, cancel(joeJob, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
 	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
 	assertError(t, cancel(bossJob, "joe", "erly-pw"), 401, "unauthorized", "You are not a server admin.")

@@ -32,7 +32,12 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	if req.Cancel {
 		return s.cancel(w, r, req, body, user)
 	}
-	added, err := s.store.AddTransient(ctx, body, user)
+	added, err := s.store.AddTransient(ctx, body, user, userCtxOf(ctx).IsAdmin())
+	if errors.Is(err, ErrOtherUser) {
+		// couch_replicator:check_authorization: another user's job runs
+		// this replication id.
+		return errorf(http.StatusUnauthorized, "unauthorized", "You are not a server admin.")
+	}
 	if err != nil {
 		return err
 	}

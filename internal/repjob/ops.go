@@ -62,6 +62,10 @@ type newJob struct {
 	shareKey       string
 	transient      bool
 	runAgain       bool
+	// checkOwner (AddTransientAs): another user's live job of the same
+	// replication id refuses the job (ErrOtherUser) unless admin, and is
+	// replaced when admin.
+	checkOwner, admin bool
 }
 
 // AddTransient adds the job of a POST /_replicate body for user. The same
@@ -75,6 +79,26 @@ func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (Add
 	}
 	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_TRANSIENT, id: TransientJobID(p, user, s.uuid),
 		user: user, body: compact(body), params: p, shareKey: share.Key("", user), transient: true}
+	return s.add(ctx, j)
+}
+
+// AddTransientAs is AddTransient for a POST /_replicate of user, who is a
+// server admin or not, with CouchDB's rule for a replication another user
+// already runs (couch_replicator:check_authorization): when a live job of
+// another user (transient or a _replicator document's) owns the
+// replication id, a user who is not an admin gets an error wrapping
+// ErrOtherUser and nothing changes; an admin's job replaces another user's
+// transient job (stopped and removed in the same transaction), as
+// CouchDB's scheduler replaces a job of the same id. Either way one job
+// runs the replication.
+func (s *Store) AddTransientAs(ctx context.Context, body []byte, user string, admin bool) (AddResult, error) {
+	p, err := replicate.ParseParams(body)
+	if err != nil {
+		return AddResult{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	j := newJob{kind: messages.ReplicationKind_REPLICATION_KIND_TRANSIENT, id: TransientJobID(p, user, s.uuid),
+		user: user, body: compact(body), params: p, shareKey: share.Key("", user), transient: true,
+		checkOwner: true, admin: admin}
 	return s.add(ctx, j)
 }
 
@@ -185,6 +209,11 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 			return res, err
 		}
 	}
+	if j.checkOwner && j.repID != "" {
+		if err := s.checkOwnerTx(tx, j); err != nil {
+			return res, err
+		}
+	}
 	m := &messages.ReplicationJob{
 		Kind: j.kind, JobId: j.id, Server: j.server, DbName: j.db, DocId: j.docID, User: j.user,
 		Body: j.body, RepId: j.repID, BaseId: j.base, State: StatePending.Proto(),
@@ -213,6 +242,38 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 		return res, err
 	}
 	return res, nil
+}
+
+// checkOwnerTx applies AddTransientAs' rule to the live job owning j's
+// replication id, if another user's.
+func (s *Store) checkOwnerTx(tx kv.Tx, j newJob) error {
+	owner, err := tx.Get(s.k.repIDKey(j.repID))
+	if err != nil || owner == nil || string(owner) == j.id {
+		return err
+	}
+	info, err := s.q.GetTx(tx, JobType, string(owner))
+	switch {
+	case errors.Is(err, jobqueue.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	case info.State == jobqueue.StateFinished:
+		return nil
+	}
+	rec, err := recordFromInfo(info)
+	if err != nil {
+		return err
+	}
+	switch {
+	case rec.GetUser() == j.user:
+		return nil
+	case !j.admin:
+		return fmt.Errorf("%w: replication %s", ErrOtherUser, j.repID)
+	case rec.GetKind() != messages.ReplicationKind_REPLICATION_KIND_TRANSIENT:
+		return nil // a document's job follows its document
+	}
+	_, err = s.removeTx(tx, info, "replaced by an admin's POST /_replicate")
+	return err
 }
 
 // retire undoes what a job being replaced holds: the quantum a pending job

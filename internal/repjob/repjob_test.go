@@ -849,3 +849,60 @@ func TestAcceptAfterTheLeaseExpired(t *testing.T) {
 		t.Fatalf("start under the expired lease's run: %v, want lost", err)
 	}
 }
+
+// TestAddTransientAs: CouchDB 3.4.3's couch_replicator:check_authorization
+// for a POST /_replicate of a replication another user's live job runs: a
+// user who is not an admin is refused (ErrOtherUser, nothing changes), an
+// admin's job replaces the other user's; the owner's own POST is the same
+// job; either way one live job has the replication id.
+func TestAddTransientAs(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		b := body("http://a:5984/src", "http://b:5984/tgt", `,"continuous":true`)
+		joe, err := e.store.AddTransientAs(ctx, b, "joe", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live := func() []string {
+			t.Helper()
+			var ids []string
+			recs, err := e.store.List(ctx, repjob.Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if !r.State().Terminal() {
+					ids = append(ids, r.GetUser())
+				}
+			}
+			slices.Sort(ids)
+			return ids
+		}
+		for _, c := range []struct {
+			name    string
+			user    string
+			admin   bool
+			wantErr error
+			want    []string
+		}{
+			{"the owner again: the same job", "joe", false, nil, []string{"joe"}},
+			{"another user, not an admin: refused", "ann", false, repjob.ErrOtherUser, []string{"joe"}},
+			{"an admin: replaces joe's job", "boss", true, nil, []string{"boss"}},
+			{"joe, not an admin, now refused", "joe", false, repjob.ErrOtherUser, []string{"boss"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				r, err := e.store.AddTransientAs(ctx, b, c.user, c.admin)
+				if !errors.Is(err, c.wantErr) {
+					t.Fatalf("error %v, want %v", err, c.wantErr)
+				}
+				if err == nil && r.RepID != joe.RepID {
+					t.Fatalf("rep id %q, want %q", r.RepID, joe.RepID)
+				}
+				if got := live(); !slices.Equal(got, c.want) {
+					t.Fatalf("live jobs of users %v, want %v", got, c.want)
+				}
+			})
+		}
+	})
+}

@@ -54,6 +54,11 @@ var (
 	// document and cannot be canceled (as in CouchDB, where only deleting
 	// or changing the document stops it for good).
 	ErrDocumentJob = errors.New("repjob: the job of a _replicator document follows its document")
+	// ErrOtherUser: AddTransientAs by a user who is not a server admin
+	// for a replication whose id another user's live job owns (CouchDB
+	// 3.4.3's couch_replicator:check_authorization: 401 "You are not a
+	// server admin."); nothing changed.
+	ErrOtherUser = errors.New("repjob: another user's job runs this replication")
 )
 
 // Duplicate is the error a starting job gets when another live job owns its
