@@ -307,7 +307,27 @@ const smallAttachments = 1 << 20
 // request is ended before its last byte: the target stores nothing).
 // Other errors match ErrForbidden, ErrUnauthorized, ErrTooLarge,
 // ErrMissingStub, ... as PutDoc's.
+//
+// With no attachment to send (every one a stub the target has) the body
+// goes as JSON: CouchDB (3.4.3) never answers a multipart/related PUT
+// whose only part is the JSON one, and its replicator sends such a
+// document as JSON too (couch_doc:len_doc_to_multi_part_stream).
 func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []StreamAttachment) error {
+	return d.putDocStream(ctx, id, body, atts, false)
+}
+
+// PutDocStreamOnce is PutDocStream in one attempt: a stall, a timeout, a
+// lost connection or a 5xx is returned at once instead of being retried,
+// for a caller that has another way to write the document (Stalled tells
+// those errors apart).
+func (d *DB) PutDocStreamOnce(ctx context.Context, id string, body []byte, atts []StreamAttachment) error {
+	return d.putDocStream(ctx, id, body, atts, true)
+}
+
+func (d *DB) putDocStream(ctx context.Context, id string, body []byte, atts []StreamAttachment, once bool) error {
+	if len(atts) == 0 {
+		return d.putJSON(ctx, id, body, once)
+	}
 	boundary := newBoundary()
 	head := jsonPartHead(boundary)
 	heads := make([][]byte, len(atts))
@@ -323,6 +343,7 @@ func (d *DB) PutDocStream(ctx context.Context, id string, body []byte, atts []St
 	r := &request{
 		method: http.MethodPut, path: escapeDocID(id), query: "new_edits=false", bodyLen: n,
 		contentType: mime.FormatMediaType("multipart/related", map[string]string{"boundary": boundary}),
+		noRetry:     once,
 	}
 	var cur *multipartStream
 	if data <= smallAttachments {

@@ -317,3 +317,42 @@ func testPutDocStream(t *testing.T, plain []byte) {
 		})
 	}
 }
+
+// TestPutDocStreamStubsOnly: a document whose attachments are all stubs
+// the target has goes as a JSON PUT, never as a multipart/related body
+// with only the JSON part (CouchDB 3.4.3 never answers that one).
+func TestPutDocStreamStubsOnly(t *testing.T) {
+	for _, once := range []bool{false, true} {
+		t.Run("once="+strconv.FormatBool(once), func(t *testing.T) {
+			var got []string
+			tgt := newFake(t, func(w http.ResponseWriter, r *http.Request, body []byte) {
+				got = append(got, r.Method+" "+r.URL.Path+"?"+r.URL.RawQuery+" "+r.Header.Get("Content-Type"))
+				var m map[string]any
+				if err := json.Unmarshal(body, &m); err != nil {
+					t.Errorf("body is not JSON: %v: %.200s", err, body)
+				}
+				writeJSON(w, http.StatusCreated, `{"ok":true}`)
+			})
+			doc, err := newDoc([]byte(`{"_id":"d","_rev":"7-g","_revisions":{"start":7,"ids":["g","f","e","d","c","b","a"]},"_attachments":{` +
+				`"att":{"content_type":"application/foobar","revpos":1,"length":6000,"digest":"md5-x","stub":true}}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stubs, _ := doc.Stubs()
+			body, parts, err := doc.FollowsBody(stubs, nil)
+			if err != nil || len(parts) != 0 {
+				t.Fatalf("FollowsBody: %d parts, %v", len(parts), err)
+			}
+			put := tgt.db(t, Options{Retries: 1}).PutDocStream
+			if once {
+				put = tgt.db(t, Options{Retries: 1}).PutDocStreamOnce
+			}
+			if err := put(context.Background(), doc.ID, body, nil); err != nil {
+				t.Fatal(err)
+			}
+			if len(got) != 1 || !strings.HasSuffix(got[0], "new_edits=false application/json") {
+				t.Errorf("requests %q, want one PUT ?new_edits=false with Content-Type application/json", got)
+			}
+		})
+	}
+}

@@ -737,29 +737,40 @@ func buffersBody(pieces [][]byte) func() io.Reader {
 // Errors match ErrForbidden, ErrUnauthorized, ErrTooLarge, ErrMissingStub
 // (refetch the doc with attachment data), ...
 func (d *DB) PutDoc(ctx context.Context, doc Doc) error {
-	r := &request{method: http.MethodPut, path: escapeDocID(doc.ID), query: "new_edits=false"}
 	if len(doc.Attachments) == 0 {
-		r.body, r.bodyLen = bytesBody(doc.Body)
-		r.contentType = "application/json"
-	} else {
-		boundary := newBoundary()
-		pieces := make([][]byte, 0, 3+2*len(doc.Attachments))
-		pieces = append(pieces, jsonPartHead(boundary), doc.Body)
-		for _, a := range doc.Attachments {
-			pieces = append(pieces, attachmentPartHead(boundary, a.Name, a.ContentType, a.Encoding, int64(len(a.Data))), a.Data)
-		}
-		pieces = append(pieces, multipartEnd(boundary))
-		var n int64
-		for _, p := range pieces {
-			n += int64(len(p))
-		}
-		r.body, r.bodyLen = buffersBody(pieces), n
-		r.contentType = mime.FormatMediaType("multipart/related", map[string]string{"boundary": boundary})
+		return d.putJSON(ctx, doc.ID, doc.Body, false)
 	}
+	r := &request{method: http.MethodPut, path: escapeDocID(doc.ID), query: "new_edits=false"}
+	boundary := newBoundary()
+	pieces := make([][]byte, 0, 3+2*len(doc.Attachments))
+	pieces = append(pieces, jsonPartHead(boundary), doc.Body)
+	for _, a := range doc.Attachments {
+		pieces = append(pieces, attachmentPartHead(boundary, a.Name, a.ContentType, a.Encoding, int64(len(a.Data))), a.Data)
+	}
+	pieces = append(pieces, multipartEnd(boundary))
+	var n int64
+	for _, p := range pieces {
+		n += int64(len(p))
+	}
+	r.body, r.bodyLen = buffersBody(pieces), n
+	r.contentType = mime.FormatMediaType("multipart/related", map[string]string{"boundary": boundary})
 	resp, err := d.do(ctx, r)
 	if err != nil {
 		return err
 	}
 	drain(resp) // CouchDB: {"ok":true,"id","rev"}; PouchDB Server: [] — neither is needed
+	return nil
+}
+
+// putJSON writes one revision with PUT /{db}/{id}?new_edits=false and a
+// JSON body (attachments inline or stubs); once sends it in one attempt.
+func (d *DB) putJSON(ctx context.Context, id string, body []byte, once bool) error {
+	r := &request{method: http.MethodPut, path: escapeDocID(id), query: "new_edits=false", contentType: "application/json", noRetry: once}
+	r.body, r.bodyLen = bytesBody(body)
+	resp, err := d.do(ctx, r)
+	if err != nil {
+		return err
+	}
+	drain(resp)
 	return nil
 }
