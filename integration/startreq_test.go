@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"net/url"
 	"regexp"
 	"slices"
 	"strings"
@@ -208,4 +209,68 @@ func sortedCounts(m map[string]int) string {
 	}
 	sb.WriteString("}")
 	return sb.String()
+}
+
+// withCreds is u with user:pass as its userinfo.
+func withCreds(u, user, pass string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	p.User = url.UserPassword(user, pass)
+	return p.String()
+}
+
+// TestStartBurstSharesLoginAndInfo is docs/operations.md's promise under a
+// burst of concurrent starts, counted at the server (count-requests.js's
+// log): n _replicator documents written in one _bulk_docs, each a
+// continuous fan-in from a user database into one central database, all
+// with the same admin credentials, make one POST /_session for the jobs
+// (the doc processor's and the _db_updates feed's own sessions aside,
+// counted apart) and read the central database's info at most once per
+// second of the burst (concurrent starts wait for the one read in flight).
+func TestStartBurstSharesLoginAndInfo(t *testing.T) {
+	skipShort(t)
+	t.Setenv("COUCHREP_COUNT_REQUESTS_LOG", "1")
+	const n = 60
+	p := newPerUserServer(t, n)
+	p.srv.AddAdmin(t, "adm", "adm-pw")
+	watch := withCreds(strings.TrimSuffix(p.srv.URL, "/"), "adm", "adm-pw")
+	p.node, p.addr = scaleNode(t, n, "COUCHREP_COUCHREP_WATCH="+watch, "COUCHREP_REPLICATOR_IDLE_PARK_AFTER=2")
+	// The node's own start (its doc processor's login and first reads)
+	// before the burst.
+	waitFor(t, time.Minute, "the node follows _replicator", func() error {
+		if c := upCompeting(t, p.node); len(c) != 1 || c[0].Status == "not_checked" {
+			return fmt.Errorf("competing_replicators %+v", c)
+		}
+		return nil
+	})
+	p.startRequestsLog(t)
+	docs := make([]json.RawMessage, 0, n)
+	central := withCreds(p.central, "adm", "adm-pw")
+	for _, u := range p.users {
+		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"in-%s","source":%q,"target":%q,"continuous":true}`,
+			u, withCreds(p.srv.DBURL(perUserDB(u)), "adm", "adm-pw"), central)))
+	}
+	p.srv.Do(t, http.MethodPost, p.srv.DBURL("_replicator")+"_bulk_docs", map[string]any{"docs": docs}, http.StatusCreated)
+	p.written = time.Now()
+	p.jobs = n
+	took := p.waitParked(t, 2*time.Minute)
+	log := p.startRequestsLog(t)
+	sessions, centralInfos := 0, 0
+	for _, l := range log {
+		switch k := startReqKind(l); {
+		case strings.HasPrefix(l, "POST /_session"):
+			sessions++
+		case k == "central GET db":
+			centralInfos++
+		}
+	}
+	secs := int(took/time.Second) + 1
+	t.Logf("%d jobs parked %s after the _bulk_docs: %d POST /_session, %d GET of the central database's info (%d requests in all)",
+		n, took.Round(time.Millisecond), sessions, centralInfos, len(log))
+	if sessions != 1 || centralInfos < 1 || centralInfos > secs {
+		t.Errorf("%d jobs with one admin's credentials: %d POST /_session (want 1), %d central GET db in %s (want 1 to %d); the requests:\n%s",
+			n, sessions, centralInfos, took.Round(time.Millisecond), secs, strings.Join(log, "\n"))
+	}
 }

@@ -119,7 +119,8 @@ type entry struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0)}
+	return &Registry{wake: make(chan struct{}), jobs: map[string]*entry{}, startup: startlimit.New(0),
+		infos: replicate.NewInfoShare()}
 }
 
 // attach sets where changes are told (the scheduler of system; nil: nobody).
