@@ -39,7 +39,11 @@
 // Watch return an error matching ErrUnsupported. The verdict is cached per
 // Key for Options.UnsupportedFor (5 minutes), so that ten thousand jobs of
 // one server do not each probe it; a job that gets ErrUnsupported keeps a
-// _changes feed of its own. The same statuses (5xx excepted: retried) on a
+// _changes feed of its own. A 401/403 is a verdict on the credentials, not
+// on the server: the error also matches ErrNotAdmin, the Key's state is
+// StateNotAdmin, and Stats counts it apart (NotAdmin), so that one job
+// with a user's credentials does not make a server whose feed its admin
+// jobs read look unsupported. The same statuses (5xx excepted: retried) on a
 // feed that was already read, or a 400 for the seq the server's own probe
 // just gave, end the feed: its watches are signalled and Watch.Err says
 // why. Other failures before the feed was first read are transient: Watch
@@ -82,6 +86,11 @@ import (
 // The error wraps it with the request, the server's status and
 // error/reason, credentials redacted.
 var ErrUnsupported = errors.New("dbupdates: the server's _db_updates cannot be read")
+
+// ErrNotAdmin matches, besides ErrUnsupported, the error of a Watch whose
+// credentials the server refused (401/403: not a server admin's): the
+// server may serve _db_updates to other credentials.
+var ErrNotAdmin = errors.New("dbupdates: the credentials are not a server admin's")
 
 // Defaults of Options.
 const (
@@ -148,6 +157,9 @@ const (
 	StateRetrying State = "retrying"
 	// StateUnsupported: the server's _db_updates cannot be read (Reason).
 	StateUnsupported State = "unsupported"
+	// StateNotAdmin: the server refused these credentials (401/403: not
+	// a server admin's); other credentials may read its _db_updates.
+	StateNotAdmin State = "not_admin"
 )
 
 // Hub is a node's set of _db_updates feeds. Its zero value is not usable;
@@ -169,7 +181,7 @@ type server struct {
 	state  State
 	reason string
 	since  time.Time // state's start
-	err    error     // StateUnsupported: Watch's error until until
+	err    error     // StateUnsupported, StateNotAdmin: Watch's error until until
 	until  time.Time
 }
 
@@ -195,9 +207,10 @@ func New(o Options) *Hub {
 type ServerStats struct {
 	// Name is the server, redacted.
 	Name string `json:"server"`
-	// State is opening, ok, retrying or unsupported.
+	// State is opening, ok, retrying, unsupported or not_admin (one
+	// line per Key: a server read with several credentials has several).
 	State State `json:"state"`
-	// Reason says why a server is retrying or unsupported.
+	// Reason says why a server is retrying, unsupported or not_admin.
 	Reason string `json:"reason,omitempty"`
 	// Since is when the server entered State.
 	Since time.Time `json:"since"`
@@ -209,10 +222,15 @@ type ServerStats struct {
 type Stats struct {
 	// Feeds open (or opening), and their watches.
 	Feeds, Watches int
-	// Unsupported counts the servers found unsupported at their last
-	// probe (their jobs keep their feeds; the verdict is listed after its
-	// cache expired, until a new probe says otherwise).
+	// Unsupported counts the servers (by Name) found unsupported at their
+	// last probe (their jobs keep their feeds; the verdict is listed after
+	// its cache expired, until a new probe says otherwise). Credentials
+	// refused with 401/403 do not count: see NotAdmin.
 	Unsupported int
+	// NotAdmin counts the credentials (Keys) the servers refused with
+	// 401/403 at their last probe: their jobs keep their own feeds, while
+	// other credentials of the same server may read its _db_updates.
+	NotAdmin int
 	// Wakes counts the signals sent to watches since the Hub was made.
 	Wakes uint64
 	// Servers lists the servers with a feed, and those found unsupported,
@@ -225,14 +243,18 @@ func (h *Hub) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := Stats{Feeds: len(h.feeds), Wakes: h.wakes.Load()}
+	unsupported := map[string]bool{}
 	for key, s := range h.servers {
 		f := h.feeds[key]
-		if f == nil && s.state != StateUnsupported {
+		if f == nil && !s.state.refused() {
 			continue
 		}
 		ss := ServerStats{Name: s.name, State: s.state, Reason: s.reason, Since: s.since}
-		if s.state == StateUnsupported {
-			st.Unsupported++
+		switch s.state {
+		case StateUnsupported:
+			unsupported[s.name] = true
+		case StateNotAdmin:
+			st.NotAdmin++
 		}
 		if f != nil {
 			f.mu.Lock()
@@ -242,9 +264,13 @@ func (h *Hub) Stats() Stats {
 		}
 		st.Servers = append(st.Servers, ss)
 	}
+	st.Unsupported = len(unsupported)
 	sort.Slice(st.Servers, func(i, j int) bool { return st.Servers[i].Name < st.Servers[j].Name })
 	return st
 }
+
+// refused reports a cached verdict: unsupported or not_admin.
+func (st State) refused() bool { return st == StateUnsupported || st == StateNotAdmin }
 
 // Watch watches db (its name as in _db_updates rows, unescaped) on srv's
 // feed, opening the feed if none is open. It returns once the feed is
@@ -256,7 +282,7 @@ func (h *Hub) Stats() Stats {
 func (h *Hub) Watch(ctx context.Context, srv Server, db string) (*Watch, error) {
 	w := &Watch{db: db, c: make(chan struct{}, 1)}
 	h.mu.Lock()
-	if s := h.servers[srv.Key]; s != nil && s.state == StateUnsupported && time.Now().Before(s.until) {
+	if s := h.servers[srv.Key]; s != nil && s.state.refused() && time.Now().Before(s.until) {
 		err := s.err
 		h.mu.Unlock()
 		return nil, err
@@ -312,7 +338,7 @@ func (h *Hub) setState(key, name string, st State, reason string, err error, log
 	}
 	changed := s.state != st
 	s.name, s.reason = name, reason
-	if st == StateUnsupported {
+	if st.refused() {
 		s.err, s.until = err, time.Now().Add(h.o.UnsupportedFor)
 	} else {
 		s.err, s.until = nil, time.Time{}
@@ -331,6 +357,8 @@ func (h *Hub) setState(key, name string, st State, reason string, err error, log
 		h.log.Warn().Str("server", name).Str("reason", reason).Msg("db_updates: the server's _db_updates feed failed; reading it again after a backoff")
 	case StateUnsupported:
 		h.log.Warn().Str("server", name).Str("reason", reason).Msg("db_updates: the server's _db_updates cannot be read: its jobs keep _changes feeds of their own")
+	case StateNotAdmin:
+		h.log.Info().Str("server", name).Str("reason", reason).Msg("db_updates: the server refused a job's credentials for _db_updates (not a server admin's): the jobs with them keep _changes feeds of their own")
 	}
 }
 
@@ -569,19 +597,23 @@ func (f *feed) setState(st State, reason string, err error) {
 	f.h.setState(f.srv.Key, f.srv.Name, st, reason, err, true)
 }
 
-// unsupported turns err into the ErrUnsupported error when its status says
-// the server's _db_updates cannot be read; nil otherwise.
-func unsupported(err error) error {
+// unsupported turns err into the ErrUnsupported error, and the state to
+// record, when its status says _db_updates cannot be read with these
+// credentials: StateNotAdmin for a 401/403 (the error matches ErrNotAdmin
+// too), StateUnsupported for the others; nil otherwise.
+func unsupported(err error) (State, error) {
 	var he *couch.HTTPError
 	if !errors.As(err, &he) {
-		return nil
+		return "", nil
 	}
 	switch he.Status {
-	case http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+	case http.StatusUnauthorized, http.StatusForbidden:
+		return StateNotAdmin, fmt.Errorf("%w: %w: %w", ErrUnsupported, ErrNotAdmin, redact.Error(err))
+	case http.StatusBadRequest, http.StatusNotFound,
 		http.StatusMethodNotAllowed, http.StatusInternalServerError, http.StatusNotImplemented:
-		return fmt.Errorf("%w: %w", ErrUnsupported, redact.Error(err))
+		return StateUnsupported, fmt.Errorf("%w: %w", ErrUnsupported, redact.Error(err))
 	}
-	return nil
+	return "", nil
 }
 
 // cut reports whether err is a feed's connection that died (a stall, a
@@ -655,9 +687,9 @@ func (f *feed) run() {
 			close(f.ready)
 			return
 		}
-		if u := unsupported(err); u != nil {
+		if st, u := unsupported(err); u != nil {
 			f.readyErr = u
-			f.setState(StateUnsupported, reasonOf(err), u)
+			f.setState(st, reasonOf(err), u)
 		} else {
 			f.readyErr = fmt.Errorf("dbupdates: %s: %w", f.srv.Name, redact.Error(err))
 		}
@@ -739,8 +771,8 @@ func (f *feed) follow(db *couch.DB, since couch.Seq) {
 			}
 			err = perr
 		}
-		if u := unsupported(err); u != nil && status(err) < 500 {
-			f.setState(StateUnsupported, reasonOf(err), u)
+		if st, u := unsupported(err); u != nil && status(err) < 500 {
+			f.setState(st, reasonOf(err), u)
 			f.end(u)
 			return
 		}

@@ -376,18 +376,23 @@ func TestRejectedSinceWakesEveryWatch(t *testing.T) {
 	}
 }
 
+// TestUnsupported: the statuses that say _db_updates cannot be read, each
+// cached per Key and logged once; a 401/403 is a verdict on the
+// credentials (not_admin, ErrNotAdmin, counted in NotAdmin), not on the
+// server (Unsupported stays 0).
 func TestUnsupported(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		status int
 		body   string
 		reason string
+		state  State
 	}{
-		{"PouchDB Server's stub", 400, "", "400 Bad Request"},
-		{"not an admin", 401, `{"error":"unauthorized","reason":"You are not a server admin."}`, "401 unauthorized: You are not a server admin."},
-		{"forbidden", 403, `{"error":"forbidden","reason":"nope"}`, "403 forbidden: nope"},
-		{"no _global_changes", 404, `{"error":"not_found","reason":"Database does not exist."}`, "404 not_found: Database does not exist."},
-		{"500", 500, `{"error":"unknown_error","reason":"database_does_not_exist"}`, "500 unknown_error: database_does_not_exist"},
+		{"PouchDB Server's stub", 400, "", "400 Bad Request", StateUnsupported},
+		{"not an admin", 401, `{"error":"unauthorized","reason":"You are not a server admin."}`, "401 unauthorized: You are not a server admin.", StateNotAdmin},
+		{"forbidden", 403, `{"error":"forbidden","reason":"nope"}`, "403 forbidden: nope", StateNotAdmin},
+		{"no _global_changes", 404, `{"error":"not_found","reason":"Database does not exist."}`, "404 not_found: Database does not exist.", StateUnsupported},
+		{"500", 500, `{"error":"unknown_error","reason":"database_does_not_exist"}`, "500 unknown_error: database_does_not_exist", StateUnsupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFake(t)
@@ -399,8 +404,8 @@ func TestUnsupported(t *testing.T) {
 			srv := testServer(t, u.String())
 			for i := range 3 {
 				w, err := h.Watch(context.Background(), srv, fmt.Sprintf("db%d", i))
-				if !errors.Is(err, ErrUnsupported) || w != nil {
-					t.Fatalf("Watch %d: %v, want ErrUnsupported", i, err)
+				if !errors.Is(err, ErrUnsupported) || w != nil || errors.Is(err, ErrNotAdmin) != (tc.state == StateNotAdmin) {
+					t.Fatalf("Watch %d: %v, want ErrUnsupported (ErrNotAdmin: %v)", i, err, tc.state == StateNotAdmin)
 				}
 				if !strings.Contains(err.Error(), tc.reason) {
 					t.Fatalf("error %q does not give the reason %q", err, tc.reason)
@@ -413,11 +418,16 @@ func TestUnsupported(t *testing.T) {
 				t.Fatalf("%d probes for 3 watches, want 1 (the verdict is cached)", probes)
 			}
 			st := h.Stats()
-			if st.Unsupported != 1 || st.Feeds != 0 || len(st.Servers) != 1 || st.Servers[0].State != StateUnsupported || st.Servers[0].Reason != tc.reason {
-				t.Fatalf("Stats = %+v, want one unsupported server with reason %q", st, tc.reason)
+			wantUnsupported, wantNotAdmin, line := 1, 0, "cannot be read"
+			if tc.state == StateNotAdmin {
+				wantUnsupported, wantNotAdmin, line = 0, 1, "refused a job's credentials"
+			}
+			if st.Unsupported != wantUnsupported || st.NotAdmin != wantNotAdmin || st.Feeds != 0 || len(st.Servers) != 1 ||
+				st.Servers[0].State != tc.state || st.Servers[0].Reason != tc.reason {
+				t.Fatalf("Stats = %+v, want one server %s with reason %q", st, tc.state, tc.reason)
 			}
 			out := logs.String()
-			if strings.Count(out, "cannot be read") != 1 || !strings.Contains(out, tc.reason) {
+			if strings.Count(out, line) != 1 || !strings.Contains(out, tc.reason) {
 				t.Fatalf("want one log line with the reason %q:\n%s", tc.reason, out)
 			}
 			if strings.Contains(out, "s3cret") || strings.Contains(fmt.Sprint(st), "s3cret") {
@@ -706,8 +716,24 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 		joe.User = nil
 	}
 	_, err = h.Watch(context.Background(), testServer(t, joe.String()), dbName(1))
-	if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), "401 unauthorized: You are not a server admin.") {
-		t.Fatalf("a non-admin's Watch: %v, want ErrUnsupported, 401 not a server admin", err)
+	if !errors.Is(err, ErrUnsupported) || !errors.Is(err, ErrNotAdmin) || !strings.Contains(err.Error(), "401 unauthorized: You are not a server admin.") {
+		t.Fatalf("a non-admin's Watch: %v, want ErrUnsupported and ErrNotAdmin, 401 not a server admin", err)
+	}
+	// The server still serves the admin's watches: joe's refusal is a
+	// verdict on joe's credentials, not on the server.
+	st := h.Stats()
+	if st.Unsupported != 0 || st.NotAdmin != 1 || st.Feeds != 1 || st.Watches != n+1 {
+		t.Fatalf("Stats = %+v, want the server's feed read (%d watches), no server unsupported, one credentials not_admin", st, n+1)
+	}
+	for _, ss := range st.Servers {
+		if ss.State == StateUnsupported {
+			t.Fatalf("Stats lists the server unsupported after a non-admin's 401: %+v", st)
+		}
+	}
+	if again := watch(t, h, srv, dbName(1)); again.Err() != nil {
+		t.Fatalf("an admin's Watch after joe's 401: %v", again.Err())
+	} else {
+		again.Close()
 	}
 	if out := logs.String() + err.Error(); strings.Contains(out, "s3cret-pw") || strings.Contains(out, "joe-pw") {
 		t.Fatalf("a password shows:\n%s", out)
@@ -716,8 +742,8 @@ func TestPouchDBWithDBUpdates(t *testing.T) {
 		w.Close()
 	}
 	fresh.Close()
-	if st := h.Stats(); st.Feeds != 0 || st.Watches != 0 || st.Unsupported != 1 {
-		t.Fatalf("Stats = %+v, want no feed, no watch, one unsupported server (joe's)", st)
+	if st := h.Stats(); st.Feeds != 0 || st.Watches != 0 || st.Unsupported != 0 || st.NotAdmin != 1 {
+		t.Fatalf("Stats = %+v, want no feed, no watch, no unsupported server, joe's credentials not_admin", st)
 	}
 }
 

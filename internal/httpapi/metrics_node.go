@@ -151,8 +151,11 @@ func (m *Metrics) ObserveDBUpdates(stats func() dbupdates.Stats) {
 			Help: "Databases watched on _db_updates feeds by this node's parked jobs."},
 			func() float64 { return float64(stats().Watches) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_db_updates_servers_unsupported",
-			Help: "Source servers whose _db_updates cannot be read (not a server admin, PouchDB Server, CouchDB without _global_changes): their jobs keep their own feeds."},
+			Help: "Source servers whose _db_updates cannot be read (PouchDB Server, CouchDB without _global_changes): their jobs keep their own feeds."},
 			func() float64 { return float64(stats().Unsupported) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "couchrep_db_updates_credentials_not_admin",
+			Help: "Credentials of jobs a source server refused _db_updates to (401/403: not a server admin's): those jobs keep their own feeds."},
+			func() float64 { return float64(stats().NotAdmin) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "couchrep_db_updates_wakes_total",
 			Help: "Wake-ups _db_updates feeds sent to parked jobs."},
 			func() float64 { return float64(stats().Wakes) }))

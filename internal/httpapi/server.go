@@ -328,24 +328,35 @@ type dbUpdatesState struct {
 	Reason  string          `json:"reason,omitempty"`
 	Since   time.Time       `json:"since"`
 	Watches int             `json:"watches"`
+	// NotAdmin counts the credentials of the server's jobs it refused
+	// (401/403): those jobs keep their own feeds.
+	NotAdmin int `json:"not_admin_credentials,omitempty"`
 }
 
 // dbUpdatesUp is GET /_up's "db_updates": each source server with a
-// _db_updates feed or found unsupported (its redacted URL) and its state:
-// ok, opening, retrying or unsupported, with the reason. Feeds of one
-// server with other credentials add their watches, and the worst state
-// shows.
+// _db_updates feed or found unable to serve one (its redacted URL) and its
+// state: ok, opening, retrying or unsupported, with the reason. Feeds of
+// one server with other credentials add their watches, and the worst state
+// shows. Credentials the server refused (401/403: not a server admin's)
+// are a verdict on them, not on the server: they are counted
+// (not_admin_credentials) and show as the state (not_admin) only when the
+// server has no other line.
 func dbUpdatesUp(st dbupdates.Stats) map[string]dbUpdatesState {
-	rank := map[dbupdates.State]int{dbupdates.StateOK: 0, dbupdates.StateOpening: 1, dbupdates.StateRetrying: 2, dbupdates.StateUnsupported: 3}
+	rank := map[dbupdates.State]int{dbupdates.StateNotAdmin: -1, dbupdates.StateOK: 0, dbupdates.StateOpening: 1,
+		dbupdates.StateRetrying: 2, dbupdates.StateUnsupported: 3}
 	out := make(map[string]dbUpdatesState, len(st.Servers))
 	for _, s := range st.Servers {
 		cur, ok := out[s.Name]
 		line := dbUpdatesState{State: s.State, Reason: s.Reason, Since: s.Since, Watches: s.Watches}
 		if ok {
 			line.Watches += cur.Watches
+			line.NotAdmin = cur.NotAdmin
 			if rank[cur.State] > rank[s.State] {
 				line.State, line.Reason, line.Since = cur.State, cur.Reason, cur.Since
 			}
+		}
+		if s.State == dbupdates.StateNotAdmin {
+			line.NotAdmin++
 		}
 		out[s.Name] = line
 	}

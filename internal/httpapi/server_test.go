@@ -526,16 +526,21 @@ func TestUpWarnings(t *testing.T) {
 }
 
 // TestUpDBUpdates: GET /_up shows each source server's _db_updates state
-// (a server with two credentials once, its worst state, watches added),
-// and /metrics the feeds, watches, unsupported servers and wake-ups.
+// (a server with two credentials once, its worst state, watches added;
+// credentials the server refused with 401/403 counted, never shown as the
+// server's state while other credentials read its feed), and /metrics the
+// feeds, watches, unsupported servers, refused credentials and wake-ups.
 func TestUpDBUpdates(t *testing.T) {
 	m := httpapi.NewMetrics(nil)
 	since := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	m.ObserveDBUpdates(func() dbupdates.Stats {
-		return dbupdates.Stats{Feeds: 2, Watches: 7, Unsupported: 1, Wakes: 12, Servers: []dbupdates.ServerStats{
+		return dbupdates.Stats{Feeds: 3, Watches: 10, Unsupported: 1, NotAdmin: 2, Wakes: 12, Servers: []dbupdates.ServerStats{
 			{Name: "http://a.example/", State: dbupdates.StateOK, Since: since, Watches: 5},
 			{Name: "http://a.example/", State: dbupdates.StateRetrying, Reason: "503 Service Unavailable", Since: since, Watches: 2},
 			{Name: "http://b.example/", State: dbupdates.StateUnsupported, Reason: "404 not_found: Database does not exist.", Since: since},
+			{Name: "http://c.example/", State: dbupdates.StateNotAdmin, Reason: "401 unauthorized: You are not a server admin.", Since: since},
+			{Name: "http://c.example/", State: dbupdates.StateOK, Since: since, Watches: 3},
+			{Name: "http://d.example/", State: dbupdates.StateNotAdmin, Reason: "401 unauthorized: You are not a server admin.", Since: since},
 		}}
 	})
 	e := newEnvWith(t, httpapi.Options{Metrics: m})
@@ -543,22 +548,26 @@ func TestUpDBUpdates(t *testing.T) {
 	var up struct {
 		Status    string
 		DBUpdates map[string]struct {
-			State   string
-			Reason  string
-			Watches int
+			State    string
+			Reason   string
+			Watches  int
+			NotAdmin int `json:"not_admin_credentials"`
 		} `json:"db_updates"`
 	}
 	if err := json.Unmarshal(r.body, &up); err != nil || r.status != 200 || up.Status != "ok" {
 		t.Fatalf("/_up: %d %s %v", r.status, r.body, err)
 	}
 	a, b := up.DBUpdates["http://a.example/"], up.DBUpdates["http://b.example/"]
-	if len(up.DBUpdates) != 2 || a.State != "retrying" || a.Reason != "503 Service Unavailable" || a.Watches != 7 ||
-		b.State != "unsupported" || b.Reason != "404 not_found: Database does not exist." {
+	c, d := up.DBUpdates["http://c.example/"], up.DBUpdates["http://d.example/"]
+	if len(up.DBUpdates) != 4 || a.State != "retrying" || a.Reason != "503 Service Unavailable" || a.Watches != 7 ||
+		b.State != "unsupported" || b.Reason != "404 not_found: Database does not exist." ||
+		c.State != "ok" || c.Reason != "" || c.Watches != 3 || c.NotAdmin != 1 ||
+		d.State != "not_admin" || d.Reason != "401 unauthorized: You are not a server admin." || d.NotAdmin != 1 {
 		t.Fatalf("/_up db_updates: %s", r.body)
 	}
 	mr := string(e.get("/metrics").body)
-	for _, want := range []string{"couchrep_db_updates_feeds 2", "couchrep_db_updates_watches 7",
-		"couchrep_db_updates_servers_unsupported 1", "couchrep_db_updates_wakes_total 12"} {
+	for _, want := range []string{"couchrep_db_updates_feeds 3", "couchrep_db_updates_watches 10",
+		"couchrep_db_updates_servers_unsupported 1", "couchrep_db_updates_credentials_not_admin 2", "couchrep_db_updates_wakes_total 12"} {
 		if !strings.Contains(mr, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
