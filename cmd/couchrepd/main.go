@@ -5,6 +5,7 @@
 //	          [--admin ADDR] [--node-name NAME] [--log-level LEVEL]
 //	couchrepd --version
 //	couchrepd replicate [flags] SOURCE_URL TARGET_URL
+//	couchrepd verify [flags] SOURCE_URL TARGET_URL
 //	couchrepd hash-password < password
 //
 // Settings come from CouchDB's defaults, then the ini file, then COUCHREP_*
@@ -49,6 +50,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "replicate" {
 		logger, _ := clog.New(stderr, "warn", "auto")
 		return runReplicate(ctx, args[1:], stdout, stderr, logger)
+	}
+	if len(args) > 0 && args[0] == "verify" {
+		logger, _ := clog.New(stderr, "warn", "auto")
+		return runVerify(ctx, args[1:], stdout, stderr, logger)
 	}
 	if len(args) > 0 && args[0] == "hash-password" {
 		return runHashPassword(args[1:], os.Stdin, stdout, stderr)
@@ -129,7 +134,7 @@ func loadConfig(args []string, stderr io.Writer) (config.Config, string, error) 
 		fs.BoolVar(&version, "version", false, "print the version (module version, VCS revision, Go version) and exit")
 		cfg.RegisterFlags(fs)
 		fs.Usage = func() {
-			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n  couchrepd hash-password                    read a password on stdin, print its [admins] hash\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
+			fmt.Fprintf(fs.Output(), "Usage:\n  couchrepd [flags]                          run a node\n  couchrepd replicate [flags] SOURCE TARGET  run one replication in the foreground (see couchrepd replicate --help)\n  couchrepd verify [flags] SOURCE TARGET     check that TARGET holds what the replication carries (see couchrepd verify --help)\n  couchrepd hash-password                    read a password on stdin, print its [admins] hash\n\nFlags (override COUCHREP_* environment variables, which override the file):\n")
 			fs.PrintDefaults()
 		}
 		return fs
