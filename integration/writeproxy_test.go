@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	crand "crypto/rand"
 	"fmt"
 	"io"
 	"mime"
@@ -14,6 +15,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/couchrep/couchrep/internal/testserver"
 )
 
 // writeProxy stands between couchrep and a real target server (PouchDB
@@ -43,7 +46,9 @@ type proxyWrite struct {
 	// body (the JSON part not counted); -1 for another body.
 	Parts int
 	// Body is the request body (JSON bodies only, at most 64 KiB).
-	Body   string
+	Body string
+	// Data: a JSON body with attachment data inline ("data").
+	Data   bool
 	Status int // 0: held, never answered
 	Took   time.Duration
 }
@@ -55,7 +60,7 @@ func (p proxyWrite) String() string {
 	if p.Status == 0 {
 		st = "held"
 	}
-	return fmt.Sprintf("%s %s %s parts=%d -> %s in %s", p.Method, p.Path, p.ContentType, p.Parts, st, p.Took.Round(time.Millisecond))
+	return fmt.Sprintf("%s %s %s parts=%d data=%v -> %s in %s", p.Method, p.Path, p.ContentType, p.Parts, p.Data, st, p.Took.Round(time.Millisecond))
 }
 
 // startWriteProxy starts a writeProxy in front of serverURL (a root URL,
@@ -108,8 +113,11 @@ func startWriteProxy(t *testing.T, serverURL string) *writeProxy {
 					rec.Parts++
 				}
 			}
-		} else if len(body) <= 64<<10 {
-			rec.Body = string(body)
+		} else {
+			rec.Data = bytes.Contains(body, []byte(`"data":`))
+			if len(body) <= 64<<10 {
+				rec.Body = string(body)
+			}
 		}
 		p.mu.Lock()
 		hold := p.hold != nil && p.hold(rec)
@@ -180,4 +188,72 @@ func noEmptyMultipart(t *testing.T, log []proxyWrite) {
 			t.Errorf("a multipart/related write without an attachment part (CouchDB 3.4.3 never answers it): %v", w)
 		}
 	}
+}
+
+// TestAttachmentPutStalls is issue 32's stalled attachment write: on a
+// CouchDB 3.4.3 cluster missing a node, a multipart attachment PUT is held
+// 300 s while the same document as JSON is answered at once. Here a proxy
+// in front of a real server (PouchDB Server, or the CouchDB of
+// COUCHREP_TEST_COUCH_URL) holds every multipart/related PUT until the
+// client gives up. The documents with attachments too large for a
+// _bulk_docs batch go as JSON with their data inline once one multipart
+// PUT stalled: the replication ends in about one connection_timeout, not
+// one per document nor a crashed job, and the target is exact. The proof
+// is the proxy's own log.
+func TestAttachmentPutStalls(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	src := s.CreateDB(t, "stall-src")
+	tgt := s.CreateDB(t, "stall-tgt")
+	tgtPath := strings.TrimPrefix(tgt, s.URL)
+	proxy := startWriteProxy(t, s.URL)
+	proxy.setHold(func(w proxyWrite) bool { return w.multipart() })
+
+	var docs []map[string]any
+	for i := range 40 {
+		docs = append(docs, map[string]any{"_id": fmt.Sprintf("plain-%02d", i), "n": i})
+	}
+	const withAtts = 6
+	for i := range withAtts {
+		att := make([]byte, 200<<10) // above the 64 KiB a _bulk_docs batch carries inline
+		_, _ = crand.Read(att)
+		docs = append(docs, testserver.WithAttachment(map[string]any{"_id": fmt.Sprintf("att-%02d", i)}, "data.bin", "application/octet-stream", att))
+	}
+	s.PutDocs(t, src, docs...)
+
+	const timeout = 3 * time.Second
+	rep := map[string]any{"source": src, "target": proxy.URL + tgtPath, "connection_timeout": timeout.Milliseconds(), "worker_processes": 2}
+	start := time.Now()
+	r, _ := runScenario(t, rep)
+	took := time.Since(start)
+	log := proxy.writes()
+	var held, jsonPuts int
+	for _, w := range log {
+		switch {
+		case w.multipart() && w.Status == 0:
+			held++
+		case w.Method == http.MethodPut && !w.multipart() && w.Status == http.StatusCreated && w.Data:
+			jsonPuts++
+		}
+	}
+	// At most one multipart PUT per worker stalls before the run knows.
+	if held < 1 || held > 2 || jsonPuts != withAtts {
+		t.Errorf("%d multipart PUTs held, %d JSON PUTs with attachment data; want 1 or 2 and %d. The proxy's log:\n%s", held, jsonPuts, withAtts, proxyLog(log))
+	}
+	if limit := 3*timeout + 20*time.Second; took > limit {
+		t.Errorf("the replication took %s, want under %s (one stall, not one per document)", took, limit)
+	}
+	if h := r.History[0]; h.DocsWritten != int64(len(docs)) || h.DocWriteFailures != 0 {
+		t.Errorf("docs_written %d, doc_write_failures %d; want %d, 0", h.DocsWritten, h.DocWriteFailures, len(docs))
+	}
+	verify(t, s, s, src, tgt, nil)
+	t.Logf("replication with %d stalled multipart PUTs took %s", held, took.Round(time.Millisecond))
+}
+
+func proxyLog(log []proxyWrite) string {
+	var b strings.Builder
+	for _, w := range log {
+		b.WriteString("  " + w.String() + "\n")
+	}
+	return b.String()
 }

@@ -210,6 +210,47 @@ func (d Doc) AncestorPos(possibleAncestors []string) int64 {
 // target must already have. Every other member is kept as is.
 func (d Doc) FollowsBody(stubs []AttachmentStub, send map[string]bool) ([]byte, []AttachmentStub, error) {
 	var parts []AttachmentStub
+	body, err := d.withAttachments(stubs, func(s AttachmentStub, m map[string]any) {
+		if s.Digest != "" {
+			m["digest"] = s.Digest
+		}
+		if s.encoded() {
+			m["encoding"] = s.Encoding
+			m["encoded_length"] = s.EncodedLength
+		}
+		if send[s.Name] {
+			m["follows"] = true
+			parts = append(parts, s)
+		} else {
+			m["stub"] = true
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return body, parts, nil
+}
+
+// InlineBody is the document's JSON with the data of every attachment
+// inline: data[name] are its identity (decoded) bytes, sent base64 as
+// "data" (the target computes their digest, and may store them encoded
+// as it likes). For a JSON write of a document whose multipart write
+// stalled or was refused. Every other member is kept as is.
+func (d Doc) InlineBody(stubs []AttachmentStub, data map[string][]byte) ([]byte, error) {
+	for _, s := range stubs {
+		if _, ok := data[s.Name]; !ok {
+			return nil, fmt.Errorf("document %q: no data for attachment %q", d.ID, s.Name)
+		}
+	}
+	return d.withAttachments(stubs, func(s AttachmentStub, m map[string]any) {
+		delete(m, "length")
+		m["data"] = data[s.Name] // []byte: base64 in JSON
+	})
+}
+
+// withAttachments is d's JSON with _attachments made from stubs, each
+// entry its content_type, revpos and length plus what set adds.
+func (d Doc) withAttachments(stubs []AttachmentStub, set func(AttachmentStub, map[string]any)) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.Grow(len(d.Body))
 	buf.WriteByte('{')
@@ -234,19 +275,7 @@ func (d Doc) FollowsBody(stubs []AttachmentStub, send map[string]bool) ([]byte, 
 			buf.Write(name)
 			buf.WriteByte(':')
 			m := map[string]any{"content_type": s.ContentType, "revpos": s.RevPos, "length": s.Length}
-			if s.Digest != "" {
-				m["digest"] = s.Digest
-			}
-			if s.encoded() {
-				m["encoding"] = s.Encoding
-				m["encoded_length"] = s.EncodedLength
-			}
-			if send[s.Name] {
-				m["follows"] = true
-				parts = append(parts, s)
-			} else {
-				m["stub"] = true
-			}
+			set(s, m)
 			b, err := json.Marshal(m)
 			if err != nil {
 				return err
@@ -257,10 +286,10 @@ func (d Doc) FollowsBody(stubs []AttachmentStub, send map[string]bool) ([]byte, 
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("document %q: %w", d.ID, err)
+		return nil, fmt.Errorf("document %q: %w", d.ID, err)
 	}
 	buf.WriteByte('}')
-	return buf.Bytes(), parts, nil
+	return buf.Bytes(), nil
 }
 
 // GetAttachment opens GET /{db}/{doc}/{name}?rev=rev as a stream: the
@@ -593,6 +622,17 @@ func (m *multipartStream) close() {
 	if m.err == nil {
 		m.err = errors.New("couch: request body closed")
 	}
+}
+
+// ReadAttachmentDecoded reads the identity (decoded) bytes of the
+// attachment stub s of revision rev of document docID whole, checked
+// against its length; a read cut short is started again, as a failed
+// request is. For InlineBody.
+func (d *DB) ReadAttachmentDecoded(ctx context.Context, docID, rev string, s AttachmentStub) ([]byte, error) {
+	s = s.Decoded()
+	return d.readAttachment(ctx, StreamAttachment{AttachmentStub: s, Open: func(ctx context.Context) (io.ReadCloser, error) {
+		return d.OpenAttachment(ctx, docID, rev, s)
+	}})
 }
 
 // OpenAttachment opens the bytes of the attachment stub s of revision rev

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -173,6 +174,10 @@ type Replication struct {
 
 	ctr   counters
 	fetch fetchGate // the workers' shared _revs_diff/_bulk_get statistics
+	// inlineUntil (unix nanoseconds): until then the workers write a
+	// document with attachments as JSON with their data inline, without
+	// trying a multipart PUT first (one stalled or was refused).
+	inlineUntil atomic.Int64
 
 	// timerFired, if set, is told what each call of the run's timer
 	// function found due (tests).

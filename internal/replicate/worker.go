@@ -405,7 +405,7 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		}
 	}
 	all, decoded := false, false
-	put := func() error {
+	put := func(once bool) error {
 		send := make(map[string]bool, len(stubs))
 		write := make([]couch.AttachmentStub, len(stubs))
 		for i, s := range stubs {
@@ -424,21 +424,124 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 				return w.r.src.OpenAttachment(ctx, d.ID, d.Rev, s)
 			}}
 		}
+		if once {
+			return w.r.tgt.PutDocStreamOnce(ctx, d.ID, body, atts)
+		}
 		return w.r.tgt.PutDocStream(ctx, d.ID, body, atts)
 	}
 	if err := w.settle(); err != nil {
 		return err
 	}
-	err = put()
+	// A document whose attachments fit in inlineFallbackBytes has another
+	// way to the target: JSON with their data inline. Its multipart PUT is
+	// then tried once (a stall is not waited out again and again), and
+	// while multipart PUTs stall on this target it is not tried at all.
+	inline := inlineFits(stubs)
+	if inline && w.r.now().UnixNano() < w.r.inlineUntil.Load() {
+		err := w.putInline(ctx, d, stubs)
+		if !errors.Is(err, couch.ErrTooLarge) {
+			return w.inlineOutcome(ctx, d, err)
+		}
+		inline = false // too large as JSON: multipart it is
+	}
+	err = put(inline)
 	if errors.Is(err, couch.ErrAttachmentDecoded) {
 		// The source ignores Accept-Encoding: send what it sends, decoded.
 		decoded = true
-		err = put()
+		err = put(inline)
 	}
 	if errors.Is(err, couch.ErrMissingStub) && pos > 0 {
 		all = true
-		err = put()
+		err = put(inline)
 	}
+	if inline && ctx.Err() == nil && divertable(err) {
+		until := w.r.now().Add(inlineAfterStall)
+		if w.r.inlineUntil.Swap(until.UnixNano()) < w.r.now().UnixNano() {
+			w.r.log.Warn().Str("doc_id", d.ID).Err(err).Dur("for", inlineAfterStall).
+				Msg("replication: a multipart attachment write stalled or was refused; writing documents with attachments as JSON, their data inline")
+		}
+		ierr := w.putInline(ctx, d, stubs)
+		if !errors.Is(ierr, couch.ErrTooLarge) {
+			return w.inlineOutcome(ctx, d, ierr)
+		}
+		err = put(false) // too large as JSON: the multipart PUT after all, with its retries
+	}
+	var serr *couch.AttachmentSourceError
+	if errors.As(err, &serr) {
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
+		}
+		return fmt.Errorf("%w: open_doc_revs_failed for %q from %s: %w", ErrWorkerFailed, d.ID, w.r.src, err)
+	}
+	return w.counted(d, err)
+}
+
+// inlineFallbackBytes is the most attachment data (identity bytes) a
+// document may have for it to be written as JSON with its attachments
+// inline when its multipart PUT stalls or is refused: the data is held
+// in memory, with its base64, while the document is written.
+const inlineFallbackBytes = 4 << 20
+
+// inlineAfterStall is how long a run writes documents with attachments
+// as JSON after a multipart PUT stalled or was refused (CouchDB 3.4.3
+// holds a multipart attachment PUT 300 s on a cluster missing a node,
+// while it answers the same document as JSON at once); then a multipart
+// PUT is tried again.
+const inlineAfterStall = 5 * time.Minute
+
+// inlineFits reports whether every attachment says its length and all
+// of them fit in inlineFallbackBytes.
+func inlineFits(stubs []couch.AttachmentStub) bool {
+	var n int64
+	for _, s := range stubs {
+		if !s.Sized() {
+			return false
+		}
+		n += s.Length
+	}
+	return n <= inlineFallbackBytes
+}
+
+// divertable reports whether a multipart PUT's error calls for sending
+// the document another way: it stalled, timed out or lost its connection
+// (no HTTP answer), or the target refused it with a 5xx, 408 or 415 (not
+// an answer about the document itself).
+func divertable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var serr *couch.AttachmentSourceError
+	if errors.As(err, &serr) {
+		return false
+	}
+	var herr *couch.HTTPError
+	if errors.As(err, &herr) {
+		return herr.Status >= 500 || herr.Status == 408 || herr.Status == 415
+	}
+	return true
+}
+
+// putInline writes d alone as JSON, every attachment's data inline (read
+// from the source decoded).
+func (w *worker) putInline(ctx context.Context, d couch.Doc, stubs []couch.AttachmentStub) error {
+	data := make(map[string][]byte, len(stubs))
+	for _, s := range stubs {
+		b, err := w.r.src.ReadAttachmentDecoded(ctx, d.ID, d.Rev, s)
+		if err != nil {
+			return &couch.AttachmentSourceError{DocID: d.ID, Err: err}
+		}
+		data[s.Name] = b
+	}
+	body, err := d.InlineBody(stubs, data)
+	if err != nil {
+		return err
+	}
+	return w.r.tgt.PutDoc(ctx, couch.Doc{ID: d.ID, Rev: d.Rev, Body: body})
+}
+
+// inlineOutcome is writeStreamed's outcome for a document written with
+// putInline.
+func (w *worker) inlineOutcome(ctx context.Context, d couch.Doc, err error) error {
 	var serr *couch.AttachmentSourceError
 	if errors.As(err, &serr) {
 		if ctx.Err() != nil {
