@@ -237,6 +237,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if !strings.Contains(text, "(transient)") || !strings.Contains(text, "/pagesrc") {
 		t.Fatalf("job row shows %q", text)
 	}
+	// The job column shows the short id couchrepctl accepts (repjob.ShortRepID).
+	if id := eval[string](t, b, row+`.children[1].textContent`); len(id) < 12 || strings.Contains(id, "undefined") {
+		t.Fatalf("job column shows %q", id)
+	}
 	gate.release()
 	b.waitPage(t, "the completed job on the page", row+`?.dataset.state === "completed"`)
 	b.waitPage(t, "docs written", row+fmt.Sprintf(`.children[6].textContent === %q`, fmt.Sprint(nDocs)))

@@ -287,8 +287,57 @@ func runJobStop(ctx context.Context, e *env, args []string) error {
 func runJobRestart(ctx context.Context, e *env, args []string) error {
 	return jobRequest(ctx, e, "job restart", args, e.client.RestartJob, func(id string) *messages.RestartJobRequest { return &messages.RestartJobRequest{Id: id} },
 		func(w io.Writer, r *messages.RestartJobResponse) error {
-			return printJobNow(w, "restarted", r.GetJob())
+			j, again := awaitRestart(ctx, r.GetJob(), restartWait, func(ctx context.Context, id string) (*messages.JobSummary, error) {
+				resp, err := ask(ctx, e, e.client.GetJob, &messages.GetJobRequest{Id: id})
+				return resp.GetJob(), err
+			})
+			if again {
+				_, err := fmt.Fprintf(w, "restarted job %s: it started and crashed again (%d in a row): %s\n", j.GetId(), j.GetErrorCount(), j.GetError())
+				return err
+			}
+			return printJobNow(w, "restarted", j)
 		})
+}
+
+// restartWait is how long `job restart` waits for a job it made due to
+// start, so that it can say it runs (the scheduler starts due jobs at its
+// next pass, a few seconds at most on a node with a free slot).
+const restartWait = 10 * time.Second
+
+// awaitRestart polls the job a restart made due (pending, or still shown
+// crashing until it starts) until it runs, ends, or crashes again, for at
+// most wait; it returns the job as last seen, and whether it crashed again.
+func awaitRestart(ctx context.Context, j *messages.JobSummary, wait time.Duration, get func(ctx context.Context, id string) (*messages.JobSummary, error)) (*messages.JobSummary, bool) {
+	st := admin.StatusName(j.GetStatus())
+	if st != "pending" && st != "crashing" {
+		return j, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return j, false
+		case <-tick.C:
+		}
+		now, err := get(ctx, j.GetId())
+		if err != nil || now == nil {
+			continue
+		}
+		switch admin.StatusName(now.GetStatus()) {
+		case "pending":
+			j = now
+		case "crashing":
+			if now.GetErrorCount() > j.GetErrorCount() {
+				return now, true
+			}
+			j = now
+		default:
+			return now, false
+		}
+	}
 }
 
 // printJobNow prints what was done to job j and what happened next: a
@@ -307,6 +356,8 @@ func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
 		msg = fmt.Sprintf("restarted job %s: running on node %s", j.GetId(), j.GetNode())
 	case done == "restarted" && st == "pending":
 		msg = fmt.Sprintf("restarted job %s: due now (pending); a node with a free slot starts it", j.GetId())
+	case done == "restarted" && st == "crashing":
+		msg = fmt.Sprintf("restarted job %s: due now, its backoff skipped (shown crashing with its last error until it starts); a node with a free slot starts it", j.GetId())
 	default:
 		msg = fmt.Sprintf("%s job %s: it is %s now", done, j.GetId(), st)
 	}

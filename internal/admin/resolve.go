@@ -74,7 +74,8 @@ func idForms(id string) []string {
 }
 
 // FindJob finds the job id names, as git finds a commit: its job id or
-// replication id (with or without the "+continuous" extension), the
+// replication id (with or without the "+continuous" extension), the status
+// page's short form of it (repjob.ShortRepID: "0123456789ab+continuous"), the
 // name of the actor running it ("job-…"), or a unique prefix (at least
 // MinPrefix characters) of its job id or replication id. Ids that hold
 // credentials are matched after redaction. A prefix of several jobs gives
@@ -118,7 +119,7 @@ func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error)
 		}
 		if prefix {
 			for _, f := range forms {
-				if strings.HasPrefix(r.GetJobId(), f) || (r.GetRepId() != "" && strings.HasPrefix(r.GetRepId(), f)) {
+				if strings.HasPrefix(r.GetJobId(), f) || repIDHasPrefix(r.GetRepId(), f) {
 					matches = append(matches, r)
 					break
 				}
@@ -128,6 +129,11 @@ func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error)
 	})
 	if err != nil && !errors.Is(err, errStop) {
 		return nil, fmt.Errorf("find job %q: %w", shown, err)
+	}
+	if len(matches) > 1 && !strings.Contains(id, "+") {
+		if r := withoutExtension(matches); r != nil {
+			return r, nil
+		}
 	}
 	switch len(matches) {
 	case 0:
@@ -149,6 +155,48 @@ func FindJob(ctx context.Context, s JobStore, id string) (*repjob.Record, error)
 }
 
 var errStop = errors.New("stop")
+
+// repIDHasPrefix reports whether replication id repID starts with prefix,
+// where a prefix with an extension ("0123456789ab+continuous", the status
+// page's short form, repjob.ShortRepID) names a base starting with its part
+// before "+" and exactly that extension.
+func repIDHasPrefix(repID, prefix string) bool {
+	if repID == "" {
+		return false
+	}
+	pb, pext, ok := strings.Cut(prefix, "+")
+	if !ok {
+		return strings.HasPrefix(repID, prefix)
+	}
+	base, ext, _ := strings.Cut(repID, "+")
+	return ext == pext && strings.HasPrefix(base, pb)
+}
+
+// withoutExtension is, of the jobs a prefix without "+" matched, the one
+// whose replication id has no extension when all the others are the same
+// replication with one ("…+continuous", "…+create_target"): the one-shot
+// replication of a pair, as the status page shows it (repjob.ShortRepID).
+// Otherwise nil.
+func withoutExtension(matches []*repjob.Record) *repjob.Record {
+	var plain *repjob.Record
+	for _, m := range matches {
+		if m.GetRepId() != "" && !strings.Contains(m.GetRepId(), "+") {
+			if plain != nil {
+				return nil
+			}
+			plain = m
+		}
+	}
+	if plain == nil {
+		return nil
+	}
+	for _, m := range matches {
+		if base, _, _ := strings.Cut(m.GetRepId(), "+"); m != plain && base != plain.GetRepId() {
+			return nil
+		}
+	}
+	return plain
+}
 
 // ShownID is the id couchrepctl shows for a job: its job id, redacted.
 func ShownID(r *repjob.Record) string { return redactID(r.GetJobId()) }

@@ -52,6 +52,12 @@ func TestFindJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The one-shot replication of a's pair: the same base, no extension.
+	once, err := st.AddPersistent(ctx, repjob.PersistentDoc{Server: server, DB: "_replicator", DocID: "once",
+		Body: []byte(`{"source":"http://admin:secret@h1:5984/src","target":"http://admin:secret@h1:5984/a"}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr, err := st.AddTransient(ctx, body("c"), "admin")
 	if err != nil {
 		t.Fatal(err)
@@ -60,6 +66,11 @@ func TestFindJob(t *testing.T) {
 		t.Fatalf("replication ids not computed: %q %q", a.RepID, tr.RepID)
 	}
 	base, _, _ := strings.Cut(a.RepID, "+")
+	bBase, _, _ := strings.Cut(b.RepID, "+")
+	if once.RepID != base || repjob.ShortRepID(once.RepID) == repjob.ShortRepID(a.RepID) {
+		t.Fatalf("one-shot %q and continuous %q of one pair: short ids %q and %q", once.RepID, a.RepID,
+			repjob.ShortRepID(once.RepID), repjob.ShortRepID(a.RepID))
+	}
 	for _, tc := range []struct {
 		name, id, want string
 	}{
@@ -67,8 +78,10 @@ func TestFindJob(t *testing.T) {
 		{"job id with the password", "http://admin:secret@h1:5984|_replicator|backup", a.JobID},
 		{"job id with the password and a slash", "http://admin:secret@h1:5984/|_replicator|backup", a.JobID},
 		{"replication id", a.RepID, a.JobID},
-		{"replication id without extension", base, a.JobID},
-		{"status page's 12 characters", a.RepID[:12], a.JobID},
+		{"replication id without extension", bBase, b.JobID},
+		{"status page's short id of the continuous one", repjob.ShortRepID(a.RepID), a.JobID},
+		{"status page's short id of the one-shot", repjob.ShortRepID(once.RepID), once.JobID},
+		{"one-shot's replication id", once.RepID, once.JobID},
 		{"transient job id", tr.JobID, tr.JobID},
 		{"transient job id prefix", tr.JobID[:8], tr.JobID},
 		{"actor name", ActorName(b.JobID), b.JobID},

@@ -113,8 +113,12 @@ type statusNode struct {
 }
 
 type statusJob struct {
-	ID          string    `json:"id"`
-	RepID       string    `json:"rep_id"`
+	ID    string `json:"id"`
+	RepID string `json:"rep_id"`
+	// ShortID is what the page shows in its job column:
+	// repjob.ShortRepID of the replication id (or the job id's first
+	// characters while it has none), which couchrepctl job show accepts.
+	ShortID     string    `json:"short_id"`
 	State       string    `json:"state"`
 	Kind        string    `json:"kind"`
 	Server      string    `json:"server"`
@@ -227,7 +231,14 @@ func (s *Server) statusData(w http.ResponseWriter, r *http.Request) error {
 // between samples (a job's stats carry over from its earlier runs, so they
 // say nothing of its current speed): 0 until two samples were taken.
 func statusJobOf(j *Job, sm *jobSamples) statusJob {
-	v := statusJob{ID: j.JobID, RepID: j.RepID, State: j.State.String(), Kind: "persistent", Server: j.Server, Database: j.Database, DocID: j.DocID,
+	short := repjob.ShortRepID(j.RepID)
+	if j.RepID == "" {
+		short = redact.Text(j.JobID)
+		if len(short) > repjob.ShortRepIDLen {
+			short = short[:repjob.ShortRepIDLen]
+		}
+	}
+	v := statusJob{ID: j.JobID, RepID: j.RepID, ShortID: short, State: j.State.String(), Kind: "persistent", Server: j.Server, Database: j.Database, DocID: j.DocID,
 		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
 		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}, Parked: j.Parked()}
 	if j.Transient {

@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/httpapi"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
@@ -140,5 +141,47 @@ func TestStatusPageAndData(t *testing.T) {
 	}
 	if len(d2.Errors) != 1 || !strings.Contains(d2.Errors[0], "clustering: not ready") || d2.Tree == nil {
 		t.Fatalf("errors: %+v", d2)
+	}
+}
+
+// TestStatusShortIDs: the page's job column tells the one-shot and the
+// continuous replication of one pair apart (their replication ids share a
+// base), and each short id names its own job to couchrepctl.
+func TestStatusShortIDs(t *testing.T) {
+	e := newStatusEnv(t, fakeCluster{})
+	ctx := context.Background()
+	pair := `"source":"` + srcURL + `","target":"` + tgtURL + `"`
+	once, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c.example", DB: "_replicator", DocID: "once", Body: []byte(`{` + pair + `}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cont, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c.example", DB: "_replicator", DocID: "cont", Body: []byte(`{` + pair + `,"continuous":true}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Jobs []struct {
+			ID      string `json:"id"`
+			ShortID string `json:"short_id"`
+		}
+	}
+	if err := json.Unmarshal(e.get("/_status/data").body, &d); err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]string{}
+	for _, j := range d.Jobs {
+		shown[j.ID] = j.ShortID
+	}
+	if len(shown) != 2 || shown[once.JobID] == "" || shown[once.JobID] == shown[cont.JobID] {
+		t.Fatalf("short ids of a one-shot and a continuous replication of one pair: %v", shown)
+	}
+	if !strings.HasSuffix(shown[cont.JobID], "+continuous") || len(shown[once.JobID]) != repjob.ShortRepIDLen {
+		t.Fatalf("short ids %v", shown)
+	}
+	for id, short := range shown {
+		rec, err := admin.FindJob(ctx, e.store, short)
+		if err != nil || rec.GetJobId() != id {
+			t.Errorf("couchrepctl job show %s: %v %v, want job %s", short, rec.GetJobId(), err, id)
+		}
 	}
 }

@@ -850,3 +850,23 @@ func (s *Store) PendingCount(ctx context.Context, limit int) (int, error) {
 	}
 	return s.q.PendingCount(ctx, JobType, limit)
 }
+
+// ShortRepIDLen is how many characters of a replication id's base the
+// status page shows.
+const ShortRepIDLen = 12
+
+// ShortRepID is the short form of a replication id the status page shows:
+// the first ShortRepIDLen characters of its base and its extension whole
+// ("0123456789ab+continuous"), so that the one-shot and the continuous
+// replication of one pair (one base) never look alike.
+// admin.FindJob resolves it back to its job.
+func ShortRepID(repID string) string {
+	base, ext, _ := strings.Cut(repID, "+")
+	if len(base) > ShortRepIDLen {
+		base = base[:ShortRepIDLen]
+	}
+	if ext == "" {
+		return base
+	}
+	return base + "+" + ext
+}

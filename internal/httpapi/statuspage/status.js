@@ -121,7 +121,7 @@
       const shown = j.parked ? "running, parked" : j.state;
       if (r.shown !== shown) { c.state.replaceChildren(stateBadge(j.state, shown)); r.shown = shown; }
       if (r.state !== j.state) { r.state = j.state; r.tr.dataset.state = j.state; }
-      setText(c.id, (j.rep_id || j.id).slice(0, 12)); // couchrepctl job show accepts it (a unique prefix)
+      setText(c.id, j.short_id); // couchrepctl job show accepts it; "+continuous" and the like stay whole
       c.id.title = j.rep_id ? "job " + j.id + "\nreplication " + j.rep_id : "job " + j.id;
       setText(c.doc, j.kind === "transient" ? "(transient)" : (j.server ? j.server + " " : "") + j.database + " / " + j.doc_id);
       setText(c.ends, j.source + " → " + j.target + (j.continuous ? " (continuous)" : ""));
