@@ -45,7 +45,7 @@ test-short: ## the fast unit tests only (go test -short)
 # databases named couchrep-test-<random>-* and delete them. Turn its own
 # replicator off first ([replicator] max_jobs = 0) or it races couchrep.
 COUCH_URL     ?=
-COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestScenarioMissingStubs|TestAttachmentPutStalls)$$
+COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestScenarioMissingStubs|TestAttachmentPutStalls|TestReplicatorDBScenarios)$$
 COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
 test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 (not part of make test)
 	@[ -n "$(COUCH_URL)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/"; exit 2; }
