@@ -188,16 +188,22 @@ const ExternalURLEnv = "COUCHREP_TEST_COUCH_URL"
 
 // external is the server at rawURL, for one test.
 func external(t testing.TB, rawURL string) *Server {
-	u, err := url.Parse(rawURL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		t.Fatalf("testserver: %s=%q is not an http(s):// server URL", ExternalURLEnv, redactURL(rawURL))
-	}
-	u.Path, u.RawPath, u.RawQuery = "/", "", ""
 	var rnd [4]byte
 	_, _ = rand.Read(rnd[:])
+	return externalWithPrefix(t, rawURL, "couchrep-test-"+hex.EncodeToString(rnd[:])+"-")
+}
+
+// externalWithPrefix is external with the databases' name prefix given
+// (the nodes of one cluster share one).
+func externalWithPrefix(t testing.TB, rawURL, prefix string) *Server {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		t.Fatalf("testserver: %q is not an http(s):// server URL", redactURL(rawURL))
+	}
+	u.Path, u.RawPath, u.RawQuery = "/", "", ""
 	s := &Server{
 		URL: u.String(), external: true, exited: make(chan struct{}),
-		prefix: "couchrep-test-" + hex.EncodeToString(rnd[:]) + "-", named: map[string]bool{},
+		prefix: prefix, named: map[string]bool{},
 		client: &http.Client{Timeout: 60 * time.Second},
 	}
 	if u.User != nil {
