@@ -134,5 +134,7 @@ type cmdError struct {
 	err      error
 }
 
-func (e *cmdError) Error() string { return e.cmd + ": " + e.err.Error() + ": " + tail([]byte(e.out), 1024) }
+func (e *cmdError) Error() string {
+	return e.cmd + ": " + e.err.Error() + ": " + tail([]byte(e.out), 1024)
+}
 func (e *cmdError) Unwrap() error { return e.err }
