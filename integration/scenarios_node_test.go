@@ -243,7 +243,7 @@ func TestScenarioNodeConfig(t *testing.T) {
 			n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, jobsConfig+c.config)})
 			tgt := fmt.Sprintf("cfg%d-tgt", i)
 			rec.reset()
-			r := api(t, n.httpAddr(""), "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true%s}`, rec.URL+"/cfg-src/", rec.URL+"/"+tgt+"/", c.extra))
+			r := api(t, n.httpAddr(""), "POST", "/_replicate", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true%s}`, dbVia(s, rec.URL, "cfg-src"), dbVia(s, rec.URL, tgt), c.extra))
 			if r.status != http.StatusOK || r.obj(t)["ok"] != true {
 				t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
 			}
@@ -359,7 +359,7 @@ func TestScenarioCompaction(t *testing.T) {
 			t.Errorf("_active_tasks %s = %v, want a number", k, x[k])
 		}
 	}
-	if x["continuous"] != true || x["source"] != src || x["target"] != tgt {
+	if x["continuous"] != true || x["source"] != noCreds(src) || x["target"] != noCreds(tgt) {
 		t.Errorf("_active_tasks: continuous %v, source %v, target %v", x["continuous"], x["source"], x["target"])
 	}
 	if r := api(t, addr, "POST", "/_replicate", fmt.Sprintf(`{"replication_id":%q,"cancel":true}`, id)); r.status != http.StatusOK {
