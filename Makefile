@@ -44,12 +44,30 @@ test-short: ## the fast unit tests only (go test -short)
 # run (issue 23): its URL with a server admin's credentials; the tests make
 # databases named couchrep-test-<random>-* and delete them. Turn its own
 # replicator off first ([replicator] max_jobs = 0) or it races couchrep.
-COUCH_URL     ?=
-COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestScenarioMissingStubs|TestAttachmentPutStalls|TestReplicatorDBScenarios)$$
+# CouchDB's replicator scenarios (TestScenario*) run there too, and
+# TestCouchDBAnswers checks on it every answer the tests' proxies and fakes
+# give in CouchDB's place (issue 32).
+# A cluster (issue 32): COUCH_CLUSTER lists its nodes' URLs (comma-separated,
+# admin credentials in each); COUCH_CLUSTER_CMD is a command run as
+# `<cmd> stop N` and `<cmd> start N` (N = 1.. in COUCH_CLUSTER's order) that
+# returns once node N is gone / answers GET /_up again:
+# TestCouchDBClusterNodeDown replicates from and to the cluster with node 3
+# stopped mid-way. Without COUCH_URL the first node is the server of the
+# other tests. COUCH_CONFIG_LOCK names a file the tests that change the
+# server's _config (put back at once) hold an exclusive flock on meanwhile.
+COUCH_URL         ?=
+COUCH_CLUSTER     ?=
+COUCH_CLUSTER_CMD ?=
+COUCH_CONFIG_LOCK ?=
+comma := ,
+COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestAttachmentPutStalls|TestReplicatorDBScenarios|TestScenario.*|TestCouchDB.*)$$
 COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
-test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 (not part of make test)
-	@[ -n "$(COUCH_URL)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/"; exit 2; }
-	COUCHREP_TEST_COUCH_URL='$(COUCH_URL)' $(GO) test -count=1 -timeout 30m -run '$(COUCHDB_TESTS)' -skip '$(COUCHDB_SKIP)' ./integration/ ./internal/couch/ ./internal/dbupdates/
+test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=cmd] (not part of make test)
+	@[ -n "$(COUCH_URL)$(COUCH_CLUSTER)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/ [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=<cmd: stop N / start N>] [COUCH_CONFIG_LOCK=file]"; exit 2; }
+	COUCHREP_TEST_COUCH_URL='$(or $(COUCH_URL),$(firstword $(subst $(comma), ,$(COUCH_CLUSTER))))' \
+	COUCHREP_TEST_COUCH_CLUSTER='$(COUCH_CLUSTER)' COUCHREP_TEST_COUCH_CLUSTER_CMD='$(COUCH_CLUSTER_CMD)' \
+	COUCHREP_TEST_COUCH_CONFIG_LOCK='$(COUCH_CONFIG_LOCK)' \
+	  $(GO) test -count=1 -timeout 40m -run '$(COUCHDB_TESTS)' -skip '$(COUCHDB_SKIP)' ./integration/ ./internal/couch/ ./internal/dbupdates/
 
 CHAOS_DURATION ?= 10m
 CHAOS_SEED     ?=
