@@ -259,6 +259,48 @@ func TestCouchDBAnswers(t *testing.T) {
 			t.Errorf("a stub of a missing attachment: %s, want 412 missing_stub", a)
 		}
 	})
+	t.Run("the server's replicator (internal/takeover/takeovertest.Fake)", func(t *testing.T) {
+		// [replicator] as a JSON object of strings (max_jobs "0" on the
+		// servers of make test-couchdb; absent on a default install, which
+		// internal/takeover reads as CouchDB's default 500).
+		var cfg map[string]any
+		a := couchRequest(t, http.MethodGet, s.URL+"_node/_local/_config/replicator", "", nil)
+		if a.status != http.StatusOK || json.Unmarshal(a.body, &cfg) != nil {
+			t.Fatalf("GET /_node/_local/_config/replicator: %s", a)
+		}
+		for k, v := range cfg {
+			if _, ok := v.(string); !ok {
+				t.Errorf("[replicator] %s = %v: not a string", k, v)
+			}
+		}
+		var sched struct {
+			TotalRows *int             `json:"total_rows"`
+			Offset    *int             `json:"offset"`
+			Docs      []map[string]any `json:"docs"`
+		}
+		a = couchRequest(t, http.MethodGet, s.URL+"_scheduler/docs", "", nil)
+		if a.status != http.StatusOK || json.Unmarshal(a.body, &sched) != nil || sched.TotalRows == nil || sched.Offset == nil || sched.Docs == nil {
+			t.Errorf("GET /_scheduler/docs: %s, want {total_rows, offset, docs}", a)
+		}
+		var tasks []map[string]any
+		if a = couchRequest(t, http.MethodGet, s.URL+"_active_tasks", "", nil); a.status != http.StatusOK || json.Unmarshal(a.body, &tasks) != nil {
+			t.Errorf("GET /_active_tasks: %s, want a JSON array", a)
+		}
+		joe := addCouchUser(t, s, "joe", "erly")
+		for _, p := range []string{"_node/_local/_config/replicator", "_active_tasks"} {
+			wantBody(t, couchRequest(t, http.MethodGet, joe(s.URL)+p, "", nil), http.StatusUnauthorized, `{"error":"unauthorized","reason":"You are not a server admin."}`)
+		}
+		// The store marker, a _local document: revisions 0-1, 0-2, …, and
+		// no conflicts: a write with a stale _rev (or none) wins too, its
+		// revision the one sent plus one (the fake answered 409 until
+		// session 9).
+		m := db + "_local/couchrep-stores"
+		wantBody(t, couchRequest(t, http.MethodPut, m, "application/json", []byte(`{"stores":{}}`)), http.StatusCreated, `{"ok":true,"id":"_local/couchrep-stores","rev":"0-1"}`)
+		wantBody(t, couchRequest(t, http.MethodPut, m, "application/json", []byte(`{"_rev":"0-1","stores":{}}`)), http.StatusCreated, `{"ok":true,"id":"_local/couchrep-stores","rev":"0-2"}`)
+		wantBody(t, couchRequest(t, http.MethodPut, m, "application/json", []byte(`{"_rev":"0-1","stores":{"x":{}}}`)), http.StatusCreated, `{"ok":true,"id":"_local/couchrep-stores","rev":"0-2"}`)
+		wantBody(t, couchRequest(t, http.MethodGet, m, "", nil), http.StatusOK, `{"_id":"_local/couchrep-stores","_rev":"0-2","stores":{"x":{}}}`)
+		wantBody(t, couchRequest(t, http.MethodPut, m, "application/json", []byte(`{"stores":{}}`)), http.StatusCreated, `{"ok":true,"id":"_local/couchrep-stores","rev":"0-1"}`)
+	})
 	t.Run("README: where PouchDB Server differs", func(t *testing.T) {
 		// PUT ?new_edits=false answers {"ok":true,"id","rev"}.
 		wantBody(t, couchRequest(t, http.MethodPut, db+"e1?new_edits=false", "application/json", mustJSON(testserver.Doc("e1", []string{"1-e"}, nil))), http.StatusCreated, `{"ok":true,"id":"e1","rev":"1-e"}`)
