@@ -288,7 +288,17 @@ type JobSummary struct {
 	Kind string `protobuf:"bytes,16,opt,name=kind,proto3" json:"kind,omitempty"`
 	// When the running job parked (idle, its feed closed until its source
 	// changes); unset while it replicates or is not running.
-	ParkedSince   *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
+	ParkedSince *timestamppb.Timestamp `protobuf:"bytes,17,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
+	// When an operator paused the job (couchrepctl job pause); unset unless
+	// paused.
+	PausedAt *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
+	// The last documents the target refused to write, newest last.
+	WriteFailures []*JobWriteFailure `protobuf:"bytes,19,rep,name=write_failures,json=writeFailures,proto3" json:"write_failures,omitempty"`
+	// Seconds since the job last made progress while changes are pending
+	// (0 when caught up or unknown): couchrep_replication_lag_seconds.
+	LagSeconds float64 `protobuf:"fixed64,20,opt,name=lag_seconds,json=lagSeconds,proto3" json:"lag_seconds,omitempty"`
+	// Set while the job's next run starts from sequence 0 (job reset).
+	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,21,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -442,6 +452,119 @@ func (x *JobSummary) GetParkedSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *JobSummary) GetPausedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PausedAt
+	}
+	return nil
+}
+
+func (x *JobSummary) GetWriteFailures() []*JobWriteFailure {
+	if x != nil {
+		return x.WriteFailures
+	}
+	return nil
+}
+
+func (x *JobSummary) GetLagSeconds() float64 {
+	if x != nil {
+		return x.LagSeconds
+	}
+	return 0
+}
+
+func (x *JobSummary) GetResetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetAt
+	}
+	return nil
+}
+
+// JobWriteFailure is one document the target refused to write.
+type JobWriteFailure struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Rev           string                 `protobuf:"bytes,2,opt,name=rev,proto3" json:"rev,omitempty"`
+	Status        int32                  `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JobWriteFailure) Reset() {
+	*x = JobWriteFailure{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JobWriteFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JobWriteFailure) ProtoMessage() {}
+
+func (x *JobWriteFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JobWriteFailure.ProtoReflect.Descriptor instead.
+func (*JobWriteFailure) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *JobWriteFailure) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *JobWriteFailure) GetRev() string {
+	if x != nil {
+		return x.Rev
+	}
+	return ""
+}
+
+func (x *JobWriteFailure) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *JobWriteFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *JobWriteFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JobWriteFailure) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // ListJobsRequest filters the job list; empty fields match everything.
 type ListJobsRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -456,7 +579,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -468,7 +591,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[2]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -481,7 +604,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ListJobsRequest) GetStates() []JobStatus {
@@ -523,7 +646,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +658,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[3]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +671,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobSummary {
@@ -575,7 +698,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -587,7 +710,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[4]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -600,7 +723,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetJobRequest) GetId() string {
@@ -619,7 +742,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +754,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[5]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +767,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetJobResponse) GetJob() *JobSummary {
@@ -663,7 +786,7 @@ type StopJobRequest struct {
 
 func (x *StopJobRequest) Reset() {
 	*x = StopJobRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +798,7 @@ func (x *StopJobRequest) String() string {
 func (*StopJobRequest) ProtoMessage() {}
 
 func (x *StopJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[6]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +811,7 @@ func (x *StopJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJobRequest.ProtoReflect.Descriptor instead.
 func (*StopJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StopJobRequest) GetId() string {
@@ -707,7 +830,7 @@ type StopJobResponse struct {
 
 func (x *StopJobResponse) Reset() {
 	*x = StopJobResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +842,7 @@ func (x *StopJobResponse) String() string {
 func (*StopJobResponse) ProtoMessage() {}
 
 func (x *StopJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[7]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,10 +855,274 @@ func (x *StopJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJobResponse.ProtoReflect.Descriptor instead.
 func (*StopJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StopJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type PauseJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseJobRequest) Reset() {
+	*x = PauseJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseJobRequest) ProtoMessage() {}
+
+func (x *PauseJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseJobRequest.ProtoReflect.Descriptor instead.
+func (*PauseJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PauseJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type PauseJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseJobResponse) Reset() {
+	*x = PauseJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseJobResponse) ProtoMessage() {}
+
+func (x *PauseJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseJobResponse.ProtoReflect.Descriptor instead.
+func (*PauseJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PauseJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type ResumeJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeJobRequest) Reset() {
+	*x = ResumeJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeJobRequest) ProtoMessage() {}
+
+func (x *ResumeJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeJobRequest.ProtoReflect.Descriptor instead.
+func (*ResumeJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ResumeJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResumeJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeJobResponse) Reset() {
+	*x = ResumeJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeJobResponse) ProtoMessage() {}
+
+func (x *ResumeJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeJobResponse.ProtoReflect.Descriptor instead.
+func (*ResumeJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ResumeJobResponse) GetJob() *JobSummary {
+	if x != nil {
+		return x.Job
+	}
+	return nil
+}
+
+type ResetJobRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetJobRequest) Reset() {
+	*x = ResetJobRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetJobRequest) ProtoMessage() {}
+
+func (x *ResetJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetJobRequest.ProtoReflect.Descriptor instead.
+func (*ResetJobRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ResetJobRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type ResetJobResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Job           *JobSummary            `protobuf:"bytes,1,opt,name=job,proto3" json:"job,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetJobResponse) Reset() {
+	*x = ResetJobResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetJobResponse) ProtoMessage() {}
+
+func (x *ResetJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetJobResponse.ProtoReflect.Descriptor instead.
+func (*ResetJobResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ResetJobResponse) GetJob() *JobSummary {
 	if x != nil {
 		return x.Job
 	}
@@ -751,7 +1138,7 @@ type RestartJobRequest struct {
 
 func (x *RestartJobRequest) Reset() {
 	*x = RestartJobRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -763,7 +1150,7 @@ func (x *RestartJobRequest) String() string {
 func (*RestartJobRequest) ProtoMessage() {}
 
 func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[8]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -776,7 +1163,7 @@ func (x *RestartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobRequest.ProtoReflect.Descriptor instead.
 func (*RestartJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RestartJobRequest) GetId() string {
@@ -795,7 +1182,7 @@ type RestartJobResponse struct {
 
 func (x *RestartJobResponse) Reset() {
 	*x = RestartJobResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +1194,7 @@ func (x *RestartJobResponse) String() string {
 func (*RestartJobResponse) ProtoMessage() {}
 
 func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[9]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1207,7 @@ func (x *RestartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestartJobResponse.ProtoReflect.Descriptor instead.
 func (*RestartJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RestartJobResponse) GetJob() *JobSummary {
@@ -839,7 +1226,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1238,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[10]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1251,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelJobRequest) GetId() string {
@@ -883,7 +1270,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -895,7 +1282,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[11]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -908,7 +1295,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CancelJobResponse) GetId() string {
@@ -926,7 +1313,7 @@ type GetSharesRequest struct {
 
 func (x *GetSharesRequest) Reset() {
 	*x = GetSharesRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1325,7 @@ func (x *GetSharesRequest) String() string {
 func (*GetSharesRequest) ProtoMessage() {}
 
 func (x *GetSharesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[12]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1338,7 @@ func (x *GetSharesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSharesRequest.ProtoReflect.Descriptor instead.
 func (*GetSharesRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 type GetSharesResponse struct {
@@ -966,7 +1353,7 @@ type GetSharesResponse struct {
 
 func (x *GetSharesResponse) Reset() {
 	*x = GetSharesResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -978,7 +1365,7 @@ func (x *GetSharesResponse) String() string {
 func (*GetSharesResponse) ProtoMessage() {}
 
 func (x *GetSharesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[13]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -991,7 +1378,7 @@ func (x *GetSharesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetSharesResponse.ProtoReflect.Descriptor instead.
 func (*GetSharesResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetSharesResponse) GetShares() map[string]uint32 {
@@ -1018,7 +1405,7 @@ type SetSharesRequest struct {
 
 func (x *SetSharesRequest) Reset() {
 	*x = SetSharesRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1030,7 +1417,7 @@ func (x *SetSharesRequest) String() string {
 func (*SetSharesRequest) ProtoMessage() {}
 
 func (x *SetSharesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[14]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1043,7 +1430,7 @@ func (x *SetSharesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSharesRequest.ProtoReflect.Descriptor instead.
 func (*SetSharesRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{14}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetSharesRequest) GetShares() map[string]uint32 {
@@ -1063,7 +1450,7 @@ type SetSharesResponse struct {
 
 func (x *SetSharesResponse) Reset() {
 	*x = SetSharesResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1075,7 +1462,7 @@ func (x *SetSharesResponse) String() string {
 func (*SetSharesResponse) ProtoMessage() {}
 
 func (x *SetSharesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[15]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1088,7 +1475,7 @@ func (x *SetSharesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetSharesResponse.ProtoReflect.Descriptor instead.
 func (*SetSharesResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{15}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetSharesResponse) GetShares() map[string]uint32 {
@@ -1117,7 +1504,7 @@ type SetConfigRequest struct {
 
 func (x *SetConfigRequest) Reset() {
 	*x = SetConfigRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1516,7 @@ func (x *SetConfigRequest) String() string {
 func (*SetConfigRequest) ProtoMessage() {}
 
 func (x *SetConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[16]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1529,7 @@ func (x *SetConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetConfigRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetConfigRequest) GetMaxJobs() uint32 {
@@ -1169,7 +1556,7 @@ type SetConfigResponse struct {
 
 func (x *SetConfigResponse) Reset() {
 	*x = SetConfigResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1181,7 +1568,7 @@ func (x *SetConfigResponse) String() string {
 func (*SetConfigResponse) ProtoMessage() {}
 
 func (x *SetConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[17]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1194,7 +1581,7 @@ func (x *SetConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetConfigResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetConfigResponse) GetMaxJobs() uint32 {
@@ -1219,7 +1606,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1618,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[18]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1631,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 type DrainResponse struct {
@@ -1259,7 +1646,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1658,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[19]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1671,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DrainResponse) GetReleased() uint32 {
@@ -1309,7 +1696,7 @@ type UndrainRequest struct {
 
 func (x *UndrainRequest) Reset() {
 	*x = UndrainRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1321,7 +1708,7 @@ func (x *UndrainRequest) String() string {
 func (*UndrainRequest) ProtoMessage() {}
 
 func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[20]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1334,7 +1721,7 @@ func (x *UndrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainRequest.ProtoReflect.Descriptor instead.
 func (*UndrainRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 type UndrainResponse struct {
@@ -1345,7 +1732,7 @@ type UndrainResponse struct {
 
 func (x *UndrainResponse) Reset() {
 	*x = UndrainResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1357,7 +1744,7 @@ func (x *UndrainResponse) String() string {
 func (*UndrainResponse) ProtoMessage() {}
 
 func (x *UndrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[21]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1370,7 +1757,7 @@ func (x *UndrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UndrainResponse.ProtoReflect.Descriptor instead.
 func (*UndrainResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 type StopNodeRequest struct {
@@ -1381,7 +1768,7 @@ type StopNodeRequest struct {
 
 func (x *StopNodeRequest) Reset() {
 	*x = StopNodeRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1780,7 @@ func (x *StopNodeRequest) String() string {
 func (*StopNodeRequest) ProtoMessage() {}
 
 func (x *StopNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[22]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1793,7 @@ func (x *StopNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopNodeRequest.ProtoReflect.Descriptor instead.
 func (*StopNodeRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 type StopNodeResponse struct {
@@ -1418,7 +1805,7 @@ type StopNodeResponse struct {
 
 func (x *StopNodeResponse) Reset() {
 	*x = StopNodeResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1817,7 @@ func (x *StopNodeResponse) String() string {
 func (*StopNodeResponse) ProtoMessage() {}
 
 func (x *StopNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[23]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1830,7 @@ func (x *StopNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopNodeResponse.ProtoReflect.Descriptor instead.
 func (*StopNodeResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StopNodeResponse) GetNode() string {
@@ -1461,7 +1848,7 @@ type NodesRequest struct {
 
 func (x *NodesRequest) Reset() {
 	*x = NodesRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1860,7 @@ func (x *NodesRequest) String() string {
 func (*NodesRequest) ProtoMessage() {}
 
 func (x *NodesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[24]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1873,7 @@ func (x *NodesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesRequest.ProtoReflect.Descriptor instead.
 func (*NodesRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 // NodeInfo is one node of the cluster as registered in the shared store.
@@ -1509,7 +1896,7 @@ type NodeInfo struct {
 
 func (x *NodeInfo) Reset() {
 	*x = NodeInfo{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1908,7 @@ func (x *NodeInfo) String() string {
 func (*NodeInfo) ProtoMessage() {}
 
 func (x *NodeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[25]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1921,7 @@ func (x *NodeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeInfo.ProtoReflect.Descriptor instead.
 func (*NodeInfo) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeInfo) GetName() string {
@@ -1607,7 +1994,7 @@ type NodesResponse struct {
 
 func (x *NodesResponse) Reset() {
 	*x = NodesResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1619,7 +2006,7 @@ func (x *NodesResponse) String() string {
 func (*NodesResponse) ProtoMessage() {}
 
 func (x *NodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[26]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1632,7 +2019,7 @@ func (x *NodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodesResponse.ProtoReflect.Descriptor instead.
 func (*NodesResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *NodesResponse) GetNodes() []*NodeInfo {
@@ -1677,7 +2064,7 @@ type CompetingReplicatorCheck struct {
 
 func (x *CompetingReplicatorCheck) Reset() {
 	*x = CompetingReplicatorCheck{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +2076,7 @@ func (x *CompetingReplicatorCheck) String() string {
 func (*CompetingReplicatorCheck) ProtoMessage() {}
 
 func (x *CompetingReplicatorCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[27]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +2089,7 @@ func (x *CompetingReplicatorCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompetingReplicatorCheck.ProtoReflect.Descriptor instead.
 func (*CompetingReplicatorCheck) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CompetingReplicatorCheck) GetServer() string {
@@ -1761,7 +2148,7 @@ type CompetingDatabase struct {
 
 func (x *CompetingDatabase) Reset() {
 	*x = CompetingDatabase{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +2160,7 @@ func (x *CompetingDatabase) String() string {
 func (*CompetingDatabase) ProtoMessage() {}
 
 func (x *CompetingDatabase) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[28]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +2173,7 @@ func (x *CompetingDatabase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CompetingDatabase.ProtoReflect.Descriptor instead.
 func (*CompetingDatabase) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CompetingDatabase) GetDb() string {
@@ -1826,7 +2213,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2225,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[29]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2238,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReplicateRequest) GetBody() string {
@@ -1880,7 +2267,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2279,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[30]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2292,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicateResponse) GetId() string {
@@ -1938,7 +2325,7 @@ type TakeoverRequest struct {
 
 func (x *TakeoverRequest) Reset() {
 	*x = TakeoverRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1950,7 +2337,7 @@ func (x *TakeoverRequest) String() string {
 func (*TakeoverRequest) ProtoMessage() {}
 
 func (x *TakeoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[31]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1963,7 +2350,7 @@ func (x *TakeoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeoverRequest.ProtoReflect.Descriptor instead.
 func (*TakeoverRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TakeoverRequest) GetServer() string {
@@ -1989,7 +2376,7 @@ type TakeoverResponse struct {
 
 func (x *TakeoverResponse) Reset() {
 	*x = TakeoverResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2388,7 @@ func (x *TakeoverResponse) String() string {
 func (*TakeoverResponse) ProtoMessage() {}
 
 func (x *TakeoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[32]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2401,7 @@ func (x *TakeoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeoverResponse.ProtoReflect.Descriptor instead.
 func (*TakeoverResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *TakeoverResponse) GetServer() string {
@@ -2068,7 +2455,7 @@ type TakeoverCheck struct {
 
 func (x *TakeoverCheck) Reset() {
 	*x = TakeoverCheck{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2080,7 +2467,7 @@ func (x *TakeoverCheck) String() string {
 func (*TakeoverCheck) ProtoMessage() {}
 
 func (x *TakeoverCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[33]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2093,7 +2480,7 @@ func (x *TakeoverCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeoverCheck.ProtoReflect.Descriptor instead.
 func (*TakeoverCheck) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TakeoverCheck) GetName() string {
@@ -2138,7 +2525,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2150,7 +2537,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[34]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2163,7 +2550,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SendRequest) GetVersion() uint32 {
@@ -2197,7 +2584,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2209,7 +2596,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_admin_proto_msgTypes[35]
+	mi := &file_couchrep_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2222,7 +2609,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SendResponse) GetVersion() uint32 {
@@ -2259,7 +2646,7 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"start_from\x18\n" +
 	" \x01(\tR\tstartFrom\x12\x1b\n" +
-	"\tstart_seq\x18\v \x01(\tR\bstartSeq\"\xec\x04\n" +
+	"\tstart_seq\x18\v \x01(\tR\bstartSeq\"\xc2\x06\n" +
 	"\n" +
 	"JobSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12%\n" +
@@ -2283,7 +2670,19 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x05stats\x18\x0e \x01(\v2\x15.couchrep.v1.JobStatsR\x05stats\x12/\n" +
 	"\ahistory\x18\x0f \x03(\v2\x15.couchrep.v1.JobEventR\ahistory\x12\x12\n" +
 	"\x04kind\x18\x10 \x01(\tR\x04kind\x12=\n" +
-	"\fparked_since\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\"\x87\x01\n" +
+	"\fparked_since\x18\x11 \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\x127\n" +
+	"\tpaused_at\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x12C\n" +
+	"\x0ewrite_failures\x18\x13 \x03(\v2\x1c.couchrep.v1.JobWriteFailureR\rwriteFailures\x12\x1f\n" +
+	"\vlag_seconds\x18\x14 \x01(\x01R\n" +
+	"lagSeconds\x125\n" +
+	"\breset_at\x18\x15 \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\xa5\x01\n" +
+	"\x0fJobWriteFailure\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03rev\x18\x02 \x01(\tR\x03rev\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\x05R\x06status\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12*\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\x87\x01\n" +
 	"\x0fListJobsRequest\x12.\n" +
 	"\x06states\x18\x01 \x03(\x0e2\x16.couchrep.v1.JobStatusR\x06states\x12\x1a\n" +
 	"\bdatabase\x18\x02 \x01(\tR\bdatabase\x12\x12\n" +
@@ -2299,6 +2698,18 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x0eStopJobRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"<\n" +
 	"\x0fStopJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"!\n" +
+	"\x0fPauseJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
+	"\x10PauseJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"\"\n" +
+	"\x10ResumeJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\">\n" +
+	"\x11ResumeJobResponse\x12)\n" +
+	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"!\n" +
+	"\x0fResetJobRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"=\n" +
+	"\x10ResetJobResponse\x12)\n" +
 	"\x03job\x18\x01 \x01(\v2\x17.couchrep.v1.JobSummaryR\x03job\"#\n" +
 	"\x11RestartJobRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"?\n" +
@@ -2404,7 +2815,8 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x12JOB_STATUS_RUNNING\x10\x02\x12\x17\n" +
 	"\x13JOB_STATUS_CRASHING\x10\x03\x12\x18\n" +
 	"\x14JOB_STATUS_COMPLETED\x10\x04\x12\x15\n" +
-	"\x11JOB_STATUS_FAILED\x10\x052\xa5\b\n" +
+	"\x11JOB_STATUS_FAILED\x10\x052\x83\n" +
+	"\n" +
 	"\fAdminService\x12;\n" +
 	"\x04Tree\x12\x18.couchrep.v1.TreeRequest\x1a\x19.couchrep.v1.TreeResponse\x12;\n" +
 	"\x04Kill\x12\x18.couchrep.v1.KillRequest\x1a\x19.couchrep.v1.KillResponse\x12G\n" +
@@ -2413,7 +2825,10 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\aStopJob\x12\x1b.couchrep.v1.StopJobRequest\x1a\x1c.couchrep.v1.StopJobResponse\x12M\n" +
 	"\n" +
 	"RestartJob\x12\x1e.couchrep.v1.RestartJobRequest\x1a\x1f.couchrep.v1.RestartJobResponse\x12J\n" +
-	"\tCancelJob\x12\x1d.couchrep.v1.CancelJobRequest\x1a\x1e.couchrep.v1.CancelJobResponse\x12J\n" +
+	"\tCancelJob\x12\x1d.couchrep.v1.CancelJobRequest\x1a\x1e.couchrep.v1.CancelJobResponse\x12G\n" +
+	"\bPauseJob\x12\x1c.couchrep.v1.PauseJobRequest\x1a\x1d.couchrep.v1.PauseJobResponse\x12J\n" +
+	"\tResumeJob\x12\x1d.couchrep.v1.ResumeJobRequest\x1a\x1e.couchrep.v1.ResumeJobResponse\x12G\n" +
+	"\bResetJob\x12\x1c.couchrep.v1.ResetJobRequest\x1a\x1d.couchrep.v1.ResetJobResponse\x12J\n" +
 	"\tGetShares\x12\x1d.couchrep.v1.GetSharesRequest\x1a\x1e.couchrep.v1.GetSharesResponse\x12J\n" +
 	"\tSetShares\x12\x1d.couchrep.v1.SetSharesRequest\x1a\x1e.couchrep.v1.SetSharesResponse\x12J\n" +
 	"\tSetConfig\x12\x1d.couchrep.v1.SetConfigRequest\x1a\x1e.couchrep.v1.SetConfigResponse\x12>\n" +
@@ -2436,116 +2851,136 @@ func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_couchrep_v1_admin_proto_goTypes = []any{
 	(AdminProtocolVersion)(0),        // 0: couchrep.v1.AdminProtocolVersion
 	(JobStatus)(0),                   // 1: couchrep.v1.JobStatus
 	(*JobStats)(nil),                 // 2: couchrep.v1.JobStats
 	(*JobSummary)(nil),               // 3: couchrep.v1.JobSummary
-	(*ListJobsRequest)(nil),          // 4: couchrep.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),         // 5: couchrep.v1.ListJobsResponse
-	(*GetJobRequest)(nil),            // 6: couchrep.v1.GetJobRequest
-	(*GetJobResponse)(nil),           // 7: couchrep.v1.GetJobResponse
-	(*StopJobRequest)(nil),           // 8: couchrep.v1.StopJobRequest
-	(*StopJobResponse)(nil),          // 9: couchrep.v1.StopJobResponse
-	(*RestartJobRequest)(nil),        // 10: couchrep.v1.RestartJobRequest
-	(*RestartJobResponse)(nil),       // 11: couchrep.v1.RestartJobResponse
-	(*CancelJobRequest)(nil),         // 12: couchrep.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),        // 13: couchrep.v1.CancelJobResponse
-	(*GetSharesRequest)(nil),         // 14: couchrep.v1.GetSharesRequest
-	(*GetSharesResponse)(nil),        // 15: couchrep.v1.GetSharesResponse
-	(*SetSharesRequest)(nil),         // 16: couchrep.v1.SetSharesRequest
-	(*SetSharesResponse)(nil),        // 17: couchrep.v1.SetSharesResponse
-	(*SetConfigRequest)(nil),         // 18: couchrep.v1.SetConfigRequest
-	(*SetConfigResponse)(nil),        // 19: couchrep.v1.SetConfigResponse
-	(*DrainRequest)(nil),             // 20: couchrep.v1.DrainRequest
-	(*DrainResponse)(nil),            // 21: couchrep.v1.DrainResponse
-	(*UndrainRequest)(nil),           // 22: couchrep.v1.UndrainRequest
-	(*UndrainResponse)(nil),          // 23: couchrep.v1.UndrainResponse
-	(*StopNodeRequest)(nil),          // 24: couchrep.v1.StopNodeRequest
-	(*StopNodeResponse)(nil),         // 25: couchrep.v1.StopNodeResponse
-	(*NodesRequest)(nil),             // 26: couchrep.v1.NodesRequest
-	(*NodeInfo)(nil),                 // 27: couchrep.v1.NodeInfo
-	(*NodesResponse)(nil),            // 28: couchrep.v1.NodesResponse
-	(*CompetingReplicatorCheck)(nil), // 29: couchrep.v1.CompetingReplicatorCheck
-	(*CompetingDatabase)(nil),        // 30: couchrep.v1.CompetingDatabase
-	(*ReplicateRequest)(nil),         // 31: couchrep.v1.ReplicateRequest
-	(*ReplicateResponse)(nil),        // 32: couchrep.v1.ReplicateResponse
-	(*TakeoverRequest)(nil),          // 33: couchrep.v1.TakeoverRequest
-	(*TakeoverResponse)(nil),         // 34: couchrep.v1.TakeoverResponse
-	(*TakeoverCheck)(nil),            // 35: couchrep.v1.TakeoverCheck
-	(*SendRequest)(nil),              // 36: couchrep.v1.SendRequest
-	(*SendResponse)(nil),             // 37: couchrep.v1.SendResponse
-	nil,                              // 38: couchrep.v1.GetSharesResponse.SharesEntry
-	nil,                              // 39: couchrep.v1.SetSharesRequest.SharesEntry
-	nil,                              // 40: couchrep.v1.SetSharesResponse.SharesEntry
-	(*timestamppb.Timestamp)(nil),    // 41: google.protobuf.Timestamp
-	(*JobEvent)(nil),                 // 42: couchrep.v1.JobEvent
-	(*anypb.Any)(nil),                // 43: google.protobuf.Any
-	(*TreeRequest)(nil),              // 44: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),              // 45: couchrep.v1.KillRequest
-	(*TreeResponse)(nil),             // 46: couchrep.v1.TreeResponse
-	(*KillResponse)(nil),             // 47: couchrep.v1.KillResponse
+	(*JobWriteFailure)(nil),          // 4: couchrep.v1.JobWriteFailure
+	(*ListJobsRequest)(nil),          // 5: couchrep.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),         // 6: couchrep.v1.ListJobsResponse
+	(*GetJobRequest)(nil),            // 7: couchrep.v1.GetJobRequest
+	(*GetJobResponse)(nil),           // 8: couchrep.v1.GetJobResponse
+	(*StopJobRequest)(nil),           // 9: couchrep.v1.StopJobRequest
+	(*StopJobResponse)(nil),          // 10: couchrep.v1.StopJobResponse
+	(*PauseJobRequest)(nil),          // 11: couchrep.v1.PauseJobRequest
+	(*PauseJobResponse)(nil),         // 12: couchrep.v1.PauseJobResponse
+	(*ResumeJobRequest)(nil),         // 13: couchrep.v1.ResumeJobRequest
+	(*ResumeJobResponse)(nil),        // 14: couchrep.v1.ResumeJobResponse
+	(*ResetJobRequest)(nil),          // 15: couchrep.v1.ResetJobRequest
+	(*ResetJobResponse)(nil),         // 16: couchrep.v1.ResetJobResponse
+	(*RestartJobRequest)(nil),        // 17: couchrep.v1.RestartJobRequest
+	(*RestartJobResponse)(nil),       // 18: couchrep.v1.RestartJobResponse
+	(*CancelJobRequest)(nil),         // 19: couchrep.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),        // 20: couchrep.v1.CancelJobResponse
+	(*GetSharesRequest)(nil),         // 21: couchrep.v1.GetSharesRequest
+	(*GetSharesResponse)(nil),        // 22: couchrep.v1.GetSharesResponse
+	(*SetSharesRequest)(nil),         // 23: couchrep.v1.SetSharesRequest
+	(*SetSharesResponse)(nil),        // 24: couchrep.v1.SetSharesResponse
+	(*SetConfigRequest)(nil),         // 25: couchrep.v1.SetConfigRequest
+	(*SetConfigResponse)(nil),        // 26: couchrep.v1.SetConfigResponse
+	(*DrainRequest)(nil),             // 27: couchrep.v1.DrainRequest
+	(*DrainResponse)(nil),            // 28: couchrep.v1.DrainResponse
+	(*UndrainRequest)(nil),           // 29: couchrep.v1.UndrainRequest
+	(*UndrainResponse)(nil),          // 30: couchrep.v1.UndrainResponse
+	(*StopNodeRequest)(nil),          // 31: couchrep.v1.StopNodeRequest
+	(*StopNodeResponse)(nil),         // 32: couchrep.v1.StopNodeResponse
+	(*NodesRequest)(nil),             // 33: couchrep.v1.NodesRequest
+	(*NodeInfo)(nil),                 // 34: couchrep.v1.NodeInfo
+	(*NodesResponse)(nil),            // 35: couchrep.v1.NodesResponse
+	(*CompetingReplicatorCheck)(nil), // 36: couchrep.v1.CompetingReplicatorCheck
+	(*CompetingDatabase)(nil),        // 37: couchrep.v1.CompetingDatabase
+	(*ReplicateRequest)(nil),         // 38: couchrep.v1.ReplicateRequest
+	(*ReplicateResponse)(nil),        // 39: couchrep.v1.ReplicateResponse
+	(*TakeoverRequest)(nil),          // 40: couchrep.v1.TakeoverRequest
+	(*TakeoverResponse)(nil),         // 41: couchrep.v1.TakeoverResponse
+	(*TakeoverCheck)(nil),            // 42: couchrep.v1.TakeoverCheck
+	(*SendRequest)(nil),              // 43: couchrep.v1.SendRequest
+	(*SendResponse)(nil),             // 44: couchrep.v1.SendResponse
+	nil,                              // 45: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                              // 46: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                              // 47: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil),    // 48: google.protobuf.Timestamp
+	(*JobEvent)(nil),                 // 49: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),                // 50: google.protobuf.Any
+	(*TreeRequest)(nil),              // 51: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),              // 52: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),             // 53: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),             // 54: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
-	41, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
-	41, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	48, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	48, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
-	42, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
-	41, // 5: couchrep.v1.JobSummary.parked_since:type_name -> google.protobuf.Timestamp
-	1,  // 6: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
-	3,  // 7: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
-	3,  // 8: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
-	3,  // 9: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
-	3,  // 10: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	38, // 11: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	39, // 12: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	40, // 13: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	41, // 14: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
-	27, // 15: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
-	29, // 16: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
-	41, // 17: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
-	30, // 18: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
-	41, // 19: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
-	35, // 20: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
-	43, // 21: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	43, // 22: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	44, // 23: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	45, // 24: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
-	4,  // 25: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
-	6,  // 26: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
-	8,  // 27: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
-	10, // 28: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
-	12, // 29: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
-	14, // 30: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
-	16, // 31: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
-	18, // 32: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
-	20, // 33: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
-	22, // 34: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
-	24, // 35: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
-	26, // 36: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
-	36, // 37: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	46, // 38: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	47, // 39: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	5,  // 40: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
-	7,  // 41: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
-	9,  // 42: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
-	11, // 43: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
-	13, // 44: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
-	15, // 45: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
-	17, // 46: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
-	19, // 47: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
-	21, // 48: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
-	23, // 49: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
-	25, // 50: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
-	28, // 51: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	37, // 52: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
-	38, // [38:53] is the sub-list for method output_type
-	23, // [23:38] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	49, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	48, // 5: couchrep.v1.JobSummary.parked_since:type_name -> google.protobuf.Timestamp
+	48, // 6: couchrep.v1.JobSummary.paused_at:type_name -> google.protobuf.Timestamp
+	4,  // 7: couchrep.v1.JobSummary.write_failures:type_name -> couchrep.v1.JobWriteFailure
+	48, // 8: couchrep.v1.JobSummary.reset_at:type_name -> google.protobuf.Timestamp
+	48, // 9: couchrep.v1.JobWriteFailure.at:type_name -> google.protobuf.Timestamp
+	1,  // 10: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
+	3,  // 11: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
+	3,  // 12: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 13: couchrep.v1.StopJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 14: couchrep.v1.PauseJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 15: couchrep.v1.ResumeJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 16: couchrep.v1.ResetJobResponse.job:type_name -> couchrep.v1.JobSummary
+	3,  // 17: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
+	45, // 18: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	46, // 19: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	47, // 20: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	48, // 21: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	34, // 22: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
+	36, // 23: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
+	48, // 24: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
+	37, // 25: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
+	48, // 26: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
+	42, // 27: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
+	50, // 28: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	50, // 29: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	51, // 30: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	52, // 31: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	5,  // 32: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
+	7,  // 33: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
+	9,  // 34: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
+	17, // 35: couchrep.v1.AdminService.RestartJob:input_type -> couchrep.v1.RestartJobRequest
+	19, // 36: couchrep.v1.AdminService.CancelJob:input_type -> couchrep.v1.CancelJobRequest
+	11, // 37: couchrep.v1.AdminService.PauseJob:input_type -> couchrep.v1.PauseJobRequest
+	13, // 38: couchrep.v1.AdminService.ResumeJob:input_type -> couchrep.v1.ResumeJobRequest
+	15, // 39: couchrep.v1.AdminService.ResetJob:input_type -> couchrep.v1.ResetJobRequest
+	21, // 40: couchrep.v1.AdminService.GetShares:input_type -> couchrep.v1.GetSharesRequest
+	23, // 41: couchrep.v1.AdminService.SetShares:input_type -> couchrep.v1.SetSharesRequest
+	25, // 42: couchrep.v1.AdminService.SetConfig:input_type -> couchrep.v1.SetConfigRequest
+	27, // 43: couchrep.v1.AdminService.Drain:input_type -> couchrep.v1.DrainRequest
+	29, // 44: couchrep.v1.AdminService.Undrain:input_type -> couchrep.v1.UndrainRequest
+	31, // 45: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
+	33, // 46: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
+	43, // 47: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
+	53, // 48: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	54, // 49: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	6,  // 50: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	8,  // 51: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	10, // 52: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	18, // 53: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	20, // 54: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	12, // 55: couchrep.v1.AdminService.PauseJob:output_type -> couchrep.v1.PauseJobResponse
+	14, // 56: couchrep.v1.AdminService.ResumeJob:output_type -> couchrep.v1.ResumeJobResponse
+	16, // 57: couchrep.v1.AdminService.ResetJob:output_type -> couchrep.v1.ResetJobResponse
+	22, // 58: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	24, // 59: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	26, // 60: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	28, // 61: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	30, // 62: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	32, // 63: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	35, // 64: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	44, // 65: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	48, // [48:66] is the sub-list for method output_type
+	30, // [30:48] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_admin_proto_init() }
@@ -2555,14 +2990,14 @@ func file_couchrep_v1_admin_proto_init() {
 	}
 	file_couchrep_v1_scheduler_proto_init()
 	file_couchrep_v1_supervisor_proto_init()
-	file_couchrep_v1_admin_proto_msgTypes[16].OneofWrappers = []any{}
+	file_couchrep_v1_admin_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   39,
+			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -154,6 +154,10 @@ const (
 	JobControl_ACTION_RESTART JobControl_Action = 2
 	// The job was canceled or removed in the same transaction: stop now.
 	JobControl_ACTION_CANCEL JobControl_Action = 3
+	// Stop cleanly and stay paused (repjob.Run.Pause) until resumed.
+	JobControl_ACTION_PAUSE JobControl_Action = 4
+	// Stop cleanly and run again now from sequence 0 (repjob.Run.Reset).
+	JobControl_ACTION_RESET JobControl_Action = 5
 )
 
 // Enum value maps for JobControl_Action.
@@ -163,12 +167,16 @@ var (
 		1: "ACTION_STOP",
 		2: "ACTION_RESTART",
 		3: "ACTION_CANCEL",
+		4: "ACTION_PAUSE",
+		5: "ACTION_RESET",
 	}
 	JobControl_Action_value = map[string]int32{
 		"ACTION_UNSPECIFIED": 0,
 		"ACTION_STOP":        1,
 		"ACTION_RESTART":     2,
 		"ACTION_CANCEL":      3,
+		"ACTION_PAUSE":       4,
+		"ACTION_RESET":       5,
 	}
 )
 
@@ -196,7 +204,7 @@ func (x JobControl_Action) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use JobControl_Action.Descriptor instead.
 func (JobControl_Action) EnumDescriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4, 0}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{5, 0}
 }
 
 // ReplicationStats are a job's counters under _active_tasks' names. The
@@ -223,7 +231,14 @@ type ReplicationStats struct {
 	// id), "since_seq" or "zero"; empty before the checkpoints were read.
 	StartFrom string `protobuf:"bytes,12,opt,name=start_from,json=startFrom,proto3" json:"start_from,omitempty"`
 	// The sequence it started from (JSON).
-	StartSeq      string `protobuf:"bytes,13,opt,name=start_seq,json=startSeq,proto3" json:"start_seq,omitempty"`
+	StartSeq string `protobuf:"bytes,13,opt,name=start_seq,json=startSeq,proto3" json:"start_seq,omitempty"`
+	// The last documents the target refused to write (newest last; at most
+	// 100 and 32 KiB: internal/repjob MergeWriteFailures), kept across runs.
+	WriteFailures []*DocWriteFailure `protobuf:"bytes,14,rep,name=write_failures,json=writeFailures,proto3" json:"write_failures,omitempty"`
+	// Set while changes are pending: the later of the last advance of
+	// checkpointed_source_seq and the first report of changes pending after
+	// none; the job's lag is the time since (docs/operations.md).
+	BehindSince   *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=behind_since,json=behindSince,proto3" json:"behind_since,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -349,6 +364,110 @@ func (x *ReplicationStats) GetStartSeq() string {
 	return ""
 }
 
+func (x *ReplicationStats) GetWriteFailures() []*DocWriteFailure {
+	if x != nil {
+		return x.WriteFailures
+	}
+	return nil
+}
+
+func (x *ReplicationStats) GetBehindSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BehindSince
+	}
+	return nil
+}
+
+// DocWriteFailure is one document revision the target refused to write
+// (a validate_doc_update's forbidden, 401, 413, 415, ...), as the target
+// gave it.
+type DocWriteFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Rev   string                 `protobuf:"bytes,2,opt,name=rev,proto3" json:"rev,omitempty"`
+	// The HTTP status (a _bulk_docs row's error mapped to its status); 0
+	// when the replicator skipped the document itself (an id too long).
+	Status int32 `protobuf:"varint,3,opt,name=status,proto3" json:"status,omitempty"`
+	// The target's error and reason ("forbidden", "only admins ...").
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	Reason        string                 `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	At            *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DocWriteFailure) Reset() {
+	*x = DocWriteFailure{}
+	mi := &file_couchrep_v1_replication_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DocWriteFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DocWriteFailure) ProtoMessage() {}
+
+func (x *DocWriteFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_replication_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DocWriteFailure.ProtoReflect.Descriptor instead.
+func (*DocWriteFailure) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DocWriteFailure) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *DocWriteFailure) GetRev() string {
+	if x != nil {
+		return x.Rev
+	}
+	return ""
+}
+
+func (x *DocWriteFailure) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *DocWriteFailure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *DocWriteFailure) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *DocWriteFailure) GetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
 // ReplicationJob is one replication job: the couch_jobs data of the job
 // (jobs, DATA, "replication", job_id).
 type ReplicationJob struct {
@@ -407,14 +526,21 @@ type ReplicationJob struct {
 	// When the running job parked: idle, checkpointed, its feed closed,
 	// waiting for its source to change ([replicator] idle_park_after); unset
 	// while it replicates and whenever it is not running.
-	ParkedSince   *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
+	ParkedSince *timestamppb.Timestamp `protobuf:"bytes,26,opt,name=parked_since,json=parkedSince,proto3" json:"parked_since,omitempty"`
+	// Set while an operator paused the job (couchrepctl job pause): it stays
+	// pending in the queue, never due, until resumed; it survives restarts,
+	// rotation and takeover (it lives here, in the store).
+	PausedAt *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
+	// The next run starts from sequence 0, whatever the checkpoints say
+	// (couchrepctl job reset); cleared by that run's first checkpoint.
+	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicationJob) Reset() {
 	*x = ReplicationJob{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[1]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +552,7 @@ func (x *ReplicationJob) String() string {
 func (*ReplicationJob) ProtoMessage() {}
 
 func (x *ReplicationJob) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[1]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +565,7 @@ func (x *ReplicationJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationJob.ProtoReflect.Descriptor instead.
 func (*ReplicationJob) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{1}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReplicationJob) GetKind() ReplicationKind {
@@ -624,6 +750,20 @@ func (x *ReplicationJob) GetParkedSince() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *ReplicationJob) GetPausedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.PausedAt
+	}
+	return nil
+}
+
+func (x *ReplicationJob) GetResetAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ResetAt
+	}
+	return nil
+}
+
 // ReplicationJobEvent is published on the actor system's event stream when
 // a replication job changes state on this node (started, checkpointed,
 // stopped, crashed, completed, failed).
@@ -652,7 +792,7 @@ type ReplicationJobEvent struct {
 
 func (x *ReplicationJobEvent) Reset() {
 	*x = ReplicationJobEvent{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[2]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +804,7 @@ func (x *ReplicationJobEvent) String() string {
 func (*ReplicationJobEvent) ProtoMessage() {}
 
 func (x *ReplicationJobEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[2]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +817,7 @@ func (x *ReplicationJobEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicationJobEvent.ProtoReflect.Descriptor instead.
 func (*ReplicationJobEvent) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{2}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReplicationJobEvent) GetJobId() string {
@@ -785,7 +925,7 @@ type StopReplicationJobRequest struct {
 
 func (x *StopReplicationJobRequest) Reset() {
 	*x = StopReplicationJobRequest{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[3]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +937,7 @@ func (x *StopReplicationJobRequest) String() string {
 func (*StopReplicationJobRequest) ProtoMessage() {}
 
 func (x *StopReplicationJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[3]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +950,7 @@ func (x *StopReplicationJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopReplicationJobRequest.ProtoReflect.Descriptor instead.
 func (*StopReplicationJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{3}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StopReplicationJobRequest) GetJobId() string {
@@ -850,7 +990,7 @@ type JobControl struct {
 
 func (x *JobControl) Reset() {
 	*x = JobControl{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +1002,7 @@ func (x *JobControl) String() string {
 func (*JobControl) ProtoMessage() {}
 
 func (x *JobControl) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[4]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +1015,7 @@ func (x *JobControl) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobControl.ProtoReflect.Descriptor instead.
 func (*JobControl) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{4}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JobControl) GetJobId() string {
@@ -937,7 +1077,7 @@ type StopReplicationJobResponse struct {
 
 func (x *StopReplicationJobResponse) Reset() {
 	*x = StopReplicationJobResponse{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -949,7 +1089,7 @@ func (x *StopReplicationJobResponse) String() string {
 func (*StopReplicationJobResponse) ProtoMessage() {}
 
 func (x *StopReplicationJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[5]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -962,7 +1102,7 @@ func (x *StopReplicationJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopReplicationJobResponse.ProtoReflect.Descriptor instead.
 func (*StopReplicationJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{5}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StopReplicationJobResponse) GetJobId() string {
@@ -982,7 +1122,7 @@ type SchedulerStatusRequest struct {
 
 func (x *SchedulerStatusRequest) Reset() {
 	*x = SchedulerStatusRequest{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -994,7 +1134,7 @@ func (x *SchedulerStatusRequest) String() string {
 func (*SchedulerStatusRequest) ProtoMessage() {}
 
 func (x *SchedulerStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[6]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1007,7 +1147,7 @@ func (x *SchedulerStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStatusRequest.ProtoReflect.Descriptor instead.
 func (*SchedulerStatusRequest) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{6}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{7}
 }
 
 // SchedulerStatusResponse is the scheduler actor's view of this node.
@@ -1027,7 +1167,7 @@ type SchedulerStatusResponse struct {
 
 func (x *SchedulerStatusResponse) Reset() {
 	*x = SchedulerStatusResponse{}
-	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1039,7 +1179,7 @@ func (x *SchedulerStatusResponse) String() string {
 func (*SchedulerStatusResponse) ProtoMessage() {}
 
 func (x *SchedulerStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchrep_v1_replication_proto_msgTypes[7]
+	mi := &file_couchrep_v1_replication_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1052,7 +1192,7 @@ func (x *SchedulerStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SchedulerStatusResponse.ProtoReflect.Descriptor instead.
 func (*SchedulerStatusResponse) Descriptor() ([]byte, []int) {
-	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{7}
+	return file_couchrep_v1_replication_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SchedulerStatusResponse) GetNode() string {
@@ -1101,7 +1241,7 @@ var File_couchrep_v1_replication_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcouchrep/v1/replication.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bcouchrep/v1/scheduler.proto\"\xab\x04\n" +
+	"\x1dcouchrep/v1/replication.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bcouchrep/v1/scheduler.proto\"\xaf\x05\n" +
 	"\x10ReplicationStats\x12+\n" +
 	"\x11revisions_checked\x18\x01 \x01(\x03R\x10revisionsChecked\x126\n" +
 	"\x17missing_revisions_found\x18\x02 \x01(\x03R\x15missingRevisionsFound\x12\x1b\n" +
@@ -1119,8 +1259,17 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"throughSeq\x12\x1d\n" +
 	"\n" +
 	"start_from\x18\f \x01(\tR\tstartFrom\x12\x1b\n" +
-	"\tstart_seq\x18\r \x01(\tR\bstartSeqB\x12\n" +
-	"\x10_changes_pending\"\xc5\a\n" +
+	"\tstart_seq\x18\r \x01(\tR\bstartSeq\x12C\n" +
+	"\x0ewrite_failures\x18\x0e \x03(\v2\x1c.couchrep.v1.DocWriteFailureR\rwriteFailures\x12=\n" +
+	"\fbehind_since\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\vbehindSinceB\x12\n" +
+	"\x10_changes_pending\"\xa5\x01\n" +
+	"\x0fDocWriteFailure\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03rev\x18\x02 \x01(\tR\x03rev\x12\x16\n" +
+	"\x06status\x18\x03 \x01(\x05R\x06status\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12*\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xb5\b\n" +
 	"\x0eReplicationJob\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.couchrep.v1.ReplicationKindR\x04kind\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1155,7 +1304,9 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"filterCode\x12\x1f\n" +
 	"\verror_count\x18\x19 \x01(\x05R\n" +
 	"errorCount\x12=\n" +
-	"\fparked_since\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\"\xec\x03\n" +
+	"\fparked_since\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\x127\n" +
+	"\tpaused_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x125\n" +
+	"\breset_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\xec\x03\n" +
 	"\x13ReplicationJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x15\n" +
 	"\x06rep_id\x18\x02 \x01(\tR\x05repId\x120\n" +
@@ -1176,7 +1327,7 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"started_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\"J\n" +
 	"\x19StopReplicationJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xcd\x02\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xf1\x02\n" +
 	"\n" +
 	"JobControl\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x126\n" +
@@ -1185,12 +1336,14 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\x03run\x18\x04 \x01(\x04R\x03run\x12!\n" +
 	"\frequested_by\x18\x05 \x01(\tR\vrequestedBy\x12=\n" +
 	"\frequested_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vrequestedAt\x12\x0e\n" +
-	"\x02id\x18\a \x01(\tR\x02id\"X\n" +
+	"\x02id\x18\a \x01(\tR\x02id\"|\n" +
 	"\x06Action\x12\x16\n" +
 	"\x12ACTION_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vACTION_STOP\x10\x01\x12\x12\n" +
 	"\x0eACTION_RESTART\x10\x02\x12\x11\n" +
-	"\rACTION_CANCEL\x10\x03\"3\n" +
+	"\rACTION_CANCEL\x10\x03\x12\x10\n" +
+	"\fACTION_PAUSE\x10\x04\x12\x10\n" +
+	"\fACTION_RESET\x10\x05\"3\n" +
 	"\x1aStopReplicationJobResponse\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"\x18\n" +
 	"\x16SchedulerStatusRequest\"\xaf\x01\n" +
@@ -1226,44 +1379,50 @@ func file_couchrep_v1_replication_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_replication_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_couchrep_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_couchrep_v1_replication_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_couchrep_v1_replication_proto_goTypes = []any{
 	(ReplicationKind)(0),               // 0: couchrep.v1.ReplicationKind
 	(ReplicationState)(0),              // 1: couchrep.v1.ReplicationState
 	(JobControl_Action)(0),             // 2: couchrep.v1.JobControl.Action
 	(*ReplicationStats)(nil),           // 3: couchrep.v1.ReplicationStats
-	(*ReplicationJob)(nil),             // 4: couchrep.v1.ReplicationJob
-	(*ReplicationJobEvent)(nil),        // 5: couchrep.v1.ReplicationJobEvent
-	(*StopReplicationJobRequest)(nil),  // 6: couchrep.v1.StopReplicationJobRequest
-	(*JobControl)(nil),                 // 7: couchrep.v1.JobControl
-	(*StopReplicationJobResponse)(nil), // 8: couchrep.v1.StopReplicationJobResponse
-	(*SchedulerStatusRequest)(nil),     // 9: couchrep.v1.SchedulerStatusRequest
-	(*SchedulerStatusResponse)(nil),    // 10: couchrep.v1.SchedulerStatusResponse
-	(*JobHistory)(nil),                 // 11: couchrep.v1.JobHistory
+	(*DocWriteFailure)(nil),            // 4: couchrep.v1.DocWriteFailure
+	(*ReplicationJob)(nil),             // 5: couchrep.v1.ReplicationJob
+	(*ReplicationJobEvent)(nil),        // 6: couchrep.v1.ReplicationJobEvent
+	(*StopReplicationJobRequest)(nil),  // 7: couchrep.v1.StopReplicationJobRequest
+	(*JobControl)(nil),                 // 8: couchrep.v1.JobControl
+	(*StopReplicationJobResponse)(nil), // 9: couchrep.v1.StopReplicationJobResponse
+	(*SchedulerStatusRequest)(nil),     // 10: couchrep.v1.SchedulerStatusRequest
+	(*SchedulerStatusResponse)(nil),    // 11: couchrep.v1.SchedulerStatusResponse
 	(*timestamppb.Timestamp)(nil),      // 12: google.protobuf.Timestamp
+	(*JobHistory)(nil),                 // 13: couchrep.v1.JobHistory
 }
 var file_couchrep_v1_replication_proto_depIdxs = []int32{
-	0,  // 0: couchrep.v1.ReplicationJob.kind:type_name -> couchrep.v1.ReplicationKind
-	1,  // 1: couchrep.v1.ReplicationJob.state:type_name -> couchrep.v1.ReplicationState
-	11, // 2: couchrep.v1.ReplicationJob.history:type_name -> couchrep.v1.JobHistory
-	3,  // 3: couchrep.v1.ReplicationJob.stats:type_name -> couchrep.v1.ReplicationStats
-	12, // 4: couchrep.v1.ReplicationJob.created_at:type_name -> google.protobuf.Timestamp
-	12, // 5: couchrep.v1.ReplicationJob.last_updated:type_name -> google.protobuf.Timestamp
-	12, // 6: couchrep.v1.ReplicationJob.last_started:type_name -> google.protobuf.Timestamp
-	12, // 7: couchrep.v1.ReplicationJob.finished_at:type_name -> google.protobuf.Timestamp
-	12, // 8: couchrep.v1.ReplicationJob.parked_since:type_name -> google.protobuf.Timestamp
-	0,  // 9: couchrep.v1.ReplicationJobEvent.kind:type_name -> couchrep.v1.ReplicationKind
-	1,  // 10: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
-	3,  // 11: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
-	12, // 12: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
-	12, // 13: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
-	2,  // 14: couchrep.v1.JobControl.action:type_name -> couchrep.v1.JobControl.Action
-	12, // 15: couchrep.v1.JobControl.requested_at:type_name -> google.protobuf.Timestamp
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	4,  // 0: couchrep.v1.ReplicationStats.write_failures:type_name -> couchrep.v1.DocWriteFailure
+	12, // 1: couchrep.v1.ReplicationStats.behind_since:type_name -> google.protobuf.Timestamp
+	12, // 2: couchrep.v1.DocWriteFailure.at:type_name -> google.protobuf.Timestamp
+	0,  // 3: couchrep.v1.ReplicationJob.kind:type_name -> couchrep.v1.ReplicationKind
+	1,  // 4: couchrep.v1.ReplicationJob.state:type_name -> couchrep.v1.ReplicationState
+	13, // 5: couchrep.v1.ReplicationJob.history:type_name -> couchrep.v1.JobHistory
+	3,  // 6: couchrep.v1.ReplicationJob.stats:type_name -> couchrep.v1.ReplicationStats
+	12, // 7: couchrep.v1.ReplicationJob.created_at:type_name -> google.protobuf.Timestamp
+	12, // 8: couchrep.v1.ReplicationJob.last_updated:type_name -> google.protobuf.Timestamp
+	12, // 9: couchrep.v1.ReplicationJob.last_started:type_name -> google.protobuf.Timestamp
+	12, // 10: couchrep.v1.ReplicationJob.finished_at:type_name -> google.protobuf.Timestamp
+	12, // 11: couchrep.v1.ReplicationJob.parked_since:type_name -> google.protobuf.Timestamp
+	12, // 12: couchrep.v1.ReplicationJob.paused_at:type_name -> google.protobuf.Timestamp
+	12, // 13: couchrep.v1.ReplicationJob.reset_at:type_name -> google.protobuf.Timestamp
+	0,  // 14: couchrep.v1.ReplicationJobEvent.kind:type_name -> couchrep.v1.ReplicationKind
+	1,  // 15: couchrep.v1.ReplicationJobEvent.state:type_name -> couchrep.v1.ReplicationState
+	3,  // 16: couchrep.v1.ReplicationJobEvent.stats:type_name -> couchrep.v1.ReplicationStats
+	12, // 17: couchrep.v1.ReplicationJobEvent.timestamp:type_name -> google.protobuf.Timestamp
+	12, // 18: couchrep.v1.ReplicationJobEvent.started_at:type_name -> google.protobuf.Timestamp
+	2,  // 19: couchrep.v1.JobControl.action:type_name -> couchrep.v1.JobControl.Action
+	12, // 20: couchrep.v1.JobControl.requested_at:type_name -> google.protobuf.Timestamp
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_couchrep_v1_replication_proto_init() }
@@ -1279,7 +1438,7 @@ func file_couchrep_v1_replication_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_replication_proto_rawDesc), len(file_couchrep_v1_replication_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

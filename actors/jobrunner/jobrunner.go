@@ -821,7 +821,8 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 	case err == nil:
 		// A continuous replication never ends by itself.
 		return a.crash(system, "replication ended unexpectedly")
-	case errors.Is(err, replicate.ErrInvalidParams):
+	case errors.Is(err, replicate.ErrInvalidParams), errors.Is(err, replicate.ErrDocWriteFailed):
+		// ErrDocWriteFailed: stop_on_write_failure, the document's reason.
 		return a.fail(system, err.Error())
 	default:
 		return a.crash(system, err.Error())

@@ -100,6 +100,18 @@ func (s *service) RestartJob(ctx context.Context, req *connect.Request[messages.
 	return call[messages.RestartJobResponse](ctx, s, req.Msg)
 }
 
+func (s *service) PauseJob(ctx context.Context, req *connect.Request[messages.PauseJobRequest]) (*connect.Response[messages.PauseJobResponse], error) {
+	return call[messages.PauseJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) ResumeJob(ctx context.Context, req *connect.Request[messages.ResumeJobRequest]) (*connect.Response[messages.ResumeJobResponse], error) {
+	return call[messages.ResumeJobResponse](ctx, s, req.Msg)
+}
+
+func (s *service) ResetJob(ctx context.Context, req *connect.Request[messages.ResetJobRequest]) (*connect.Response[messages.ResetJobResponse], error) {
+	return call[messages.ResetJobResponse](ctx, s, req.Msg)
+}
+
 func (s *service) CancelJob(ctx context.Context, req *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
 	return call[messages.CancelJobResponse](ctx, s, req.Msg)
 }

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"strings"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -73,10 +74,28 @@ func JobSummary(r *repjob.Record, withHistory bool) *messages.JobSummary {
 			s.Error = "canceled"
 		}
 	}
+	s.PausedAt, s.ResetAt = r.GetPausedAt(), r.GetResetAt()
+	s.LagSeconds = repjob.Lag(r, time.Now()).Seconds()
 	if withHistory {
 		s.History = r.GetHistory().GetEvents()
+		s.WriteFailures = WriteFailures(r.GetStats())
 	}
 	return s
+}
+
+// WriteFailures are the documents the job's target refused, newest last,
+// as the admin API shows them (texts redacted).
+func WriteFailures(st *messages.ReplicationStats) []*messages.JobWriteFailure {
+	fs := st.GetWriteFailures()
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]*messages.JobWriteFailure, len(fs))
+	for i, f := range fs {
+		out[i] = &messages.JobWriteFailure{Id: f.GetId(), Rev: f.GetRev(), Status: f.GetStatus(),
+			Error: redact.Text(f.GetError()), Reason: redact.Text(f.GetReason()), At: f.GetAt()}
+	}
+	return out
 }
 
 func jobStats(st *messages.ReplicationStats) *messages.JobStats {

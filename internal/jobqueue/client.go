@@ -162,6 +162,10 @@ type ResubmitOptions struct {
 	// Priority, if SetPriority, replaces the job's priority.
 	Priority    uint64
 	SetPriority bool
+	// Data, if not nil, replaces the job's payload (Queue.ResubmitTx of a
+	// job that does not run: a running job's worker owns its payload, and
+	// ResubmitTx fails with ErrRunning).
+	Data []byte
 }
 
 // Resubmit asks for job (typ, id) to run again: a finished job becomes
@@ -178,6 +182,12 @@ func (q *Queue) ResubmitTx(tx kv.Tx, typ, id string, opts ResubmitOptions) error
 		return err
 	}
 	now := q.clock()
+	if opts.Data != nil {
+		if rec.GetState() == messages.JobState_JOB_STATE_RUNNING {
+			return fmt.Errorf("%w: %q/%q: its worker owns its data", ErrRunning, typ, id)
+		}
+		rec.Data = opts.Data
+	}
 	if rec.GetState() == messages.JobState_JOB_STATE_PENDING {
 		q.dequeue(tx, rec)
 	}

@@ -30,3 +30,7 @@ var (
 	// replace or remove.
 	ErrCorrupt = errors.New("jobqueue: corrupt job record")
 )
+
+// ErrRunning is returned (wrapped) for a change only a job's worker may
+// make while it runs (its payload).
+var ErrRunning = errors.New("jobqueue: job running")

@@ -335,8 +335,8 @@ func (r *Run) ClaimRepID(ctx context.Context, base, ext, filterCode string) (cha
 // activity monitor. Call it at every checkpoint, and at least twice per
 // activity timeout unless the run is held under a lease (Watch).
 func (r *Run) Progress(ctx context.Context, st replicate.Stats) error {
-	return r.write(ctx, "update", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
-		m.Stats = StatsProto(st)
+	return r.write(ctx, "update", false, func(m *messages.ReplicationJob, _ ledger, now time.Time) error {
+		withRunStats(m, st, now)
 		return nil
 	}, r.j.UpdateTx)
 }
@@ -345,11 +345,11 @@ func (r *Run) Progress(ctx context.Context, st replicate.Stats) error {
 // resumed), with its stats then. The job stays running; the views show it
 // parked until it resumes or its run ends.
 func (r *Run) Park(ctx context.Context, since time.Time, st replicate.Stats) error {
-	return r.write(ctx, "park", false, func(m *messages.ReplicationJob, _ ledger, _ time.Time) error {
+	return r.write(ctx, "park", false, func(m *messages.ReplicationJob, _ ledger, now time.Time) error {
 		m.ParkedSince = nil
 		if !since.IsZero() {
 			m.ParkedSince = ts(since)
-			m.Stats = StatsProto(st)
+			withRunStats(m, st, now)
 		}
 		return nil
 	}, r.j.UpdateTx)
@@ -359,7 +359,8 @@ func (r *Run) Park(ctx context.Context, since time.Time, st replicate.Stats) err
 // completed, with its final stats and CouchDB's POST /_replicate reply.
 func (r *Run) Complete(ctx context.Context, res replicate.Result) error {
 	return r.finish(ctx, "complete", StateCompleted, "", func(m *messages.ReplicationJob) {
-		m.Stats = StatsProto(res.Stats)
+		withRunStats(m, res.Stats, r.s.now())
+		m.ResetAt = nil
 		m.Result = append([]byte(nil), res.Body...)
 		m.ErrorCount = 0
 	})

@@ -83,6 +83,7 @@ func StatsProto(st replicate.Stats) *messages.ReplicationStats {
 	if st.ThroughSeq != nil {
 		m.ThroughSeq = string(st.ThroughSeq)
 	}
+	m.WriteFailures = failuresProto(st.WriteFailures)
 	m.StartFrom = st.StartFrom
 	if st.StartSeq != nil {
 		m.StartSeq = string(st.StartSeq)

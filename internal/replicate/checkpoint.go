@@ -49,6 +49,10 @@ const (
 	StartSinceSeq = "since_seq"
 	// StartZero: no usable checkpoint; from the beginning.
 	StartZero = "zero"
+	// StartReset: from the beginning (or since_seq) on an operator's
+	// request (couchrepctl job reset, Options.FromZero), the checkpoints
+	// ignored but kept: the run's checkpoints add to their history.
+	StartReset = "reset"
 )
 
 // Checkpoint is the body of _local/<base id> on both source and target.

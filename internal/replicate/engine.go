@@ -40,6 +40,10 @@ var (
 	ErrWorkerFailed = errors.New("replication: worker_died")
 	// ErrCheckpointFailed: a checkpoint could not be recorded.
 	ErrCheckpointFailed = errors.New("replication: checkpoint_commit_failure")
+	// ErrDocWriteFailed: the target refused a document and the
+	// replication has stop_on_write_failure: the job ends (failed) with
+	// the document's reason.
+	ErrDocWriteFailed = errors.New("replication: doc_write_failed")
 )
 
 // connBufferSize is the read and write buffer of the connections of a
@@ -132,6 +136,11 @@ type Options struct {
 	// Result.Parked set and a nil error. The caller, which can tell when
 	// the source changes, waits for that and starts a new run.
 	Park bool
+	// FromZero starts the run from the beginning (or the job's since_seq)
+	// whatever its checkpoints say (couchrepctl job reset): Stats.StartFrom
+	// is StartReset. The checkpoint documents are kept; the run's
+	// checkpoints are added to their history.
+	FromZero bool
 	// ParkLater, if set while Park is not, is asked every idle_park_after
 	// of an idle continuous run (on a timer: it must not block): true lets
 	// the run park as with Park (the caller's wake-up source works now: a
@@ -172,8 +181,9 @@ type Replication struct {
 	base     string
 	ext      string
 
-	ctr   counters
-	fetch fetchGate // the workers' shared _revs_diff/_bulk_get statistics
+	ctr      counters
+	failures failureLog // the run's last documents the target refused
+	fetch    fetchGate  // the workers' shared _revs_diff/_bulk_get statistics
 	// inlineUntil (unix nanoseconds): until then the workers write a
 	// document with attachments as JSON with their data inline, without
 	// trying a multipart PUT first (one stalled or was refused).
@@ -436,7 +446,13 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 	}
 	log := r.log
 	startSeq, history, startFrom := compareCheckpointsFrom(srcLog.Checkpoint, tgtLog.Checkpoint)
-	if startSeq.IsZero() {
+	switch {
+	case r.o.FromZero:
+		startSeq, startFrom = nil, StartReset
+		if p.SinceSeq != nil {
+			startSeq = couch.SeqOf(p.SinceSeq)
+		}
+	case startSeq.IsZero():
 		startSeq, startFrom = nil, StartZero
 		if p.SinceSeq != nil {
 			startSeq, startFrom = couch.SeqOf(p.SinceSeq), StartSinceSeq
@@ -585,6 +601,7 @@ func (s *runState) through() couch.Seq {
 // through_seq (PouchDB Server gives no "pending"); else unknown.
 func (s *runState) stats() Stats {
 	st := s.r.ctr.snapshot()
+	st.WriteFailures = s.r.failures.list()
 	s.mu.Lock()
 	through, read, pend, cut := s.tracker.through, s.readSeq, s.srcPending, s.cutSeq
 	st.CheckpointedSourceSeq = seqOrZero(s.committed)

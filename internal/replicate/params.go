@@ -125,6 +125,11 @@ type Params struct {
 	RetriesPerRequest  int
 	UseBulkGet         bool
 	WinningRevsOnly    bool
+	// StopOnWriteFailure ends the job (failed, with the document's reason)
+	// at the first document the target refuses to write, instead of
+	// counting it in doc_write_failures and moving on (CouchDB's way, the
+	// default). couchrep's own field; not part of the replication id.
+	StopOnWriteFailure bool
 	// UserCtx is the document's user_ctx, nil when absent.
 	UserCtx *UserCtx
 	// SocketOptions is the job's socket_options (an Erlang list such as
@@ -362,6 +367,7 @@ func parseFieldsWith(fields map[string]json.RawMessage, endpoints bool, defaults
 		{"continuous", &p.Continuous}, {"create_target", &p.CreateTarget},
 		{"use_checkpoints", &p.UseCheckpoints}, {"use_bulk_get", &p.UseBulkGet},
 		{"winning_revs_only", &p.WinningRevsOnly}, {"cancel", &cancel},
+		{"stop_on_write_failure", &p.StopOnWriteFailure},
 	} {
 		if err := boolField(fields, b.name, b.dst); err != nil {
 			return p, err

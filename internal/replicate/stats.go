@@ -25,6 +25,9 @@ type Stats struct {
 	// that sequence. Empty before the checkpoints were read.
 	StartFrom string
 	StartSeq  couch.Seq
+	// WriteFailures are this run's last documents the target refused to
+	// write (at most MaxWriteFailures, newest last).
+	WriteFailures []WriteFailure
 }
 
 // counters are the live, concurrently updated counters.

@@ -105,9 +105,14 @@ func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 		for _, c := range changes {
 			if len(c.ID) > max {
 				// As CouchDB's changes reader: dropped, counted as a failure.
-				w.stats.DocWriteFailures++
-				w.r.log.Error().Str("doc_id", c.ID[:max]+"...").Int("max_document_id_length", max).
-					Msg("replication: document id too long, ignoring")
+				rev := ""
+				if len(c.Revs) > 0 {
+					rev = c.Revs[0]
+				}
+				if err := w.writeFailed(&w.stats, WriteFailure{ID: c.ID, Rev: rev, Error: "doc_id_too_long",
+					Reason: fmt.Sprintf("document id longer than max_document_id_length (%d bytes), not replicated", max)}); err != nil {
+					return err
+				}
 				continue
 			}
 			kept = append(kept, c)
@@ -570,8 +575,7 @@ func (w *worker) counted(d couch.Doc, err error) error {
 	case err == nil:
 		w.stats.DocsWritten++
 	case skippable(err):
-		w.stats.DocWriteFailures++
-		w.r.log.Warn().Str("doc_id", d.ID).Str("rev", d.Rev).Err(err).Msg("replication: target rejected document")
+		return w.writeFailed(&w.stats, failureOf(d.ID, d.Rev, err))
 	default:
 		return fmt.Errorf("%w: doc_write_failed for %q: %w", ErrWorkerFailed, d.ID, err)
 	}
@@ -649,8 +653,8 @@ func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage, st *Stats
 	res, err := w.r.tgt.BulkDocs(ctx, docs, false)
 	if errors.Is(err, couch.ErrTooLarge) {
 		if len(docs) == 1 {
-			st.DocWriteFailures++
-			return nil
+			id, rev := idRev(docs[0])
+			return w.writeFailed(st, failureOf(id, rev, err))
 		}
 		h := len(docs) / 2
 		if err := w.bulkDocs(ctx, docs[:h], st); err != nil {
@@ -662,14 +666,30 @@ func (w *worker) bulkDocs(ctx context.Context, docs []json.RawMessage, st *Stats
 		return fmt.Errorf("%w: bulk_docs_failed: %w", ErrWorkerFailed, err)
 	}
 	failed := 0
+	var revs map[string][]string // the revisions sent, for rows that name none
+	var stop error
 	for _, r := range res {
-		if r.Error != "" {
-			failed++
-			w.r.log.Warn().Str("doc_id", r.ID).Str("error", r.Error).Str("reason", r.Reason).
-				Msg("replication: target rejected document")
+		if r.Error == "" {
+			continue
+		}
+		failed++
+		rev := r.Rev
+		if rev == "" {
+			if revs == nil {
+				revs = make(map[string][]string, len(docs))
+				for _, d := range docs {
+					id, rv := idRev(d)
+					revs[id] = append(revs[id], rv)
+				}
+			}
+			if l := revs[r.ID]; len(l) > 0 {
+				rev, revs[r.ID] = l[0], l[1:]
+			}
+		}
+		if err := w.writeFailed(st, WriteFailure{ID: r.ID, Rev: rev, Status: rowStatus(r.Error), Error: r.Error, Reason: r.Reason}); err != nil && stop == nil {
+			stop = err
 		}
 	}
-	st.DocWriteFailures += int64(failed)
 	st.DocsWritten += int64(len(docs) - failed)
-	return nil
+	return stop
 }

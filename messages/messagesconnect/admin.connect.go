@@ -47,6 +47,12 @@ const (
 	AdminServiceRestartJobProcedure = "/couchrep.v1.AdminService/RestartJob"
 	// AdminServiceCancelJobProcedure is the fully-qualified name of the AdminService's CancelJob RPC.
 	AdminServiceCancelJobProcedure = "/couchrep.v1.AdminService/CancelJob"
+	// AdminServicePauseJobProcedure is the fully-qualified name of the AdminService's PauseJob RPC.
+	AdminServicePauseJobProcedure = "/couchrep.v1.AdminService/PauseJob"
+	// AdminServiceResumeJobProcedure is the fully-qualified name of the AdminService's ResumeJob RPC.
+	AdminServiceResumeJobProcedure = "/couchrep.v1.AdminService/ResumeJob"
+	// AdminServiceResetJobProcedure is the fully-qualified name of the AdminService's ResetJob RPC.
+	AdminServiceResetJobProcedure = "/couchrep.v1.AdminService/ResetJob"
 	// AdminServiceGetSharesProcedure is the fully-qualified name of the AdminService's GetShares RPC.
 	AdminServiceGetSharesProcedure = "/couchrep.v1.AdminService/GetShares"
 	// AdminServiceSetSharesProcedure is the fully-qualified name of the AdminService's SetShares RPC.
@@ -83,6 +89,14 @@ type AdminServiceClient interface {
 	// CancelJob cancels a job: a transient job is removed, a persistent one
 	// stays stopped until its document changes.
 	CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error)
+	// PauseJob pauses a job on whichever node runs it: it stays pending,
+	// never started, until ResumeJob (the state is in the store).
+	PauseJob(context.Context, *connect.Request[messages.PauseJobRequest]) (*connect.Response[messages.PauseJobResponse], error)
+	// ResumeJob makes a paused job due again.
+	ResumeJob(context.Context, *connect.Request[messages.ResumeJobRequest]) (*connect.Response[messages.ResumeJobResponse], error)
+	// ResetJob makes a job's next run start from sequence 0 (its checkpoint
+	// documents are kept); a running job is stopped and runs again now.
+	ResetJob(context.Context, *connect.Request[messages.ResetJobRequest]) (*connect.Response[messages.ResetJobResponse], error)
 	// GetShares returns the [replicator.shares] in force.
 	GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error)
 	// SetShares changes [replicator.shares] at run time.
@@ -156,6 +170,24 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("CancelJob")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseJob: connect.NewClient[messages.PauseJobRequest, messages.PauseJobResponse](
+			httpClient,
+			baseURL+AdminServicePauseJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("PauseJob")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeJob: connect.NewClient[messages.ResumeJobRequest, messages.ResumeJobResponse](
+			httpClient,
+			baseURL+AdminServiceResumeJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ResumeJob")),
+			connect.WithClientOptions(opts...),
+		),
+		resetJob: connect.NewClient[messages.ResetJobRequest, messages.ResetJobResponse](
+			httpClient,
+			baseURL+AdminServiceResetJobProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("ResetJob")),
+			connect.WithClientOptions(opts...),
+		),
 		getShares: connect.NewClient[messages.GetSharesRequest, messages.GetSharesResponse](
 			httpClient,
 			baseURL+AdminServiceGetSharesProcedure,
@@ -216,6 +248,9 @@ type adminServiceClient struct {
 	stopJob    *connect.Client[messages.StopJobRequest, messages.StopJobResponse]
 	restartJob *connect.Client[messages.RestartJobRequest, messages.RestartJobResponse]
 	cancelJob  *connect.Client[messages.CancelJobRequest, messages.CancelJobResponse]
+	pauseJob   *connect.Client[messages.PauseJobRequest, messages.PauseJobResponse]
+	resumeJob  *connect.Client[messages.ResumeJobRequest, messages.ResumeJobResponse]
+	resetJob   *connect.Client[messages.ResetJobRequest, messages.ResetJobResponse]
 	getShares  *connect.Client[messages.GetSharesRequest, messages.GetSharesResponse]
 	setShares  *connect.Client[messages.SetSharesRequest, messages.SetSharesResponse]
 	setConfig  *connect.Client[messages.SetConfigRequest, messages.SetConfigResponse]
@@ -259,6 +294,21 @@ func (c *adminServiceClient) RestartJob(ctx context.Context, req *connect.Reques
 // CancelJob calls couchrep.v1.AdminService.CancelJob.
 func (c *adminServiceClient) CancelJob(ctx context.Context, req *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
 	return c.cancelJob.CallUnary(ctx, req)
+}
+
+// PauseJob calls couchrep.v1.AdminService.PauseJob.
+func (c *adminServiceClient) PauseJob(ctx context.Context, req *connect.Request[messages.PauseJobRequest]) (*connect.Response[messages.PauseJobResponse], error) {
+	return c.pauseJob.CallUnary(ctx, req)
+}
+
+// ResumeJob calls couchrep.v1.AdminService.ResumeJob.
+func (c *adminServiceClient) ResumeJob(ctx context.Context, req *connect.Request[messages.ResumeJobRequest]) (*connect.Response[messages.ResumeJobResponse], error) {
+	return c.resumeJob.CallUnary(ctx, req)
+}
+
+// ResetJob calls couchrep.v1.AdminService.ResetJob.
+func (c *adminServiceClient) ResetJob(ctx context.Context, req *connect.Request[messages.ResetJobRequest]) (*connect.Response[messages.ResetJobResponse], error) {
+	return c.resetJob.CallUnary(ctx, req)
 }
 
 // GetShares calls couchrep.v1.AdminService.GetShares.
@@ -319,6 +369,14 @@ type AdminServiceHandler interface {
 	// CancelJob cancels a job: a transient job is removed, a persistent one
 	// stays stopped until its document changes.
 	CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error)
+	// PauseJob pauses a job on whichever node runs it: it stays pending,
+	// never started, until ResumeJob (the state is in the store).
+	PauseJob(context.Context, *connect.Request[messages.PauseJobRequest]) (*connect.Response[messages.PauseJobResponse], error)
+	// ResumeJob makes a paused job due again.
+	ResumeJob(context.Context, *connect.Request[messages.ResumeJobRequest]) (*connect.Response[messages.ResumeJobResponse], error)
+	// ResetJob makes a job's next run start from sequence 0 (its checkpoint
+	// documents are kept); a running job is stopped and runs again now.
+	ResetJob(context.Context, *connect.Request[messages.ResetJobRequest]) (*connect.Response[messages.ResetJobResponse], error)
 	// GetShares returns the [replicator.shares] in force.
 	GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error)
 	// SetShares changes [replicator.shares] at run time.
@@ -388,6 +446,24 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("CancelJob")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServicePauseJobHandler := connect.NewUnaryHandler(
+		AdminServicePauseJobProcedure,
+		svc.PauseJob,
+		connect.WithSchema(adminServiceMethods.ByName("PauseJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceResumeJobHandler := connect.NewUnaryHandler(
+		AdminServiceResumeJobProcedure,
+		svc.ResumeJob,
+		connect.WithSchema(adminServiceMethods.ByName("ResumeJob")),
+		connect.WithHandlerOptions(opts...),
+	)
+	adminServiceResetJobHandler := connect.NewUnaryHandler(
+		AdminServiceResetJobProcedure,
+		svc.ResetJob,
+		connect.WithSchema(adminServiceMethods.ByName("ResetJob")),
+		connect.WithHandlerOptions(opts...),
+	)
 	adminServiceGetSharesHandler := connect.NewUnaryHandler(
 		AdminServiceGetSharesProcedure,
 		svc.GetShares,
@@ -452,6 +528,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceRestartJobHandler.ServeHTTP(w, r)
 		case AdminServiceCancelJobProcedure:
 			adminServiceCancelJobHandler.ServeHTTP(w, r)
+		case AdminServicePauseJobProcedure:
+			adminServicePauseJobHandler.ServeHTTP(w, r)
+		case AdminServiceResumeJobProcedure:
+			adminServiceResumeJobHandler.ServeHTTP(w, r)
+		case AdminServiceResetJobProcedure:
+			adminServiceResetJobHandler.ServeHTTP(w, r)
 		case AdminServiceGetSharesProcedure:
 			adminServiceGetSharesHandler.ServeHTTP(w, r)
 		case AdminServiceSetSharesProcedure:
@@ -503,6 +585,18 @@ func (UnimplementedAdminServiceHandler) RestartJob(context.Context, *connect.Req
 
 func (UnimplementedAdminServiceHandler) CancelJob(context.Context, *connect.Request[messages.CancelJobRequest]) (*connect.Response[messages.CancelJobResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.CancelJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) PauseJob(context.Context, *connect.Request[messages.PauseJobRequest]) (*connect.Response[messages.PauseJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.PauseJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ResumeJob(context.Context, *connect.Request[messages.ResumeJobRequest]) (*connect.Response[messages.ResumeJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.ResumeJob is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) ResetJob(context.Context, *connect.Request[messages.ResetJobRequest]) (*connect.Response[messages.ResetJobResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.ResetJob is not implemented"))
 }
 
 func (UnimplementedAdminServiceHandler) GetShares(context.Context, *connect.Request[messages.GetSharesRequest]) (*connect.Response[messages.GetSharesResponse], error) {
