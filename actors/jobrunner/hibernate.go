@@ -63,6 +63,28 @@ type Resume struct {
 // and a cancel end the parked state as they end a run.
 var stopParkedReasons = map[string]bool{"drain": true, "shutdown": true, "superseded": true}
 
+// Stop reasons of an operator's pause and reset (repjob.Run.Pause,
+// Run.Reset): the job actor ends its run with them.
+const (
+	StopPaused = "paused"
+	StopReset  = "reset"
+)
+
+// stopFor is how a run stopped for reason goes back to the queue: paused,
+// reset, parked (a parked job stopped by a drain or a shutdown, parked
+// says it is) or plainly stopped.
+func stopFor(run *repjob.Run, reason string, parked bool) func(context.Context) error {
+	switch {
+	case reason == StopPaused:
+		return run.Pause
+	case reason == StopReset:
+		return run.Reset
+	case parked && stopParkedReasons[reason]:
+		return run.StopParked
+	}
+	return run.Stop
+}
+
 // End ends a hibernated job as a stop ends a running one (a stop request,
 // a rotation, a drain, a shutdown; reason says which): its wake-up source
 // closed, the job back in the queue (repjob.Run.Stop; StopParked for a
@@ -74,10 +96,7 @@ func (h *Hibernated) End(ctx context.Context, system *actor.ActorSystem, node, r
 		h.Wake.Close()
 	}
 	run := h.Run
-	stop := run.Stop
-	if stopParkedReasons[reason] {
-		stop = run.StopParked
-	}
+	stop := stopFor(run, reason, true)
 	c, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	err := stop(c)

@@ -575,6 +575,9 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		a.exit(system, self, err)
 	}
 	start = func() {
+		// A reset job's runs start from 0 until one of them checkpoints
+		// (repjob clears reset_at then).
+		o.FromZero = a.run.Record().GetResetAt() != nil
 		if pk != nil {
 			o.Park = pk.enabled()
 			o.ParkLater = nil
@@ -834,10 +837,7 @@ func (a *jobActor) ended(system *actor.ActorSystem, continuous bool, res replica
 // (repjob.Run.StopParked), so that the node taking it next puts it
 // straight to sleep.
 func (a *jobActor) stopRun(ctx context.Context, reason string) error {
-	if a.parkedNow.Load() && stopParkedReasons[reason] {
-		return a.run.StopParked(ctx)
-	}
-	return a.run.Stop(ctx)
+	return stopFor(a.run, reason, a.parkedNow.Load())(ctx)
 }
 
 // StatsOr returns s, or st converted when s is nil.

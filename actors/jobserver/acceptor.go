@@ -118,6 +118,7 @@ func (a *acceptor) Receive(ctx actor.Context) {
 			return a.srv.undrain(c)
 		})
 	case *messages.ListJobsRequest, *messages.GetJobRequest, *messages.StopJobRequest, *messages.RestartJobRequest,
+		*messages.PauseJobRequest, *messages.ResumeJobRequest, *messages.ResetJobRequest,
 		*messages.CancelJobRequest, *messages.ReplicateRequest:
 		a.serve(ctx, func(c context.Context, _ *actor.ActorSystem) (proto.Message, error) {
 			return a.srv.handle(c, m.(proto.Message))
@@ -467,7 +468,8 @@ func (a *acceptor) carryOut(ctx actor.Context, c *messages.JobControl) {
 		return
 	}
 	reason := map[messages.JobControl_Action]string{messages.JobControl_ACTION_STOP: "operator",
-		messages.JobControl_ACTION_RESTART: "restart", messages.JobControl_ACTION_CANCEL: "canceled"}[c.GetAction()]
+		messages.JobControl_ACTION_RESTART: "restart", messages.JobControl_ACTION_CANCEL: "canceled",
+		messages.JobControl_ACTION_PAUSE: jobrunner.StopPaused, messages.JobControl_ACTION_RESET: jobrunner.StopReset}[c.GetAction()]
 	a.log.Info().Str("job_id", c.GetJobId()).Str("reason", reason).Str("requested_by", c.GetRequestedBy()).
 		Msg("acceptor: stopping a job on request")
 	done := a.reg.stop(system, e, reason)

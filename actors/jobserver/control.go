@@ -57,6 +57,24 @@ func (s *server) handle(ctx context.Context, msg proto.Message) (proto.Message, 
 		return &messages.RestartJobResponse{Job: admin.JobSummary(rec, true)}, nil
 	case *messages.CancelJobRequest:
 		return s.cancel(ctx, m.GetId())
+	case *messages.PauseJobRequest:
+		rec, err := s.operate(ctx, m.GetId(), "pause", s.store.Pause, (*repjob.Record).Paused)
+		if err != nil {
+			return nil, err
+		}
+		return &messages.PauseJobResponse{Job: admin.JobSummary(rec, true)}, nil
+	case *messages.ResumeJobRequest:
+		rec, err := s.resume(ctx, m.GetId())
+		if err != nil {
+			return nil, err
+		}
+		return &messages.ResumeJobResponse{Job: admin.JobSummary(rec, true)}, nil
+	case *messages.ResetJobRequest:
+		rec, err := s.operate(ctx, m.GetId(), "reset", s.store.Reset, func(r *repjob.Record) bool { return r.GetResetAt() != nil })
+		if err != nil {
+			return nil, err
+		}
+		return &messages.ResetJobResponse{Job: admin.JobSummary(rec, true)}, nil
 	case *messages.ReplicateRequest:
 		return s.replicate(ctx, m)
 	default:
@@ -180,6 +198,10 @@ func (s *server) restart(ctx context.Context, id string) (*repjob.Record, error)
 	if err != nil {
 		return nil, err
 	}
+	if rec.Paused() {
+		return nil, fmt.Errorf("%w: job %s is paused: `couchrepctl job resume %s` runs it again", actors.ErrInvalidRequest,
+			rec.GetJobId(), rec.GetJobId())
+	}
 	if rec.State() == repjob.StateRunning {
 		return s.control(ctx, rec.GetJobId(), messages.JobControl_ACTION_RESTART)
 	}
@@ -276,4 +298,63 @@ func (s *server) setDraining(ctx context.Context, draining bool) error {
 		return fmt.Errorf("couchrep: record the drain state: %w", err)
 	}
 	return nil
+}
+
+// operate pauses or resets a job (op, done tells it happened) on whichever
+// node runs it: a job that does not run is changed in the store at once; a
+// running one is stopped by its node, whose run records the change as it
+// ends (repjob.Run.Pause, Run.Reset). A run that ended otherwise meanwhile
+// (rotation, a crash) is changed in the store on the next try.
+func (s *server) operate(ctx context.Context, id, what string,
+	op func(ctx context.Context, jobID, by string) (*messages.JobControl, error), done func(*repjob.Record) bool) (*repjob.Record, error) {
+	rec, err := s.find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	id = rec.GetJobId()
+	for try := 0; ; try++ {
+		if rec.State() == repjob.StateRunning {
+			if err := s.alive(ctx, rec.WorkerNode); err != nil {
+				return nil, fmt.Errorf("job %s: %w", id, err)
+			}
+		}
+		c, err := op(ctx, id, s.node)
+		switch {
+		case errors.Is(err, repjob.ErrFinished):
+			return nil, fmt.Errorf("%w: job %s is %s: nothing to %s", actors.ErrJobNotRunning, id, rec.State(), what)
+		case errors.Is(err, repjob.ErrNotFound):
+			return nil, fmt.Errorf("%w: %q", actors.ErrJobNotFound, id)
+		case err != nil:
+			return nil, fmt.Errorf("couchrep: %s job %s: %w", what, id, err)
+		}
+		if c != nil {
+			if err := s.store.WaitControl(ctx, c); err != nil {
+				return nil, fmt.Errorf("%w: node %q has not carried out the %s of job %s yet: %w",
+					actors.ErrJobElsewhere, c.GetNode(), what, id, err)
+			}
+		}
+		if rec, err = s.find(ctx, id); err != nil {
+			return nil, err
+		}
+		if c == nil || done(rec) || try == 4 {
+			s.log.Info().Str("job_id", id).Str("node", c.GetNode()).Msg("job " + what + " by an admin request")
+			return rec, nil
+		}
+	}
+}
+
+// resume makes a paused job due again.
+func (s *server) resume(ctx context.Context, id string) (*repjob.Record, error) {
+	rec, err := s.find(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Resume(ctx, rec.GetJobId()); err != nil {
+		if errors.Is(err, repjob.ErrNotFound) {
+			return nil, fmt.Errorf("%w: %q", actors.ErrJobNotFound, rec.GetJobId())
+		}
+		return nil, fmt.Errorf("couchrep: resume job %s: %w", rec.GetJobId(), err)
+	}
+	s.log.Info().Str("job_id", rec.GetJobId()).Msg("job resumed by an admin request")
+	return s.find(ctx, rec.GetJobId())
 }

@@ -120,5 +120,6 @@ func AcceptorProps(deps actors.Deps, w Wiring, reg *Registry, opts ...Options) *
 		return newAcceptor(deps, w, reg, o)
 	}, actors.Handles(&messages.DrainRequest{}, &messages.UndrainRequest{},
 		&messages.ListJobsRequest{}, &messages.GetJobRequest{}, &messages.StopJobRequest{},
-		&messages.RestartJobRequest{}, &messages.CancelJobRequest{}, &messages.ReplicateRequest{}))
+		&messages.RestartJobRequest{}, &messages.CancelJobRequest{}, &messages.ReplicateRequest{},
+		&messages.PauseJobRequest{}, &messages.ResumeJobRequest{}, &messages.ResetJobRequest{}))
 }

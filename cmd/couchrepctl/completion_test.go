@@ -62,7 +62,7 @@ func TestBashCompletion(t *testing.T) {
 	}{
 		{"couchrepctl jo", "job jobs"},
 		{"couchrepctl job s", "show stop"},
-		{"couchrepctl --node 127.0.0.1:5987 job re", "restart"},
+		{"couchrepctl --node 127.0.0.1:5987 job re", "reset restart resume"},
 		{"couchrepctl jobs --st", "--state"},
 		{"couchrepctl jobs --state running --wa", "--watch"},
 		{"couchrepctl replicate --c", "--continuous --create-target"},

@@ -4,11 +4,13 @@ package main
 // replicate.
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -186,6 +188,9 @@ func printJobs(w io.Writer, resp *messages.ListJobsResponse, prev map[string]uin
 			state += "/PARKED" // running, its feed closed until its source changes
 			parked++
 		}
+		if j.GetPausedAt() != nil {
+			state += "/PAUSED" // pending, never started until resumed
+		}
 		cols := []string{j.GetId(), state, node, fmt.Sprint(j.GetStats().GetDocsWritten())}
 		if prev != nil {
 			rate := "-"
@@ -241,6 +246,12 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	if j.GetStartTime() != nil {
 		row("started", j.GetStartTime().AsTime().UTC().Format(time.RFC3339))
 	}
+	if pa := j.GetPausedAt(); pa != nil {
+		row("paused", pa.AsTime().UTC().Format(time.RFC3339)+" ("+age(now, pa, true)+" ago: `couchrepctl job resume` runs it again)")
+	}
+	if ra := j.GetResetAt(); ra != nil {
+		row("reset", ra.AsTime().UTC().Format(time.RFC3339)+" (its next run starts from sequence 0)")
+	}
 	if ps := j.GetParkedSince(); ps != nil {
 		row("parked_since", ps.AsTime().UTC().Format(time.RFC3339)+" ("+age(now, ps, true)+" ago: idle, its feed closed until its source changes)")
 	}
@@ -264,8 +275,21 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 	}
 	row("checkpointed_source_seq", st.GetCheckpointedSourceSeq())
 	row("started_from", startedFrom(st))
+	row("lag", lagText(j.GetLagSeconds()))
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if fs := j.GetWriteFailures(); len(fs) > 0 {
+		fmt.Fprintf(w, "\nwrite failures (the last %d documents the target refused, newest last):\n", len(fs))
+		tw = newTable(w)
+		fmt.Fprintln(tw, "  TIME\tDOC_ID\tREV\tSTATUS\tERROR\tREASON")
+		for _, f := range fs {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%d\t%s\t%s\n", f.GetAt().AsTime().UTC().Format(time.RFC3339), f.GetId(), f.GetRev(),
+				f.GetStatus(), f.GetError(), f.GetReason())
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if len(j.GetHistory()) == 0 {
 		return nil
@@ -354,6 +378,10 @@ func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
 		msg = fmt.Sprintf("stopped job %s: it checkpointed and is back in the queue (pending); a node with a free slot starts it again", j.GetId())
 	case done == "restarted" && st == "running":
 		msg = fmt.Sprintf("restarted job %s: running on node %s", j.GetId(), j.GetNode())
+	case done == "resumed" && st == "running":
+		msg = fmt.Sprintf("resumed job %s: running on node %s", j.GetId(), j.GetNode())
+	case done == "resumed" && st == "pending":
+		msg = fmt.Sprintf("resumed job %s: due now (pending); a node with a free slot starts it", j.GetId())
 	case done == "restarted" && st == "pending":
 		msg = fmt.Sprintf("restarted job %s: due now (pending); a node with a free slot starts it", j.GetId())
 	case done == "restarted" && st == "crashing":
@@ -363,6 +391,51 @@ func printJobNow(w io.Writer, done string, j *messages.JobSummary) error {
 	}
 	_, err := fmt.Fprintln(w, msg)
 	return err
+}
+
+func runJobPause(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job pause", args, e.client.PauseJob, func(id string) *messages.PauseJobRequest { return &messages.PauseJobRequest{Id: id} },
+		func(w io.Writer, r *messages.PauseJobResponse) error {
+			_, err := fmt.Fprintf(w, "paused job %s: it stays pending, never started, until `couchrepctl job resume %s`\n", r.GetJob().GetId(), r.GetJob().GetId())
+			return err
+		})
+}
+
+func runJobResume(ctx context.Context, e *env, args []string) error {
+	return jobRequest(ctx, e, "job resume", args, e.client.ResumeJob, func(id string) *messages.ResumeJobRequest { return &messages.ResumeJobRequest{Id: id} },
+		func(w io.Writer, r *messages.ResumeJobResponse) error { return printJobNow(w, "resumed", r.GetJob()) })
+}
+
+// stdin is where job reset reads its confirmation (tests replace it).
+var stdin io.Reader = os.Stdin
+
+func setupJobReset(fs *flag.FlagSet) runFunc {
+	var yes bool
+	fs.BoolVar(&yes, "yes", false, "do not ask for confirmation")
+	return func(ctx context.Context, e *env, args []string) error {
+		id, err := oneID("job reset", args)
+		if err != nil {
+			return err
+		}
+		if !yes {
+			fmt.Fprintf(e.out, "Reset job %s: its next run reads the source again from sequence 0 (its checkpoint documents are kept). Continue? [y/N] ", id)
+			line, _ := bufio.NewReader(stdin).ReadString('\n')
+			if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+				return usagef("job reset: not confirmed (answer y, or pass --yes)")
+			}
+		}
+		return request(ctx, e, e.client.ResetJob, &messages.ResetJobRequest{Id: id}, func(w io.Writer, r *messages.ResetJobResponse) error {
+			j := r.GetJob()
+			msg := fmt.Sprintf("reset job %s: its next run starts from sequence 0", j.GetId())
+			if j.GetPausedAt() != nil {
+				msg += " (it is paused: `couchrepctl job resume` runs it)"
+			} else {
+				msg += "; it is " + admin.StatusName(j.GetStatus()) + " now"
+			}
+			_, err := fmt.Fprintln(w, msg)
+			return err
+		})
+	}
 }
 
 func runJobCancel(ctx context.Context, e *env, args []string) error {
@@ -415,4 +488,12 @@ func setupReplicate(fs *flag.FlagSet) runFunc {
 		fmt.Fprintf(e.out, "added job %s\n", resp.GetId())
 		return nil
 	}
+}
+
+// lagText is a job's lag as job show prints it.
+func lagText(secs float64) string {
+	if secs <= 0 {
+		return "0s (caught up, or no changes pending)"
+	}
+	return (time.Duration(secs) * time.Second).String() + " without progress while changes are pending"
 }

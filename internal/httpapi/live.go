@@ -61,7 +61,7 @@ func (m *Metrics) withLive(j *Job) *Job {
 		return j
 	}
 	c := *j
-	c.Stats = e.stats
+	c.Stats = repjob.OverlayStats(j.Stats, e.stats)
 	return &c
 }
 

@@ -22,6 +22,10 @@ import (
 //     shows the whole cluster);
 //   - couchrep_replication_jobs_parked{kind,server,database}: running jobs
 //     in the shared store that are parked (idle_park_after);
+//   - couchrep_replication_jobs_paused{kind,server,database}: jobs an
+//     operator paused;
+//   - couchrep_replication_lag_seconds{kind,server,database}: the longest
+//     time a job has made no progress while changes are pending (Job.Lag);
 //   - couchrep_replication_docs_written{kind,server,database}: docs_written summed
 //     over the jobs in the store;
 //   - couchrep_replication_docs_written_total: documents written by this
@@ -216,12 +220,20 @@ var (
 	parkedDesc = prometheus.NewDesc("couchrep_replication_jobs_parked",
 		"Running replication jobs in the shared store that are parked (idle, their changes feed closed until their source changes), by kind, watched server and _replicator database.",
 		[]string{"kind", "server", "database"}, nil)
+	pausedDesc = prometheus.NewDesc("couchrep_replication_jobs_paused",
+		"Replication jobs in the shared store an operator paused (couchrepctl job pause), by kind, watched server and _replicator database.",
+		[]string{"kind", "server", "database"}, nil)
+	lagDesc = prometheus.NewDesc("couchrep_replication_lag_seconds",
+		"The longest time a job of the _replicator database (or the transient jobs) has made no progress while changes are pending on its source: "+
+			"seconds since its checkpointed sequence last advanced, or since changes were first seen pending after none, whichever is later "+
+			"(0 when caught up; paused and finished jobs count 0). docs/operations.md says why it is honest.",
+		[]string{"kind", "server", "database"}, nil)
 	scrapeErrDesc = prometheus.NewDesc("couchrep_replication_jobs_scrape_error",
 		"1 if the job store could not be read for this scrape.", nil, nil)
 )
 
 func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
-	describe(ch, jobsDesc, parkedDesc, storeDocsDesc, scrapeErrDesc, pendingDesc, shareWeightDesc, shareUsageDesc, shareEntitledDesc)
+	describe(ch, jobsDesc, parkedDesc, pausedDesc, lagDesc, storeDocsDesc, scrapeErrDesc, pendingDesc, shareWeightDesc, shareUsageDesc, shareEntitledDesc)
 }
 
 func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
@@ -246,6 +258,9 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	written := map[key]int64{{kind: "transient"}: 0}
 	pending := map[key]int64{{kind: "transient"}: 0}
 	parked := map[key]int{}
+	paused := map[key]int{}
+	lag := map[key]float64{}
+	now := time.Now()
 	for _, j := range jobs {
 		k := key{kind: "persistent", server: j.Server, db: j.Database}
 		if j.Transient {
@@ -259,6 +274,10 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		if j.Parked() {
 			parked[k]++
 		}
+		if j.Paused() {
+			paused[k]++
+		}
+		lag[k] = max(lag[k], j.Lag(now).Seconds())
 		if j.State == repjob.StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
 			pending[k] += *j.Stats.ChangesPending
 		} else if _, ok := pending[k]; !ok {
@@ -283,6 +302,8 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range written {
 		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
 		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(parked[k]), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, float64(paused[k]), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, lag[k], k.kind, k.server, k.db)
 	}
 	for k, n := range pending {
 		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)

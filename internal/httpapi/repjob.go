@@ -227,6 +227,8 @@ func jobFromRecord(r *repjob.Record, body bool) *Job {
 		LastStarted: goTime(m.GetLastStarted()),
 		FinishedAt:  goTime(m.GetFinishedAt()),
 		ParkedSince: goTime(m.GetParkedSince()),
+		PausedAt:    goTime(m.GetPausedAt()),
+		ResetAt:     goTime(m.GetResetAt()),
 		Result:      m.GetResult(),
 		Stats:       m.GetStats(),
 	}

@@ -140,7 +140,18 @@ type statusJob struct {
 	// Parked: the job is running parked (its feed closed until its
 	// source changes).
 	Parked bool `json:"parked"`
+	// Paused: an operator paused the job (couchrepctl job pause).
+	Paused bool `json:"paused"`
+	// LagSeconds: how long the job has made no progress while changes
+	// are pending (Job.Lag; 0 when caught up).
+	LagSeconds float64 `json:"lag_seconds"`
+	// RecentFailures are the last few documents the target refused
+	// (couchrepctl job show lists the last 100).
+	RecentFailures []failureJSON `json:"recent_failures"`
 }
+
+// statusFailures is how many of a job's refused documents the page shows.
+const statusFailures = 3
 
 type statusShare struct {
 	Database string `json:"database"`
@@ -240,7 +251,11 @@ func statusJobOf(j *Job, sm *jobSamples) statusJob {
 	}
 	v := statusJob{ID: j.JobID, RepID: j.RepID, ShortID: short, State: j.State.String(), Kind: "persistent", Server: j.Server, Database: j.Database, DocID: j.DocID,
 		Source: redact.URL(j.Source), Target: redact.URL(j.Target), Continuous: j.Continuous, Node: j.Node,
-		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}, Parked: j.Parked()}
+		ErrorCount: j.ErrorCount, LastError: redact.Text(j.LastError), Spark: []float64{}, Parked: j.Parked(),
+		Paused: j.Paused(), LagSeconds: j.Lag(time.Now()).Seconds(), RecentFailures: []failureJSON{}}
+	if fs := writeFailures(j); len(fs) > 0 {
+		v.RecentFailures = fs[max(len(fs)-statusFailures, 0):]
+	}
 	if j.Transient {
 		v.Kind = "transient"
 	}

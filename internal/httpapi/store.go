@@ -65,6 +65,10 @@ type Job struct {
 	// ParkedSince is when the running job parked (idle, its feed closed,
 	// waiting for its source to change); zero while it replicates.
 	ParkedSince time.Time
+	// PausedAt is when an operator paused the job (couchrepctl job
+	// pause); zero unless paused. ResetAt is set while its next run starts
+	// from sequence 0 (job reset).
+	PausedAt, ResetAt time.Time
 	// Result is CouchDB's POST /_replicate reply of a completed one-shot
 	// replication.
 	Result json.RawMessage

@@ -263,6 +263,46 @@ type jobJSON struct {
 	// (CouchDB's job_proxy_url); null for none.
 	SourceProxy *string `json:"source_proxy"`
 	TargetProxy *string `json:"target_proxy"`
+	// WriteFailures are the last documents the target refused (couchrep's
+	// own field; absent when none).
+	WriteFailures []failureJSON `json:"write_failures,omitempty"`
+}
+
+// failureJSON is one document the target refused to write, as the target
+// gave it (reason redacted).
+type failureJSON struct {
+	ID     string  `json:"id"`
+	Rev    string  `json:"rev"`
+	Status int32   `json:"status"`
+	Error  string  `json:"error"`
+	Reason string  `json:"reason"`
+	At     *string `json:"at"`
+}
+
+// writeFailures are the job's refused documents, newest last; nil if none.
+func writeFailures(j *Job) []failureJSON {
+	fs := j.Stats.GetWriteFailures()
+	if len(fs) == 0 {
+		return nil
+	}
+	out := make([]failureJSON, len(fs))
+	for i, f := range fs {
+		out[i] = failureJSON{ID: f.GetId(), Rev: f.GetRev(), Status: f.GetStatus(), Error: redact.Text(f.GetError()),
+			Reason: redact.Text(f.GetReason()), At: timeOrNil(goTime(f.GetAt()))}
+	}
+	return out
+}
+
+// Paused reports whether an operator paused the job.
+func (j *Job) Paused() bool { return !j.PausedAt.IsZero() }
+
+// Lag is how long the job has made no progress while changes are pending
+// (repjob.Lag): 0 when caught up, unknown, paused or finished.
+func (j *Job) Lag(now time.Time) time.Duration {
+	if j.Paused() || j.State.Terminal() || j.Stats.GetChangesPending() <= 0 || j.Stats.GetBehindSince() == nil {
+		return 0
+	}
+	return max(now.Sub(j.Stats.GetBehindSince().AsTime()), 0)
 }
 
 func strOrNil(s string) *string {
@@ -298,6 +338,7 @@ func jobView(j *Job) jobJSON {
 		v.History = schedpolicy.History{}
 	}
 	v.Info = infoJSON(j)
+	v.WriteFailures = writeFailures(j)
 	if (j.State == repjob.StateCrashing || j.State == repjob.StateFailed) && j.LastError != "" {
 		if v.Info == nil {
 			v.Info = map[string]any{}
@@ -351,11 +392,36 @@ func statsJSON(st *messages.ReplicationStats) map[string]any {
 //
 // A parked job (running, idle, its feed closed until its source changes)
 // has "parked": true and "parked_since" (ISO 8601) besides its stats.
+//
+// couchrep adds "paused": true and "paused_since" to a paused job's info
+// (a paused job is otherwise shown as CouchDB shows a job its scheduler
+// stopped: pending, "stopped" newest in its history), and "lag_seconds" to
+// a job behind its source without progress (Job.Lag).
 func infoJSON(j *Job) map[string]any {
 	if j.Stats == nil && j.State == repjob.StateRunning {
-		return withParked(j, statsJSON(&messages.ReplicationStats{}))
+		return withOwn(j, statsJSON(&messages.ReplicationStats{}))
 	}
-	return withParked(j, statsJSON(j.Stats))
+	return withOwn(j, statsJSON(j.Stats))
+}
+
+// withOwn adds couchrep's own fields to a job's info m: parked, paused,
+// lag.
+func withOwn(j *Job, m map[string]any) map[string]any {
+	m = withParked(j, m)
+	if !j.Paused() && j.Lag(time.Now()) <= 0 {
+		return m
+	}
+	if m == nil {
+		m = map[string]any{}
+	}
+	if j.Paused() {
+		m["paused"] = true
+		m["paused_since"] = schedpolicy.ISO8601(j.PausedAt)
+	}
+	if l := j.Lag(time.Now()); l > 0 {
+		m["lag_seconds"] = int64(l.Seconds())
+	}
+	return m
 }
 
 // Parked reports whether the job is running parked.
@@ -516,6 +582,9 @@ func docView(j *Job) map[string]any {
 		"info":         infoJSON(j),
 		"start_time":   timeOrNil(j.CreatedAt),
 		"last_updated": timeOrNil(j.LastUpdated),
+	}
+	if fs := writeFailures(j); fs != nil {
+		v["write_failures"] = fs // couchrep's own field
 	}
 	switch j.State {
 	case repjob.StateCompleted, repjob.StateFailed:

@@ -28,6 +28,13 @@
     if (s < 3600) return Math.round(s / 60) + "m ago";
     return Math.round(s / 3600) + "h ago";
   }
+  // lag: time without progress while changes are pending (0: caught up).
+  function lag(s) {
+    if (!s) return "0";
+    if (s < 60) return Math.round(s) + "s";
+    if (s < 3600) return Math.round(s / 60) + "m";
+    return (s / 3600).toFixed(1) + "h";
+  }
   function stateBadge(state, text) { return el("span", "state state-" + state, text || state); }
 
   const SVG = "http://www.w3.org/2000/svg";
@@ -100,13 +107,13 @@
     const tr = el("tr");
     tr.dataset.jobId = j.id;
     const c = {};
-    for (const k of ["state", "id", "doc", "ends", "node", "read", "written", "pending", "rate", "spark", "errors", "error"]) c[k] = el("td");
+    for (const k of ["state", "id", "doc", "ends", "node", "read", "written", "pending", "lag", "rate", "spark", "refused", "errors", "error"]) c[k] = el("td");
     c.id.className = c.node.className = "mono";
     c.doc.className = "doc";
     c.ends.className = "url";
-    for (const k of ["read", "written", "pending", "rate", "errors"]) c[k].className = "num";
+    for (const k of ["read", "written", "pending", "lag", "rate", "refused", "errors"]) c[k].className = "num";
     c.error.className = "err";
-    tr.append(c.state, c.id, c.doc, c.ends, c.node, c.read, c.written, c.pending, c.rate, c.spark, c.errors, c.error);
+    tr.append(c.state, c.id, c.doc, c.ends, c.node, c.read, c.written, c.pending, c.lag, c.rate, c.spark, c.refused, c.errors, c.error);
     return { tr, cells: c, state: "", shown: "", spark: "" };
   }
   function renderJobs(jobs) {
@@ -118,7 +125,7 @@
       let r = jobRows.get(j.id);
       if (!r) { r = jobRow(j); jobRows.set(j.id, r); }
       const c = r.cells;
-      const shown = j.parked ? "running, parked" : j.state;
+      const shown = j.paused ? j.state + ", paused" : j.parked ? "running, parked" : j.state;
       if (r.shown !== shown) { c.state.replaceChildren(stateBadge(j.state, shown)); r.shown = shown; }
       if (r.state !== j.state) { r.state = j.state; r.tr.dataset.state = j.state; }
       setText(c.id, j.short_id); // couchrepctl job show accepts it; "+continuous" and the like stay whole
@@ -129,7 +136,12 @@
       setText(c.read, num(j.docs_read));
       setText(c.written, num(j.docs_written));
       setText(c.pending, j.changes_pending === null || j.changes_pending === undefined ? "–" : num(j.changes_pending));
+      setText(c.lag, lag(j.lag_seconds));
       setText(c.rate, rate(j.docs_per_s));
+      // Documents the target refused: the count, the last few in the tooltip.
+      setText(c.refused, num(j.doc_write_failures));
+      c.refused.title = (j.recent_failures || []).map((f) => f.id + " " + f.rev + ": " + f.status + " " + f.error + ": " + f.reason).join("\n");
+      c.refused.classList.toggle("warn", j.doc_write_failures > 0);
       const sk = j.spark.join(",");
       if (sk !== r.spark) { c.spark.replaceChildren(spark(j.spark)); r.spark = sk; }
       setText(c.errors, j.error_count);
