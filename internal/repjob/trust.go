@@ -82,7 +82,7 @@ func MergeWriteFailures(old, new []*messages.DocWriteFailure) []*messages.DocWri
 	}
 	type key struct {
 		id, rev, err string
-		at          int64
+		at           int64
 	}
 	seen := make(map[key]bool, len(old)+len(new))
 	all := make([]*messages.DocWriteFailure, 0, len(old)+len(new))

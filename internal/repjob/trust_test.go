@@ -13,8 +13,8 @@ import (
 
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/kv/storetest"
-	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 )

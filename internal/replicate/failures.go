@@ -124,4 +124,3 @@ func idRev(doc json.RawMessage) (id, rev string) {
 	_ = json.Unmarshal(doc, &d)
 	return d.ID, d.Rev
 }
-
