@@ -345,6 +345,19 @@ type Replicator struct {
 	// "couch_replicator_auth_session,couch_replicator_auth_noop"): cookie
 	// sessions from /_session, then Basic auth.
 	AuthPlugins []string
+	// IAMTokenURL is where an endpoint's "auth": {"iam": {"api_key"}} is
+	// exchanged for a bearer token (iam_token_url, IBM Cloud's
+	// https://iam.cloud.ibm.com/identity/token; couchrep's own key).
+	IAMTokenURL string
+	// AllowCredentialCommands lets replication documents take a bearer
+	// token from a program ("auth": {"bearer": {"command": [...]}}) or a
+	// file of this node ("auth": {"bearer": {"token_file": ...}})
+	// (allow_credential_commands, false: a document must not run programs
+	// or read the node's files unless the operator says so).
+	AllowCredentialCommands bool
+	// CredentialCommandTimeout bounds one run of a credential command
+	// (credential_command_timeout, 10 s): one that takes longer is killed.
+	CredentialCommandTimeout time.Duration
 	// ConnectTo overrides where endpoints connect, like curl --connect-to:
 	// entries "host:port:target_host:target_port", host may start with "*."
 	// (connect_to, comma-separated).
@@ -482,6 +495,8 @@ func Default() Config {
 			SessionRefreshInterval:   550 * time.Second,
 			SessionMinUpdateInterval: 5 * time.Second,
 			AuthPlugins:              []string{"couch_replicator_auth_session", "couch_replicator_auth_noop"},
+			IAMTokenURL:              "https://iam.cloud.ibm.com/identity/token",
+			CredentialCommandTimeout: 10 * time.Second,
 			UsageCoeff:               0.5,
 			PriorityCoeff:            0.98,
 

@@ -118,6 +118,9 @@ var schema = []*setting{
 	{section: SectionReplicator, key: "session_min_update_interval", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.SessionMinUpdateInterval }, unit: time.Second}},
 	{section: SectionReplicator, key: "socket_options", v: stringValue{p: func(c *Config) *string { return &c.Replicator.SocketOptions }, optional: true, ok: validSocketOptions, what: "an Erlang list such as [{keepalive, true}, {nodelay, true}]"}},
 	{section: SectionReplicator, key: "auth_plugins", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.AuthPlugins }, allowed: []string{"couch_replicator_auth_session", "couch_replicator_auth_noop"}, nonEmpty: true, what: `a comma-separated list of the auth plugins "couch_replicator_auth_session" and "couch_replicator_auth_noop"`}},
+	{section: SectionReplicator, key: "iam_token_url", v: stringValue{p: func(c *Config) *string { return &c.Replicator.IAMTokenURL }, ok: validHTTPURL, optional: true, what: "an http:// or https:// URL"}},
+	{section: SectionReplicator, key: "allow_credential_commands", v: boolValue{p: func(c *Config) *bool { return &c.Replicator.AllowCredentialCommands }}},
+	{section: SectionReplicator, key: "credential_command_timeout", v: durationValue{p: func(c *Config) *time.Duration { return &c.Replicator.CredentialCommandTimeout }, unit: time.Millisecond, min: time.Millisecond}},
 	{section: SectionReplicator, key: "connect_to", v: listValue{p: func(c *Config) *[]string { return &c.Replicator.ConnectTo }, item: validConnectTo, what: `a comma-separated list of "host:port:target_host:target_port"`}},
 	{section: SectionReplicator, key: "usage_coeff", v: floatValue{p: func(c *Config) *float64 { return &c.Replicator.UsageCoeff }, min: 0, max: 1}},
 	{section: SectionReplicator, key: "priority_coeff", v: floatValue{p: func(c *Config) *float64 { return &c.Replicator.PriorityCoeff }, min: 0, max: 1}},
@@ -282,6 +285,12 @@ func editDistance(a, b string) int {
 // validSocketOptions accepts an Erlang list ("[...]"); what is inside is
 // read by couch.ParseSocketOptions, which drops what it does not know, as
 // CouchDB drops options outside valid_socket_options.
+// validHTTPURL: an absolute http(s) URL with a host.
+func validHTTPURL(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != ""
+}
+
 func validSocketOptions(s string) bool {
 	t := strings.TrimSpace(s)
 	return strings.HasPrefix(t, "[") && strings.HasSuffix(t, "]")

@@ -68,6 +68,11 @@ type Options struct {
 	// Basic auth with every request (CouchDB's default auth plugins). Nil
 	// sends Basic auth.
 	Session *SessionOptions
+	// Tokens are the node's settings for endpoints whose credential
+	// expires (Endpoint.Token: an IAM API key, a token file or command);
+	// nil is TokenOptions' zero value (IBM's IAM endpoint, files and
+	// commands refused).
+	Tokens *TokenOptions
 	// ErrorBudget bounds the time one request spends failing and being
 	// retried: once this long has passed since its first failure it is not
 	// retried again, whatever Retries allows (CouchDB: half of
@@ -119,6 +124,8 @@ type DB struct {
 	log     zerolog.Logger
 	headers http.Header // shared: read only
 	sess    *session    // nil: Basic auth (or none)
+	tok     *tokenSource // the endpoint's expiring credential (Endpoint.Token)
+	tokErr  error        // why tok could not be made: every request fails with it
 	lim     Limits      // with defaults filled in
 	// gzipRefused: the server refused a compressed request body; bodies
 	// are sent plain from then on.
@@ -153,7 +160,11 @@ func NewDB(ep Endpoint, opts Options) *DB {
 		d.server = ep.ServerURL().String()
 	}
 	d.red = ep.Redacted()
-	if opts.Session != nil && ep.URL != nil && (ep.Username != "" || ep.Password != "") {
+	switch {
+	case ep.Token != nil:
+		// The token replaces any basic credentials: no session, no Basic.
+		d.tok, d.tokErr = newTokenSource(ep.Token, opts.Tokens)
+	case opts.Session != nil && ep.URL != nil && (ep.Username != "" || ep.Password != ""):
 		d.sess = newSession(d, *opts.Session)
 	}
 	if (opts.UserAgent == "" || opts.UserAgent == userAgent) && !opts.Gzip && len(ep.Headers) == 0 {
@@ -344,6 +355,10 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 				if errors.As(err, &herr) || errors.Is(err, ErrSession) || errors.Is(err, ErrTransportConfig) {
 					return nil, err // from the session plugin: final
 				}
+				if errors.Is(err, ErrCredentials) {
+					// The token source paces its own renewals: final.
+					return nil, fmt.Errorf("couch: %s %s: %w", r.method, r.redactedURL(d), err)
+				}
 				if errors.Is(err, ErrAttachmentMismatch) {
 					// The request body's source lied: sending it again
 					// would read the same bytes.
@@ -358,7 +373,8 @@ func (d *DB) exchange(ctx context.Context, r *request, read func(*http.Response)
 				Int("attempt", attempt+1).Dur("wait", wait).Msg("couch: request failed, retrying")
 		} else {
 			code := resp.StatusCode
-			if d.sess != nil && d.sess.handle(code, resp.Header, epoch) && authRetries < maxAuthRetries {
+			if ((d.sess != nil && d.sess.handle(code, resp.Header, epoch)) || (d.tok != nil && d.tok.handle(code, epoch))) &&
+				authRetries < maxAuthRetries {
 				drain(resp)
 				dl.release()
 				authRetries++
@@ -494,6 +510,15 @@ func (d *DB) send(ctx context.Context, r *request, dl *deadline) (*http.Response
 	}
 	epoch := 0
 	switch {
+	case d.tokErr != nil:
+		return nil, 0, d.tokErr
+	case d.tok != nil:
+		if epoch, err = d.tok.authorize(ctx, req); err != nil {
+			if r.body != nil && req.Body != nil {
+				_ = req.Body.Close()
+			}
+			return nil, 0, err
+		}
 	case d.sess != nil:
 		if epoch, err = d.sess.authorize(ctx, d, req); err != nil {
 			if r.body != nil && req.Body != nil {

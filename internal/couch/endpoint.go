@@ -26,6 +26,10 @@ type Endpoint struct {
 	Headers http.Header
 	// Username and Password are the basic-auth credentials; empty for none.
 	Username, Password string
+	// Token, when set, is the endpoint's expiring credential ("auth":
+	// {"iam": ...} or {"bearer": ...}), sent as a bearer token in place of
+	// basic credentials.
+	Token *TokenAuth
 }
 
 // ParseEndpoint parses a replication's "source" or "target" value as
@@ -91,10 +95,15 @@ func endpointFromObject(m map[string]any) (Endpoint, error) {
 		}
 	}
 	var basic *[2]string
+	var tok *TokenAuth
 	if a, ok := m["auth"]; ok && a != nil {
 		am, ok := a.(map[string]any)
 		if !ok {
 			return Endpoint{}, fmt.Errorf("%w: field \"auth\" must be an object, got %s", ErrInvalidEndpoint, jsonType(a))
+		}
+		var err error
+		if tok, err = ParseTokenAuth(am); err != nil {
+			return Endpoint{}, err
 		}
 		// Other keys belong to auth plugins CouchDB may have; ignored as CouchDB's noop plugin does.
 		if b, ok := am["basic"]; ok && b != nil {
@@ -115,7 +124,9 @@ func endpointFromObject(m map[string]any) (Endpoint, error) {
 			basic = &creds
 		}
 	}
-	return endpointFromParts(s, headers, basic)
+	ep, err := endpointFromParts(s, headers, basic)
+	ep.Token = tok
+	return ep, err
 }
 
 func endpointFromParts(raw string, headers map[string]string, basic *[2]string) (Endpoint, error) {
