@@ -122,11 +122,11 @@ type DB struct {
 	opts    Options
 	client  *http.Client
 	log     zerolog.Logger
-	headers http.Header // shared: read only
-	sess    *session    // nil: Basic auth (or none)
+	headers http.Header  // shared: read only
+	sess    *session     // nil: Basic auth (or none)
 	tok     *tokenSource // the endpoint's expiring credential (Endpoint.Token)
 	tokErr  error        // why tok could not be made: every request fails with it
-	lim     Limits      // with defaults filled in
+	lim     Limits       // with defaults filled in
 	// gzipRefused: the server refused a compressed request body; bodies
 	// are sent plain from then on.
 	gzipRefused atomic.Bool

@@ -506,9 +506,9 @@ func iamFetch(client *http.Client, tokenURL, key, field string, now func() time.
 				ErrCredentials, field, shown, resp.StatusCode, iamReason(b))
 		}
 		var a struct {
-			AccessToken string          `json:"access_token"`
-			ExpiresIn   json.Number     `json:"expires_in"`
-			Expiration  json.Number     `json:"expiration"`
+			AccessToken string      `json:"access_token"`
+			ExpiresIn   json.Number `json:"expires_in"`
+			Expiration  json.Number `json:"expiration"`
 		}
 		if json.Unmarshal(b, &a) != nil || a.AccessToken == "" {
 			return token{}, fmt.Errorf("%w: %s: the IAM token endpoint %s answered without an access_token", ErrCredentials, field, shown)
