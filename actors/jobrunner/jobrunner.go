@@ -436,8 +436,7 @@ func (a *jobActor) withFilterCode(ctx context.Context, p replicate.Params) (repl
 			return p, fmt.Errorf("%w: source %s: %w", replicate.ErrDBNotFound, ep, err)
 		}
 	}
-	opts := couch.Options{Logger: a.log, Retries: p.RetriesPerRequest, HTTPClient: client, RequestTimeout: a.o.Endpoints.RequestTimeout}
-	code, err := replicate.FetchFilterCode(ctx, couch.NewDB(ep, opts), p.Filter)
+	code, err := replicate.FetchFilterCode(ctx, couch.NewDB(ep, a.o.Endpoints.CouchOptions(a.log, p.RetriesPerRequest, client)), p.Filter)
 	if err != nil {
 		return p, err
 	}

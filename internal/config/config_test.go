@@ -57,6 +57,9 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"replicator.connect_to":                    "",
 		"replicator.socket_options":                "",
 		"replicator.auth_plugins":                  "couch_replicator_auth_session,couch_replicator_auth_noop",
+		"replicator.iam_token_url":                 "https://iam.cloud.ibm.com/identity/token", // couchrep's own key (IBM's endpoint)
+		"replicator.allow_credential_commands":     "false",                                    // couchrep's own key
+		"replicator.credential_command_timeout":    "10000",                                    // couchrep's own key
 		"replicator.usage_coeff":                   "0.5",
 		"replicator.priority_coeff":                "0.98",
 		"replicator.max_acceptors":                 "2",

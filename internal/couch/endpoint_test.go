@@ -34,7 +34,7 @@ func TestParseEndpoint(t *testing.T) {
 		{name: "userinfo beats header", in: `{"url":"http://u:p@h/db","headers":{"authorization":"` + basicHdr + `"}}`, url: "http://h/db/", user: "u", pass: "p"},
 		{name: "auth.basic beats userinfo", in: `{"url":"http://u:p@h/db","auth":{"basic":{"username":"a","password":"b"}}}`, url: "http://h/db/", user: "a", pass: "b"},
 		{name: "bearer header stays a header", in: `{"url":"http://h/db","headers":{"Authorization":"Bearer x"}}`, url: "http://h/db/", headers: map[string]string{"Authorization": "Bearer x"}},
-		{name: "other auth plugins ignored", in: `{"url":"http://h/db","auth":{"iam":{"k":"v"}}}`, url: "http://h/db/"},
+		{name: "other auth plugins ignored", in: `{"url":"http://h/db","auth":{"other":{"k":"v"}}}`, url: "http://h/db/"},
 		{name: "local name", in: `"mydb"`, err: "local endpoints are not supported"},
 		{name: "bad scheme", in: `"ftp://h/db"`, err: "invalid url"},
 		{name: "no host", in: `"http:///db"`, err: "no host"},

@@ -134,50 +134,70 @@ func ParseTokenAuth(auth map[string]any) (*TokenAuth, error) {
 	}
 	basic, hasBasic := auth["basic"]
 	if n := btoi(hasIAM) + btoi(hasBearer) + btoi(hasBasic && basic != nil); n > 1 {
-		return nil, fmt.Errorf("%w: field \"auth\" must hold one of \"basic\", \"iam\" and \"bearer\", not several", ErrInvalidEndpoint)
+		return nil, authErr("auth", "must hold one of \"basic\", \"iam\" and \"bearer\", not several")
 	}
 	if hasIAM {
 		m, ok := iam.(map[string]any)
 		if !ok {
-			return nil, fmt.Errorf("%w: field \"auth.iam\" must be an object, got %s", ErrInvalidEndpoint, jsonType(iam))
+			return nil, authErr("auth.iam", "must be an object, got %s", jsonType(iam))
 		}
 		k, ok := m["api_key"].(string)
 		if !ok || k == "" {
-			return nil, fmt.Errorf("%w: field \"auth.iam.api_key\" must be a non-empty string", ErrInvalidEndpoint)
+			return nil, authErr("auth.iam.api_key", "must be a non-empty string")
 		}
 		return &TokenAuth{IAMKey: k}, nil
 	}
 	m, ok := bearer.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: field \"auth.bearer\" must be an object, got %s", ErrInvalidEndpoint, jsonType(bearer))
+		return nil, authErr("auth.bearer", "must be an object, got %s", jsonType(bearer))
 	}
 	file, hasFile := m["token_file"]
 	cmd, hasCmd := m["command"]
 	switch {
 	case hasFile && hasCmd:
-		return nil, fmt.Errorf("%w: field \"auth.bearer\" must hold one of \"token_file\" and \"command\", not both", ErrInvalidEndpoint)
+		return nil, authErr("auth.bearer", "must hold one of \"token_file\" and \"command\", not both")
 	case hasFile:
 		f, ok := file.(string)
 		if !ok || f == "" || !strings.HasPrefix(f, "/") {
-			return nil, fmt.Errorf("%w: field \"auth.bearer.token_file\" must be an absolute file path", ErrInvalidEndpoint)
+			return nil, authErr("auth.bearer.token_file", "must be an absolute file path")
 		}
 		return &TokenAuth{File: f}, nil
 	case hasCmd:
 		list, ok := cmd.([]any)
 		if !ok || len(list) == 0 {
-			return nil, fmt.Errorf("%w: field \"auth.bearer.command\" must be a non-empty array of strings (the program and its arguments)", ErrInvalidEndpoint)
+			return nil, authErr("auth.bearer.command", "must be a non-empty array of strings (the program and its arguments)")
 		}
 		argv := make([]string, len(list))
 		for i, v := range list {
 			s, ok := v.(string)
 			if !ok || (i == 0 && s == "") {
-				return nil, fmt.Errorf("%w: field \"auth.bearer.command\" must be a non-empty array of strings (the program and its arguments)", ErrInvalidEndpoint)
+				return nil, authErr("auth.bearer.command", "must be a non-empty array of strings (the program and its arguments)")
 			}
 			argv[i] = s
 		}
 		return &TokenAuth{Command: argv}, nil
 	}
-	return nil, fmt.Errorf("%w: field \"auth.bearer\" must hold \"token_file\" or \"command\"", ErrInvalidEndpoint)
+	return nil, authErr("auth.bearer", "must hold \"token_file\" or \"command\"")
+}
+
+// AuthFieldError is an invalid member of an endpoint's "auth" object. It
+// wraps ErrInvalidEndpoint.
+type AuthFieldError struct {
+	// Field is the member, relative to the endpoint ("auth.iam.api_key").
+	Field string
+	// Reason says what is wrong ("must be a non-empty string").
+	Reason string
+}
+
+func (e *AuthFieldError) Error() string {
+	return fmt.Sprintf("%s: field %q %s", ErrInvalidEndpoint, e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidEndpoint.
+func (e *AuthFieldError) Unwrap() error { return ErrInvalidEndpoint }
+
+func authErr(field, format string, a ...any) error {
+	return &AuthFieldError{Field: field, Reason: fmt.Sprintf(format, a...)}
 }
 
 func btoi(b bool) int {

@@ -17,9 +17,11 @@ import (
 // user name and everything else stay readable (as CouchDB shows endpoint
 // URLs). The forms covered: URL userinfo (endpoints, proxies, postgres://
 // store URLs), "password=" settings and query parameters, JSON/Go-printed
-// password fields (auth.basic, BasicPass), Authorization and
-// Proxy-Authorization header values, Cookie/Set-Cookie values and AuthSession
-// cookies.
+// password fields (auth.basic, BasicPass), API keys and tokens as settings
+// or JSON members (auth.iam.api_key, an IAM answer's access_token, a
+// credential command's token), Authorization and Proxy-Authorization header
+// values, bearer tokens and JWTs in free text, Cookie/Set-Cookie values and
+// AuthSession cookies.
 
 // Mask is what every credential is shown as.
 const Mask = "*****"
@@ -102,9 +104,15 @@ var (
 	cookieHeader = regexp.MustCompile(`(?i)((?:set-)?cookie["']?\s*[:=]\s*["']?)[^"'\r\n]+`)
 	// authSession matches CouchDB session cookies wherever they appear.
 	authSession = regexp.MustCompile(`(?i)(AuthSession=)[^;\s"',]+`)
-	// secretSetting matches password settings: key=value (libpq), "key":"value"
-	// (JSON, auth.basic) and Key:value (Go's %+v of BasicPass).
-	secretSetting = regexp.MustCompile(`(?i)(\b(?:basic_?)?(?:password|passwd|pass)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
+	// secretSetting matches password, API key and token settings:
+	// key=value (libpq), "key":"value" (JSON, auth.basic, auth.iam) and
+	// Key:value (Go's %+v of BasicPass).
+	secretSetting = regexp.MustCompile(`(?i)(\b(?:(?:basic_?)?(?:password|passwd|pass)|api_?key|(?:access_|refresh_|id_)?token)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
+	// bearerToken matches a bearer token in free text ("Bearer <token>").
+	bearerToken = regexp.MustCompile(`(?i)(\bbearer\s+)[A-Za-z0-9._~+/-]+=*`)
+	// jwt matches a JSON Web Token anywhere (header.payload.signature,
+	// the header a base64url JSON object).
+	jwt = regexp.MustCompile(`\beyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*`)
 )
 
 // Text masks every credential appearing in s (an error message, a log
@@ -118,6 +126,14 @@ func Text(s string) string {
 	s = authHeader.ReplaceAllString(s, "${1}"+Mask)
 	s = cookieHeader.ReplaceAllString(s, "${1}"+Mask)
 	s = authSession.ReplaceAllString(s, "${1}"+Mask)
+	s = bearerToken.ReplaceAllStringFunc(s, func(m string) string {
+		sub := bearerToken.FindStringSubmatch(m)
+		if strings.HasPrefix(m[len(sub[1]):], Mask) {
+			return m
+		}
+		return sub[1] + Mask
+	})
+	s = jwt.ReplaceAllString(s, Mask)
 	return secretSetting.ReplaceAllStringFunc(s, func(m string) string {
 		sub := secretSetting.FindStringSubmatch(m)
 		v := sub[2]
@@ -132,14 +148,16 @@ func Text(s string) string {
 }
 
 // mayHoldSecret is Redact's prefilter: false when no pattern of Redact can
-// match s (no "@", "auth", "cookie" or "pass" in any case).
+// match s (no "@", "auth", "cookie", "pass", "key", "token", "bearer" or
+// "eyj" in any case).
 func mayHoldSecret[T string | []byte](s T) bool {
 	for i := 0; i < len(s); i++ {
 		if s[i] == '@' {
 			return true
 		}
 	}
-	return containsFold(s, "auth") || containsFold(s, "cookie") || containsFold(s, "pass")
+	return containsFold(s, "auth") || containsFold(s, "cookie") || containsFold(s, "pass") ||
+		containsFold(s, "key") || containsFold(s, "token") || containsFold(s, "bearer") || containsFold(s, "eyj")
 }
 
 // containsFold reports whether s contains sub (ASCII lower-case letters) in

@@ -38,6 +38,13 @@ func TestRedact(t *testing.T) {
 		{"Cookie header", "Cookie: AuthSession=s3cr3t; other=s3cr3t2", "Cookie: *****", false},
 		{"Set-Cookie JSON", `{"Set-Cookie":"AuthSession=s3cr3t; Path=/"}`, `{"Set-Cookie":"*****"}`, false},
 		{"AuthSession in text", "session AuthSession=s3cr3t expired", "session AuthSession=***** expired", false},
+		{"auth.iam", `{"url":"https://acct.cloudant.com/db","auth":{"iam":{"api_key":"s3cr3t-Key_1"}}}`, `{"url":"https://acct.cloudant.com/db","auth":{"iam":{"api_key":"*****"}}}`, false},
+		{"IAM form", "grant_type=urn:ibm:params:oauth:grant-type:apikey&apikey=s3cr3t", "grant_type=urn:ibm:params:oauth:grant-type:apikey&apikey=*****", false},
+		{"IAM answer", `{"access_token":"s3cr3t.x.y","refresh_token":"s3cr3t2","token_type":"Bearer","expires_in":3600}`, `{"access_token":"*****","refresh_token":"*****","token_type":"Bearer","expires_in":3600}`, false},
+		{"command output", `{"token":"s3cr3t","expires_at":1700000000}`, `{"token":"*****","expires_at":1700000000}`, false},
+		{"bearer in text", "sent Bearer s3cr3t.abc/def= to h", "sent Bearer ***** to h", false},
+		{"JWT in text", "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJzM2NyM3QifQ.s3cr3tsig refused", "token ***** refused", false},
+		{"token file path kept", `{"bearer":{"token_file":"/run/secrets/tok"}}`, `{"bearer":{"token_file":"/run/secrets/tok"}}`, false},
 		{"no secrets", "no secrets here http://h/db: password authentication failed", "no secrets here http://h/db: password authentication failed", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -384,7 +384,7 @@ func TransientJobID(p replicate.Params, user, serverUUID string) string {
 }
 
 func withoutCreds(ep replicate.EndpointParams) replicate.EndpointParams {
-	ep.BasicUser, ep.BasicPass, ep.HasBasic = "", "", false
+	ep.BasicUser, ep.BasicPass, ep.HasBasic, ep.Token = "", "", false, nil
 	ep.URL = redact.StripUserinfo(ep.URL)
 	hs := ep.Headers[:0:0]
 	for _, h := range ep.Headers {

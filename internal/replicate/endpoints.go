@@ -59,6 +59,11 @@ type EndpointConfig struct {
 	// _bulk_get bodies of couch.DefaultCompressMinBytes or more are sent
 	// gzip-compressed (plain to a server that refuses them).
 	CompressRequests bool
+	// Tokens are iam_token_url, allow_credential_commands and
+	// credential_command_timeout: how endpoints with an expiring
+	// credential (auth.iam, auth.bearer) get their tokens. Its Cache nil
+	// shares them process-wide (couch.DefaultTokens).
+	Tokens couch.TokenOptions
 }
 
 // EndpointConfigFrom reads the [replicator] keys of c.
@@ -80,7 +85,22 @@ func EndpointConfigFrom(c config.Replicator) EndpointConfig {
 		ConnectTo:        c.ConnectTo,
 		RequestTimeout:   c.RequestTimeout,
 		CompressRequests: c.CompressRequests,
+		Tokens: couch.TokenOptions{IAMURL: c.IAMTokenURL, AllowCommands: c.AllowCredentialCommands,
+			CommandTimeout: c.CredentialCommandTimeout},
 	}
+}
+
+// tokenOptions are couch.Options.Tokens under c.
+func (c EndpointConfig) tokenOptions() *couch.TokenOptions {
+	to := c.Tokens
+	return &to
+}
+
+// CouchOptions are the couch.Options of a request made for a job outside
+// its run (its filter's code): retries, the request timeout and the
+// node's expiring-credential settings under c.
+func (c EndpointConfig) CouchOptions(log zerolog.Logger, retries int, client *http.Client) couch.Options {
+	return couch.Options{Logger: log, Retries: retries, HTTPClient: client, RequestTimeout: c.RequestTimeout, Tokens: c.tokenOptions()}
 }
 
 // ClientSource gives the HTTP client of one endpoint: the node's
@@ -136,7 +156,7 @@ func (c EndpointConfig) ServerDB(ep couch.Endpoint, retries int, log zerolog.Log
 		return nil, nil, err
 	}
 	db = couch.NewDB(ep, couch.Options{HTTPClient: &http.Client{Transport: tr}, Logger: log,
-		Retries: retries, Session: c.sessionOptions(), ErrorBudget: c.errorBudget(),
+		Retries: retries, Session: c.sessionOptions(), Tokens: c.tokenOptions(), ErrorBudget: c.errorBudget(),
 		RequestTimeout: c.RequestTimeout, Limits: couch.Limits{ReadTimeout: DefaultConnectionTimeout}})
 	return db, tr.CloseIdleConnections, nil
 }

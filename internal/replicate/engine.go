@@ -273,7 +273,7 @@ func (r *Replication) openDBs() error {
 	limits := r.o.Limits
 	limits.ReadTimeout = r.p.ConnectionTimeout
 	opts := couch.Options{Logger: r.log, Retries: r.p.RetriesPerRequest,
-		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.sessionOptions(),
+		RetryBackoff: r.o.RetryBackoff, Limiter: lim, Session: r.o.sessionOptions(), Tokens: r.o.Endpoints.tokenOptions(),
 		ErrorBudget: r.o.Endpoints.errorBudget(), Limits: limits, RequestTimeout: r.o.Endpoints.RequestTimeout,
 		CompressMinBytes: r.o.Endpoints.compressMinBytes()}
 	srcOpts, tgtOpts := opts, opts

@@ -55,6 +55,15 @@ func TestIDMatchesCouchDB(t *testing.T) {
 		{"v4_auth_props", `{"source":{"url":"http://host","headers":{"h":"v"},"auth":{"basic":{"username":"user","password":"pass"}}},` + tgt + `}`, "", "099bba5945357dff71303578c42b7a43"},
 		{"v4_bad_basic_header", `{"source":{"url":"http://host","headers":{"Authorization":"Basic bad"}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
 		{"v4_default_headers_dropped", `{"source":{"url":"http://host","headers":{"Accept":"application/json"}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
+		// CouchDB 3.4.3's get_v4_endpoint takes only the basic user of
+		// "auth" (couch_replicator_utils:get_basic_auth_creds): an expiring
+		// credential (auth.iam, auth.bearer), whatever its key, token or
+		// command, leaves the id of the same endpoint without it.
+		{"v4_auth_iam", `{"source":{"url":"http://host","auth":{"iam":{"api_key":"key-1"}}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
+		{"v4_auth_iam_other_key", `{"source":{"url":"http://host","auth":{"iam":{"api_key":"key-2"}}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
+		{"v4_auth_bearer_command", `{"source":{"url":"http://host","auth":{"bearer":{"command":["mint","--ttl","60"]}}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
+		{"v4_auth_bearer_file", `{"source":{"url":"http://host","auth":{"bearer":{"token_file":"/run/tok"}}},` + tgt + `}`, "", "a572013737e49389f3c04d2959bd1168"},
+		{"v4_auth_iam_url_user", `{"source":{"url":"http://user:pass@host","auth":{"iam":{"api_key":"key-1"}}},` + tgt + `}`, "", "7d7c88fab0737752fa9c074d40ff8332"},
 		{"plain", `{` + src + `,` + tgt + `}`, "", "ce06d2c1e44a4baefaed3eb7034dc191"},
 		{"other_uuid", `{` + src + `,` + tgt + `}`, "another-server-uuid", "0b573c55b0a5d53bd77f9f89eed03be4"},
 		{"https_8443_query", `{"source":"https://example.org:8443/db?x=1",` + tgt + `}`, "", "41dbfc2fdcb8101546f5dfdfc4bd1b3e"},

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/couchrep/couchrep/internal/config"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/redact"
 )
 
@@ -82,6 +83,11 @@ type EndpointParams struct {
 	// "source_proxy"/"target_proxy"), empty for none. It is not part of
 	// the replication ID.
 	Proxy string
+	// Token is auth.iam or auth.bearer: a credential that expires, sent
+	// as a bearer token and renewed (couch.TokenAuth). Like CouchDB's
+	// auth plugins other than basic, it is not part of the replication ID:
+	// a new token, key or command keeps the job's checkpoints.
+	Token *couch.TokenAuth
 }
 
 // Object is the endpoint as the JSON object of a replication document
@@ -98,6 +104,9 @@ func (ep EndpointParams) Object() map[string]any {
 	}
 	if ep.HasBasic {
 		m["auth"] = map[string]any{"basic": map[string]any{"username": ep.BasicUser, "password": ep.BasicPass}}
+	}
+	if ep.Token != nil {
+		m["auth"] = ep.Token.Object()
 	}
 	return m
 }
@@ -144,11 +153,34 @@ type Params struct {
 	// ParkRecheck.
 	IdleParkAfter, ParkRecheck time.Duration
 
+	// CredentialCommands is the node's [replicator]
+	// allow_credential_commands as JobDefaults gives it (a document cannot
+	// set it; not part of the replication id): with CredentialCommandsRefused
+	// ParseParamsWith refuses an endpoint whose auth.bearer reads a file or
+	// runs a program of the node. The zero value does not check (the
+	// endpoint's client refuses such a credential at its first request
+	// unless allowed: couch.TokenOptions.AllowCommands).
+	CredentialCommands CredentialPolicy
+
 	// FilterCode is the named filter's function source from the source
 	// design document; it is part of the replication id (see WithFilterCode).
 	FilterCode    string
 	filterCodeSet bool
 }
+
+// CredentialPolicy is Params.CredentialCommands.
+type CredentialPolicy int
+
+// The values of CredentialPolicy.
+const (
+	// CredentialCommandsUnchecked: the parser does not look.
+	CredentialCommandsUnchecked CredentialPolicy = iota
+	// CredentialCommandsRefused: auth.bearer token_file and command are
+	// refused ([replicator] allow_credential_commands = false).
+	CredentialCommandsRefused
+	// CredentialCommandsAllowed: the operator allows them.
+	CredentialCommandsAllowed
+)
 
 // DefaultParams returns Params with CouchDB's defaults and no endpoints.
 func DefaultParams() Params {
@@ -225,6 +257,10 @@ func JobDefaults(c config.Replicator) Params {
 	}
 	p.UseCheckpoints, p.UseBulkGet = c.UseCheckpoints, c.UseBulkGet
 	p.IdleParkAfter, p.ParkRecheck = c.IdleParkAfter, c.ParkRecheck
+	p.CredentialCommands = CredentialCommandsRefused
+	if c.AllowCredentialCommands {
+		p.CredentialCommands = CredentialCommandsAllowed
+	}
 	return p
 }
 
@@ -358,6 +394,17 @@ func parseFieldsWith(fields map[string]json.RawMessage, endpoints bool, defaults
 			return p, err
 		}
 		p.Source.Proxy, p.Target.Proxy = srcProxy, tgtProxy
+		if p.CredentialCommands == CredentialCommandsRefused {
+			for _, ep := range []struct {
+				name string
+				tok  *couch.TokenAuth
+			}{{"source", p.Source.Token}, {"target", p.Target.Token}} {
+				if ep.tok.Local() {
+					return p, paramErr(ep.name, "`%s.%s` is not allowed on this node: a replication document may read a file or run a program of the node only where an administrator set [replicator] allow_credential_commands = true",
+						ep.name, ep.tok.Field())
+				}
+			}
+		}
 	}
 	var cancel bool
 	for _, b := range []struct {
@@ -636,9 +683,16 @@ func parseEndpoint(fields map[string]json.RawMessage, name string) (EndpointPara
 		var auth struct {
 			Basic json.RawMessage `json:"basic"`
 		}
-		if !isObject(obj.Auth) || json.Unmarshal(obj.Auth, &auth) != nil {
+		var all map[string]any
+		if !isObject(obj.Auth) || json.Unmarshal(obj.Auth, &auth) != nil || json.Unmarshal(obj.Auth, &all) != nil {
 			return ep, paramErr(name, "`%s.auth` must be an object", name)
 		}
+		tok, err := couch.ParseTokenAuth(all)
+		var fe *couch.AuthFieldError
+		if errors.As(err, &fe) {
+			return ep, paramErr(name, "`%s.%s` %s", name, fe.Field, fe.Reason)
+		}
+		ep.Token = tok
 		if len(auth.Basic) > 0 && !isNull(auth.Basic) {
 			var basic struct {
 				Username *string `json:"username"`

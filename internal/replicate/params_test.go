@@ -37,6 +37,10 @@ func TestParseParamsRejects(t *testing.T) {
 		{"headers not strings", `{"source":{"url":"http://a.example/s","headers":{"X":1}},` + pTgt + `}`, "source", CodeBadRequest, "`source.headers` must be an object of strings"},
 		{"auth not an object", `{"source":{"url":"http://a.example/s","auth":"x"},` + pTgt + `}`, "source", CodeBadRequest, "`source.auth` must be an object"},
 		{"auth.basic without password", `{"source":{"url":"http://a.example/s","auth":{"basic":{"username":"u"}}},` + pTgt + `}`, "source", CodeBadRequest, "`source.auth.basic` must be an object with string `username` and `password`"},
+		{"auth.iam without api_key", `{"source":{"url":"http://a.example/s","auth":{"iam":{"apikey":"k"}}},` + pTgt + `}`, "source", CodeBadRequest, "`source.auth.iam.api_key` must be a non-empty string"},
+		{"auth.iam and basic", `{` + pSrc + `,"target":{"url":"http://b.example/t","auth":{"iam":{"api_key":"k"},"basic":{"username":"u","password":"p"}}}}`, "target", CodeBadRequest, "`target.auth` must hold one of \"basic\", \"iam\" and \"bearer\", not several"},
+		{"auth.bearer.command a string", `{"source":{"url":"http://a.example/s","auth":{"bearer":{"command":"vault read"}}},` + pTgt + `}`, "source", CodeBadRequest, "`source.auth.bearer.command` must be a non-empty array of strings (the program and its arguments)"},
+		{"auth.bearer.token_file relative", `{"source":{"url":"http://a.example/s","auth":{"bearer":{"token_file":"tok"}}},` + pTgt + `}`, "source", CodeBadRequest, "`source.auth.bearer.token_file` must be an absolute file path"},
 		{"continuous not boolean", `{` + pSrc + `,` + pTgt + `,"continuous":"true"}`, "continuous", CodeBadRequest, "parameter `continuous` must be a boolean"},
 		{"create_target null", `{` + pSrc + `,` + pTgt + `,"create_target":null}`, "create_target", CodeBadRequest, "parameter `create_target` must be a boolean"},
 		{"use_checkpoints not boolean", `{` + pSrc + `,` + pTgt + `,"use_checkpoints":1}`, "use_checkpoints", CodeBadRequest, "parameter `use_checkpoints` must be a boolean"},
@@ -244,6 +248,55 @@ func TestParseParamsSize(t *testing.T) {
 
 // A node's [replicator] section fills the options a document does not
 // give; the document's own win (couch_replicator_parse's defaults).
+// TestParseParamsCredentialCommands: a node whose operator did not set
+// allow_credential_commands refuses a document whose auth.bearer reads a
+// file or runs a program, naming the field; one that did takes it, and so
+// does the parser without a node's defaults (the client refuses it then).
+func TestParseParamsCredentialCommands(t *testing.T) {
+	cmd := `{"source":{"url":"http://a.example/s","auth":{"iam":{"api_key":"k"}}},"target":{"url":"http://b.example/t","auth":{"bearer":{"command":["mint-jwt","--ttl","60"]}}}}`
+	file := `{"source":{"url":"http://a.example/s","auth":{"bearer":{"token_file":"/run/secrets/tok"}}},` + pTgt + `}`
+	c := config.Default().Replicator
+	refused := JobDefaults(c)
+	c.AllowCredentialCommands = true
+	allowed := JobDefaults(c)
+	for _, tc := range []struct {
+		doc      string
+		defaults Params
+		field    string
+		reason   string
+	}{
+		{cmd, refused, "target", "`target.auth.bearer.command` is not allowed on this node: a replication document may read a file or run a program of the node only where an administrator set [replicator] allow_credential_commands = true"},
+		{file, refused, "source", "`source.auth.bearer.token_file` is not allowed on this node"},
+		{cmd, allowed, "", ""},
+		{file, allowed, "", ""},
+		{cmd, DefaultParams(), "", ""},
+	} {
+		p, err := ParseParamsWith([]byte(tc.doc), tc.defaults)
+		if tc.field == "" {
+			if err != nil {
+				t.Errorf("%s: %v", tc.doc, err)
+			}
+			continue
+		}
+		var pe *ParamError
+		if !errors.As(err, &pe) || pe.Field != tc.field || !strings.HasPrefix(pe.Reason, tc.reason) {
+			t.Errorf("%s: %v, want %s: %s", tc.doc, err, tc.field, tc.reason)
+		}
+		_ = p
+	}
+	p, err := ParseParamsWith([]byte(cmd), allowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Source.Token == nil || p.Source.Token.IAMKey != "k" || p.Target.Token == nil || len(p.Target.Token.Command) != 3 {
+		t.Fatalf("tokens: %v %v", p.Source.Token, p.Target.Token)
+	}
+	// Object gives the auth back, as the endpoint's client reads it.
+	if got := fmt.Sprint(p.Target.Object()["auth"]); got != "map[bearer:map[command:[mint-jwt --ttl 60]]]" {
+		t.Fatalf("target object auth: %s", got)
+	}
+}
+
 func TestParseParamsWithJobDefaults(t *testing.T) {
 	node := config.Default().Replicator
 	node.WorkerProcesses, node.WorkerBatchSize, node.HTTPConnections = 2, 100, 8

@@ -208,7 +208,7 @@ func openFeed(p Params, o Options, docs bool, log zerolog.Logger) (*couch.DB, fu
 		limits.MaxLineBytes = max(limits.MaxLineBytes, limits.MaxDocumentBytes)
 	}
 	return couch.NewDB(ep, couch.Options{Logger: log, Retries: p.RetriesPerRequest, RetryBackoff: o.RetryBackoff,
-		Limiter: lim, Session: o.sessionOptions(), ErrorBudget: o.Endpoints.errorBudget(),
+		Limiter: lim, Session: o.sessionOptions(), Tokens: o.Endpoints.tokenOptions(), ErrorBudget: o.Endpoints.errorBudget(),
 		Limits: limits, HTTPClient: client, RequestTimeout: o.Endpoints.RequestTimeout}), release, nil
 }
 
