@@ -135,6 +135,8 @@ func (a *httpAPI) start(ctx actor.Context) error {
 
 		Competing: competing,
 		Servers:   cfg.Couchrep.Watch,
+
+		CredentialCommands: replicate.JobDefaults(cfg.Replicator).CredentialCommands,
 	})
 	var check func(context.Context) error
 	if c, ok := a.deps.Store.(kv.Checker); ok {

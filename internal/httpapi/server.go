@@ -65,6 +65,10 @@ type Options struct {
 	Warnings []string
 	// Users lets CouchDB users of an auth server in (see UsersOptions).
 	Users UsersOptions
+	// CredentialCommands is [replicator] allow_credential_commands: with
+	// replicate.CredentialCommandsRefused, POST /_replicate answers 400 to
+	// an endpoint whose auth.bearer reads a file or runs a program.
+	CredentialCommands replicate.CredentialPolicy
 	// Servers are the servers this node watches ([couchrep] watch; their
 	// credentials are dropped here): GET /_scheduler/docs/{db}/{docid}
 	// refuses a document id that is in db on several of them unless
@@ -88,13 +92,15 @@ type Server struct {
 	users          *users
 	warnings       []string
 	servers        []string // ServerName of each watched server
+	credCommands   replicate.CredentialPolicy
 }
 
 // New returns the API handler.
 func New(o Options) *Server {
 	s := &Server{store: o.Store, admins: o.Admins, log: o.Logger, metrics: o.Metrics, maxBody: o.MaxBodyBytes,
 		uuid: o.UUID, nodeName: o.NodeName, cluster: o.Cluster, competing: o.Competing, warnings: o.Warnings,
-		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval), users: newUsers(o.Users, o.Admins)}
+		guard: newAuthGuard(o.AuthFailureBurst, o.AuthFailureInterval), users: newUsers(o.Users, o.Admins),
+		credCommands: o.CredentialCommands}
 	for _, w := range o.Servers {
 		if n := ServerName(w); n != "" && !slices.Contains(s.servers, n) {
 			s.servers = append(s.servers, n)

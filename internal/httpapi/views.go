@@ -25,6 +25,9 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 		return err
 	}
 	req, err := replicate.ParseReplicateRequest(body)
+	if err == nil && req.HasEndpoints {
+		err = req.Params.CheckCredentials(s.credCommands)
+	}
 	if err != nil {
 		return paramError(err)
 	}

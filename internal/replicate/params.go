@@ -182,6 +182,25 @@ const (
 	CredentialCommandsAllowed
 )
 
+// CheckCredentials refuses, under CredentialCommandsRefused, an endpoint
+// whose auth.bearer reads a file or runs a program of the node, with a
+// *ParamError naming the field.
+func (p Params) CheckCredentials(policy CredentialPolicy) error {
+	if policy != CredentialCommandsRefused {
+		return nil
+	}
+	for _, ep := range []struct {
+		name string
+		tok  *couch.TokenAuth
+	}{{"source", p.Source.Token}, {"target", p.Target.Token}} {
+		if ep.tok.Local() {
+			return paramErr(ep.name, "`%s.%s` is not allowed on this node: a replication document may read a file or run a program of the node only where an administrator set [replicator] allow_credential_commands = true",
+				ep.name, ep.tok.Field())
+		}
+	}
+	return nil
+}
+
 // DefaultParams returns Params with CouchDB's defaults and no endpoints.
 func DefaultParams() Params {
 	return Params{
@@ -394,16 +413,8 @@ func parseFieldsWith(fields map[string]json.RawMessage, endpoints bool, defaults
 			return p, err
 		}
 		p.Source.Proxy, p.Target.Proxy = srcProxy, tgtProxy
-		if p.CredentialCommands == CredentialCommandsRefused {
-			for _, ep := range []struct {
-				name string
-				tok  *couch.TokenAuth
-			}{{"source", p.Source.Token}, {"target", p.Target.Token}} {
-				if ep.tok.Local() {
-					return p, paramErr(ep.name, "`%s.%s` is not allowed on this node: a replication document may read a file or run a program of the node only where an administrator set [replicator] allow_credential_commands = true",
-						ep.name, ep.tok.Field())
-				}
-			}
+		if err := p.CheckCredentials(p.CredentialCommands); err != nil {
+			return p, err
 		}
 	}
 	var cancel bool
