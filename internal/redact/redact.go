@@ -104,10 +104,15 @@ var (
 	cookieHeader = regexp.MustCompile(`(?i)((?:set-)?cookie["']?\s*[:=]\s*["']?)[^"'\r\n]+`)
 	// authSession matches CouchDB session cookies wherever they appear.
 	authSession = regexp.MustCompile(`(?i)(AuthSession=)[^;\s"',]+`)
-	// secretSetting matches password, API key and token settings:
-	// key=value (libpq), "key":"value" (JSON, auth.basic, auth.iam) and
-	// Key:value (Go's %+v of BasicPass).
-	secretSetting = regexp.MustCompile(`(?i)(\b(?:(?:basic_?)?(?:password|passwd|pass)|api_?key|(?:access_|refresh_|id_)?token)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
+	// secretSetting matches password settings: key=value (libpq), "key":"value"
+	// (JSON, auth.basic) and Key:value (Go's %+v of BasicPass).
+	secretSetting = regexp.MustCompile(`(?i)(\b(?:basic_?)?(?:password|passwd|pass)["']?\s*[:=]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&,;}\])]+)`)
+	// secretJSON matches API key and token members of JSON objects
+	// (auth.iam.api_key, an IAM answer's access_token, a command's token).
+	secretJSON = regexp.MustCompile(`(?i)("(?:api_?key|(?:access_|refresh_|id_)?token)"\s*:\s*)"(?:[^"\\]|\\.)*"`)
+	// secretForm matches API key and token settings and form fields
+	// (apikey=..., token=...).
+	secretForm = regexp.MustCompile(`(?i)(\b(?:api_?key|(?:access_|refresh_|id_)?token)=)[^\s&,;"']+`)
 	// bearerToken matches a bearer token in free text ("Bearer <token>").
 	bearerToken = regexp.MustCompile(`(?i)(\bbearer\s+)[A-Za-z0-9._~+/-]+=*`)
 	// jwt matches a JSON Web Token anywhere (header.payload.signature,
@@ -134,6 +139,8 @@ func Text(s string) string {
 		return sub[1] + Mask
 	})
 	s = jwt.ReplaceAllString(s, Mask)
+	s = secretJSON.ReplaceAllString(s, `${1}"`+Mask+`"`)
+	s = secretForm.ReplaceAllString(s, "${1}"+Mask)
 	return secretSetting.ReplaceAllStringFunc(s, func(m string) string {
 		sub := secretSetting.FindStringSubmatch(m)
 		v := sub[2]

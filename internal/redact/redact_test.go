@@ -44,6 +44,7 @@ func TestRedact(t *testing.T) {
 		{"command output", `{"token":"s3cr3t","expires_at":1700000000}`, `{"token":"*****","expires_at":1700000000}`, false},
 		{"bearer in text", "sent Bearer s3cr3t.abc/def= to h", "sent Bearer ***** to h", false},
 		{"JWT in text", "token eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJzM2NyM3QifQ.s3cr3tsig refused", "token ***** refused", false},
+		{"field names kept", `auth.iam.api_key: the IAM token endpoint http://h/identity/token refused the API key; Post "http://h/identity/token": context deadline exceeded`, `auth.iam.api_key: the IAM token endpoint http://h/identity/token refused the API key; Post "http://h/identity/token": context deadline exceeded`, false},
 		{"token file path kept", `{"bearer":{"token_file":"/run/secrets/tok"}}`, `{"bearer":{"token_file":"/run/secrets/tok"}}`, false},
 		{"no secrets", "no secrets here http://h/db: password authentication failed", "no secrets here http://h/db: password authentication failed", false},
 	} {
