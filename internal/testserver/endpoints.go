@@ -225,21 +225,8 @@ http {
 	map $http_cookie $auth_cookie { ~AuthSession= cookie; default ""; }
 	map $http_authorization $auth_basic { ~^Basic basic; default ""; }
 	log_format couchrep '$remote_addr "$request" $status auth=$auth_cookie$auth_basic';
-	access_log %[1]s/access.log couchrep;
-	client_body_temp_path %[1]s/body;
-	proxy_temp_path %[1]s/proxy;
-	fastcgi_temp_path %[1]s/fastcgi;
-	uwsgi_temp_path %[1]s/uwsgi;
-	scgi_temp_path %[1]s/scgi;
-	client_max_body_size 0;
-	proxy_buffering off;
-	proxy_request_buffering off;
-	proxy_http_version 1.1;
-	proxy_set_header Connection "";
+%[12]s	proxy_set_header Connection "";
 	proxy_set_header Host $http_host;
-	proxy_read_timeout 3600s;
-	proxy_send_timeout 3600s;
-	keepalive_requests 100000;
 	upstream pouchdb { server %[2]s; keepalive 64; }
 	ssl_protocols TLSv1.2 TLSv1.3;
 	server {
@@ -271,7 +258,7 @@ http {
 		location / { proxy_pass http://pouchdb; }
 	}
 }
-`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3], ports[4], SmallBodyLimit))
+`, dir, up.Host, ports[0], ports[1], ports[2], pki.ServerCert, pki.ServerKey, pki.CAFile, ports[3], ports[4], SmallBodyLimit, nginxStreaming(dir)))
 		if err != nil {
 			return nil, err
 		}
@@ -373,6 +360,26 @@ stream {
 // lines), the main context every nginx here shares (in the foreground, one
 // process, its pid file and error log in dir), then body. It returns nginx's
 // command-line arguments.
+// nginxStreaming is the http block's settings every test nginx shares: the
+// access log (format "couchrep") and temporary files in dir, no body size
+// limit, streams passed on unbuffered over HTTP/1.1 upstream connections.
+func nginxStreaming(dir string) string {
+	return fmt.Sprintf(`	access_log %[1]s/access.log couchrep;
+	client_body_temp_path %[1]s/body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	client_max_body_size 0;
+	proxy_buffering off;
+	proxy_request_buffering off;
+	proxy_http_version 1.1;
+	proxy_read_timeout 3600s;
+	proxy_send_timeout 3600s;
+	keepalive_requests 100000;
+`, dir)
+}
+
 func nginxConf(dir, modules, body string) ([]string, error) {
 	conf := modules + fmt.Sprintf("daemon off;\nmaster_process off;\nworker_processes 1;\npid %[1]s/nginx.pid;\nerror_log %[1]s/error.log info;\n", dir) + body
 	path := filepath.Join(dir, "nginx.conf")

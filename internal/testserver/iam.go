@@ -274,20 +274,7 @@ func StartTokenProxy(t testing.TB, iam *IAM, upstream string) *TokenProxy {
 		args, err := nginxConf(dir, "", fmt.Sprintf(`events { worker_connections 1024; }
 http {
 	log_format couchrep '$remote_addr "$request" $status tok=$token_id';
-	access_log %[1]s/access.log couchrep;
-	client_body_temp_path %[1]s/body;
-	proxy_temp_path %[1]s/proxy;
-	fastcgi_temp_path %[1]s/fastcgi;
-	uwsgi_temp_path %[1]s/uwsgi;
-	scgi_temp_path %[1]s/scgi;
-	client_max_body_size 0;
-	proxy_buffering off;
-	proxy_request_buffering off;
-	proxy_http_version 1.1;
-	proxy_read_timeout 3600s;
-	proxy_send_timeout 3600s;
-	keepalive_requests 100000;
-	upstream pouchdb { server %[2]s; keepalive 64; }
+%[5]s	upstream pouchdb { server %[2]s; keepalive 64; }
 	upstream iam { server %[3]s; keepalive 8; }
 	server {
 		listen %[4]s;
@@ -308,7 +295,7 @@ http {
 		}
 	}
 }
-`, dir, up.Host, check.Host, addr))
+`, dir, up.Host, check.Host, addr, nginxStreaming(dir)))
 		if err != nil {
 			return nil, err
 		}
