@@ -104,9 +104,11 @@ type Options struct {
 	Transport func(http.RoundTripper) http.RoundTripper
 	// OnEvent, if set, is the engine's replication.Options.OnEvent.
 	OnEvent func(replicate.Event)
-	// OnStats, if set, is given every stats report of the engine, with the
-	// job's id (the node's counters).
-	OnStats func(jobID string, s replicate.Stats)
+	// OnCounted, if set, is given every increment of the job's counters
+	// that its runs' own work made (replicate.Options.OnCounted), with the
+	// job's id: the node's counters, which must not count the counters a
+	// run starts from (its checkpoint's, CouchDB's after a takeover).
+	OnCounted func(jobID string, s replicate.Stats)
 	// Timers is the node's timer wheel: the engine's checkpoint and
 	// progress timer and the progress heartbeat of a run without the
 	// node's lease are on it; nil is timerwheel.Default().
@@ -498,12 +500,20 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 	onProgress := func(s replicate.Stats) {
 		pw.write(s)
 		a.publishProgress(system, rec, s)
-		if a.o.OnStats != nil {
-			a.o.OnStats(id, s)
-		}
 	}
 	o := a.engineOptions(p)
 	o.OnProgress = onProgress
+	if a.o.OnCounted != nil {
+		o.OnCounted = func(s replicate.Stats) { a.o.OnCounted(id, s) }
+	}
+	if st := full.GetStats(); st != nil && full.GetRepId() != "" {
+		// The counters of the job's last run (written when it ended): the
+		// next run's never go below them.
+		o.Prior = &replicate.Prior{RepID: full.GetRepId(), Stats: replicate.Stats{
+			RevisionsChecked: st.GetRevisionsChecked(), MissingRevisionsFound: st.GetMissingRevisionsFound(),
+			DocsRead: st.GetDocsRead(), DocsWritten: st.GetDocsWritten(), DocWriteFailures: st.GetDocWriteFailures(),
+			BulkGetDocs: st.GetBulkGetDocs(), BulkGetAttempts: st.GetBulkGetAttempts()}}
+	}
 	a.mu.Lock()
 	a.cancelRun = cancelRun
 	if a.stopReason != "" {

@@ -2,6 +2,7 @@ package jobrunner_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -108,5 +109,47 @@ func TestLiveProgress(t *testing.T) {
 	}
 	if got := rec.GetStats().GetDocsWritten(); got != 3 || rec.State() != repjob.StatePending {
 		t.Errorf("after the stop: %s with docs_written %d, want pending with the last report's 3", rec.State(), got)
+	}
+
+	// The job's next run starts its counters from the last run's (Prior:
+	// they never go backwards, even when its checkpoint has fewer), and
+	// the node is told only what the run itself counts (OnCounted).
+	run, err = store.Accept(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prior := make(chan *replicate.Prior, 1)
+	o.Engine = func(ctx context.Context, _ replicate.Params, o replicate.Options) (replicate.Result, error) {
+		prior <- o.Prior
+		o.OnCounted(replicate.Stats{DocsRead: 2, DocsWritten: 2})
+		return replicate.Result{Stats: replicate.Stats{DocsRead: 5, DocsWritten: 5}}, nil
+	}
+	counted := make(chan string, 1)
+	o.OnCounted = func(id string, s replicate.Stats) { counted <- fmt.Sprint(id, " ", s.DocsRead, " ", s.DocsWritten) }
+	exited = make(chan struct{})
+	o.Released = func() { close(exited) }
+	if _, err := supervisor.StartChild(ctx, system, sup.PID(), jobrunner.Name(added.JobID), jobrunner.Props(run, o)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-prior:
+		if p == nil || p.RepID != rec.GetRepId() || p.RepID == "" || p.Stats.DocsWritten != 3 || p.Stats.DocsRead != 3 || p.Stats.RevisionsChecked != 3 {
+			t.Errorf("the next run's Prior %+v, want the job's last counters (3) for %s", p, rec.GetRepId())
+		}
+	case <-ctx.Done():
+		t.Fatal("the job did not run again")
+	}
+	select {
+	case got := <-counted:
+		if want := added.JobID + " 2 2"; got != want {
+			t.Errorf("OnCounted got %q, want %q", got, want)
+		}
+	case <-ctx.Done():
+		t.Fatal("OnCounted was not called")
+	}
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		t.Fatal("the job actor did not exit")
 	}
 }

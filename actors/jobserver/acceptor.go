@@ -353,8 +353,8 @@ func (a *acceptor) spawn(ctx context.Context, system *actor.ActorSystem, jobsSup
 	}
 	if m := a.deps.Metrics; m != nil {
 		jo.Transport, jo.OnEvent = m.Transport, m.ObserveEngine
-		jo.OnStats = func(id string, s replicate.Stats) {
-			m.ObserveJob(id, 0, true, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
+		jo.OnCounted = func(id string, s replicate.Stats) {
+			m.ObserveCounted(id, httpapi.JobCounters{DocsRead: s.DocsRead, DocsWritten: s.DocsWritten,
 				DocWriteFailures: s.DocWriteFailures, MissingRevisionsFound: s.MissingRevisionsFound, RevisionsChecked: s.RevisionsChecked})
 		}
 	}

@@ -61,9 +61,8 @@ type Metrics struct {
 	node *nodeMetrics
 	live liveJobs // this node's running jobs' latest stats (ObserveLive)
 
-	mu          sync.Mutex
-	lastWritten map[string]JobCounters // job id → counters last seen
-	progressed  map[string]bool        // job id → made progress since it started
+	mu         sync.Mutex
+	progressed map[string]bool // job id → made progress since it started
 }
 
 // NewMetrics registers couchrep's metrics in a new registry; store (may be
@@ -90,8 +89,7 @@ func NewMetrics(store Store) *Metrics {
 		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "couchrep_replication_rate_limited_total", Help: "HTTP 429 responses received by this node's replication jobs.",
 		}),
-		lastWritten: map[string]JobCounters{},
-		progressed:  map[string]bool{},
+		progressed: map[string]bool{},
 	}
 	m.reg.MustRegister(m.requests, m.duration, m.restarts, m.transitions, m.docsWritten, m.rateLimited,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -144,43 +142,17 @@ type JobCounters struct {
 }
 
 // ObserveJob records an event of a job run by this node: a state change
-// (unless progress) and the job's cumulative counters. The first event
-// seen for a job (its start) sets the baseline, since a job's stats carry
-// over from its earlier runs; each later increase is added to the
-// counters. A finished job's bookkeeping is dropped. A job that crashes or
-// fails before any progress since it started counts as a failed start.
-func (m *Metrics) ObserveJob(jobID string, state repjob.State, progress bool, c JobCounters) {
+// (unless progress). The counters are not read from its stats, which
+// carry over from the job's earlier runs and from its checkpoint (CouchDB's
+// after a takeover): ObserveCounted counts the work. A finished job's
+// bookkeeping is dropped. A job that crashes or fails before any progress
+// since it started counts as a failed start.
+func (m *Metrics) ObserveJob(jobID string, state repjob.State, progress bool, _ JobCounters) {
 	if !progress && state != 0 {
 		m.transitions.WithLabelValues(state.String()).Inc()
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	prev, seen := m.lastWritten[jobID]
-	if !seen {
-		m.lastWritten[jobID] = c
-	} else {
-		n := m.node
-		for _, d := range []struct {
-			ctr       prometheus.Counter
-			now, then int64
-		}{
-			{m.docsWritten, c.DocsWritten, prev.DocsWritten},
-			{n.docsRead, c.DocsRead, prev.DocsRead},
-			{n.docWriteFailures, c.DocWriteFailures, prev.DocWriteFailures},
-			{n.missingFound, c.MissingRevisionsFound, prev.MissingRevisionsFound},
-			{n.revsChecked, c.RevisionsChecked, prev.RevisionsChecked},
-		} {
-			if d.now > d.then {
-				d.ctr.Add(float64(d.now - d.then))
-			}
-		}
-		m.lastWritten[jobID] = JobCounters{max(c.DocsRead, prev.DocsRead), max(c.DocsWritten, prev.DocsWritten),
-			max(c.DocWriteFailures, prev.DocWriteFailures), max(c.MissingRevisionsFound, prev.MissingRevisionsFound),
-			max(c.RevisionsChecked, prev.RevisionsChecked)}
-		if c.RevisionsChecked > prev.RevisionsChecked || c.DocsRead > prev.DocsRead {
-			m.progressed[jobID] = true
-		}
-	}
 	switch state {
 	case repjob.StateRunning:
 		if !progress {
@@ -192,8 +164,36 @@ func (m *Metrics) ObserveJob(jobID string, state repjob.State, progress bool, c 
 		}
 	}
 	if state != repjob.StateRunning && state != 0 {
-		delete(m.lastWritten, jobID)
 		delete(m.progressed, jobID)
+	}
+}
+
+// ObserveCounted adds the work a run of the job did (an increment of its
+// counters, replicate.Options.OnCounted) to the node's counters: they
+// count only what this process did, so that rate() shows no throughput
+// when a job restarts with its counters restored.
+func (m *Metrics) ObserveCounted(jobID string, c JobCounters) {
+	n := m.node
+	for _, d := range []struct {
+		ctr prometheus.Counter
+		v   int64
+	}{
+		{m.docsWritten, c.DocsWritten},
+		{n.docsRead, c.DocsRead},
+		{n.docWriteFailures, c.DocWriteFailures},
+		{n.missingFound, c.MissingRevisionsFound},
+		{n.revsChecked, c.RevisionsChecked},
+	} {
+		if d.v > 0 {
+			d.ctr.Add(float64(d.v))
+		}
+	}
+	if c.RevisionsChecked > 0 || c.DocsRead > 0 {
+		m.mu.Lock()
+		if _, ok := m.progressed[jobID]; ok {
+			m.progressed[jobID] = true
+		}
+		m.mu.Unlock()
 	}
 }
 

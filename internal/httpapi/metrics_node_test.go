@@ -112,15 +112,27 @@ func TestJobEngineAndSupervisorMetrics(t *testing.T) {
 	}
 	// Job a resumes with 100 docs from an earlier run, makes progress and
 	// completes; job b crashes before any progress (a failed start); job c
-	// crashes after progress.
+	// crashes after progress; job d is taken over from CouchDB (its
+	// checkpoint's 10,250 docs restored) and crashes having copied
+	// nothing, as restarted job e with 4,302: the stats the jobs carry are
+	// not counted, only their runs' work (ObserveCounted).
 	m.ObserveJob("a", repjob.StateRunning, false, c(100, 100, 0, 100, 100))
+	m.ObserveCounted("a", c(50, 40, 2, 50, 60))
 	m.ObserveJob("a", 0, true, c(150, 140, 2, 150, 160))
+	m.ObserveCounted("a", c(50, 50, 1, 50, 50))
 	m.ObserveJob("a", repjob.StateCompleted, false, c(200, 190, 3, 200, 210))
 	m.ObserveJob("b", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
 	m.ObserveJob("b", repjob.StateCrashing, false, c(0, 0, 0, 0, 0))
 	m.ObserveJob("c", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
+	m.ObserveCounted("c", c(5, 5, 0, 5, 5))
 	m.ObserveJob("c", 0, true, c(5, 5, 0, 5, 5))
 	m.ObserveJob("c", repjob.StateCrashing, false, c(5, 5, 0, 5, 5))
+	m.ObserveJob("d", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
+	m.ObserveJob("d", 0, true, c(10250, 10250, 0, 10250, 10250))
+	m.ObserveJob("d", repjob.StateCrashing, false, c(10250, 10250, 0, 10250, 10250))
+	m.ObserveJob("e", repjob.StatePending, false, c(4302, 4302, 0, 4302, 4302))
+	m.ObserveJob("e", repjob.StateRunning, false, c(0, 0, 0, 0, 0))
+	m.ObserveJob("e", 0, true, c(4302, 4302, 0, 4302, 4302))
 	for _, e := range []replicate.Event{replicate.EventCheckpointRecorded, replicate.EventCheckpointRecorded,
 		replicate.EventCheckpointFailed, replicate.EventChangesReadFailed} {
 		m.ObserveEngine(e)
@@ -140,8 +152,8 @@ func TestJobEngineAndSupervisorMetrics(t *testing.T) {
 		{"couchrep_replication_doc_write_failures_total", "", 3},
 		{"couchrep_replication_missing_revisions_found_total", "", 105},
 		{"couchrep_replication_revisions_checked_total", "", 115},
-		{"couchrep_replication_failed_starts_total", "", 1},
-		{"couchrep_replication_job_transitions_total", "state=crashing", 2},
+		{"couchrep_replication_failed_starts_total", "", 2},
+		{"couchrep_replication_job_transitions_total", "state=crashing", 3},
 		{"couchrep_replication_checkpoints_total", "outcome=success", 2},
 		{"couchrep_replication_checkpoints_total", "outcome=failure", 1},
 		{"couchrep_replication_changes_read_failures_total", "", 1},

@@ -77,6 +77,18 @@ type Options struct {
 	// run is under way, never concurrently, never after Run returns; and
 	// once more when the run ends.
 	OnProgress func(Stats)
+	// OnCounted, if set, is told each increment of the run's counters
+	// made by this run's own work (the workers' batches), never the
+	// counters a run starts from (its checkpoint's history, Prior): what
+	// this process did, for counters that must not jump on a restart. It
+	// is called from the workers' goroutines, concurrently, and must
+	// return quickly.
+	OnCounted func(Stats)
+	// Prior, if set, are the job's counters when its last run ended: a
+	// run of the replication Prior.RepID starts its counters at the larger
+	// of them and its checkpoint's history, so they never go backwards
+	// across a restart.
+	Prior *Prior
 	// ProgressInterval defaults to one second.
 	ProgressInterval time.Duration
 	// Timers is the wheel the run's checkpoint and progress timer is on
@@ -458,12 +470,21 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 			startSeq, startFrom = couch.SeqOf(p.SinceSeq), StartSinceSeq
 		}
 	}
+	// The counters carry over: from the checkpoint's history, or from the
+	// job's last run when it counted more (it ended after its last
+	// checkpoint), as CouchDB's scheduler starts a job from max_stats of
+	// both. Restored, not counted: Options.OnCounted is not told.
+	var restored Stats
 	if len(history) > 0 {
 		h := history[0]
-		r.ctr.add(Stats{RevisionsChecked: h.MissingChecked, MissingRevisionsFound: h.MissingFound,
+		restored = Stats{RevisionsChecked: h.MissingChecked, MissingRevisionsFound: h.MissingFound,
 			DocsRead: h.DocsRead, DocsWritten: h.DocsWritten, DocWriteFailures: h.DocWriteFailures,
-			BulkGetDocs: h.BulkGetDocs, BulkGetAttempts: h.BulkGetAttempts})
+			BulkGetDocs: h.BulkGetDocs, BulkGetAttempts: h.BulkGetAttempts}
 	}
+	if r.o.Prior != nil && r.o.Prior.RepID == r.ID() {
+		restored = maxCounters(restored, r.o.Prior.Stats)
+	}
+	r.ctr.add(restored)
 	log.Info().Str("source", r.src.String()).Str("target", r.tgt.String()).
 		Str("start_seq", seqOrZero(startSeq).String()).Str("start_from", startFrom).Bool("continuous", p.Continuous).Msg("replication: starting")
 

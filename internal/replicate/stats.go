@@ -61,3 +61,32 @@ func (c *counters) snapshot() Stats {
 		BulkGetDocs:      c.bulkGetDocs.Load(), BulkGetAttempts: c.bulkGetAttempts.Load(),
 	}
 }
+
+// Prior are a job's counters when its last run ended (Options.Prior).
+type Prior struct {
+	// RepID is the replication id (base+ext) the counters belong to.
+	RepID string
+	Stats Stats
+}
+
+// maxCounters is a with each counter the larger of a's and b's
+// (couch_replicator_stats:max_stats).
+func maxCounters(a, b Stats) Stats {
+	a.RevisionsChecked = max(a.RevisionsChecked, b.RevisionsChecked)
+	a.MissingRevisionsFound = max(a.MissingRevisionsFound, b.MissingRevisionsFound)
+	a.DocsRead = max(a.DocsRead, b.DocsRead)
+	a.DocsWritten = max(a.DocsWritten, b.DocsWritten)
+	a.DocWriteFailures = max(a.DocWriteFailures, b.DocWriteFailures)
+	a.BulkGetDocs = max(a.BulkGetDocs, b.BulkGetDocs)
+	a.BulkGetAttempts = max(a.BulkGetAttempts, b.BulkGetAttempts)
+	return a
+}
+
+// count adds s, counted by this run's work, to the run's counters and
+// tells Options.OnCounted.
+func (r *Replication) count(s Stats) {
+	r.ctr.add(s)
+	if r.o.OnCounted != nil && (s.RevisionsChecked|s.MissingRevisionsFound|s.DocsRead|s.DocsWritten|s.DocWriteFailures|s.BulkGetDocs|s.BulkGetAttempts) != 0 {
+		r.o.OnCounted(s)
+	}
+}

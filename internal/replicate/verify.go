@@ -60,7 +60,7 @@ func (c *Copier) Copy(ctx context.Context, changes []couch.Change) (Stats, error
 	err := w.process(ctx, changes) // counts its stats when it returns
 	w.stats = Stats{}
 	err = errors.Join(err, w.flush(ctx))
-	c.r.ctr.add(w.stats)
+	c.r.count(w.stats)
 	after := c.r.ctr.snapshot()
 	return Stats{
 		RevisionsChecked:      after.RevisionsChecked - before.RevisionsChecked,

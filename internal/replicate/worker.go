@@ -97,7 +97,7 @@ type revKey struct{ id, rev string }
 
 func (w *worker) process(ctx context.Context, changes []couch.Change) error {
 	w.stats = Stats{}
-	defer func() { w.r.ctr.add(w.stats) }()
+	defer func() { w.r.count(w.stats) }()
 
 	revs := make(map[string][]string, len(changes))
 	if max := w.r.o.MaxDocumentIDLength; max > 0 {
@@ -630,7 +630,7 @@ func (w *worker) flushAsync(ctx context.Context, done func(error)) error {
 	go func() {
 		var st Stats
 		err := w.bulkDocs(ctx, docs, &st)
-		w.r.ctr.add(st)
+		w.r.count(st)
 		done(err)
 		ch <- err
 	}()
