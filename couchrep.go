@@ -488,7 +488,7 @@ func (n *Node) Draining() bool { return n.jobs.Draining() }
 // "Authorization: Bearer <token>", on every request; serve the handler
 // beyond loopback only with one.
 func (n *Node) AdminHandler(token string) (string, http.Handler) {
-	return admin.Handler(n, admin.Options{Token: token, Classify: AdminCode})
+	return admin.Handler(n, admin.Options{Token: token, Classify: AdminCode, Verify: n.verifyRPC})
 }
 
 // AdminCode maps an error of Request to the admin protocol's error code.

@@ -183,7 +183,7 @@ func TestVerifyDifferences(t *testing.T) {
 	// Only the two planted attachment differences.
 	r := runVerifyCmd(t, src, tgt)
 	want := []string{"attachment_different att-different", "attachment_missing att-missing"}
-	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 1 || r.summary.OK {
+	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 3 || r.summary.OK {
 		t.Fatalf("verify: got %v (exit %d, ok %v), want %v\n%s\n%s", got, r.code, r.summary.OK, want, r.stdout, r.stderr)
 	}
 	if r.summary.DocsChecked != 300+6 || r.summary.AttachmentsChecked < 4 {
@@ -205,7 +205,7 @@ func TestVerifyDifferences(t *testing.T) {
 	r = runVerifyCmd(t, src, tgt)
 	want = []string{"attachment_different att-different", "attachment_missing att-missing",
 		"deleted_on_source d0002", "leaf_missing d0001", "missing only-src"}
-	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 1 {
+	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 3 {
 		t.Fatalf("verify: got %v (exit %d), want %v\n%s", got, r.code, want, r.stdout)
 	}
 	if r.summary.Differences != 5 || r.summary.Counts[cverify.Missing] != 1 {
@@ -214,7 +214,7 @@ func TestVerifyDifferences(t *testing.T) {
 	r = runVerifyCmd(t, "--extra", src, tgt)
 	want = []string{"attachment_different att-different", "attachment_missing att-missing",
 		"deleted_on_source d0002", "deleted_on_target d0003", "extra_on_target only-tgt", "leaf_missing d0001", "missing only-src"}
-	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 1 {
+	if got := r.kinds(); fmt.Sprint(got) != fmt.Sprint(want) || r.code != 3 {
 		t.Fatalf("verify --extra: got %v (exit %d), want %v\n%s", got, r.code, want, r.stdout)
 	}
 
@@ -320,7 +320,7 @@ func TestVerifyLiveSource(t *testing.T) {
 }
 
 // TestVerifyBadInput: a missing database, an unreachable endpoint and
-// wrong credentials give a clear CouchDB-style error (exit 3), with no
+// wrong credentials give a clear CouchDB-style error (exit 1), with no
 // password in any output.
 func TestVerifyBadInput(t *testing.T) {
 	skipShort(t)
@@ -342,7 +342,7 @@ func TestVerifyBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runVerifyCmd(t, "--retries-per-request", "1", tc.src, tc.tgt)
-			if r.code != 3 || r.errLine["error"] != tc.errName || !strings.Contains(r.errLine["reason"], tc.reason) {
+			if r.code != 1 || r.errLine["error"] != tc.errName || !strings.Contains(r.errLine["reason"], tc.reason) {
 				t.Fatalf("exit %d, error line %v\n%s", r.code, r.errLine, r.stderr)
 			}
 			for _, out := range []string{r.stdout, r.stderr} {
@@ -373,7 +373,7 @@ func TestVerifyGiantDocument(t *testing.T) {
 	s.PutRevs(t, src, testserver.Doc("giant", []string{"1-g"}, map[string]any{"big": big}))
 	big = ""
 	r := runVerifyCmd(t, src, tgt)
-	if got := r.kinds(); fmt.Sprint(got) != "[missing giant]" || r.code != 1 {
+	if got := r.kinds(); fmt.Sprint(got) != "[missing giant]" || r.code != 3 {
 		t.Fatalf("got %v (exit %d)\n%s\n%s", got, r.code, r.stdout, r.stderr)
 	}
 	// On the target too, same revision: clean, its attachments unchecked
@@ -397,4 +397,118 @@ func currentRev(t testing.TB, s *testserver.Server, dbURL, id string) string {
 	}
 	s.GetJSON(t, dbURL+url.PathEscape(id), &d)
 	return d.Rev
+}
+
+// TestVerifyNode: the node's entry points run the same verify —
+// `couchrepctl verify` and `couchrepctl job verify` (admin RPC, streamed),
+// POST /_verify (JSON lines; CouchDB-style errors) — with no credential in
+// any answer or in the node's log.
+func TestVerifyNode(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDB(t)
+	s.AddAdmin(t, "admin", "n0de-secret")
+	src, tgt := s.CreateDB(t, "nsrc"), s.CreateDB(t, "ntgt")
+	seedVerify(t, s, src, 100)
+	withCreds := func(u string) string {
+		p, _ := url.Parse(u)
+		p.User = url.UserPassword("admin", "n0de-secret")
+		return p.String()
+	}
+	copyDB(t, withCreds(src), withCreds(tgt))
+	s.PutDocs(t, src, map[string]any{"_id": "only-src"}, map[string]any{"_id": "only-src2"})
+	n := startNode(t, nodeOptions{})
+	noSecret := func(what, out string) {
+		t.Helper()
+		if strings.Contains(out, "n0de-secret") {
+			t.Fatalf("%s shows the password:\n%s", what, out)
+		}
+	}
+
+	out, errOut, code := n.ctl("verify", withCreds(src), withCreds(tgt))
+	if code != 3 || strings.Count(out, `"kind":"missing"`) != 2 || !strings.Contains(out, `"summary"`) {
+		t.Fatalf("couchrepctl verify: exit %d\n%s\n%s", code, out, errOut)
+	}
+	noSecret("couchrepctl verify", out+errOut)
+	out, errOut, code = n.ctl("verify", "--doc-ids", "d0001,d0002", withCreds(src), withCreds(tgt))
+	if code != 0 || !strings.Contains(out, `"docs_checked":2`) {
+		t.Fatalf("couchrepctl verify --doc-ids: exit %d\n%s\n%s", code, out, errOut)
+	}
+	_, errOut, code = n.ctl("verify", withCreds(src), withCreds(s.DBURL("nope")))
+	if code != 1 || !strings.Contains(errOut, "db_not_found") {
+		t.Fatalf("couchrepctl verify of a missing database: exit %d: %s", code, errOut)
+	}
+	noSecret("couchrepctl verify's error", errOut)
+
+	// POST /_verify: the same body as POST /_replicate.
+	api := "http://" + n.httpAddr("")
+	body := fmt.Sprintf(`{"source":{"url":%q,"auth":{"basic":{"username":"admin","password":"n0de-secret"}}},"target":%q}`, src, withCreds(tgt))
+	resp, err := http.Post(api+"/_verify", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/x-ndjson" ||
+		strings.Count(b.String(), `"kind":"missing"`) != 2 || !strings.Contains(b.String(), `"ok":false`) {
+		t.Fatalf("POST /_verify: %d %s\n%s", resp.StatusCode, resp.Header.Get("Content-Type"), b.String())
+	}
+	noSecret("POST /_verify", b.String())
+	for _, tc := range []struct {
+		body   string
+		status int
+		errStr string
+	}{
+		{fmt.Sprintf(`{"source":%q,"target":%q}`, withCreds(src), withCreds(s.DBURL("nope"))), 404, "db_not_found"},
+		{fmt.Sprintf(`{"source":%q,"target":%q,"doc_ids":["a"],"selector":{"a":1}}`, withCreds(src), withCreds(tgt)), 400, "bad_request"},
+		{fmt.Sprintf(`{"source":%q,"target":%q}`, strings.Replace(withCreds(src), "n0de-secret", "bad-n0de-secret", 1), withCreds(tgt)), 401, "unauthorized"},
+		{fmt.Sprintf(`{"source":%q,"target":%q,"extra":"yes"}`, withCreds(src), withCreds(tgt)), 400, "bad_request"},
+	} {
+		resp, err := http.Post(api+"/_verify", "application/json", strings.NewReader(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e map[string]string
+		_ = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status || e["error"] != tc.errStr || e["reason"] == "" {
+			t.Errorf("POST /_verify %s: %d %v", tc.body, resp.StatusCode, e)
+		}
+		noSecret("POST /_verify's error", e["reason"])
+	}
+
+	// couchrepctl job verify: a continuous job with a doc_ids filter
+	// verifies its own documents only.
+	body = fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true,"doc_ids":["d0003","only-src"]}`, withCreds(src), withCreds(tgt))
+	resp, err = http.Post(api+"/_replicate", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var added struct {
+		LocalID string `json:"_local_id"`
+	}
+	_ = json.NewDecoder(resp.Body).Decode(&added)
+	resp.Body.Close()
+	if added.LocalID == "" {
+		t.Fatalf("POST /_replicate: %d", resp.StatusCode)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, errOut, code = n.ctl("job", "verify", added.LocalID)
+		if code == 0 {
+			break
+		}
+		if code != 3 || time.Now().After(deadline) {
+			t.Fatalf("couchrepctl job verify: exit %d\n%s\n%s", code, out, errOut)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(out, `"docs_checked":2`) {
+		t.Fatalf("couchrepctl job verify: %s", out)
+	}
+	if _, errOut, code = n.ctl("job", "verify", "nosuchjob"); code != 1 || !strings.Contains(errOut, "not_found") {
+		t.Fatalf("job verify of no job: exit %d: %s", code, errOut)
+	}
+	noSecret("couchrepctl job verify", out)
+	noSecret("the node's log", n.logs.String())
 }

@@ -2626,6 +2626,137 @@ func (x *SendResponse) GetReply() *anypb.Any {
 	return nil
 }
 
+// VerifyRequest names what to verify: a replication document, or a job.
+type VerifyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A replication document as POST /_verify takes it (JSON: source,
+	// target, credentials, proxies, filter, selector, doc_ids, since_seq...).
+	Document string `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
+	// Or a job, named as couchrepctl names jobs (job id, replication id,
+	// unique prefix): its endpoints with its filter.
+	Job string `protobuf:"bytes,2,opt,name=job,proto3" json:"job,omitempty"`
+	// Also report what only the target has (reads the target's changes).
+	Extra bool `protobuf:"varint,3,opt,name=extra,proto3" json:"extra,omitempty"`
+	// Replicate the missing revisions found, then verify again.
+	Repair        bool `protobuf:"varint,4,opt,name=repair,proto3" json:"repair,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyRequest) Reset() {
+	*x = VerifyRequest{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyRequest) ProtoMessage() {}
+
+func (x *VerifyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyRequest.ProtoReflect.Descriptor instead.
+func (*VerifyRequest) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *VerifyRequest) GetDocument() string {
+	if x != nil {
+		return x.Document
+	}
+	return ""
+}
+
+func (x *VerifyRequest) GetJob() string {
+	if x != nil {
+		return x.Job
+	}
+	return ""
+}
+
+func (x *VerifyRequest) GetExtra() bool {
+	if x != nil {
+		return x.Extra
+	}
+	return false
+}
+
+func (x *VerifyRequest) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
+// VerifyResponse is one line of a verify's answer.
+type VerifyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The line as JSON: a difference ({"kind", "id", ...}) or, in the last
+	// message, the summary ({"summary": {...}}). Credentials are redacted.
+	Line string `protobuf:"bytes,1,opt,name=line,proto3" json:"line,omitempty"`
+	// Set on the last message, the summary.
+	Summary       bool `protobuf:"varint,2,opt,name=summary,proto3" json:"summary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyResponse) Reset() {
+	*x = VerifyResponse{}
+	mi := &file_couchrep_v1_admin_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyResponse) ProtoMessage() {}
+
+func (x *VerifyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchrep_v1_admin_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyResponse.ProtoReflect.Descriptor instead.
+func (*VerifyResponse) Descriptor() ([]byte, []int) {
+	return file_couchrep_v1_admin_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *VerifyResponse) GetLine() string {
+	if x != nil {
+		return x.Line
+	}
+	return ""
+}
+
+func (x *VerifyResponse) GetSummary() bool {
+	if x != nil {
+		return x.Summary
+	}
+	return false
+}
+
 var File_couchrep_v1_admin_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_admin_proto_rawDesc = "" +
@@ -2805,7 +2936,15 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\amessage\x18\x03 \x01(\v2\x14.google.protobuf.AnyR\amessage\"T\n" +
 	"\fSendResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\rR\aversion\x12*\n" +
-	"\x05reply\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05reply*b\n" +
+	"\x05reply\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\x05reply\"k\n" +
+	"\rVerifyRequest\x12\x1a\n" +
+	"\bdocument\x18\x01 \x01(\tR\bdocument\x12\x10\n" +
+	"\x03job\x18\x02 \x01(\tR\x03job\x12\x14\n" +
+	"\x05extra\x18\x03 \x01(\bR\x05extra\x12\x16\n" +
+	"\x06repair\x18\x04 \x01(\bR\x06repair\">\n" +
+	"\x0eVerifyResponse\x12\x12\n" +
+	"\x04line\x18\x01 \x01(\tR\x04line\x12\x18\n" +
+	"\asummary\x18\x02 \x01(\bR\asummary*b\n" +
 	"\x14AdminProtocolVersion\x12&\n" +
 	"\"ADMIN_PROTOCOL_VERSION_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eADMIN_PROTOCOL_VERSION_CURRENT\x10\x01*\xa1\x01\n" +
@@ -2815,7 +2954,7 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\x12JOB_STATUS_RUNNING\x10\x02\x12\x17\n" +
 	"\x13JOB_STATUS_CRASHING\x10\x03\x12\x18\n" +
 	"\x14JOB_STATUS_COMPLETED\x10\x04\x12\x15\n" +
-	"\x11JOB_STATUS_FAILED\x10\x052\x83\n" +
+	"\x11JOB_STATUS_FAILED\x10\x052\xc8\n" +
 	"\n" +
 	"\fAdminService\x12;\n" +
 	"\x04Tree\x12\x18.couchrep.v1.TreeRequest\x1a\x19.couchrep.v1.TreeResponse\x12;\n" +
@@ -2836,7 +2975,8 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\aUndrain\x12\x1b.couchrep.v1.UndrainRequest\x1a\x1c.couchrep.v1.UndrainResponse\x12G\n" +
 	"\bStopNode\x12\x1c.couchrep.v1.StopNodeRequest\x1a\x1d.couchrep.v1.StopNodeResponse\x12>\n" +
 	"\x05Nodes\x12\x19.couchrep.v1.NodesRequest\x1a\x1a.couchrep.v1.NodesResponse\x12;\n" +
-	"\x04Send\x12\x18.couchrep.v1.SendRequest\x1a\x19.couchrep.v1.SendResponseB0Z.github.com/couchrep/couchrep/messages;messagesb\x06proto3"
+	"\x04Send\x12\x18.couchrep.v1.SendRequest\x1a\x19.couchrep.v1.SendResponse\x12C\n" +
+	"\x06Verify\x12\x1a.couchrep.v1.VerifyRequest\x1a\x1b.couchrep.v1.VerifyResponse0\x01B0Z.github.com/couchrep/couchrep/messages;messagesb\x06proto3"
 
 var (
 	file_couchrep_v1_admin_proto_rawDescOnce sync.Once
@@ -2851,7 +2991,7 @@ func file_couchrep_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchrep_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_couchrep_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_couchrep_v1_admin_proto_goTypes = []any{
 	(AdminProtocolVersion)(0),        // 0: couchrep.v1.AdminProtocolVersion
 	(JobStatus)(0),                   // 1: couchrep.v1.JobStatus
@@ -2898,28 +3038,30 @@ var file_couchrep_v1_admin_proto_goTypes = []any{
 	(*TakeoverCheck)(nil),            // 42: couchrep.v1.TakeoverCheck
 	(*SendRequest)(nil),              // 43: couchrep.v1.SendRequest
 	(*SendResponse)(nil),             // 44: couchrep.v1.SendResponse
-	nil,                              // 45: couchrep.v1.GetSharesResponse.SharesEntry
-	nil,                              // 46: couchrep.v1.SetSharesRequest.SharesEntry
-	nil,                              // 47: couchrep.v1.SetSharesResponse.SharesEntry
-	(*timestamppb.Timestamp)(nil),    // 48: google.protobuf.Timestamp
-	(*JobEvent)(nil),                 // 49: couchrep.v1.JobEvent
-	(*anypb.Any)(nil),                // 50: google.protobuf.Any
-	(*TreeRequest)(nil),              // 51: couchrep.v1.TreeRequest
-	(*KillRequest)(nil),              // 52: couchrep.v1.KillRequest
-	(*TreeResponse)(nil),             // 53: couchrep.v1.TreeResponse
-	(*KillResponse)(nil),             // 54: couchrep.v1.KillResponse
+	(*VerifyRequest)(nil),            // 45: couchrep.v1.VerifyRequest
+	(*VerifyResponse)(nil),           // 46: couchrep.v1.VerifyResponse
+	nil,                              // 47: couchrep.v1.GetSharesResponse.SharesEntry
+	nil,                              // 48: couchrep.v1.SetSharesRequest.SharesEntry
+	nil,                              // 49: couchrep.v1.SetSharesResponse.SharesEntry
+	(*timestamppb.Timestamp)(nil),    // 50: google.protobuf.Timestamp
+	(*JobEvent)(nil),                 // 51: couchrep.v1.JobEvent
+	(*anypb.Any)(nil),                // 52: google.protobuf.Any
+	(*TreeRequest)(nil),              // 53: couchrep.v1.TreeRequest
+	(*KillRequest)(nil),              // 54: couchrep.v1.KillRequest
+	(*TreeResponse)(nil),             // 55: couchrep.v1.TreeResponse
+	(*KillResponse)(nil),             // 56: couchrep.v1.KillResponse
 }
 var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: couchrep.v1.JobSummary.status:type_name -> couchrep.v1.JobStatus
-	48, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
-	48, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
+	50, // 1: couchrep.v1.JobSummary.start_time:type_name -> google.protobuf.Timestamp
+	50, // 2: couchrep.v1.JobSummary.last_updated:type_name -> google.protobuf.Timestamp
 	2,  // 3: couchrep.v1.JobSummary.stats:type_name -> couchrep.v1.JobStats
-	49, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
-	48, // 5: couchrep.v1.JobSummary.parked_since:type_name -> google.protobuf.Timestamp
-	48, // 6: couchrep.v1.JobSummary.paused_at:type_name -> google.protobuf.Timestamp
+	51, // 4: couchrep.v1.JobSummary.history:type_name -> couchrep.v1.JobEvent
+	50, // 5: couchrep.v1.JobSummary.parked_since:type_name -> google.protobuf.Timestamp
+	50, // 6: couchrep.v1.JobSummary.paused_at:type_name -> google.protobuf.Timestamp
 	4,  // 7: couchrep.v1.JobSummary.write_failures:type_name -> couchrep.v1.JobWriteFailure
-	48, // 8: couchrep.v1.JobSummary.reset_at:type_name -> google.protobuf.Timestamp
-	48, // 9: couchrep.v1.JobWriteFailure.at:type_name -> google.protobuf.Timestamp
+	50, // 8: couchrep.v1.JobSummary.reset_at:type_name -> google.protobuf.Timestamp
+	50, // 9: couchrep.v1.JobWriteFailure.at:type_name -> google.protobuf.Timestamp
 	1,  // 10: couchrep.v1.ListJobsRequest.states:type_name -> couchrep.v1.JobStatus
 	3,  // 11: couchrep.v1.ListJobsResponse.jobs:type_name -> couchrep.v1.JobSummary
 	3,  // 12: couchrep.v1.GetJobResponse.job:type_name -> couchrep.v1.JobSummary
@@ -2928,20 +3070,20 @@ var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	3,  // 15: couchrep.v1.ResumeJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 16: couchrep.v1.ResetJobResponse.job:type_name -> couchrep.v1.JobSummary
 	3,  // 17: couchrep.v1.RestartJobResponse.job:type_name -> couchrep.v1.JobSummary
-	45, // 18: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
-	46, // 19: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
-	47, // 20: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
-	48, // 21: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
+	47, // 18: couchrep.v1.GetSharesResponse.shares:type_name -> couchrep.v1.GetSharesResponse.SharesEntry
+	48, // 19: couchrep.v1.SetSharesRequest.shares:type_name -> couchrep.v1.SetSharesRequest.SharesEntry
+	49, // 20: couchrep.v1.SetSharesResponse.shares:type_name -> couchrep.v1.SetSharesResponse.SharesEntry
+	50, // 21: couchrep.v1.NodeInfo.last_heartbeat:type_name -> google.protobuf.Timestamp
 	34, // 22: couchrep.v1.NodesResponse.nodes:type_name -> couchrep.v1.NodeInfo
 	36, // 23: couchrep.v1.NodesResponse.competing_replicators:type_name -> couchrep.v1.CompetingReplicatorCheck
-	48, // 24: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
+	50, // 24: couchrep.v1.CompetingReplicatorCheck.checked:type_name -> google.protobuf.Timestamp
 	37, // 25: couchrep.v1.CompetingReplicatorCheck.databases:type_name -> couchrep.v1.CompetingDatabase
-	48, // 26: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
+	50, // 26: couchrep.v1.CompetingDatabase.since:type_name -> google.protobuf.Timestamp
 	42, // 27: couchrep.v1.TakeoverResponse.checks:type_name -> couchrep.v1.TakeoverCheck
-	50, // 28: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
-	50, // 29: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
-	51, // 30: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
-	52, // 31: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
+	52, // 28: couchrep.v1.SendRequest.message:type_name -> google.protobuf.Any
+	52, // 29: couchrep.v1.SendResponse.reply:type_name -> google.protobuf.Any
+	53, // 30: couchrep.v1.AdminService.Tree:input_type -> couchrep.v1.TreeRequest
+	54, // 31: couchrep.v1.AdminService.Kill:input_type -> couchrep.v1.KillRequest
 	5,  // 32: couchrep.v1.AdminService.ListJobs:input_type -> couchrep.v1.ListJobsRequest
 	7,  // 33: couchrep.v1.AdminService.GetJob:input_type -> couchrep.v1.GetJobRequest
 	9,  // 34: couchrep.v1.AdminService.StopJob:input_type -> couchrep.v1.StopJobRequest
@@ -2958,26 +3100,28 @@ var file_couchrep_v1_admin_proto_depIdxs = []int32{
 	31, // 45: couchrep.v1.AdminService.StopNode:input_type -> couchrep.v1.StopNodeRequest
 	33, // 46: couchrep.v1.AdminService.Nodes:input_type -> couchrep.v1.NodesRequest
 	43, // 47: couchrep.v1.AdminService.Send:input_type -> couchrep.v1.SendRequest
-	53, // 48: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
-	54, // 49: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
-	6,  // 50: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
-	8,  // 51: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
-	10, // 52: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
-	18, // 53: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
-	20, // 54: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
-	12, // 55: couchrep.v1.AdminService.PauseJob:output_type -> couchrep.v1.PauseJobResponse
-	14, // 56: couchrep.v1.AdminService.ResumeJob:output_type -> couchrep.v1.ResumeJobResponse
-	16, // 57: couchrep.v1.AdminService.ResetJob:output_type -> couchrep.v1.ResetJobResponse
-	22, // 58: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
-	24, // 59: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
-	26, // 60: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
-	28, // 61: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
-	30, // 62: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
-	32, // 63: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
-	35, // 64: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
-	44, // 65: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
-	48, // [48:66] is the sub-list for method output_type
-	30, // [30:48] is the sub-list for method input_type
+	45, // 48: couchrep.v1.AdminService.Verify:input_type -> couchrep.v1.VerifyRequest
+	55, // 49: couchrep.v1.AdminService.Tree:output_type -> couchrep.v1.TreeResponse
+	56, // 50: couchrep.v1.AdminService.Kill:output_type -> couchrep.v1.KillResponse
+	6,  // 51: couchrep.v1.AdminService.ListJobs:output_type -> couchrep.v1.ListJobsResponse
+	8,  // 52: couchrep.v1.AdminService.GetJob:output_type -> couchrep.v1.GetJobResponse
+	10, // 53: couchrep.v1.AdminService.StopJob:output_type -> couchrep.v1.StopJobResponse
+	18, // 54: couchrep.v1.AdminService.RestartJob:output_type -> couchrep.v1.RestartJobResponse
+	20, // 55: couchrep.v1.AdminService.CancelJob:output_type -> couchrep.v1.CancelJobResponse
+	12, // 56: couchrep.v1.AdminService.PauseJob:output_type -> couchrep.v1.PauseJobResponse
+	14, // 57: couchrep.v1.AdminService.ResumeJob:output_type -> couchrep.v1.ResumeJobResponse
+	16, // 58: couchrep.v1.AdminService.ResetJob:output_type -> couchrep.v1.ResetJobResponse
+	22, // 59: couchrep.v1.AdminService.GetShares:output_type -> couchrep.v1.GetSharesResponse
+	24, // 60: couchrep.v1.AdminService.SetShares:output_type -> couchrep.v1.SetSharesResponse
+	26, // 61: couchrep.v1.AdminService.SetConfig:output_type -> couchrep.v1.SetConfigResponse
+	28, // 62: couchrep.v1.AdminService.Drain:output_type -> couchrep.v1.DrainResponse
+	30, // 63: couchrep.v1.AdminService.Undrain:output_type -> couchrep.v1.UndrainResponse
+	32, // 64: couchrep.v1.AdminService.StopNode:output_type -> couchrep.v1.StopNodeResponse
+	35, // 65: couchrep.v1.AdminService.Nodes:output_type -> couchrep.v1.NodesResponse
+	44, // 66: couchrep.v1.AdminService.Send:output_type -> couchrep.v1.SendResponse
+	46, // 67: couchrep.v1.AdminService.Verify:output_type -> couchrep.v1.VerifyResponse
+	49, // [49:68] is the sub-list for method output_type
+	30, // [30:49] is the sub-list for method input_type
 	30, // [30:30] is the sub-list for extension type_name
 	30, // [30:30] is the sub-list for extension extendee
 	0,  // [0:30] is the sub-list for field type_name
@@ -2997,7 +3141,7 @@ func file_couchrep_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchrep_v1_admin_proto_rawDesc), len(file_couchrep_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -137,6 +137,7 @@ func (a *httpAPI) start(ctx actor.Context) error {
 		Servers:   cfg.Couchrep.Watch,
 
 		CredentialCommands: replicate.JobDefaults(cfg.Replicator).CredentialCommands,
+		Replicator:         &cfg.Replicator,
 	})
 	var check func(context.Context) error
 	if c, ok := a.deps.Store.(kv.Checker); ok {

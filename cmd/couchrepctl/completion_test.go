@@ -69,7 +69,7 @@ func TestBashCompletion(t *testing.T) {
 		{"couchrepctl shares ", "get set"},
 		{"couchrepctl completion z", "zsh"},
 		{"couchrepctl --token ", ""},
-		{"couchrepctl ", "completion config drain help job jobs kill nodes replicate send shares stop takeover tree undrain"},
+		{"couchrepctl ", "completion config drain help job jobs kill nodes replicate send shares stop takeover tree undrain verify"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			words := strings.Fields(tc.line)

@@ -5,10 +5,10 @@
 //
 //	couchrepctl [--node ADDR] [--token T] [--json] [--timeout D] COMMAND [ARGS]
 //
-// Commands: tree, jobs, job show|stop|restart|cancel, replicate, kill,
+// Commands: tree, jobs, job show|stop|restart|cancel|verify, replicate, verify, kill,
 // shares get|set, config set, drain, undrain, stop, nodes, takeover, send. Every
 // command takes --help. Exit codes: 0 ok, 1 error (the node said no or could
-// not be reached), 2 usage.
+// not be reached), 2 usage, 3 verify found differences.
 //
 // Files: main.go holds the command table, argument parsing and usage;
 // request.go the one request helper every command sends through (ask,
@@ -44,6 +44,8 @@ const (
 	exitOK    = 0
 	exitError = 1
 	exitUsage = 2
+	// exitDifferences: verify found differences.
+	exitDifferences = 3
 )
 
 func main() {
@@ -100,7 +102,9 @@ var commands = []command{
 	{"job pause", "ID", "pause a job on whichever node runs it (it checkpoints and stays pending, never started, across restarts and takeovers) until `job resume`", simple(runJobPause)},
 	{"job resume", "ID", "run a paused job again (it is due now)", simple(runJobResume)},
 	{"job reset", "ID", "start a job again from sequence 0 (its checkpoint documents are kept; asks for confirmation, --yes to skip)", setupJobReset},
+	{"job verify", "ID", "verify a job's copy: the node checks that its target holds every leaf revision and attachment the job's replication (its filter) carries; JSON lines, the summary last; exit 3 on a difference", setupJobVerify},
 	{"replicate", "SOURCE TARGET", "add a transient replication job, as POST /_replicate does", setupReplicate},
+	{"verify", "SOURCE TARGET", "the node checks that TARGET holds every leaf revision (conflicts, deletions) and attachment a replication from SOURCE (same flags: --filter, --selector, --doc-ids, --since-seq, proxies) carries; JSON lines, the summary last; exit 3 on a difference", setupVerify},
 	{"kill", "ACTOR [REASON]", "kill an actor by name, path or id; its supervisor heals the tree", simple(runKill)},
 	{"shares get", "", "print [replicator.shares] in force", simple(runSharesGet)},
 	{"shares set", "KEY=SHARES...", "change [replicator.shares] at run time (1..1000; 0 resets a key to the default)", simple(runSharesSet)},
@@ -202,6 +206,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch {
 	case err == nil:
 		return exitOK
+	case errors.Is(err, errDifferences):
+		return exitDifferences
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "couchrepctl %s: %v\nUsage: couchrepctl [flags] %s %s\n", cmd.name, err, cmd.name, cmd.args)
 		return exitUsage

@@ -17,18 +17,18 @@ import (
 // Exit codes of verify.
 const (
 	verifyClean       = 0
-	verifyDifferences = 1
+	verifyFailed      = 1
 	verifyUsage       = 2
-	verifyFailed      = 3
+	verifyDifferences = 3
 )
 
 // runVerify implements `couchrepd verify [flags] SOURCE_URL TARGET_URL`:
 // checks that the target holds everything the replication (with the same
 // document flags: filter, selector, doc ids, since_seq, proxies) would
 // carry, without a node. Each difference is a JSON line on stdout, then
-// {"summary": ...}. Exit codes: 0 no difference, 1 differences, 2 usage
-// error, 3 the verify could not be done (the reason on stderr and as a
-// CouchDB-style JSON error line on stdout).
+// {"summary": ...}. Exit codes (couchrepctl verify's): 0 no difference, 1
+// the verify could not be done (the reason on stderr and as a
+// CouchDB-style JSON error line on stdout), 2 usage error, 3 differences.
 func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer, logger zerolog.Logger) int {
 	fs := flag.NewFlagSet("verify", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -41,14 +41,14 @@ func runVerify(ctx context.Context, args []string, stdout, stderr io.Writer, log
 		repair     = fs.Bool("repair", false, "replicate the missing revisions found, then verify again")
 		configPath = fs.String("config", "", "ini `FILE` whose [replicator] TLS, session, socket and retry settings apply (COUCHREP_REPLICATOR_* variables too)")
 	)
-	df := registerDocFlags(fs, false)
+	df := replicate.RegisterDocFlags(fs, false)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
 		return verifyUsage
 	}
-	body, code := df.document(fs, stderr, "couchrepd verify", nil)
+	body, code := df.Document(fs, stderr, "couchrepd verify", nil)
 	if code != 0 {
 		return code
 	}

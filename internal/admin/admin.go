@@ -43,11 +43,15 @@ type Options struct {
 	Token string
 	// Classify maps requester errors to Connect codes.
 	Classify Classify
+	// Verify runs the Verify RPC: it sends each line of the answer, and
+	// returns the error that ends it (a Connect error, or any error:
+	// internal). Nil: Verify answers Unimplemented.
+	Verify func(ctx context.Context, req *messages.VerifyRequest, send func(*messages.VerifyResponse) error) error
 }
 
 // Handler returns the mount path and HTTP handler of the admin service.
 func Handler(r Requester, opts Options) (string, http.Handler) {
-	return messagesconnect.NewAdminServiceHandler(&service{r: r, classify: opts.Classify},
+	return messagesconnect.NewAdminServiceHandler(&service{r: r, classify: opts.Classify, verify: opts.Verify, token: opts.Token},
 		connect.WithInterceptors(guard(opts.Token)))
 }
 
@@ -56,24 +60,45 @@ func Handler(r Requester, opts Options) (string, http.Handler) {
 func guard(token string) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
 		return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-			if token != "" {
-				got := strings.TrimPrefix(req.Header().Get("Authorization"), "Bearer ")
-				if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-					return nil, connect.NewError(connect.CodeUnauthenticated, ErrUnauthenticated)
-				}
-			}
-			if v := req.Header().Get(VersionHeader); v != "" && v != Version {
-				return nil, connect.NewError(connect.CodeFailedPrecondition,
-					fmt.Errorf("%w: client speaks version %s, this node speaks %s", ErrVersion, v, Version))
+			if err := admitted(token, req.Header()); err != nil {
+				return nil, err
 			}
 			return next(ctx, req)
 		}
 	}
 }
 
+// admitted checks a request's token and protocol version (the guard's
+// checks; a streaming RPC makes them itself: the interceptor is unary).
+func admitted(token string, h http.Header) error {
+	if token != "" {
+		got := strings.TrimPrefix(h.Get("Authorization"), "Bearer ")
+		if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			return connect.NewError(connect.CodeUnauthenticated, ErrUnauthenticated)
+		}
+	}
+	if v := h.Get(VersionHeader); v != "" && v != Version {
+		return connect.NewError(connect.CodeFailedPrecondition,
+			fmt.Errorf("%w: client speaks version %s, this node speaks %s", ErrVersion, v, Version))
+	}
+	return nil
+}
+
 type service struct {
 	r        Requester
 	classify Classify
+	verify   func(ctx context.Context, req *messages.VerifyRequest, send func(*messages.VerifyResponse) error) error
+	token    string
+}
+
+func (s *service) Verify(ctx context.Context, req *connect.Request[messages.VerifyRequest], stream *connect.ServerStream[messages.VerifyResponse]) error {
+	if err := admitted(s.token, req.Header()); err != nil {
+		return err
+	}
+	if s.verify == nil {
+		return connect.NewError(connect.CodeUnimplemented, errors.New("this node does not verify"))
+	}
+	return s.verify(ctx, req.Msg, stream.Send)
 }
 
 func (s *service) Tree(ctx context.Context, req *connect.Request[messages.TreeRequest]) (*connect.Response[messages.TreeResponse], error) {

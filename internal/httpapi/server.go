@@ -17,6 +17,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/dbupdates"
 	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/replicate"
@@ -74,6 +75,9 @@ type Options struct {
 	// refuses a document id that is in db on several of them unless
 	// ?server= names one.
 	Servers []string
+	// Replicator is the node's [replicator] section: POST /_verify builds
+	// its endpoints and per-job defaults from it (nil: CouchDB's defaults).
+	Replicator *config.Replicator
 }
 
 // Server is the HTTP API's handler. It is safe for concurrent use.
@@ -93,6 +97,7 @@ type Server struct {
 	warnings       []string
 	servers        []string // ServerName of each watched server
 	credCommands   replicate.CredentialPolicy
+	replicator     config.Replicator
 }
 
 // New returns the API handler.
@@ -105,6 +110,9 @@ func New(o Options) *Server {
 		if n := ServerName(w); n != "" && !slices.Contains(s.servers, n) {
 			s.servers = append(s.servers, n)
 		}
+	}
+	if o.Replicator != nil {
+		s.replicator = *o.Replicator
 	}
 	if s.metrics == nil {
 		s.metrics = NewMetrics(o.Store)
@@ -177,6 +185,8 @@ func (s *Server) route(path string) (route, string, bool) {
 		return route{name: "session", methods: "GET,HEAD,POST,DELETE", open: true, handle: s.session}, "", true
 	case path == "/_replicate":
 		return route{name: "replicate", methods: "POST", handle: s.replicate}, "", true
+	case path == "/_verify":
+		return route{name: "verify", methods: "POST", handle: s.verify}, "", true
 	case path == "/_scheduler/jobs" || strings.HasPrefix(path, "/_scheduler/jobs/"):
 		return route{name: "scheduler_jobs", methods: "GET,HEAD", handle: s.schedulerJobs}, strings.TrimPrefix(strings.TrimPrefix(path, "/_scheduler/jobs"), "/"), true
 	case path == "/_scheduler/docs" || strings.HasPrefix(path, "/_scheduler/docs/"):

@@ -69,6 +69,8 @@ const (
 	AdminServiceNodesProcedure = "/couchrep.v1.AdminService/Nodes"
 	// AdminServiceSendProcedure is the fully-qualified name of the AdminService's Send RPC.
 	AdminServiceSendProcedure = "/couchrep.v1.AdminService/Send"
+	// AdminServiceVerifyProcedure is the fully-qualified name of the AdminService's Verify RPC.
+	AdminServiceVerifyProcedure = "/couchrep.v1.AdminService/Verify"
 )
 
 // AdminServiceClient is a client for the couchrep.v1.AdminService service.
@@ -115,6 +117,11 @@ type AdminServiceClient interface {
 	// Send delivers any actor message (an Any) to the named actor and returns
 	// its reply: the generic form of every RPC above.
 	Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error)
+	// Verify checks that a replication's target holds what the replication
+	// would carry from its source (internal/verify): the node reads both
+	// endpoints itself. The answer streams one message per difference and
+	// ends with the summary. It is not an actor message.
+	Verify(context.Context, *connect.Request[messages.VerifyRequest]) (*connect.ServerStreamForClient[messages.VerifyResponse], error)
 }
 
 // NewAdminServiceClient constructs a client for the couchrep.v1.AdminService service. By default,
@@ -236,6 +243,12 @@ func NewAdminServiceClient(httpClient connect.HTTPClient, baseURL string, opts .
 			connect.WithSchema(adminServiceMethods.ByName("Send")),
 			connect.WithClientOptions(opts...),
 		),
+		verify: connect.NewClient[messages.VerifyRequest, messages.VerifyResponse](
+			httpClient,
+			baseURL+AdminServiceVerifyProcedure,
+			connect.WithSchema(adminServiceMethods.ByName("Verify")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -259,6 +272,7 @@ type adminServiceClient struct {
 	stopNode   *connect.Client[messages.StopNodeRequest, messages.StopNodeResponse]
 	nodes      *connect.Client[messages.NodesRequest, messages.NodesResponse]
 	send       *connect.Client[messages.SendRequest, messages.SendResponse]
+	verify     *connect.Client[messages.VerifyRequest, messages.VerifyResponse]
 }
 
 // Tree calls couchrep.v1.AdminService.Tree.
@@ -351,6 +365,11 @@ func (c *adminServiceClient) Send(ctx context.Context, req *connect.Request[mess
 	return c.send.CallUnary(ctx, req)
 }
 
+// Verify calls couchrep.v1.AdminService.Verify.
+func (c *adminServiceClient) Verify(ctx context.Context, req *connect.Request[messages.VerifyRequest]) (*connect.ServerStreamForClient[messages.VerifyResponse], error) {
+	return c.verify.CallServerStream(ctx, req)
+}
+
 // AdminServiceHandler is an implementation of the couchrep.v1.AdminService service.
 type AdminServiceHandler interface {
 	// Tree lists the live supervision tree.
@@ -395,6 +414,11 @@ type AdminServiceHandler interface {
 	// Send delivers any actor message (an Any) to the named actor and returns
 	// its reply: the generic form of every RPC above.
 	Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error)
+	// Verify checks that a replication's target holds what the replication
+	// would carry from its source (internal/verify): the node reads both
+	// endpoints itself. The answer streams one message per difference and
+	// ends with the summary. It is not an actor message.
+	Verify(context.Context, *connect.Request[messages.VerifyRequest], *connect.ServerStream[messages.VerifyResponse]) error
 }
 
 // NewAdminServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -512,6 +536,12 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 		connect.WithSchema(adminServiceMethods.ByName("Send")),
 		connect.WithHandlerOptions(opts...),
 	)
+	adminServiceVerifyHandler := connect.NewServerStreamHandler(
+		AdminServiceVerifyProcedure,
+		svc.Verify,
+		connect.WithSchema(adminServiceMethods.ByName("Verify")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/couchrep.v1.AdminService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case AdminServiceTreeProcedure:
@@ -550,6 +580,8 @@ func NewAdminServiceHandler(svc AdminServiceHandler, opts ...connect.HandlerOpti
 			adminServiceNodesHandler.ServeHTTP(w, r)
 		case AdminServiceSendProcedure:
 			adminServiceSendHandler.ServeHTTP(w, r)
+		case AdminServiceVerifyProcedure:
+			adminServiceVerifyHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -629,4 +661,8 @@ func (UnimplementedAdminServiceHandler) Nodes(context.Context, *connect.Request[
 
 func (UnimplementedAdminServiceHandler) Send(context.Context, *connect.Request[messages.SendRequest]) (*connect.Response[messages.SendResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Send is not implemented"))
+}
+
+func (UnimplementedAdminServiceHandler) Verify(context.Context, *connect.Request[messages.VerifyRequest], *connect.ServerStream[messages.VerifyResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("couchrep.v1.AdminService.Verify is not implemented"))
 }
