@@ -69,7 +69,7 @@ func TestWriteFailuresInSight(t *testing.T) {
 			t.Fatalf("write failure %d: %v, want %s %s 403 forbidden: no secrets here", i, f, want, revs[i+2])
 		}
 	}
-	if out := ctlOK(t, n, "job", "show", id); !strings.Contains(out, "write failures (the last 2 documents the target refused") ||
+	if out := ctlOK(t, n, "job", "show", id); !strings.Contains(out, "documents the target refused (2, newest last; the last 100 are kept)") ||
 		!strings.Contains(out, "no secrets here") {
 		t.Fatalf("job show:\n%s", out)
 	}

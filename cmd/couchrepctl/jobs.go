@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/couchrep/couchrep/internal/admin"
+	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -280,7 +281,7 @@ func printJob(w io.Writer, j *messages.JobSummary) error {
 		return err
 	}
 	if fs := j.GetWriteFailures(); len(fs) > 0 {
-		fmt.Fprintf(w, "\nwrite failures (the last %d documents the target refused, newest last):\n", len(fs))
+		fmt.Fprintf(w, "\ndocuments the target refused (%d, newest last; the last %d are kept):\n", len(fs), repjob.MaxWriteFailures)
 		tw = newTable(w)
 		fmt.Fprintln(tw, "  TIME\tDOC_ID\tREV\tSTATUS\tERROR\tREASON")
 		for _, f := range fs {
