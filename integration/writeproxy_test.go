@@ -34,6 +34,9 @@ type writeProxy struct {
 	mu   sync.Mutex
 	log  []proxyWrite
 	hold func(w proxyWrite) bool
+	// refuse, if set, gives the status to answer a write with instead of
+	// forwarding it (0: forward).
+	refuse func(w proxyWrite) int
 	// revsDiff, if set, rewrites a _revs_diff answer (path is the
 	// request's).
 	revsDiff func(path string, req, answer []byte) []byte
@@ -121,7 +124,19 @@ func startWriteProxy(t *testing.T, serverURL string) *writeProxy {
 		}
 		p.mu.Lock()
 		hold := p.hold != nil && p.hold(rec)
+		refuse := 0
+		if p.refuse != nil {
+			refuse = p.refuse(rec)
+		}
 		p.mu.Unlock()
+		if refuse != 0 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(refuse)
+			_, _ = w.Write([]byte(`{"error":"refused","reason":"by the test's proxy"}`))
+			rec.Status, rec.Took = refuse, time.Since(start)
+			p.record(rec)
+			return
+		}
 		if hold {
 			<-r.Context().Done() // the client gave up
 			rec.Took = time.Since(start)
@@ -195,20 +210,15 @@ func noEmptyMultipart(t *testing.T, log []proxyWrite) {
 // 300 s while the same document as JSON is answered at once. Here a proxy
 // in front of a real server (PouchDB Server, or the CouchDB of
 // COUCHREP_TEST_COUCH_URL) holds every multipart/related PUT until the
-// client gives up. The documents with attachments too large for a
-// _bulk_docs batch go as JSON with their data inline once one multipart
-// PUT stalled: the replication ends in about one connection_timeout, not
-// one per document nor a crashed job, and the target is exact. The proof
-// is the proxy's own log.
+// client gives up, or refuses it with a 503. The documents with
+// attachments too large for a _bulk_docs batch go as JSON with their data
+// inline once one multipart PUT stalled or was refused: the replication
+// ends in about one connection_timeout, not one per document nor a
+// crashed job, and the target is exact. The proof is the proxy's own log.
 func TestAttachmentPutStalls(t *testing.T) {
 	skipShort(t)
 	s := testserver.StartPouchDB(t)
 	src := s.CreateDB(t, "stall-src")
-	tgt := s.CreateDB(t, "stall-tgt")
-	tgtPath := strings.TrimPrefix(tgt, s.URL)
-	proxy := startWriteProxy(t, s.URL)
-	proxy.setHold(func(w proxyWrite) bool { return w.multipart() })
-
 	var docs []map[string]any
 	for i := range 40 {
 		docs = append(docs, map[string]any{"_id": fmt.Sprintf("plain-%02d", i), "n": i})
@@ -221,33 +231,54 @@ func TestAttachmentPutStalls(t *testing.T) {
 	}
 	s.PutDocs(t, src, docs...)
 
-	const timeout = 3 * time.Second
-	rep := map[string]any{"source": src, "target": proxy.URL + tgtPath, "connection_timeout": timeout.Milliseconds(), "worker_processes": 2}
-	start := time.Now()
-	r, _ := runScenario(t, rep)
-	took := time.Since(start)
-	log := proxy.writes()
-	var held, jsonPuts int
-	for _, w := range log {
-		switch {
-		case w.multipart() && w.Status == 0:
-			held++
-		case w.Method == http.MethodPut && !w.multipart() && w.Status == http.StatusCreated && w.Data:
-			jsonPuts++
-		}
+	for _, tc := range []struct {
+		name   string
+		status int // 0: held
+	}{{"stalled", 0}, {"refused", http.StatusServiceUnavailable}} {
+		t.Run(tc.name, func(t *testing.T) {
+			tgt := s.CreateDB(t, "stall-tgt-"+tc.name)
+			tgtPath := strings.TrimPrefix(tgt, s.URL)
+			proxy := startWriteProxy(t, s.URL)
+			if tc.status == 0 {
+				proxy.setHold(func(w proxyWrite) bool { return w.multipart() })
+			} else {
+				proxy.refuse = func(w proxyWrite) int {
+					if w.multipart() {
+						return tc.status
+					}
+					return 0
+				}
+			}
+			const timeout = 3 * time.Second
+			rep := map[string]any{"source": src, "target": proxy.URL + tgtPath, "connection_timeout": timeout.Milliseconds(), "worker_processes": 2}
+			start := time.Now()
+			r, _ := runScenario(t, rep)
+			took := time.Since(start)
+			log := proxy.writes()
+			var diverted, jsonPuts int
+			for _, w := range log {
+				switch {
+				case w.multipart() && w.Status == tc.status:
+					diverted++
+				case w.Method == http.MethodPut && !w.multipart() && w.Status == http.StatusCreated && w.Data:
+					jsonPuts++
+				}
+			}
+			// At most one multipart PUT per worker before the run knows.
+			if diverted < 1 || diverted > 2 || jsonPuts != withAtts {
+				t.Errorf("%d multipart PUTs %s, %d JSON PUTs with attachment data; want 1 or 2 and %d. The proxy's log:\n%s",
+					diverted, tc.name, jsonPuts, withAtts, proxyLog(log))
+			}
+			if limit := 3*timeout + 20*time.Second; took > limit {
+				t.Errorf("the replication took %s, want under %s (one stall, not one per document)", took, limit)
+			}
+			if h := r.History[0]; h.DocsWritten != int64(len(docs)) || h.DocWriteFailures != 0 {
+				t.Errorf("docs_written %d, doc_write_failures %d; want %d, 0", h.DocsWritten, h.DocWriteFailures, len(docs))
+			}
+			verify(t, s, s, src, tgt, nil)
+			t.Logf("replication with %d multipart PUTs %s took %s", diverted, tc.name, took.Round(time.Millisecond))
+		})
 	}
-	// At most one multipart PUT per worker stalls before the run knows.
-	if held < 1 || held > 2 || jsonPuts != withAtts {
-		t.Errorf("%d multipart PUTs held, %d JSON PUTs with attachment data; want 1 or 2 and %d. The proxy's log:\n%s", held, jsonPuts, withAtts, proxyLog(log))
-	}
-	if limit := 3*timeout + 20*time.Second; took > limit {
-		t.Errorf("the replication took %s, want under %s (one stall, not one per document)", took, limit)
-	}
-	if h := r.History[0]; h.DocsWritten != int64(len(docs)) || h.DocWriteFailures != 0 {
-		t.Errorf("docs_written %d, doc_write_failures %d; want %d, 0", h.DocsWritten, h.DocWriteFailures, len(docs))
-	}
-	verify(t, s, s, src, tgt, nil)
-	t.Logf("replication with %d stalled multipart PUTs took %s", held, took.Round(time.Millisecond))
 }
 
 func proxyLog(log []proxyWrite) string {
