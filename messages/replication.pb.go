@@ -533,7 +533,15 @@ type ReplicationJob struct {
 	PausedAt *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=paused_at,json=pausedAt,proto3" json:"paused_at,omitempty"`
 	// The next run starts from sequence 0, whatever the checkpoints say
 	// (couchrepctl job reset); cleared by that run's first checkpoint.
-	ResetAt       *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	ResetAt *timestamppb.Timestamp `protobuf:"bytes,28,opt,name=reset_at,json=resetAt,proto3" json:"reset_at,omitempty"`
+	// A _replicator document that already carried a terminal state
+	// (_replication_state "completed" or "failed") when the doc processor
+	// read it, written by another replicator or kept through an edit: its
+	// _scheduler/docs fields as CouchDB's info_from_doc reads them from the
+	// document (JSON object: state, info, error_count, start_time,
+	// last_updated, source, target). The job never runs. Empty for jobs
+	// couchrep runs.
+	FromDoc       []byte `protobuf:"bytes,29,opt,name=from_doc,json=fromDoc,proto3" json:"from_doc,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -760,6 +768,13 @@ func (x *ReplicationJob) GetPausedAt() *timestamppb.Timestamp {
 func (x *ReplicationJob) GetResetAt() *timestamppb.Timestamp {
 	if x != nil {
 		return x.ResetAt
+	}
+	return nil
+}
+
+func (x *ReplicationJob) GetFromDoc() []byte {
+	if x != nil {
+		return x.FromDoc
 	}
 	return nil
 }
@@ -1269,7 +1284,7 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"\x06status\x18\x03 \x01(\x05R\x06status\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12*\n" +
-	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xb5\b\n" +
+	"\x02at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x02at\"\xd0\b\n" +
 	"\x0eReplicationJob\x120\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1c.couchrep.v1.ReplicationKindR\x04kind\x12\x15\n" +
 	"\x06job_id\x18\x02 \x01(\tR\x05jobId\x12\x16\n" +
@@ -1306,7 +1321,8 @@ const file_couchrep_v1_replication_proto_rawDesc = "" +
 	"errorCount\x12=\n" +
 	"\fparked_since\x18\x1a \x01(\v2\x1a.google.protobuf.TimestampR\vparkedSince\x127\n" +
 	"\tpaused_at\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\bpausedAt\x125\n" +
-	"\breset_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\"\xec\x03\n" +
+	"\breset_at\x18\x1c \x01(\v2\x1a.google.protobuf.TimestampR\aresetAt\x12\x19\n" +
+	"\bfrom_doc\x18\x1d \x01(\fR\afromDoc\"\xec\x03\n" +
 	"\x13ReplicationJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x15\n" +
 	"\x06rep_id\x18\x02 \x01(\tR\x05repId\x120\n" +

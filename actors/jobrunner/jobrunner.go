@@ -317,7 +317,15 @@ func (a *jobActor) work(ctx context.Context, system *actor.ActorSystem, self *ac
 		if ctx.Err() != nil {
 			return a.handBack(system, true)
 		}
-		if errors.Is(err, replicate.ErrFilterFetch) && errors.Is(err, couch.ErrNotFound) {
+		var fe *replicate.FilterFetchError
+		switch {
+		case errors.As(err, &fe) && rec.GetKind() == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT:
+			// As CouchDB's doc processor: a document whose filter cannot
+			// be fetched yet is a temporary error (_scheduler/docs
+			// "error", CouchDB's text), retried with backoff, never
+			// written to the document: it runs once the filter exists.
+			return a.crash(system, fe.Reason)
+		case errors.Is(err, replicate.ErrFilterFetch) && errors.Is(err, couch.ErrNotFound):
 			return a.fail(system, err.Error())
 		}
 		return a.crash(system, err.Error())

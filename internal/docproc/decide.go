@@ -27,6 +27,13 @@ const (
 	// ActionFail marks an invalid document failed (writing the reason back)
 	// and removes the job an earlier version of it had.
 	ActionFail
+	// ActionRecord records the terminal state a document carries that the
+	// doc processor did not write (another replicator did, or the user
+	// edited it keeping that state): nothing runs and nothing is written
+	// to the document, as CouchDB ignores such a document; the job an
+	// earlier version had is replaced by a finished one in that state, so
+	// that _scheduler/docs shows it as read from the document (DocEntry).
+	ActionRecord
 )
 
 // String returns the action's name, for logs.
@@ -40,6 +47,8 @@ func (a Action) String() string {
 		return "remove"
 	case ActionFail:
 		return "fail"
+	case ActionRecord:
+		return "record"
 	}
 	return "unknown"
 }
@@ -79,6 +88,12 @@ type Decision struct {
 	// not starting with "_"); empty for a deletion or a skipped design or
 	// local document.
 	Fingerprint string
+	// State is the terminal state the document carries (ActionRecord),
+	// Entry its _scheduler/docs fields and Reason its failure's reason
+	// (DocEntry).
+	State  repjob.State
+	Entry  json.RawMessage
+	Reason string
 }
 
 // Skip reasons, as logged.
@@ -86,7 +101,9 @@ const (
 	whyDesign     = "design or local document"
 	whyDeleted    = "document deleted"
 	whyTerminal   = "terminal state already written for these parameters"
-	whyForeign    = "terminal state written by someone else"
+	whyForeign    = "terminal state written by someone else: not run"
+	whyKept       = "edited keeping its terminal state: not run"
+	whyMarked     = "terminal state written while its job runs: job stopped"
 	whyUnchanged  = "parameters unchanged"
 	whyWriteBack  = "job finished, terminal state not yet written"
 	whyNew        = "new document"
@@ -100,9 +117,13 @@ const (
 //
 //   - _design/ and _local/ documents are skipped;
 //   - a deleted document removes its job;
-//   - a document carrying _replication_state "completed" or "failed" is
-//     skipped, unless its parameters differ from those its job ran with
-//     (the user edited it after it finished: a new job);
+//   - a document carrying _replication_state "completed" or "failed" never
+//     runs, as in CouchDB (couch_replicator_doc_processor:process_change):
+//     the doc processor's own write is skipped; a state written by
+//     someone else (CouchDB's replicator before a takeover, a user), an
+//     edit that keeps the state (even with new parameters) or a state
+//     written while the job runs is recorded from the document
+//     (ActionRecord), stopping the job an earlier version had;
 //   - an invalid document fails with ParseParams' reason;
 //   - a new document, or one whose parameters changed, adds its job; an
 //     unchanged one is left alone, unless its terminal state had been
@@ -125,13 +146,20 @@ func Decide(doc Doc, known Known) Decision {
 	rec := known.Record
 	same := rec != nil && rec.Fingerprint == fp
 	if state.Terminal() {
-		switch {
-		case same:
+		// The doc processor's own write (its record says written, or the
+		// job's terminal state is being written) for these parameters.
+		if same && (rec.Written || known.JobState.Terminal()) {
 			return Decision{Action: ActionSkip, Why: whyTerminal, Fingerprint: fp}
-		case rec == nil:
-			return Decision{Action: ActionSkip, Why: whyForeign, Fingerprint: fp}
 		}
-		// A user edited the parameters of a finished document: a new job.
+		why := whyForeign
+		switch {
+		case rec != nil && !same:
+			why = whyKept
+		case rec != nil && known.JobState != 0:
+			why = whyMarked
+		}
+		entry, reason := DocEntry(doc.Body, state)
+		return Decision{Action: ActionRecord, Why: why, Body: body, Fingerprint: fp, State: state, Entry: entry, Reason: reason}
 	}
 	if _, err := replicate.ParseParams(body); err != nil {
 		return Decision{Action: ActionFail, Why: InvalidReason(err), Fingerprint: fp}

@@ -24,6 +24,8 @@ func TestDecide(t *testing.T) {
 	fp := bodyFP(t, validBody)
 	completed := `{"_id":"r","_rev":"2-x","source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/b","_replication_state":"completed"}`
 	edited := `{"_id":"r","_rev":"3-x","source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/c","_replication_state":"completed"}`
+	failed := `{"_id":"r","_rev":"2-x","source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/b","_replication_state":"failed","_replication_state_reason":"why"}`
+	editedFailed := `{"_id":"r","_rev":"3-x","source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/c","_replication_state":"failed"}`
 	tests := []struct {
 		name   string
 		doc    Doc
@@ -40,8 +42,16 @@ func TestDecide(t *testing.T) {
 		{"finished, not yet written", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: repjob.StateCompleted}, ActionSkip, whyWriteBack},
 		{"state removed by user: rerun", Doc{ID: "r", Body: json.RawMessage(validBody)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionAdd, whyRerun},
 		{"own terminal write", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionSkip, whyTerminal},
-		{"terminal by someone else", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{}, ActionSkip, whyForeign},
-		{"edited after completed", Doc{ID: "r", Body: json.RawMessage(edited)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionAdd, whyEdited},
+		{"own terminal write, not yet recorded written", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: repjob.StateCompleted}, ActionSkip, whyTerminal},
+		{"own failed write of an invalid doc", Doc{ID: "r", Body: json.RawMessage(failed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, State: repjob.StateFailed}, JobState: repjob.StateFailed}, ActionSkip, whyTerminal},
+		// CouchDB ignores a document carrying completed or failed
+		// (couch_replicator_doc_processor:process_change): recorded from
+		// the document, never run.
+		{"terminal by someone else", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{}, ActionRecord, whyForeign},
+		{"failed by someone else", Doc{ID: "r", Body: json.RawMessage(failed)}, Known{}, ActionRecord, whyForeign},
+		{"edited after completed", Doc{ID: "r", Body: json.RawMessage(edited)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true}, JobState: repjob.StateCompleted}, ActionRecord, whyKept},
+		{"edited after failed", Doc{ID: "r", Body: json.RawMessage(editedFailed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp, Written: true, State: repjob.StateFailed}, JobState: repjob.StateFailed}, ActionRecord, whyKept},
+		{"marked completed while running", Doc{ID: "r", Body: json.RawMessage(completed)}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}, JobState: repjob.StateRunning}, ActionRecord, whyMarked},
 		{"deleted with job", Doc{ID: "r", Deleted: true}, Known{Record: &DocRecord{JobID: "j", Fingerprint: fp}}, ActionRemove, whyDeleted},
 		{"deleted unknown", Doc{ID: "r", Deleted: true}, Known{}, ActionSkip, whyDeleted},
 		{"missing source", Doc{ID: "r", Body: json.RawMessage(`{"target":"http://127.0.0.1:1/b"}`)}, Known{}, ActionFail, "Missing `source` field"},

@@ -275,6 +275,8 @@ func (d *dbProc) processBatch(ctx context.Context, batch []couch.Change) (couch.
 			log.Info().Str("job_id", o.jobID).Msg("document deleted: job removed")
 		case ActionAdd:
 			log.Info().Str("job_id", o.jobID).Msg("job added")
+		case ActionRecord:
+			log.Info().Str("job_id", o.jobID).Stringer("state", o.dec.State).Msg("terminal state read from the document: not run")
 		case ActionFail:
 			log.Info().Msg("invalid document")
 			if err := d.writeBack(ctx, o.doc.ID, &Job{ID: o.jobID, State: repjob.StateFailed, Reason: o.dec.Why}); err != nil {
@@ -347,6 +349,13 @@ func (d *dbProc) decideTx(tx kv.Tx, jobs TxJobs, doc Doc) (outcome, error) {
 			return o, fmt.Errorf("docproc: add job for %s: %w", doc.ID, err)
 		}
 		newRec = &DocRecord{JobID: o.jobID, Fingerprint: o.dec.Fingerprint, Rev: doc.Rev}
+	}
+	if o.dec.Action == ActionRecord {
+		o.jobID, err = jobs.AddFromDoc(d.srv.key, d.st.db, doc.ID, o.dec.Body, o.dec.State, o.dec.Reason, o.dec.Entry)
+		if err != nil {
+			return o, fmt.Errorf("docproc: record terminal state of %s: %w", doc.ID, err)
+		}
+		newRec = &DocRecord{JobID: o.jobID, Fingerprint: o.dec.Fingerprint, Rev: doc.Rev, State: o.dec.State, Written: true}
 	}
 	if o.dec.Action == ActionFail {
 		// The failed document is recorded as a failed job (replacing any

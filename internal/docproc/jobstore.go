@@ -70,6 +70,12 @@ type TxJobs interface {
 	// AddInvalid records an invalid _replicator document as a failed job
 	// with reason (replacing the job it had), and returns the job id.
 	AddInvalid(server, db, docID string, body json.RawMessage, reason string) (jobID string, err error)
+	// AddFromDoc records a document that carries terminal state st the
+	// doc processor did not write as a finished job in that state that
+	// never runs (replacing, and stopping, the job it had), with entry,
+	// its _scheduler/docs fields read from the document (DocEntry), and
+	// reason, its _replication_state_reason; it returns the job id.
+	AddFromDoc(server, db, docID string, body json.RawMessage, st repjob.State, reason string, entry json.RawMessage) (jobID string, err error)
 	// Remove removes a job; an error matching ErrJobNotFound when absent.
 	Remove(jobID string) error
 	// Get returns a job; an error matching ErrJobNotFound when absent.

@@ -49,6 +49,15 @@ func (t fakeTx) AddInvalid(server, db, docID string, body json.RawMessage, reaso
 	return t.f.AddInvalid(context.Background(), server, db, docID, body, reason)
 }
 
+func (t fakeTx) AddFromDoc(server, db, docID string, body json.RawMessage, st repjob.State, reason string, _ json.RawMessage) (string, error) {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	id := server + "|" + db + "|" + docID
+	t.f.jobs[id] = &Job{ID: id, Persistent: true, Server: server, DB: db, DocID: docID, State: st, Reason: reason}
+	t.f.bodies[id] = string(body)
+	return id, nil
+}
+
 func (t fakeTx) Remove(jobID string) error { return t.f.Remove(context.Background(), jobID) }
 
 func (t fakeTx) Get(jobID string) (*Job, error) { return t.f.Get(context.Background(), jobID) }
@@ -273,9 +282,20 @@ func TestProcessorPouchDB(t *testing.T) {
 		t.Fatal("invalid document became a job")
 	}
 
-	// Editing a completed document (new target) is a new job.
+	// Editing a completed document (new target) while keeping its
+	// _replication_state does not run it, as in CouchDB: its job is the
+	// state read from the document.
 	doc["target"] = "http://127.0.0.1:1/c"
 	b, _ := json.Marshal(doc)
+	srv1.Do(t, "PUT", rdb+"r1", b, 201)
+	eventually(t, "r1 recorded from the document", func() bool { return fj.body(job("r1")) != "" && contains(fj.body(job("r1")), "127.0.0.1:1/c") })
+	if got := fj.addCount("r1"); got != 1 {
+		t.Fatalf("r1 added %d times: an edit keeping completed ran it", got)
+	}
+	// Removing the state runs it with the new parameters.
+	srv1.GetJSON(t, rdb+"r1", &doc)
+	delete(doc, "_replication_state")
+	b, _ = json.Marshal(doc)
 	srv1.Do(t, "PUT", rdb+"r1", b, 201)
 	eventually(t, "r1 re-added", func() bool { return fj.addCount("r1") == 2 })
 	if body := fj.body(job("r1")); !json.Valid([]byte(body)) || !contains(body, "127.0.0.1:1/c") || contains(body, "_replication") {

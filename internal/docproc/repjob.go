@@ -56,6 +56,16 @@ func (t repTx) AddInvalid(server, db, docID string, body json.RawMessage, reason
 	return res.JobID, nil
 }
 
+// AddFromDoc implements TxJobs.
+func (t repTx) AddFromDoc(server, db, docID string, body json.RawMessage, st repjob.State, reason string, entry json.RawMessage) (string, error) {
+	doc := repjob.PersistentDoc{Server: server, DB: db, DocID: docID, Body: body, User: ownerOf(body)}
+	res, err := t.s.AddFromDocTx(t.tx, doc, st, reason, entry)
+	if err != nil {
+		return "", err
+	}
+	return res.JobID, nil
+}
+
 // Remove implements TxJobs.
 func (t repTx) Remove(jobID string) error { return notFound(t.s.RemoveTx(t.tx, jobID)) }
 

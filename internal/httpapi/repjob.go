@@ -230,6 +230,7 @@ func jobFromRecord(r *repjob.Record, body bool) *Job {
 		PausedAt:    goTime(m.GetPausedAt()),
 		ResetAt:     goTime(m.GetResetAt()),
 		Result:      m.GetResult(),
+		FromDoc:     m.GetFromDoc(),
 		Stats:       m.GetStats(),
 	}
 	if r.WorkerNode != "" && j.State == repjob.StateRunning {

@@ -72,6 +72,11 @@ type Job struct {
 	// Result is CouchDB's POST /_replicate reply of a completed one-shot
 	// replication.
 	Result json.RawMessage
+	// FromDoc is the _scheduler/docs entry read from a document that
+	// already carried its terminal state when the doc processor read it
+	// (JSON object: source, target, info, error_count, start_time,
+	// last_updated); empty for a job couchrep ran.
+	FromDoc json.RawMessage
 }
 
 // Store is what the API needs from the replication job store.

@@ -444,31 +444,49 @@ func withParked(j *Job, m map[string]any) map[string]any {
 }
 
 // foldedStates are CouchDB 2.x/3.x states _scheduler/docs accepts as a
-// filter (its ?REPLICATION_STATES) that no couchrep job has: they are
-// folded into pending and crashing, so they match nothing.
-var foldedStates = []string{"initializing", "error"}
+// filter (its ?REPLICATION_STATES) that no couchrep job has: initializing
+// is folded into pending, so it matches nothing.
+var foldedStates = []string{"initializing"}
+
+// stateError is CouchDB's "error" of _scheduler/docs: a document that could
+// not become a replication yet (its named filter could not be fetched; see
+// docState).
+const stateError = "error"
 
 // docStates are the names _scheduler/docs filters on, in CouchDB's order.
 var docStates = func() []string {
-	names := slices.Clone(foldedStates)
+	names := append(slices.Clone(foldedStates), stateError)
 	for _, st := range repjob.States {
 		names = append(names, st.String())
 	}
 	return names
 }()
 
-func parseStates(q url.Values) (map[repjob.State]bool, error) {
+// docState is the state _scheduler/docs shows for j: the job's, except
+// that a persistent job crashing before it has a replication id (a named
+// filter's code could not be fetched from the source) is CouchDB's
+// "error": its doc processor keeps such a document out of the scheduler,
+// retrying with backoff.
+func docState(j *Job) string {
+	if !j.Transient && j.State == repjob.StateCrashing && j.RepID == "" {
+		return stateError
+	}
+	return j.State.String()
+}
+
+// parseStates reads ?states= (names of docStates); nil for none.
+func parseStates(q url.Values) (map[string]bool, error) {
 	raw := q.Get("states")
 	if raw == "" {
 		return nil, nil
 	}
-	want := map[repjob.State]bool{}
+	want := map[string]bool{}
 	var unknown []string
 	for _, name := range strings.Split(raw, ",") {
 		name = strings.TrimSpace(name)
-		if st, err := repjob.ParseState(name); err == nil {
-			want[st] = true
-		} else if !slices.Contains(foldedStates, name) {
+		if slices.Contains(docStates, name) {
+			want[name] = true
+		} else {
 			unknown = append(unknown, strconv.Quote(name))
 		}
 	}
@@ -556,7 +574,7 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 	}
 	var docs []*Job
 	for _, j := range all {
-		if (states == nil || states[j.State]) && (server == "" || j.Server == server) {
+		if (states == nil || states[docState(j)]) && (server == "" || j.Server == server) {
 			docs = append(docs, j)
 		}
 	}
@@ -569,9 +587,12 @@ func (s *Server) schedulerDocs(w http.ResponseWriter, r *http.Request, rest stri
 	return nil
 }
 
-// docView is a _scheduler/docs entry (couch_replicator job_summary and
-// info_from_doc): scheduled jobs show node and proxies, finished ones have
-// "id": null and no node.
+// docView is a _scheduler/docs entry (couch_replicator job_summary,
+// doc_processor ejson_doc and info_from_doc): scheduled jobs show node
+// and proxies; an "error" one (docState) no source or target; finished
+// ones have "id": null and no node; a document that carried its terminal
+// state when the doc processor read it shows what CouchDB reads from it
+// (Job.FromDoc).
 func docView(j *Job) map[string]any {
 	v := map[string]any{
 		"server":       j.Server,
@@ -589,6 +610,9 @@ func docView(j *Job) map[string]any {
 	if fs := writeFailures(j); fs != nil {
 		v["write_failures"] = fs // couchrep's own field
 	}
+	if fromDoc(j, v) {
+		return v
+	}
 	switch j.State {
 	case repjob.StateCompleted, repjob.StateFailed:
 		v["id"] = nil
@@ -600,6 +624,13 @@ func docView(j *Job) map[string]any {
 		}
 	default:
 		v["node"] = strOrNil(j.Node)
+		if docState(j) == stateError {
+			v["state"], v["id"] = stateError, nil
+			v["info"] = map[string]any{"error": redact.Text(j.LastError)}
+			delete(v, "source")
+			delete(v, "target")
+			break
+		}
 		v["source_proxy"] = strOrNil(redact.URL(j.SourceProxy))
 		v["target_proxy"] = strOrNil(redact.URL(j.TargetProxy))
 		if j.State == repjob.StateCrashing {
@@ -607,6 +638,31 @@ func docView(j *Job) map[string]any {
 		}
 	}
 	return v
+}
+
+// fromDoc sets v's fields from j's FromDoc, the entry read from its
+// document (redacted again); it reports whether j had one.
+func fromDoc(j *Job, v map[string]any) bool {
+	if len(j.FromDoc) == 0 || !j.State.Terminal() {
+		return false
+	}
+	var e map[string]json.RawMessage
+	if json.Unmarshal(j.FromDoc, &e) != nil {
+		return false
+	}
+	v["id"] = nil
+	for _, k := range []string{"source", "target", "info", "error_count", "start_time", "last_updated"} {
+		raw, ok := e[k]
+		if !ok {
+			raw = json.RawMessage("null")
+		}
+		shown := redact.Text(string(raw))
+		if !json.Valid([]byte(shown)) {
+			shown = "null"
+		}
+		v[k] = json.RawMessage(shown)
+	}
+	return true
 }
 
 // activeTasks is GET /_active_tasks: the running replications of every

@@ -314,14 +314,35 @@ func (s *Store) AddInvalid(ctx context.Context, doc PersistentDoc, reason string
 // AddPersistentTx).
 func (s *Store) AddInvalidTx(tx kv.Tx, doc PersistentDoc, reason string) (AddResult, error) {
 	id := PersistentJobID(doc.Server, doc.DB, doc.DocID)
-	res, err := s.addInvalidTx(tx, id, doc, reason)
+	res, err := s.addFinishedTx(tx, id, doc, StateFailed, reason, nil)
 	if err != nil {
 		return AddResult{}, fmt.Errorf("repjob: record invalid document %q: %w", id, err)
 	}
 	return res, nil
 }
 
-func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason string) (AddResult, error) {
+// AddFromDocTx records, in the caller's transaction tx (see
+// AddPersistentTx), a _replicator document that already carries a terminal
+// state (completed or failed) the doc processor did not write: a finished
+// job in that state whose FromDoc is entry, the document's _scheduler/docs
+// fields as CouchDB reads them from it, so that _scheduler/docs shows it
+// as CouchDB does. It replaces (and stops) any job the document had; the
+// job never runs. reason is the document's _replication_state_reason.
+func (s *Store) AddFromDocTx(tx kv.Tx, doc PersistentDoc, st State, reason string, entry []byte) (AddResult, error) {
+	id := PersistentJobID(doc.Server, doc.DB, doc.DocID)
+	if !st.Terminal() {
+		return AddResult{}, fmt.Errorf("repjob: record document %q: state %s is not terminal", id, st)
+	}
+	res, err := s.addFinishedTx(tx, id, doc, st, reason, entry)
+	if err != nil {
+		return AddResult{}, fmt.Errorf("repjob: record document %q: %w", id, err)
+	}
+	return res, nil
+}
+
+// addFinishedTx records document doc as job id finished in state st
+// (AddInvalidTx, AddFromDocTx).
+func (s *Store) addFinishedTx(tx kv.Tx, id string, doc PersistentDoc, st State, reason string, fromDoc []byte) (AddResult, error) {
 	now := s.now()
 	info, err := s.q.GetTx(tx, JobType, id)
 	switch {
@@ -343,7 +364,7 @@ func (s *Store) addInvalidTx(tx kv.Tx, id string, doc PersistentDoc, reason stri
 	m := &messages.ReplicationJob{
 		Kind: messages.ReplicationKind_REPLICATION_KIND_PERSISTENT, JobId: id, Server: doc.Server,
 		DbName: doc.DB, DocId: doc.DocID, User: doc.User, Body: invalidBody(doc.Body),
-		State: StateFailed.Proto(), LastError: reason,
+		State: st.Proto(), LastError: reason, FromDoc: compact(fromDoc),
 		History: schedpolicy.NewHistory(now).Proto(), CreatedAt: ts(now), LastUpdated: ts(now), FinishedAt: ts(now),
 		ShareKey: share.Key(doc.DB, doc.User),
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/couchrep/couchrep/internal/couch"
 	clog "github.com/couchrep/couchrep/internal/log"
+	"github.com/couchrep/couchrep/internal/redact"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/startlimit"
 	"github.com/couchrep/couchrep/internal/timerwheel"
@@ -240,25 +241,94 @@ func newSessionID() string {
 	return hex.EncodeToString(b[:])
 }
 
+// FilterFetchError is a named filter that could not be fetched from the
+// source. It matches ErrFilterFetch and the cause (errors.Is).
+type FilterFetchError struct {
+	// Reason is CouchDB's text for it (couch_replicator_filters:fetch/3),
+	// which _scheduler/docs shows, e.g. "Couldn't open document
+	// `_design/f` from source database `http://h/db/`:
+	// {error,<<\"not_found\">>}"; the URL has no credentials.
+	Reason string
+	// Err is the cause: the request's error, or nil for a design document
+	// without the filter.
+	Err error
+}
+
+// Error implements error.
+func (e *FilterFetchError) Error() string { return ErrFilterFetch.Error() + ": " + e.Reason }
+
+// Unwrap returns ErrFilterFetch and the cause.
+func (e *FilterFetchError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrFilterFetch}
+	}
+	return []error{ErrFilterFetch, e.Err}
+}
+
 // FetchFilterCode reads the named filter ("ddoc/name") from the source's
-// design document, as couch_replicator_filters:fetch/3 does.
+// design document, as couch_replicator_filters:fetch/3 does; it fails with
+// a *FilterFetchError carrying CouchDB's text. Where the design document
+// cannot be read, the source database is read too (only then: CouchDB
+// opens it first), to tell a missing database from a missing document.
 func FetchFilterCode(ctx context.Context, src *couch.DB, filter string) (string, error) {
 	ddoc, name, ok := strings.Cut(filter, "/")
 	if !ok {
-		return "", fmt.Errorf("%w: invalid filter %q", ErrFilterFetch, filter)
+		return "", &FilterFetchError{Reason: fmt.Sprintf("Invalid filter %q", filter)}
 	}
+	uri := redact.StripUserinfo(src.String())
 	raw, err := src.GetDoc(ctx, "_design/"+ddoc, nil)
 	if err != nil {
-		return "", fmt.Errorf("%w: couldn't open document `_design/%s` from source database `%s`: %w", ErrFilterFetch, ddoc, src, err)
+		if ctx.Err() != nil {
+			return "", err
+		}
+		if _, dbErr := src.Info(ctx); dbErr != nil && ctx.Err() == nil {
+			tag := "db_not_found" // couch_replicator_api_wrap:db_open/3
+			switch {
+			case errors.Is(dbErr, couch.ErrUnauthorized):
+				tag = "unauthorized"
+			case errors.Is(dbErr, couch.ErrForbidden):
+				tag = "forbidden"
+			}
+			return "", &FilterFetchError{Err: dbErr, Reason: fmt.Sprintf("Could not open source database `%s`: {%s,%s}", uri, tag, erlBinary(uri))}
+		}
+		return "", &FilterFetchError{Err: err, Reason: fmt.Sprintf("Couldn't open document `_design/%s` from source database `%s`: {error,%s}", ddoc, uri, erlBinary(errorName(err)))}
 	}
-	var d struct {
-		Filters map[string]json.RawMessage `json:"filters"`
+	var d map[string]json.RawMessage
+	missing := func(key string) error {
+		return &FilterFetchError{Reason: fmt.Sprintf("Couldn't parse filter code from document %s on `%s`  Error: {not_found,%s}", ddoc, uri, erlBinary("missing json key: "+key))}
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return "", missing("filters")
+	}
+	var filters map[string]json.RawMessage
+	if f, ok := d["filters"]; !ok || string(f) == "null" {
+		return "", missing("filters")
+	} else if json.Unmarshal(f, &filters) != nil {
+		return "", &FilterFetchError{Reason: fmt.Sprintf("Couldn't parse filter code from document %s on `%s`  Error: {not_found,json_mismatch}", ddoc, uri)}
 	}
 	var code string
-	if err := json.Unmarshal(raw, &d); err != nil || json.Unmarshal(d.Filters[name], &code) != nil {
-		return "", fmt.Errorf("%w: couldn't parse filter code `%s` from document _design/%s on `%s`", ErrFilterFetch, name, ddoc, src)
+	if f, ok := filters[name]; !ok || string(f) == "null" {
+		return "", missing(name)
+	} else if json.Unmarshal(f, &code) != nil {
+		return "", &FilterFetchError{Reason: fmt.Sprintf("Couldn't parse filter code from document %s on `%s`  Error: badarg", ddoc, uri)}
 	}
 	return code, nil
+}
+
+// errorName is CouchDB's "error" of a failed request ("not_found"), else
+// the error's text.
+func errorName(err error) string {
+	var he *couch.HTTPError
+	if errors.As(err, &he) && he.ErrorName != "" {
+		return he.ErrorName
+	}
+	return err.Error()
+}
+
+// erlBinary prints s as Erlang's ~p prints a binary: <<"s">>.
+func erlBinary(s string) string {
+	r := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	return `<<"` + r.Replace(s) + `">>`
 }
 
 func (r *Replication) openDBs() error {

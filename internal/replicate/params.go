@@ -797,3 +797,22 @@ func compactCopy(raw json.RawMessage) json.RawMessage {
 	}
 	return b.Bytes()
 }
+
+// ShownEndpoint is how CouchDB's _scheduler/docs shows the source or
+// target of a document it reads (couch_replicator:strip_url_creds): the
+// endpoint's URL as parsing leaves it (a trailing slash added) without
+// credentials; a local endpoint's name as given; null (nil) for a value
+// that does not parse, so that nothing of a malformed URL shows.
+func ShownEndpoint(raw json.RawMessage) json.RawMessage {
+	ep, err := parseEndpoint(map[string]json.RawMessage{"source": raw}, "source")
+	if err == nil {
+		b, _ := json.Marshal(redact.StripUserinfo(ep.URL))
+		return b
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil && s != "" && !strings.Contains(s, "://") && !strings.Contains(s, "@") {
+		b, _ := json.Marshal(s) // local_endpoints_not_supported: CouchDB shows it as given
+		return b
+	}
+	return nil
+}
