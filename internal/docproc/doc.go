@@ -19,15 +19,18 @@
 // fails alone (its reason is written back after the commit); the rest of its
 // batch goes on.
 //
-// Like CouchDB it skips _design/ and _local/ documents and documents already
-// carrying a terminal state (_replication_state "completed" or "failed")
-// written for their current parameters. It writes only terminal states back
+// Like CouchDB it skips _design/ and _local/ documents and never runs a
+// document carrying a terminal state (_replication_state "completed" or
+// "failed"): one it did not write itself (another replicator's, a user's,
+// or an edit keeping the state) is recorded as a finished job in that state
+// whose _scheduler/docs entry is read from the document, as CouchDB's
+// info_from_doc reads it (DocEntry). It writes only terminal states back
 // to documents (_replication_state, _replication_state_time,
 // _replication_id, _replication_stats or _replication_state_reason). Its own
 // writes do not start jobs again: for every document it records in the store
 // a fingerprint of the replication-relevant fields (every field not starting
 // with "_"); a document whose fingerprint is unchanged is never re-added,
-// while a user's edit of those fields after "completed" is a new job, as in
+// while a user's removal of the terminal state runs it again, as in
 // CouchDB. An invalid document gets "failed" with the reason
 // replication.ParseParams gives, which names the field.
 //
