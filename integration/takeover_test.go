@@ -259,3 +259,89 @@ func TestSecondStoreRefuses(t *testing.T) {
 		t.Fatalf("no log line for the other store stopping:\n%s", second.logs.String())
 	}
 }
+
+// TestRefuseStopsRunningJobs is issue 32's item 6: with
+// on_competing_replicator = refuse, couchrep's running job of a
+// _replicator document stops when the server's own replicator comes back
+// on ([replicator] max_jobs "500", where PouchDB Server keeps its
+// configuration), so that the two never copy the same writes; couchrepctl
+// nodes says what happened and the next step; once max_jobs is "0" again
+// the job comes back by itself and resumes from its checkpoint.
+func TestRefuseStopsRunningJobs(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDB(t)
+	plainReplicatorDB(t, srv, true)
+	root := strings.TrimSuffix(srv.URL, "/")
+	maxJobs := srv.URL + "_config/replicator/max_jobs"
+	srv.Do(t, "PUT", maxJobs, []byte(`"0"`), 200)
+	src := srv.CreateDB(t, "src")
+	tgt := srv.DBURL("tgt")
+	srv.PutDocs(t, src, map[string]any{"_id": "a"})
+	cfg := filepath.Join(t.TempDir(), "couchrep.ini")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, "[couchrep]\nwatch = %s\non_competing_replicator = refuse\n[replicator]\ninterval = 1000\n", root), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n := startNode(t, nodeOptions{name: "refuser", config: cfg})
+	srv.Do(t, "PUT", srv.DBURL("_replicator")+"live", map[string]any{"source": src, "target": tgt, "create_target": true, "continuous": true}, 201)
+	copied := func(id string) func() bool {
+		return func() bool { _, st, _ := srv.Request("GET", tgt+id, nil); return st == 200 }
+	}
+	waitUntil(t, "a copied by couchrep", 60*time.Second, copied("a"))
+	jobsOf := func() []*messages.JobSummary {
+		var jobs messages.ListJobsResponse
+		ctlJSON(t, n, &jobs, "jobs")
+		var out []*messages.JobSummary
+		for _, j := range jobs.GetJobs() {
+			if j.GetDocId() == "live" {
+				out = append(out, j)
+			}
+		}
+		return out
+	}
+	if j := jobsOf(); len(j) != 1 {
+		t.Fatalf("jobs of document live: %v", j)
+	}
+
+	// CouchDB's replicator comes back on: couchrep stops its job.
+	srv.Do(t, "PUT", maxJobs, []byte(`"500"`), 200)
+	waitFor(t, 60*time.Second, "couchrep's job of live stopped", func() error {
+		if j := jobsOf(); len(j) != 0 {
+			return fmt.Errorf("jobs of document live: %v", j)
+		}
+		return nil
+	})
+	out := ctlOK(t, n, "nodes")
+	for _, want := range []string{
+		"competing replicator on " + srv.URL + ": its own replicator is on: [replicator] max_jobs = 500",
+		"couchrep stopped 1 job(s) of its _replicator documents and starts none while it runs (on_competing_replicator = refuse)",
+		`next: stop it: curl -u ADMIN -X PUT ` + root + `/_node/_local/_config/replicator/max_jobs -d '"0"'`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("couchrepctl nodes lacks %q:\n%s", want, out)
+		}
+	}
+	if len(n.logLines("competing replicator: stopped this store's jobs of this _replicator database", `"jobs_stopped":1`)) == 0 {
+		t.Errorf("no log line for the stopped job:\n%s", n.logs.String())
+	}
+	if s := docField(t, srv, "_replicator", "live", "_replication_state"); s != nil {
+		t.Fatalf("the document's state was written: %v", s)
+	}
+
+	// Off again: the job comes back and resumes from its checkpoint.
+	srv.PutDocs(t, src, map[string]any{"_id": "b"})
+	srv.Do(t, "PUT", maxJobs, []byte(`"0"`), 200)
+	waitUntil(t, "b copied once couchrep took the document back", 60*time.Second, copied("b"))
+	var j []*messages.JobSummary
+	waitFor(t, 30*time.Second, "the job back reports what it wrote", func() error {
+		if j = jobsOf(); len(j) != 1 || j[0].GetStats().GetStartFrom() == "" {
+			return fmt.Errorf("jobs of document live: %v", j)
+		}
+		return nil
+	})
+	if st := j[0].GetStats(); st.GetStartFrom() != "checkpoint" || st.GetStartSeq() != "1" {
+		t.Fatalf("the job back started from %s@%s, want its checkpoint at 1: %v", st.GetStartFrom(), st.GetStartSeq(), j)
+	}
+	if out := ctlOK(t, n, "nodes"); strings.Contains(out, "stopped") {
+		t.Errorf("couchrepctl nodes still says stopped:\n%s", out)
+	}
+}

@@ -2055,9 +2055,17 @@ type CompetingReplicatorCheck struct {
 	// Why none was found (no scheduler) or why the check failed.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// "warn" or "refuse" ([couchrep] on_competing_replicator).
-	Action        string                 `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
-	Checked       *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=checked,proto3" json:"checked,omitempty"`
-	Databases     []*CompetingDatabase   `protobuf:"bytes,6,rep,name=databases,proto3" json:"databases,omitempty"`
+	Action    string                 `protobuf:"bytes,4,opt,name=action,proto3" json:"action,omitempty"`
+	Checked   *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=checked,proto3" json:"checked,omitempty"`
+	Databases []*CompetingDatabase   `protobuf:"bytes,6,rep,name=databases,proto3" json:"databases,omitempty"`
+	// The server's own replicator is on: all its _replicator databases
+	// compete.
+	ServerWide bool `protobuf:"varint,7,opt,name=server_wide,json=serverWide,proto3" json:"server_wide,omitempty"`
+	// Other couchrep stores whose marker is live in its databases.
+	OtherStores []string `protobuf:"bytes,8,rep,name=other_stores,json=otherStores,proto3" json:"other_stores,omitempty"`
+	// Jobs of its documents this node stopped (action "refuse") since the
+	// other replicator was found.
+	StoppedJobs   uint32 `protobuf:"varint,9,opt,name=stopped_jobs,json=stoppedJobs,proto3" json:"stopped_jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2132,6 +2140,27 @@ func (x *CompetingReplicatorCheck) GetDatabases() []*CompetingDatabase {
 		return x.Databases
 	}
 	return nil
+}
+
+func (x *CompetingReplicatorCheck) GetServerWide() bool {
+	if x != nil {
+		return x.ServerWide
+	}
+	return false
+}
+
+func (x *CompetingReplicatorCheck) GetOtherStores() []string {
+	if x != nil {
+		return x.OtherStores
+	}
+	return nil
+}
+
+func (x *CompetingReplicatorCheck) GetStoppedJobs() uint32 {
+	if x != nil {
+		return x.StoppedJobs
+	}
+	return 0
 }
 
 // CompetingDatabase is a _replicator database whose documents a watched
@@ -2899,14 +2928,18 @@ const file_couchrep_v1_admin_proto_rawDesc = "" +
 	"\rNodesResponse\x12+\n" +
 	"\x05nodes\x18\x01 \x03(\v2\x15.couchrep.v1.NodeInfoR\x05nodes\x12\x1a\n" +
 	"\bunstable\x18\x02 \x01(\bR\bunstable\x12Z\n" +
-	"\x15competing_replicators\x18\x03 \x03(\v2%.couchrep.v1.CompetingReplicatorCheckR\x14competingReplicators\"\xee\x01\n" +
+	"\x15competing_replicators\x18\x03 \x03(\v2%.couchrep.v1.CompetingReplicatorCheckR\x14competingReplicators\"\xd5\x02\n" +
 	"\x18CompetingReplicatorCheck\x12\x16\n" +
 	"\x06server\x18\x01 \x01(\tR\x06server\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
 	"\x06action\x18\x04 \x01(\tR\x06action\x124\n" +
 	"\achecked\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\achecked\x12<\n" +
-	"\tdatabases\x18\x06 \x03(\v2\x1e.couchrep.v1.CompetingDatabaseR\tdatabases\"i\n" +
+	"\tdatabases\x18\x06 \x03(\v2\x1e.couchrep.v1.CompetingDatabaseR\tdatabases\x12\x1f\n" +
+	"\vserver_wide\x18\a \x01(\bR\n" +
+	"serverWide\x12!\n" +
+	"\fother_stores\x18\b \x03(\tR\votherStores\x12!\n" +
+	"\fstopped_jobs\x18\t \x01(\rR\vstoppedJobs\"i\n" +
 	"\x11CompetingDatabase\x12\x0e\n" +
 	"\x02db\x18\x01 \x01(\tR\x02db\x12\x12\n" +
 	"\x04jobs\x18\x02 \x01(\rR\x04jobs\x120\n" +

@@ -376,7 +376,8 @@ func (a *clustering) nodes(ctx context.Context) (*messages.NodesResponse, error)
 	resp := &messages.NodesResponse{Unstable: a.unstable}
 	a.mu.Unlock()
 	for _, c := range a.deps.Competition.Snapshot() {
-		m := &messages.CompetingReplicatorCheck{Server: c.Server, Status: c.Status, Reason: c.Reason, Action: c.Action}
+		m := &messages.CompetingReplicatorCheck{Server: c.Server, Status: c.Status, Reason: c.Reason, Action: c.Action,
+			ServerWide: c.ServerWide, OtherStores: c.OtherStores, StoppedJobs: uint32(c.Stopped)}
 		if !c.Checked.IsZero() {
 			m.Checked = timestamppb.New(c.Checked)
 		}

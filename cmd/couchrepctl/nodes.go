@@ -73,6 +73,22 @@ func printNodes(w io.Writer, r *messages.NodesResponse, now time.Time) error {
 	return nil
 }
 
+// competingNext is the next step for a competing replicator: turn
+// CouchDB's replicator off, wait for it to stop its jobs, or stop the
+// other couchrep store.
+func competingNext(c *messages.CompetingReplicatorCheck) string {
+	root := strings.TrimSuffix(c.GetServer(), "/")
+	switch {
+	case c.GetServerWide():
+		return fmt.Sprintf(`stop it: curl -u ADMIN -X PUT %s/_node/_local/_config/replicator/max_jobs -d '"0"' `+
+			"(on every node of a cluster; couchrepctl takeover %s checks every precondition)", root, c.GetServer())
+	case len(c.GetOtherStores()) > 0:
+		return "stop the other store's nodes, or remove " + c.GetServer() + " from their [couchrep] watch"
+	default:
+		return "wait until the server's replicator has stopped its jobs (its next rescheduling); couchrepctl takeover " + c.GetServer() + " checks every precondition"
+	}
+}
+
 // competingLine is one watched server's competing-replicator check, as
 // couchrepctl nodes prints it.
 func competingLine(c *messages.CompetingReplicatorCheck, now time.Time) string {
@@ -82,15 +98,19 @@ func competingLine(c *messages.CompetingReplicatorCheck, now time.Time) string {
 		for _, d := range c.GetDatabases() {
 			dbs = append(dbs, fmt.Sprintf("%s (%d running job(s), for %s)", d.GetDb(), d.GetJobs(), age(now, d.GetSince(), true)))
 		}
-		what := "warning only (on_competing_replicator = warn)"
+		what := "warning only (on_competing_replicator = warn): both copy the same writes"
 		if c.GetAction() == "refuse" {
-			what = "left alone until it stops (on_competing_replicator = refuse)"
+			what = "couchrep runs no job of its _replicator documents while it runs"
+			if n := c.GetStoppedJobs(); n > 0 {
+				what = fmt.Sprintf("couchrep stopped %d job(s) of its _replicator documents and starts none while it runs", n)
+			}
+			what += " (on_competing_replicator = refuse); they resume from their checkpoints once it stops"
 		}
 		line := fmt.Sprintf("competing replicator on %s: %s", c.GetServer(), c.GetReason())
 		if len(dbs) > 0 {
 			line += "; databases: " + strings.Join(dbs, ", ")
 		}
-		return line + "; " + what
+		return line + "; " + what + "\n  next: " + competingNext(c)
 	case "none_found":
 		if c.GetReason() != "" {
 			return fmt.Sprintf("competing replicator on %s: none found (%s)", c.GetServer(), c.GetReason())

@@ -62,11 +62,20 @@ func TestCompetingLine(t *testing.T) {
 		c    *messages.CompetingReplicatorCheck
 		want string
 	}{
-		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "competing", Action: "warn", Reason: "its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator)"},
-			"competing replicator on http://h/: its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator); warning only (on_competing_replicator = warn)"},
+		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "competing", Action: "warn", ServerWide: true, Reason: "its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator)"},
+			"competing replicator on http://h/: its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator); warning only (on_competing_replicator = warn): both copy the same writes\n" +
+				`  next: stop it: curl -u ADMIN -X PUT http://h/_node/_local/_config/replicator/max_jobs -d '"0"' (on every node of a cluster; couchrepctl takeover http://h/ checks every precondition)`},
+		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "competing", Action: "refuse", ServerWide: true, StoppedJobs: 3, Reason: "its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator)"},
+			"competing replicator on http://h/: its own replicator is on: [replicator] max_jobs = 500 (/_node/_local/_config/replicator); couchrep stopped 3 job(s) of its _replicator documents and starts none while it runs (on_competing_replicator = refuse); they resume from their checkpoints once it stops\n" +
+				`  next: stop it: curl -u ADMIN -X PUT http://h/_node/_local/_config/replicator/max_jobs -d '"0"' (on every node of a cluster; couchrepctl takeover http://h/ checks every precondition)`},
 		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "competing", Action: "refuse", Reason: "another couchrep store follows _replicator: store s (node n)",
-			Databases: []*messages.CompetingDatabase{{Db: "_replicator", Since: timestamppb.New(now.Add(-time.Minute))}}},
-			"competing replicator on http://h/: another couchrep store follows _replicator: store s (node n); databases: _replicator (0 running job(s), for 1m0s); left alone until it stops (on_competing_replicator = refuse)"},
+			OtherStores: []string{"store s (node n)"}, Databases: []*messages.CompetingDatabase{{Db: "_replicator", Since: timestamppb.New(now.Add(-time.Minute))}}},
+			"competing replicator on http://h/: another couchrep store follows _replicator: store s (node n); databases: _replicator (0 running job(s), for 1m0s); couchrep runs no job of its _replicator documents while it runs (on_competing_replicator = refuse); they resume from their checkpoints once it stops\n" +
+				"  next: stop the other store's nodes, or remove http://h/ from their [couchrep] watch"},
+		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "competing", Action: "refuse", Reason: "the server's scheduler runs 2 document(s) of _replicator",
+			Databases: []*messages.CompetingDatabase{{Db: "_replicator", Jobs: 2, Since: timestamppb.New(now.Add(-time.Minute))}}},
+			"competing replicator on http://h/: the server's scheduler runs 2 document(s) of _replicator; databases: _replicator (2 running job(s), for 1m0s); couchrep runs no job of its _replicator documents while it runs (on_competing_replicator = refuse); they resume from their checkpoints once it stops\n" +
+				"  next: wait until the server's replicator has stopped its jobs (its next rescheduling); couchrepctl takeover http://h/ checks every precondition"},
 		{&messages.CompetingReplicatorCheck{Server: "http://h/", Status: "unknown", Reason: "no max_jobs"}, "competing replicator on http://h/: unknown: no max_jobs"},
 	} {
 		if got := competingLine(tc.c, now); got != tc.want {

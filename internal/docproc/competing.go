@@ -2,11 +2,14 @@ package docproc
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"slices"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/takeover"
@@ -73,6 +76,10 @@ type ServerCheck struct {
 	Checked time.Time `json:"checked,omitzero"`
 	// Databases are the competing databases, by name.
 	Databases []CompetingDB `json:"databases,omitempty"`
+	// Stopped counts the jobs of the server's _replicator documents this
+	// node stopped (on_competing_replicator = refuse) since the other
+	// replicator was found; zero once none is found.
+	Stopped int `json:"stopped_jobs,omitempty"`
 }
 
 // Competition is what the node knows about competing replicators on its
@@ -191,10 +198,22 @@ func (c *Competition) record(server string, v takeover.Verdict, keep bool, now t
 	}
 	ch.serverOn, ch.serverOff = v.ServerWide && !s.ServerWide, !v.ServerWide && s.ServerWide
 	s.Databases, s.ServerWide, s.OtherStores = dbs, v.ServerWide, slices.Clone(v.OtherStores)
+	if !s.ServerWide && len(s.Databases) == 0 {
+		s.Stopped = 0
+	}
 	if first || len(ch.started) > 0 || len(ch.stopped) > 0 || ch.serverOn || ch.serverOff {
 		c.notify()
 	}
 	return ch
+}
+
+// addStopped counts n jobs of server stopped because of the competition.
+func (c *Competition) addStopped(server string, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if s := c.servers[server]; s != nil && n > 0 {
+		s.Stopped += n
+	}
 }
 
 // notify wakes those waiting on changes; c.mu is held.
@@ -322,7 +341,7 @@ func (p *Processor) watchCompetition(ctx context.Context, i int) {
 		ch := p.comp.record(srv.key, v, keep, p.opts.Clock().UTC().Truncate(time.Second))
 		what := "both copy the data and race to write _replication_state"
 		if p.refuse() {
-			what = "leaving its _replicator databases alone until it stops"
+			what = "stopping this store's jobs of its _replicator documents and leaving them alone until it stops"
 		}
 		if ch.serverOn {
 			log.Warn().Str("reason", v.Reason).Str("on_competing_replicator", p.opts.OnCompeting).
@@ -337,7 +356,7 @@ func (p *Processor) watchCompetition(ctx context.Context, i int) {
 				ev = ev.Strs("other_stores", v.OtherStores)
 			}
 			if p.refuse() {
-				ev.Msgf("competing replicator: another replicator works on this _replicator database (%s); leaving it alone until it stops (%s)", v.Reason, stopIt)
+				ev.Msgf("competing replicator: another replicator works on this _replicator database (%s); stopping this store's jobs of it and leaving it alone until it stops (%s)", v.Reason, stopIt)
 			} else {
 				ev.Msgf("competing replicator: another replicator works on this _replicator database too (%s): both copy the data and race to write _replication_state (%s)", v.Reason, stopIt)
 			}
@@ -354,20 +373,28 @@ func (p *Processor) watchCompetition(ctx context.Context, i int) {
 	}
 }
 
-// refuse reports whether competing databases are left alone.
+// refuse reports whether competing databases are left alone (and this
+// store's jobs of them stopped).
 func (p *Processor) refuse() bool { return p.opts.OnCompeting == "refuse" }
 
 // waitAllowed returns once this node may follow k: at once, unless
 // on_competing_replicator is refuse; then after the server's first check,
-// and while its replicator runs no job for the database.
-func (p *Processor) waitAllowed(ctx context.Context, k dbKey) error {
+// and while its replicator runs no job for the database. Each time it
+// finds the database competing, it first calls onCompeting (which stops
+// the database's jobs).
+func (p *Processor) waitAllowed(ctx context.Context, k dbKey, onCompeting func()) error {
 	if !p.refuse() {
 		return nil
 	}
+	stopped := false
 	for {
 		ch := p.comp.changes()
 		if !p.comp.blocked(k.server, k.db) {
 			return nil
+		}
+		if !stopped && p.comp.competing(k.server, k.db) {
+			stopped = true
+			onCompeting()
 		}
 		select {
 		case <-ch:
@@ -375,6 +402,63 @@ func (p *Processor) waitAllowed(ctx context.Context, k dbKey) error {
 			return context.Cause(ctx)
 		}
 	}
+}
+
+// stopCompetingJobs stops the jobs of st's database that this store runs
+// while another replicator works on it (on_competing_replicator = refuse),
+// if this node holds or can take the database's lease (the node holding it
+// does it otherwise): every job of its documents that has not finished is
+// removed (a running one stopped now by its node), and the feed checkpoint
+// forgotten, so that once the other replicator stops, following the
+// database from its start adds them again (the documents' records are
+// kept: a state written back stays written) and they resume from the
+// checkpoints, the other replicator's included. It returns how many jobs
+// it stopped.
+func (p *Processor) stopCompetingJobs(ctx context.Context, srv server, st *state, log zerolog.Logger) int {
+	ok, err := st.acquire(ctx, p.opts.Node, p.opts.Clock(), p.opts.LeaseTTL)
+	if err != nil || !ok {
+		if err != nil && ctx.Err() == nil {
+			log.Warn().Err(err).Msg("taking the lease to stop the jobs of a database another replicator works on failed")
+		}
+		return 0
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := st.release(rctx, p.opts.Node); err != nil {
+			log.Warn().Err(err).Msg("releasing lease failed")
+		}
+	}()
+	recs, err := st.records(ctx)
+	if err != nil {
+		log.Warn().Err(err).Msg("reading the documents' records to stop their jobs failed")
+		return 0
+	}
+	n := 0
+	for id, rec := range recs {
+		if rec.JobID == "" {
+			continue
+		}
+		j, err := p.opts.Jobs.Get(ctx, rec.JobID)
+		if errors.Is(err, ErrJobNotFound) || (err == nil && j.State.Terminal()) {
+			continue
+		}
+		if err == nil {
+			err = p.opts.Jobs.Remove(ctx, rec.JobID)
+		}
+		if err != nil && !errors.Is(err, ErrJobNotFound) {
+			log.Warn().Err(err).Str("doc_id", id).Msg("stopping the job of a document another replicator runs failed")
+			continue
+		}
+		n++
+	}
+	if err := st.forgetSeq(ctx); err != nil {
+		log.Warn().Err(err).Msg("forgetting the feed checkpoint failed: documents unchanged since get their jobs back only when edited")
+	}
+	p.comp.addStopped(srv.key, n)
+	log.Warn().Int("jobs_stopped", n).Str("on_competing_replicator", p.opts.OnCompeting).
+		Msg("competing replicator: stopped this store's jobs of this _replicator database while another replicator runs its documents; they resume from their checkpoints once it stops")
+	return n
 }
 
 // stopWhenCompeting cancels a database's follower (with errCompeting) when

@@ -290,7 +290,8 @@ func (p *Processor) runDB(ctx context.Context, srv server, db string) {
 	st := &state{store: p.opts.Store, keys: p.keys, server: srv.key, db: db}
 	retry := p.opts.LeaseTTL / 3
 	for {
-		if err := p.waitAllowed(ctx, dbKey{srv.key, db}); err != nil {
+		stop := func() { p.stopCompetingJobs(ctx, srv, st, log) }
+		if err := p.waitAllowed(ctx, dbKey{srv.key, db}, stop); err != nil {
 			if errors.Is(err, errDBDeleted) {
 				p.dbDeleted(srv, st, log)
 			}

@@ -216,6 +216,19 @@ func (s *state) forget(ctx context.Context) error {
 	return nil
 }
 
+// forgetSeq clears the database's feed checkpoint, keeping its records:
+// the next follower reads the database from its start.
+func (s *state) forgetSeq(ctx context.Context) error {
+	err := s.store.Transact(ctx, func(tx kv.Tx) error {
+		tx.Clear(s.keys.seq(s.server, s.db))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("docproc: forget the checkpoint of %s: %w", s.db, err)
+	}
+	return nil
+}
+
 // acquire takes or renews the database's lease for owner until now+ttl. It
 // reports false when another owner holds an unexpired lease.
 func (s *state) acquire(ctx context.Context, owner string, now time.Time, ttl time.Duration) (bool, error) {
