@@ -55,12 +55,15 @@ test-short: ## the fast unit tests only (go test -short)
 # stopped mid-way. Without COUCH_URL the first node is the server of the
 # other tests. COUCH_CONFIG_LOCK names a file the tests that change the
 # server's _config (put back at once) hold an exclusive flock on meanwhile.
+# TestTakeoverGoingBack (docs/takeover.md's way back) turns CouchDB's
+# replicator on for about a minute and off again (under that lock), with the
+# databases src, copy and _replicator/backup.
 COUCH_URL         ?=
 COUCH_CLUSTER     ?=
 COUCH_CLUSTER_CMD ?=
 COUCH_CONFIG_LOCK ?=
 comma := ,
-COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestAttachmentPutStalls|TestMetricsCountOnlyOwnWork|TestReplicatorDBScenarios|TestScenario.*|TestCouchDB.*|TestReplicatorDocFilterError|TestReplicatorDocWrittenTerminal|TestReplicatorDocEditKeepingState)$$
+COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestAttachmentPutStalls|TestMetricsCountOnlyOwnWork|TestReplicatorDBScenarios|TestScenario.*|TestCouchDB.*|TestReplicatorDocFilterError|TestReplicatorDocWrittenTerminal|TestReplicatorDocEditKeepingState|TestTakeoverGoingBack)$$
 COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
 test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=cmd] (not part of make test)
 	@[ -n "$(COUCH_URL)$(COUCH_CLUSTER)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/ [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=<cmd: stop N / start N>] [COUCH_CONFIG_LOCK=file]"; exit 2; }

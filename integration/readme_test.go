@@ -23,7 +23,7 @@ import (
 // The README's and the guides' examples are tested: every shell block
 // after a marker
 //
-//	<!-- test: NAME [wait] [no-output] [exit=N] -->
+//	<!-- test: NAME [wait] [no-output] [exit=N] [couchdb] -->
 //
 // in README.md and in the files of docFiles runs, file after file in that
 // order and in each file's order, in one bash per block, against one
@@ -33,6 +33,8 @@ import (
 // print; the test fails when they print something else. `wait` re-runs the
 // block until its output matches (for states that take a moment to reach),
 // `no-output` checks the exit status only, `exit=N` expects that status.
+// `couchdb` marks an example that needs an Apache CouchDB: it runs in
+// TestTakeoverGoingBack (make test-couchdb), not here.
 //
 // The block marked `<!-- test: env -->` sets the variables the examples use
 // (`export NAME=value`): the test runs the examples with its own servers'
@@ -53,9 +55,12 @@ type readmeExample struct {
 	line     int // of the marker, for messages
 	wait     bool
 	noOutput bool
-	exit     int
-	script   string
-	want     string // expected output; "" with noOutput
+	// couchdb: the example needs an Apache CouchDB (its _config,
+	// _scheduler): TestTakeoverGoingBack runs it, TestReadmeExamples not.
+	couchdb bool
+	exit    int
+	script  string
+	want    string // expected output; "" with noOutput
 }
 
 var markerRE = regexp.MustCompile(`^<!--\s*test:\s*(.*?)\s*-->\s*$`)
@@ -104,6 +109,8 @@ func parseReadme(text string) ([]readmeExample, error) {
 				ex.wait = true
 			case o == "no-output":
 				ex.noOutput = true
+			case o == "couchdb":
+				ex.couchdb = true
 			case strings.HasPrefix(o, "exit="):
 				if _, err := fmt.Sscanf(o, "exit=%d", &ex.exit); err != nil {
 					return nil, fmt.Errorf("line %d: bad %q", i+1, o)
@@ -522,6 +529,9 @@ func TestReadmeExamples(t *testing.T) {
 	ran := 0
 	for _, f := range files {
 		for _, ex := range f.exs {
+			if ex.couchdb {
+				continue
+			}
 			runDocExample(t, f.file, f.vars, vars, work, env, ex)
 			ran++
 		}
@@ -538,6 +548,9 @@ func runDocExample(t *testing.T, file string, docVars, vars map[string]string, w
 	t.Helper()
 	want := substitute(ex.want, docVars, vars)
 	deadline := time.Now().Add(90 * time.Second)
+	if ex.couchdb {
+		deadline = time.Now().Add(3 * time.Minute) // CouchDB's scheduler acts every [replicator] interval, 60 s
+	}
 	for attempt := 1; ; attempt++ {
 		out, errOut, code := runExample(t, work, env, ex.script)
 		diff := ""
