@@ -76,7 +76,7 @@ func TestTakeoverGoingBack(t *testing.T) {
 
 	// couchrep, with CouchDB's uuid, runs it and checkpoints.
 	dir := t.TempDir()
-	cfg := writeConfig(t, dir, jobsConfig+"interval = 1000\n[couchrep]\nwatch = "+root+"\n")
+	cfg := writeConfig(t, dir, jobsConfig+"interval = 1000\ncheckpoint_interval = 1000\n[couchrep]\nwatch = "+root+"\n")
 	n := startNode(t, nodeOptions{name: "going-back", dataDir: dir, config: cfg, extra: []string{"--adopt-uuid", root}})
 	waitUntil(t, "couchrep's checkpoint on the target", 2*time.Minute, func() bool {
 		b, _, _ := srv.Request("GET", srv.URL+"copy/_local_docs?include_docs=true", nil)
