@@ -122,7 +122,11 @@ func (c *Cluster) Start(t testing.TB, n int) {
 func (c *Cluster) run(verb string, n int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "sh", "-c", c.cmd+" "+verb+" "+strconv.Itoa(n)).CombinedOutput()
+	cmd := exec.CommandContext(ctx, "sh", "-c", c.cmd+" "+verb+" "+strconv.Itoa(n))
+	// A command that leaves a process holding its output (the node it
+	// started) must not hold the test: its output is read until it exits.
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return &cmdError{cmd: c.cmd + " " + verb + " " + strconv.Itoa(n), out: string(out), err: err}
 	}
