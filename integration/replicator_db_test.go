@@ -376,6 +376,31 @@ func TestReplicatorDBScenarios(t *testing.T) {
 		security(t, e)
 	})
 
+	// replicator_db_field_validation.js, and docs/replicate.md's typo
+	// example: CouchDB 3.x refuses a bad field at write time (403 from its
+	// _replicator validation); where a server stores it, couchrep writes it
+	// failed with the same reason.
+	t.Run("bad field", func(t *testing.T) {
+		const reason = "parameter `doc_ids` must be an array"
+		doc := map[string]any{"source": e.srv.DBURL("typo-a"), "target": e.srv.DBURL("typo-b"), "doc_ids": "doc1"}
+		b, status, err := e.srv.Request("PUT", e.rdbURL+"typo", doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.srv.External() {
+			if status != http.StatusForbidden || !strings.Contains(string(b), `"forbidden"`) || !strings.Contains(string(b), reason) {
+				t.Fatalf("CouchDB stored a document with a bad field: %d %s", status, b)
+			}
+			return
+		}
+		if status != http.StatusCreated {
+			t.Fatalf("PUT: %d %s", status, b)
+		}
+		if d := e.waitRep(t, "typo", "failed"); d["_replication_state_reason"] != reason {
+			t.Errorf("_replication_state_reason %q, want %q", d["_replication_state_reason"], reason)
+		}
+	})
+
 	t.Run("by doc id", func(t *testing.T) {
 		src, tgt := e.db(t, "byid-a"), e.db(t, "byid-b")
 		e.srv.PutDocs(t, src, append(docs1(), map[string]any{"_id": "_design/mydesign", "language": "javascript"})...)
