@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -131,4 +132,36 @@ func TestPauseResumeReset(t *testing.T) {
 			t.Fatalf("checkpoint history on %s after a reset: %+v", db, ckpt.History)
 		}
 	}
+}
+
+// TestPauseParkedJob: a parked job (hibernated: no actor) is paused as a
+// running one is, stays paused while its source changes, and resumes.
+func TestPauseParkedJob(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDBWithDBUpdates(t)
+	src := srv.CreateDB(t, "pp-src")
+	tgt := srv.CreateDB(t, "pp-tgt")
+	srv.PutDocs(t, src, map[string]any{"_id": "a"})
+	dir := t.TempDir()
+	n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, fmt.Sprintf(parkNodeConfig, "3600"))})
+	var rep messages.ReplicateResponse
+	ctlJSON(t, n, &rep, "replicate", "--continuous", src, tgt)
+	id := rep.GetId()
+	waitUntil(t, "the job parked", 90*time.Second, func() bool {
+		var show messages.GetJobResponse
+		ctlJSON(t, n, &show, "job", "show", id)
+		return show.GetJob().GetParkedSince() != nil
+	})
+	ctlOK(t, n, "job", "pause", id)
+	var show messages.GetJobResponse
+	ctlJSON(t, n, &show, "job", "show", id)
+	if j := show.GetJob(); j.GetStatus() != statusPending || j.GetPausedAt() == nil || j.GetParkedSince() != nil {
+		t.Fatalf("paused parked job: %v", j)
+	}
+	if len(n.logLines("hibernated job ended", `"reason":"paused"`)) == 0 {
+		t.Fatal("the pause did not end the hibernated job")
+	}
+	srv.PutDocs(t, src, map[string]any{"_id": "b"})
+	ctlOK(t, n, "job", "resume", id)
+	waitDocCount(t, srv, tgt, 2)
 }
