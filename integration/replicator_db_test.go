@@ -364,9 +364,7 @@ func TestReplicatorDBScenarios(t *testing.T) {
 		e.deleteRep(t, "foo_dup_rep_doc_1")
 	})
 
-	// "invalid filter" (invalidFilter) waits for issue 32 item 3 (a filter
-	// that cannot be fetched is a temporary error, not failed): couchrep
-	// writes such a document failed today.
+	t.Run("invalid filter", func(t *testing.T) { invalidFilter(t, e) })
 
 	t.Run("security", func(t *testing.T) {
 		if !e.srv.External() {
@@ -524,10 +522,13 @@ func invalidFilter(t *testing.T, e *repDBEnv) {
 	src := e.db(t, "badfilt-a")
 	e.srv.PutDocs(t, src, docs1()...)
 	rev2 := e.putRep(t, "badfilt_rep2", map[string]any{"source": src, "target": tgt, "filter": "test/foofilter"})
+	// Their errors name what is missing: the source database, the design
+	// document (CouchDB: "Could not open source database `...`",
+	// "Couldn't open document `_design/test` from source database `...`").
 	for id, rev := range map[string]string{"badfilt_rep1": rev1, "badfilt_rep2": rev2} {
 		m := e.waitSched(t, id, "error")
-		if !strings.Contains(fmt.Sprint(m["info"]), "test") {
-			t.Errorf("%s: _scheduler/docs info does not name the filter's source: %v", id, m)
+		if missing := map[string]string{"badfilt_rep1": "badfilt-missing", "badfilt_rep2": "_design/test"}[id]; !strings.Contains(fmt.Sprint(m["info"]), missing) {
+			t.Errorf("%s: _scheduler/docs info does not name %s: %v", id, missing, m)
 		}
 		if d := e.repDoc(t, id); d["_rev"] != rev || d["_replication_state"] != nil {
 			t.Errorf("%s: a filter that cannot be fetched was written into the document: %v", id, d)
