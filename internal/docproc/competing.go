@@ -456,6 +456,9 @@ func (p *Processor) stopCompetingJobs(ctx context.Context, srv server, st *state
 		log.Warn().Err(err).Msg("forgetting the feed checkpoint failed: documents unchanged since get their jobs back only when edited")
 	}
 	p.comp.addStopped(srv.key, n)
+	if n == 0 {
+		return 0
+	}
 	log.Warn().Int("jobs_stopped", n).Str("on_competing_replicator", p.opts.OnCompeting).
 		Msg("competing replicator: stopped this store's jobs of this _replicator database while another replicator runs its documents; they resume from their checkpoints once it stops")
 	return n
