@@ -305,6 +305,15 @@ func TestUsersOwnJobs(t *testing.T) {
 	if n := jobsOf(); len(n) != 2 || n[joeJob+" joe"] != 1 {
 		t.Fatalf("after ann's POST of joe's replication, _scheduler/jobs: %v", n)
 	}
+	// An admin POSTing it: 202, and it stays joe's (CouchDB 3.4.3 keeps
+	// the job: existing_replication ignores the user).
+	if r := e.call(call{method: "POST", path: "/_replicate", ctype: "application/json", user: "admin", pass: "admin-pw",
+		body: `{"source":"` + srcURL + `","target":"` + tgtURL + `","continuous":true}`}); r.status != 202 || r.json(t)["_local_id"] != joeJob {
+		t.Fatalf("an admin POSTs joe's replication: %d %s", r.status, r.body)
+	}
+	if n := jobsOf(); len(n) != 2 || n[joeJob+" joe"] != 1 {
+		t.Fatalf("after an admin's POST of joe's replication, _scheduler/jobs: %v", n)
+	}
 	assertError(t, cancel(joeJob, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
 	assertError(t, cancelBody(srcURL, "ann", "ann-pw"), 401, "unauthorized", "You are not a server admin.")
 	assertError(t, cancel(bossJob, "joe", "erly-pw"), 401, "unauthorized", "You are not a server admin.")

@@ -87,8 +87,10 @@ func (s *Store) AddTransient(ctx context.Context, body []byte, user string) (Add
 // already runs (couch_replicator:check_authorization): when a live job of
 // another user (transient or a _replicator document's) owns the
 // replication id, a user who is not an admin gets an error wrapping
-// ErrOtherUser and nothing changes; an admin's job replaces another user's
-// transient job (stopped and removed in the same transaction), as
+// ErrOtherUser and nothing changes; an admin's POST of the same body is
+// that job (Existed: it stays the other user's, as CouchDB 3.4.3 keeps
+// it), and of another body (other options, same id) replaces another
+// user's transient job (stopped and removed in the same transaction), as
 // CouchDB's scheduler replaces a job of the same id. Either way one job
 // runs the replication.
 func (s *Store) AddTransientAs(ctx context.Context, body []byte, user string, admin bool) (AddResult, error) {
@@ -210,8 +212,13 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 		}
 	}
 	if j.checkOwner && j.repID != "" {
-		if err := s.checkOwnerTx(tx, j); err != nil {
+		same, err := s.checkOwnerTx(tx, j)
+		if err != nil {
 			return res, err
+		}
+		if same != nil {
+			res.JobID, res.Existed, res.Record, res.RepID = same.JobId, true, same, same.RepId
+			return res, nil
 		}
 	}
 	m := &messages.ReplicationJob{
@@ -245,35 +252,40 @@ func (s *Store) addTx(tx kv.Tx, j newJob) (AddResult, error) {
 }
 
 // checkOwnerTx applies AddTransientAs' rule to the live job owning j's
-// replication id, if another user's.
-func (s *Store) checkOwnerTx(tx kv.Tx, j newJob) error {
+// replication id, if another user's. It returns that job when it is the
+// same replication (the same body): CouchDB's scheduler then keeps it
+// (couch_replicator_scheduler:existing_replication compares the
+// replications without their user), and so does the admin's POST.
+func (s *Store) checkOwnerTx(tx kv.Tx, j newJob) (*Record, error) {
 	owner, err := tx.Get(s.k.repIDKey(j.repID))
 	if err != nil || owner == nil || string(owner) == j.id {
-		return err
+		return nil, err
 	}
 	info, err := s.q.GetTx(tx, JobType, string(owner))
 	switch {
 	case errors.Is(err, jobqueue.ErrNotFound):
-		return nil
+		return nil, nil
 	case err != nil:
-		return err
+		return nil, err
 	case info.State == jobqueue.StateFinished:
-		return nil
+		return nil, nil
 	}
 	rec, err := recordFromInfo(info)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case rec.GetUser() == j.user:
-		return nil
+		return nil, nil
 	case !j.admin:
-		return fmt.Errorf("%w: replication %s", ErrOtherUser, j.repID)
+		return nil, fmt.Errorf("%w: replication %s", ErrOtherUser, j.repID)
 	case rec.GetKind() != messages.ReplicationKind_REPLICATION_KIND_TRANSIENT:
-		return nil // a document's job follows its document
+		return nil, nil // a document's job follows its document
+	case bytes.Equal(rec.GetBody(), j.body):
+		return rec, nil
 	}
 	_, err = s.removeTx(tx, info, "replaced by an admin's POST /_replicate")
-	return err
+	return nil, err
 }
 
 // retire undoes what a job being replaced holds: the quantum a pending job

@@ -852,14 +852,17 @@ func TestAcceptAfterTheLeaseExpired(t *testing.T) {
 
 // TestAddTransientAs: CouchDB 3.4.3's couch_replicator:check_authorization
 // for a POST /_replicate of a replication another user's live job runs: a
-// user who is not an admin is refused (ErrOtherUser, nothing changes), an
-// admin's job replaces the other user's; the owner's own POST is the same
-// job; either way one live job has the replication id.
+// user who is not an admin is refused (ErrOtherUser, nothing changes); an
+// admin's POST of the same body is the other user's job (as CouchDB 3.4.3
+// keeps it), of another body with the same id replaces it; the owner's
+// own POST is the same job; either way one live job has the replication
+// id.
 func TestAddTransientAs(t *testing.T) {
 	storetest.Each(t, func(t *testing.T) {
 		ctx := context.Background()
 		e := newEnv(t, nil)
 		b := body("http://a:5984/src", "http://b:5984/tgt", `,"continuous":true`)
+		other := body("http://a:5984/src", "http://b:5984/tgt", `,"continuous":true,"worker_processes":2`)
 		joe, err := e.store.AddTransientAs(ctx, b, "joe", false)
 		if err != nil {
 			t.Fatal(err)
@@ -881,18 +884,20 @@ func TestAddTransientAs(t *testing.T) {
 		}
 		for _, c := range []struct {
 			name    string
+			body    []byte
 			user    string
 			admin   bool
 			wantErr error
 			want    []string
 		}{
-			{"the owner again: the same job", "joe", false, nil, []string{"joe"}},
-			{"another user, not an admin: refused", "ann", false, repjob.ErrOtherUser, []string{"joe"}},
-			{"an admin: replaces joe's job", "boss", true, nil, []string{"boss"}},
-			{"joe, not an admin, now refused", "joe", false, repjob.ErrOtherUser, []string{"boss"}},
+			{"the owner again: the same job", b, "joe", false, nil, []string{"joe"}},
+			{"another user, not an admin: refused", b, "ann", false, repjob.ErrOtherUser, []string{"joe"}},
+			{"an admin, the same body: joe's job stays", b, "boss", true, nil, []string{"joe"}},
+			{"an admin, other options: replaces joe's job", other, "boss", true, nil, []string{"boss"}},
+			{"joe, not an admin, now refused", b, "joe", false, repjob.ErrOtherUser, []string{"boss"}},
 		} {
 			t.Run(c.name, func(t *testing.T) {
-				r, err := e.store.AddTransientAs(ctx, b, c.user, c.admin)
+				r, err := e.store.AddTransientAs(ctx, c.body, c.user, c.admin)
 				if !errors.Is(err, c.wantErr) {
 					t.Fatalf("error %v, want %v", err, c.wantErr)
 				}
