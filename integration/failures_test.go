@@ -123,3 +123,68 @@ func TestWriteFailuresInSight(t *testing.T) {
 		t.Fatalf("failed job's error: %q", e)
 	}
 }
+
+// TestLagOfAStalledJob: a continuous job whose target stops answering
+// (every byte to it held) while its source has changes shows a lag that
+// grows with the stall in _scheduler/jobs and on the status page (the
+// node's live view), and falls back to 0 once the target answers and the
+// job caught up. (Its checkpoint is not due during the stall: a checkpoint
+// stalled on the target holds the run's reports until it fails, see
+// docs/operations.md.)
+func TestLagOfAStalledJob(t *testing.T) {
+	skipShort(t)
+	srv := testserver.StartPouchDB(t)
+	tp := testserver.StartToxiproxy(t)
+	link := tp.Link(t, "lag-target", srv.URL)
+	src := srv.CreateDB(t, "lag-src")
+	srv.CreateDB(t, "lag-tgt")
+	tgt := strings.TrimSuffix(link.URL, "/") + "/lag-tgt"
+	srv.PutDocs(t, src, map[string]any{"_id": "a"})
+	dir := t.TempDir()
+	n := startNode(t, nodeOptions{dataDir: dir, config: writeConfig(t, dir, jobsConfig)})
+	addr := n.httpAddr("")
+	body, _ := json.Marshal(map[string]any{"source": src, "target": tgt, "continuous": true, "checkpoint_interval": 60000})
+	r := api(t, addr, "POST", "/_replicate", string(body))
+	repID, _ := r.obj(t)["_local_id"].(string)
+	if r.status != 202 || repID == "" {
+		t.Fatalf("POST /_replicate: %d %s", r.status, r.body)
+	}
+	var lastInfo map[string]any
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last info: %v", lastInfo)
+		}
+	})
+	lag := func() float64 {
+		var sj map[string]any
+		getJSON(t, addr, "/_scheduler/jobs/"+repID, &sj)
+		info, _ := sj["info"].(map[string]any)
+		lastInfo = info
+		l, _ := info["lag_seconds"].(float64)
+		return l
+	}
+	waitDocCount(t, srv, srv.DBURL("lag-tgt"), 1)
+	if l := lag(); l != 0 {
+		t.Fatalf("lag of a caught-up job: %v", l)
+	}
+	stall := link.Timeout(t, testserver.Upstream, 0)
+	srv.PutDocs(t, src, map[string]any{"_id": "b"}, map[string]any{"_id": "c"})
+	waitUntil(t, "a lag of 3 s in _scheduler/jobs", 20*time.Second, func() bool { return lag() >= 3 })
+	var status struct {
+		Jobs []struct {
+			Lag float64 `json:"lag_seconds"`
+		} `json:"jobs"`
+	}
+	getJSON(t, addr, "/_status/data", &status)
+	if len(status.Jobs) != 1 || status.Jobs[0].Lag < 3 {
+		t.Fatalf("status page: %+v", status.Jobs)
+	}
+	m := regexp.MustCompile(`couchrep_replication_lag_seconds\{database="",kind="transient",server=""\} (\S+)`).
+		FindSubmatch(api(t, addr, "GET", "/metrics", "").body)
+	if m == nil {
+		t.Fatal("no couchrep_replication_lag_seconds for the transient jobs")
+	}
+	link.RemoveToxic(t, stall)
+	waitDocCount(t, srv, srv.DBURL("lag-tgt"), 3)
+	waitUntil(t, "the lag back to 0 once caught up", 60*time.Second, func() bool { return lag() == 0 })
+}

@@ -84,6 +84,9 @@ func StatsProto(st replicate.Stats) *messages.ReplicationStats {
 		m.ThroughSeq = string(st.ThroughSeq)
 	}
 	m.WriteFailures = failuresProto(st.WriteFailures)
+	if !st.BehindSince.IsZero() {
+		m.BehindSince = ts(st.BehindSince)
+	}
 	m.StartFrom = st.StartFrom
 	if st.StartSeq != nil {
 		m.StartSeq = string(st.StartSeq)

@@ -126,16 +126,23 @@ func withRunStats(m *messages.ReplicationJob, st replicate.Stats, now time.Time)
 // behindSince is when the job, as next shows it, last made progress with
 // changes pending: nil when none are pending (or unknown); else the time of
 // the last advance of its checkpointed sequence, or when changes were first
-// seen pending after none, whichever is later.
+// seen pending after none, whichever is later. The run's own report
+// (next.behind_since, from the engine: when it saw them) is taken unless
+// the record already knew the job behind at the same checkpoint (an earlier
+// run saw it first); now when the run reported none.
 func behindSince(old, next *messages.ReplicationStats, now time.Time) *timestamppb.Timestamp {
 	if next.ChangesPending == nil || next.GetChangesPending() <= 0 {
 		return nil
 	}
-	if old.GetBehindSince() == nil || old.ChangesPending == nil || old.GetChangesPending() <= 0 ||
-		old.GetCheckpointedSourceSeq() != next.GetCheckpointedSourceSeq() {
-		return ts(now)
+	if old.GetBehindSince() != nil && old.GetChangesPending() > 0 &&
+		old.GetCheckpointedSourceSeq() == next.GetCheckpointedSourceSeq() &&
+		(next.GetBehindSince() == nil || old.GetBehindSince().AsTime().Before(next.GetBehindSince().AsTime())) {
+		return old.GetBehindSince()
 	}
-	return old.GetBehindSince()
+	if next.GetBehindSince() != nil {
+		return next.GetBehindSince()
+	}
+	return ts(now)
 }
 
 // OverlayStats is what views show of a running job: its live stats (from
@@ -147,10 +154,7 @@ func OverlayStats(stored, live *messages.ReplicationStats) *messages.Replication
 	}
 	c := proto.Clone(live).(*messages.ReplicationStats)
 	c.WriteFailures = MergeWriteFailures(stored.GetWriteFailures(), live.GetWriteFailures())
-	c.BehindSince = nil
-	if live.GetChangesPending() > 0 {
-		c.BehindSince = stored.GetBehindSince()
-	}
+	c.BehindSince = behindSince(stored, live, time.Now())
 	return c
 }
 

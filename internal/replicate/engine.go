@@ -627,6 +627,7 @@ func (r *Replication) readCheckpoint(ctx context.Context, db *couch.DB, id strin
 // under mu too, so that the timers' function can read it without waiting
 // for a checkpoint under way.
 type runState struct {
+	behind             behindTracker
 	r                  *Replication
 	session            string
 	startTime          time.Time
@@ -718,7 +719,32 @@ func (s *runState) stats() Stats {
 			st.ChangesPending = &n
 		}
 	}
+	s.behind.note(&st, s.r.now())
 	return st
+}
+
+// behindTracker tells since when a run has seen changes pending without
+// its checkpoint advancing (Stats.BehindSince).
+type behindTracker struct {
+	mu    sync.Mutex
+	since time.Time
+	at    string // the checkpointed seq then
+}
+
+// note sets st.BehindSince: zero with nothing pending; else the time of
+// the first report with changes pending after none, or of the last
+// advance of the checkpointed sequence, whichever is later.
+func (b *behindTracker) note(st *Stats, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if st.ChangesPending == nil || *st.ChangesPending <= 0 {
+		b.since, b.at = time.Time{}, ""
+		return
+	}
+	if ck := st.CheckpointedSourceSeq.String(); b.since.IsZero() || ck != b.at {
+		b.since, b.at = now, ck
+	}
+	st.BehindSince = b.since
 }
 
 // laterSeq is the later of two seqs: the greater of two numbers, else b

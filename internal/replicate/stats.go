@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"sync/atomic"
+	"time"
 
 	"github.com/couchrep/couchrep/internal/couch"
 )
@@ -28,6 +29,10 @@ type Stats struct {
 	// WriteFailures are this run's last documents the target refused to
 	// write (at most MaxWriteFailures, newest last).
 	WriteFailures []WriteFailure
+	// BehindSince is set while changes are pending: when this run first
+	// saw them pending after none, or its checkpoint last advanced,
+	// whichever is later (the job's lag counts from it).
+	BehindSince time.Time
 }
 
 // counters are the live, concurrently updated counters.
