@@ -150,6 +150,13 @@ func TestReplicatorDocFilterError(t *testing.T) {
 	if rows, _ := list["docs"].([]any); status != http.StatusOK || len(rows) != 3 {
 		t.Errorf("?states=error: %d, %d rows, want 3: %v", status, len(rows), list)
 	}
+	// Not in the scheduler yet: _scheduler/jobs does not list them.
+	_, jobs := s.get("/_scheduler/jobs")
+	for _, j := range jobs["jobs"].([]any) {
+		if m := j.(map[string]any); m["database"] == s.dbName {
+			t.Errorf("_scheduler/jobs lists a document whose filter cannot be fetched: %v", m)
+		}
+	}
 	if s.srv.External() {
 		// CouchDB retries after rand(64·2^errors) s: minutes, too long
 		// for a test; couchrep's crash backoff is checked below.

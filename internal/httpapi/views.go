@@ -466,7 +466,8 @@ var docStates = func() []string {
 // that a persistent job crashing before it has a replication id (a named
 // filter's code could not be fetched from the source) is CouchDB's
 // "error": its doc processor keeps such a document out of the scheduler,
-// retrying with backoff.
+// retrying with backoff (repjob.Record.NotScheduled: _scheduler/jobs does
+// not list it).
 func docState(j *Job) string {
 	if !j.Transient && j.State == repjob.StateCrashing && j.RepID == "" {
 		return stateError

@@ -16,7 +16,7 @@ import (
 // a page of _scheduler/jobs, _scheduler/docs or couchrepctl jobs is a range
 // read of the page (plus the page's records), not a read of every job:
 //
-//	(SCHED, shown_id, job_id)   = ""   jobs not finished, in _scheduler/jobs order
+//	(SCHED, shown_id, job_id)   = ""   jobs not finished (nor NotScheduled), in _scheduler/jobs order
 //	(DOCS, db, doc_id, job_id)  = ""   jobs of _replicator documents, in _scheduler/docs order
 //	(LISTED, job_id)            = the job's SCHED and DOCS keys (a packed tuple)
 //	(COUNT, SCHED|DOCS|LISTED)  = int64 entries of each (atomic Add)
@@ -57,7 +57,7 @@ func ShownID(r *Record) string {
 
 // listingKeys are the index keys job r should have (nil when it has none).
 func (s *Store) listingKeys(r *Record) (sched, docs []byte) {
-	if !r.State().Terminal() {
+	if !r.State().Terminal() && !r.NotScheduled() {
 		sched = s.k.sched.Pack(tuple.Tuple{ShownID(r), r.GetJobId()})
 	}
 	if r.GetKind() == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT {

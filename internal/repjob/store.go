@@ -298,6 +298,16 @@ func (r *Record) State() State {
 	}
 }
 
+// NotScheduled reports a _replicator document's job that crashed before it
+// had a replication id: its named filter could not be fetched from the
+// source yet. CouchDB's document processor keeps such a document out of its
+// scheduler (state "error" in _scheduler/docs, absent from _scheduler/jobs)
+// and retries it with backoff; couchrep's crash backoff retries it, and
+// the listings show it as CouchDB does.
+func (r *Record) NotScheduled() bool {
+	return r.GetKind() == messages.ReplicationKind_REPLICATION_KIND_PERSISTENT && r.State() == StateCrashing && r.GetRepId() == ""
+}
+
 // History returns the job's scheduler history.
 func (r *Record) History() schedpolicy.History {
 	return schedpolicy.HistoryFromProto(r.GetHistory())
