@@ -63,7 +63,7 @@ COUCH_CLUSTER     ?=
 COUCH_CLUSTER_CMD ?=
 COUCH_CONFIG_LOCK ?=
 comma := ,
-COUCHDB_TESTS ?= ^(TestPouchDB.*|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestAttachmentPutStalls|TestMetricsCountOnlyOwnWork|TestReplicatorDBScenarios|TestScenario.*|TestCouchDB.*|TestReplicatorDocFilterError|TestReplicatorDocWrittenTerminal|TestReplicatorDocEditKeepingState|TestTakeoverGoingBack|TestWriteFailuresInSight|TestPauseResumeReset)$$
+COUCHDB_TESTS ?= ^(TestPouchDB.*|TestVerifyDifferences|TestVerifyRepair|TestVerifyLiveSource|TestVerifyBadInput|TestReplicationPouchDB|TestReplicationResumeFromCheckpoint|TestReplicationContinuous|TestLargeAttachmentStreams|TestTargetRequestSizeLimit|TestNoChangesAnswer|TestLiveProgress|TestAttachmentPutStalls|TestMetricsCountOnlyOwnWork|TestReplicatorDBScenarios|TestScenario.*|TestCouchDB.*|TestReplicatorDocFilterError|TestReplicatorDocWrittenTerminal|TestReplicatorDocEditKeepingState|TestTakeoverGoingBack|TestWriteFailuresInSight|TestPauseResumeReset)$$
 COUCHDB_SKIP  ?= ^TestLargeAttachmentStreams$$/^_replicator
 test-couchdb: testdeps build ## the compatibility tests against your CouchDB: make test-couchdb COUCH_URL=http://admin:password@127.0.0.1:5984 [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=cmd] (not part of make test)
 	@[ -n "$(COUCH_URL)$(COUCH_CLUSTER)" ] || { echo "usage: make test-couchdb COUCH_URL=http://admin:password@host:5984/ [COUCH_CLUSTER=url1,url2,url3 COUCH_CLUSTER_CMD=<cmd: stop N / start N>] [COUCH_CONFIG_LOCK=file]"; exit 2; }

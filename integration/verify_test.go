@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -195,7 +196,11 @@ func TestVerifyDifferences(t *testing.T) {
 		}
 	}
 
-	// Every other kind, injected by hand, each once.
+	// Every other kind, injected by hand, each once. (With _revs_limit 1
+	// kept, the target's deletion of d0003 would also forget the source's
+	// leaf it extends, and the default verify would find d0003
+	// deleted_on_target too: a target edit, rightly reported.)
+	_, _, _ = s.Request(http.MethodPut, tgt+"_revs_limit", []byte("1000"))
 	s.PutDocs(t, src, map[string]any{"_id": "only-src"})                                                           // missing
 	s.PutRevs(t, src, testserver.Doc("d0001", []string{"2-zz", currentRev(t, s, src, "d0001")}, map[string]any{})) // leaf_missing
 	s.Do(t, http.MethodDelete, src+"d0002?rev="+currentRev(t, s, src, "d0002"), nil, http.StatusOK)                // deleted_on_source
@@ -299,7 +304,10 @@ func TestVerifyLiveSource(t *testing.T) {
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	srcVia := front.URL + strings.TrimPrefix(src, strings.TrimSuffix(s.URL, "/"))
+	fu, _ := url.Parse(front.URL)
+	sp, _ := url.Parse(src)
+	fu.User, fu.Path = sp.User, sp.Path // an external CouchDB's credentials
+	srcVia := fu.String()
 
 	r := runVerifyCmd(t, srcVia, tgt)
 	select {
@@ -325,7 +333,14 @@ func TestVerifyLiveSource(t *testing.T) {
 func TestVerifyBadInput(t *testing.T) {
 	skipShort(t)
 	s := testserver.StartPouchDB(t)
-	s.AddAdmin(t, "admin", "s3cret-pw")
+	user, pass := "admin", "s3cret-pw"
+	if s.External() { // the CouchDB of make test-couchdb: its admin
+		su, _ := url.Parse(s.URL)
+		user = su.User.Username()
+		pass, _ = su.User.Password()
+	} else {
+		s.AddAdmin(t, user, pass)
+	}
 	src := s.CreateDB(t, "bsrc")
 	s.PutDocs(t, src, map[string]any{"_id": "a"})
 	withCreds := func(u, user, pass string) string {
@@ -336,9 +351,9 @@ func TestVerifyBadInput(t *testing.T) {
 	for _, tc := range []struct {
 		name, src, tgt, errName, reason string
 	}{
-		{"missing database", withCreds(src, "admin", "s3cret-pw"), withCreds(s.DBURL("nope"), "admin", "s3cret-pw"), "db_not_found", "target"},
-		{"unreachable", withCreds(src, "admin", "s3cret-pw"), "http://admin:s3cret-pw@127.0.0.1:1/db", "db_not_found", "127.0.0.1:1"},
-		{"wrong credentials", withCreds(src, "admin", "wrong-pw"), withCreds(src, "admin", "s3cret-pw"), "unauthorized", "unauthorized to access"},
+		{"missing database", withCreds(src, user, pass), withCreds(s.DBURL("nope"), user, pass), "db_not_found", "target"},
+		{"unreachable", withCreds(src, user, pass), "http://" + user + ":" + pass + "@127.0.0.1:1/db", "db_not_found", "127.0.0.1:1"},
+		{"wrong credentials", withCreds(src, user, "wrong-pw"), withCreds(src, user, pass), "unauthorized", "unauthorized to access"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := runVerifyCmd(t, "--retries-per-request", "1", tc.src, tc.tgt)
@@ -346,14 +361,14 @@ func TestVerifyBadInput(t *testing.T) {
 				t.Fatalf("exit %d, error line %v\n%s", r.code, r.errLine, r.stderr)
 			}
 			for _, out := range []string{r.stdout, r.stderr} {
-				if strings.Contains(out, "s3cret-pw") || strings.Contains(out, "wrong-pw") {
+				if strings.Contains(out, ":"+pass+"@") || strings.Contains(out, "wrong-pw") {
 					t.Fatalf("a password in the output:\n%s", out)
 				}
 			}
 		})
 	}
 	// A bad parameter is a usage error, named as /_replicate names it.
-	r := runVerifyCmd(t, "--selector", `{"a":1}`, "--doc-ids", "a", withCreds(src, "admin", "s3cret-pw"), src)
+	r := runVerifyCmd(t, "--selector", `{"a":1}`, "--doc-ids", "a", withCreds(src, user, pass), src)
 	if r.code != 2 || !strings.Contains(r.stderr, "mutually exclusive") {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
@@ -511,4 +526,33 @@ func TestVerifyNode(t *testing.T) {
 	}
 	noSecret("couchrepctl job verify", out)
 	noSecret("the node's log", n.logs.String())
+}
+
+// TestCouchDBVerifiesItsOwnCopy: a copy made by CouchDB's own replicator
+// (a one-shot POST /_replicate on the CouchDB of make test-couchdb, its
+// replicator turned on for it: max_jobs 0 holds such a request forever)
+// verifies clean, --extra included; then the injected differences are
+// found there as on PouchDB Server (TestVerifyDifferences runs there too).
+func TestCouchDBVerifiesItsOwnCopy(t *testing.T) {
+	skipShort(t)
+	if !strings.Contains(os.Getenv(testserver.ExternalURLEnv), "://") {
+		t.Skip("needs a CouchDB: make test-couchdb COUCH_URL=http://admin:password@host:5984")
+	}
+	s := testserver.StartPouchDB(t) // the CouchDB of COUCHREP_TEST_COUCH_URL
+	src, tgt := s.CreateDB(t, "csrc"), s.DBURL("ctgt")
+	seedVerify(t, s, src, 2000)
+	withCouchConfig(t, s, "replicator", "max_jobs", "500", func() {
+		s.Do(t, http.MethodPost, s.URL+"_replicate", map[string]any{"source": src, "target": tgt, "create_target": true}, http.StatusOK)
+	})
+	r := runVerifyCmd(t, "--extra", src, tgt)
+	if r.code != 0 || len(r.lines) != 0 || r.summary.DocsChecked != 2006 || r.summary.TargetDocsChecked != 2006 || r.summary.AttachmentsChecked != 6 {
+		t.Fatalf("CouchDB's copy: exit %d, %v, %+v\n%s", r.code, r.kinds(), r.summary, r.stderr)
+	}
+	t.Logf("CouchDB's copy of %d documents verified clean in %.2fs: %+v", r.summary.DocsChecked, r.summary.Seconds, r.summary)
+	// Its history stemmed to one revision and compacted: still clean.
+	s.Do(t, http.MethodPut, tgt+"_revs_limit", []byte("1"), http.StatusOK)
+	s.Do(t, http.MethodPost, tgt+"_compact", []byte("{}"), http.StatusAccepted)
+	if r = runVerifyCmd(t, src, tgt); r.code != 0 || len(r.lines) != 0 {
+		t.Fatalf("stemmed and compacted: exit %d, %v\n%s", r.code, r.kinds(), r.stderr)
+	}
 }
