@@ -169,6 +169,9 @@ func TestCouchDBAnswers(t *testing.T) {
 	att := func(id, name string, n int) map[string]any {
 		return testserver.WithAttachment(testserver.Doc(id, []string{"1-x"}, nil), name, "app/binary", bytes.Repeat([]byte("x"), n))
 	}
+	// Failed logins use a name nobody has: CouchDB locks a user out of an
+	// address after 5 ([chttpd_auth_lockout]).
+	const nobody = "couchrep-test-nobody"
 	wantBody := func(t *testing.T, got couchAnswer, status int, body string) {
 		t.Helper()
 		if got.status != status || !sameJSON(got.body, []byte(body)) {
@@ -219,7 +222,7 @@ func TestCouchDBAnswers(t *testing.T) {
 		form := func(name, pw string) []byte {
 			return []byte(url.Values{"name": {name}, "password": {pw}}.Encode())
 		}
-		wantBody(t, couchRequest(t, http.MethodPost, noCreds(s.URL)+"_session", "application/x-www-form-urlencoded", form(admin.User.Username(), pass+"x")),
+		wantBody(t, couchRequest(t, http.MethodPost, noCreds(s.URL)+"_session", "application/x-www-form-urlencoded", form(nobody, pass)),
 			http.StatusUnauthorized, `{"error":"unauthorized","reason":"Name or password is incorrect."}`)
 		a := couchRequest(t, http.MethodPost, noCreds(s.URL)+"_session", "application/x-www-form-urlencoded", form(admin.User.Username(), pass))
 		wantBody(t, a, http.StatusOK, mustJSONString(map[string]any{"ok": true, "name": admin.User.Username(), "roles": []string{"_admin"}}))
@@ -232,6 +235,46 @@ func TestCouchDBAnswers(t *testing.T) {
 		// An unknown cookie is no session: 401 on a database.
 		wantBody(t, couchRequest(t, http.MethodGet, noCreds(db), "", nil, "Cookie", "AuthSession=YWRtaW46NjAwMDAwMDA6AAAAAAAAAAAAAAAAAAAAAAAA"),
 			http.StatusUnauthorized, `{"error":"unauthorized","reason":"You are not authorized to access this db."}`)
+	})
+	t.Run("_session's refusals (internal/httpapi users_test: couchrep's own /_session answers as CouchDB)", func(t *testing.T) {
+		base := noCreds(s.URL)
+		for _, c := range []struct {
+			name, ctype, body string
+			status            int
+			code, reason      string
+		}{
+			{"no content type", "", `{"name":"joe"}`, 415, "bad_content_type", "Content-Type must be 'application/x-www-form-urlencoded' or 'application/json'"},
+			{"no username", "application/json", `{"password":"x"}`, 400, "bad_request", "request body must contain a username"},
+			{"two usernames", "application/json", `{"name":"a","username":"b"}`, 400, "bad_request", "request body contains different usernames"},
+			{"not JSON", "application/json", `{"name":`, 400, "bad_request", "invalid UTF-8 JSON"},
+		} {
+			wantBody(t, couchRequest(t, http.MethodPost, base+"_session", c.ctype, []byte(c.body)), c.status, mustJSONString(map[string]string{"error": c.code, "reason": c.reason}))
+		}
+		wantBody(t, couchRequest(t, http.MethodPut, base+"_session", "", nil), http.StatusMethodNotAllowed, `{"error":"method_not_allowed","reason":"Only GET,HEAD,POST,DELETE allowed"}`)
+		// No session: 200 and a null name; wrong Basic credentials: 401.
+		a := couchRequest(t, http.MethodGet, base+"_session", "", nil, "Cookie", "AuthSession=YWRtaW46NjAwMDAwMDA6AAAAAAAAAAAAAAAAAAAAAAAA")
+		var sess struct {
+			OK      bool `json:"ok"`
+			UserCtx struct {
+				Name  *string  `json:"name"`
+				Roles []string `json:"roles"`
+			} `json:"userCtx"`
+		}
+		if a.status != http.StatusOK || json.Unmarshal(a.body, &sess) != nil || !sess.OK || sess.UserCtx.Name != nil || len(sess.UserCtx.Roles) != 0 {
+			t.Errorf("GET /_session with an unknown cookie: %s, want 200 and userCtx name null", a)
+		}
+		u, _ := url.Parse(base + "_session")
+		u.User = url.UserPassword(nobody, "not-the-password")
+		wantBody(t, couchRequest(t, http.MethodGet, u.String(), "", nil), http.StatusUnauthorized, `{"error":"unauthorized","reason":"Name or password is incorrect."}`)
+		// A failed login and a logout clear the cookie (an empty AuthSession).
+		for _, a := range []couchAnswer{
+			couchRequest(t, http.MethodPost, base+"_session", "application/json", mustJSON(map[string]string{"name": nobody, "password": "not-the-password"})),
+			couchRequest(t, http.MethodDelete, base+"_session", "", nil),
+		} {
+			if c := a.header.Get("Set-Cookie"); !strings.HasPrefix(c, "AuthSession=;") {
+				t.Errorf("%s: Set-Cookie %q, want an empty AuthSession", a, c)
+			}
+		}
 	})
 	t.Run("databases (internal/replicate fakes)", func(t *testing.T) {
 		wantBody(t, couchRequest(t, http.MethodGet, s.DBURL("answers-none"), "", nil), http.StatusNotFound, `{"error":"not_found","reason":"Database does not exist."}`)
