@@ -44,6 +44,7 @@ import (
 	clog "github.com/couchrep/couchrep/internal/log"
 	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/sharedfeed"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 	"github.com/couchrep/couchrep/messages"
@@ -241,6 +242,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 
 		Competition: docproc.NewCompetition(),
 		Timers:      timerwheel.New(),
+		Slots:       &schedpolicy.FreeSlots{},
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	if shared.Replaced != "" {

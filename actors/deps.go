@@ -13,6 +13,7 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
@@ -52,6 +53,10 @@ type Deps struct {
 	// jobs (checkpoints, progress) shares one runtime timer; nil outside a
 	// node (timerwheel.Default()).
 	Timers *timerwheel.Wheel
+	// Slots is the node's free job slots: the scheduler keeps it, the
+	// clustering actor's heartbeat publishes it for the other nodes'
+	// schedulers (schedpolicy.RotateIn); nil outside a node.
+	Slots *schedpolicy.FreeSlots
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

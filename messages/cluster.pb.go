@@ -94,7 +94,12 @@ type NodeRecord struct {
 	Pid int64 `protobuf:"varint,10,opt,name=pid,proto3" json:"pid,omitempty"`
 	// The node was drained (couchrepctl drain) and not undrained since: it
 	// accepts no jobs, also after a restart. Heartbeats keep it as stored.
-	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	Draining bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	// The node's free job slots (max_jobs minus the jobs it runs) when it
+	// wrote the heartbeat; unset on a node that runs no scheduler. A full
+	// node's scheduler rotates only for the pending jobs beyond the live
+	// nodes' free slots (schedpolicy.RotateIn).
+	FreeSlots     *uint32 `protobuf:"varint,12,opt,name=free_slots,json=freeSlots,proto3,oneof" json:"free_slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +211,13 @@ func (x *NodeRecord) GetDraining() bool {
 	return false
 }
 
+func (x *NodeRecord) GetFreeSlots() uint32 {
+	if x != nil && x.FreeSlots != nil {
+		return *x.FreeSlots
+	}
+	return 0
+}
+
 // ClusterEvent is published on a node's event stream when the membership it
 // sees changes (unstable) and when it stayed unchanged for the quiet period
 // (stable).
@@ -284,7 +296,7 @@ var File_couchrep_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\x03\n" +
+	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x03\n" +
 	"\n" +
 	"NodeRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -299,7 +311,10 @@ const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	"\x04left\x18\t \x01(\bR\x04left\x12\x10\n" +
 	"\x03pid\x18\n" +
 	" \x01(\x03R\x03pid\x12\x1a\n" +
-	"\bdraining\x18\v \x01(\bR\bdraining\"\xe2\x01\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\x12\"\n" +
+	"\n" +
+	"free_slots\x18\f \x01(\rH\x00R\tfreeSlots\x88\x01\x01B\r\n" +
+	"\v_free_slots\"\xe2\x01\n" +
 	"\fClusterEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.couchrep.v1.ClusterEvent.KindR\x04kind\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +
@@ -347,6 +362,7 @@ func file_couchrep_v1_cluster_proto_init() {
 	if File_couchrep_v1_cluster_proto != nil {
 		return
 	}
+	file_couchrep_v1_cluster_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -6,7 +6,9 @@
 // unchanged for [couchrep] cluster_quiet_period ("cluster stable"). It
 // answers *messages.NodesRequest (couchrepctl nodes) with every registered
 // node, the jobs each runs and whether it is drained (the job server keeps
-// that flag in the node's record).
+// that flag in the node's record). Each heartbeat carries the node's free
+// job slots (actors.Deps.Slots, kept by the scheduler), which the other
+// nodes' schedulers read before they rotate.
 //
 // It is also the node's store health check: its first heartbeat is written
 // while it starts, so a node whose store cannot be written fails to start
@@ -38,6 +40,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/actors"
@@ -199,12 +202,20 @@ func (a *clustering) Receive(ctx actor.Context) {
 
 func (a *clustering) record() *messages.NodeRecord {
 	c := a.deps.Config.Couchrep
-	return &messages.NodeRecord{
+	rec := &messages.NodeRecord{
 		Name: a.deps.NodeName(), Types: slices.Clone(c.NodeTypes), Incarnation: a.incarnation,
 		StartedAt: timestamppb.New(a.startedAt), HeartbeatIntervalMs: a.opts.Interval.Milliseconds(),
 		AdminAddress: readAddr(c.DataDir, "admin.addr"), HttpAddress: readAddr(c.DataDir, "http.addr"),
 		Pid: int64(os.Getpid()),
 	}
+	// The scheduler's free slots: the other nodes' schedulers rotate only
+	// for the pending jobs beyond the live nodes' free slots.
+	if a.deps.Slots != nil {
+		if free, ok := a.deps.Slots.Get(); ok {
+			rec.FreeSlots = proto.Uint32(uint32(free))
+		}
+	}
+	return rec
 }
 
 // readAddr reads an address file the node writes into its data directory

@@ -16,7 +16,9 @@ import (
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
+	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 	"github.com/couchrep/couchrep/supervisor"
 )
@@ -27,6 +29,7 @@ type member struct {
 	system *actor.ActorSystem
 	events chan *messages.ClusterEvent
 	store  *repjob.Store
+	slots  *schedpolicy.FreeSlots
 }
 
 func openStore(t *testing.T) kv.Database {
@@ -49,8 +52,9 @@ func startMember(t *testing.T, db kv.Database, name string, types ...string) (*m
 	cfg.Couchrep.DataDir = t.TempDir()
 	q := jobqueue.New(db, jobqueue.Options{NodeName: name})
 	store := repjob.New(q, db, repjob.Options{ServerUUID: "u"})
-	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store}
-	m := &member{system: system, events: make(chan *messages.ClusterEvent, 100), store: store}
+	slots := &schedpolicy.FreeSlots{}
+	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store, Slots: slots}
+	m := &member{system: system, events: make(chan *messages.ClusterEvent, 100), store: store, slots: slots}
 	sub := system.EventStream.Subscribe(func(e any) {
 		if ev, ok := e.(*messages.ClusterEvent); ok {
 			m.events <- ev
@@ -195,5 +199,44 @@ func TestStoreUnavailable(t *testing.T) {
 				t.Fatal("no error")
 			}
 		})
+	}
+}
+
+// TestHeartbeatCarriesFreeSlots: the node's record says its scheduler's
+// free slots (none before the scheduler set them), for the other nodes'
+// schedulers (scheduler.PeersFrom).
+func TestHeartbeatCarriesFreeSlots(t *testing.T) {
+	db := openStore(t)
+	a, err := startMember(t, db, "a", config.NodeTypeReplication)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := cluster.New(db, cluster.Options{})
+	record := func() *messages.NodeRecord {
+		t.Helper()
+		ms, err := reg.Members(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range ms {
+			if m.GetName() == "a" {
+				return m.NodeRecord
+			}
+		}
+		t.Fatal("no record of a")
+		return nil
+	}
+	if rec := record(); rec.FreeSlots != nil {
+		t.Fatalf("free slots %d before the scheduler set them", rec.GetFreeSlots())
+	}
+	for _, free := range []int{4, 0, 2} {
+		a.slots.Set(free)
+		deadline := time.Now().Add(30 * time.Second)
+		for rec := record(); rec.FreeSlots == nil || int(rec.GetFreeSlots()) != free; rec = record() {
+			if time.Now().After(deadline) {
+				t.Fatalf("record's free slots %v, want %d", rec.FreeSlots, free)
+			}
+			time.Sleep(50 * time.Millisecond) // the heartbeat runs on its own: poll
+		}
 	}
 }

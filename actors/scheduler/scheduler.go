@@ -7,8 +7,11 @@
 // scheduler never talks to a job actor). Every interval it counts the due
 // pending jobs in the queue (bounded by max_jobs + max_churn, so the work
 // does not grow with the queue), removes expired finished transient jobs and
-// stale job control requests, and asks scheduler.Rotate which of this node's
-// longest-running continuous jobs to stop. It publishes the decision
+// stale job control requests, and asks schedpolicy.RotateIn which of this
+// node's longest-running continuous jobs to stop: in a cluster, only a node
+// whose slots are all taken rotates, and only for the pending jobs beyond
+// the other live nodes' free slots (their membership records carry them;
+// this node's are kept in Options.Slots for its heartbeat). It publishes the decision
 // (TickDone) on the node's event stream; the job server stops those jobs,
 // which checkpoint and go back to the queue with a fresh fair-share
 // deadline, and its acceptor fills the freed slots. One-shot jobs are never
@@ -20,6 +23,7 @@ package scheduler
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -27,6 +31,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/actors"
+	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/repjob"
@@ -41,9 +46,39 @@ const Name = "scheduler"
 
 // Spec returns the actor's child spec in the node's supervision tree.
 func Spec(deps actors.Deps) supervisor.ChildSpec {
-	return supervisor.ChildSpec{Name: Name, Props: Props(deps.RepJobs, deps.Logger, Options{
+	o := Options{
 		Disabled: !deps.Config.HasNodeType(config.NodeTypeReplication) || deps.RepJobs == nil,
-	})}
+		Slots:    deps.Slots,
+	}
+	if deps.Store != nil {
+		o.Peers = PeersFrom(cluster.New(deps.Store, cluster.Options{}), deps.NodeName())
+	}
+	return supervisor.ChildSpec{Name: Name, Props: Props(deps.RepJobs, deps.Logger, o)}
+}
+
+// PeersFrom returns a Peers function reading the other live replication
+// nodes' free slots from their membership records (cluster.Registry.Members:
+// one read of the node records, so a tick's cost grows with the nodes, not
+// with the jobs). A drained node, or one whose record carries no free
+// slots (no scheduler published them yet), counts as having none.
+func PeersFrom(reg *cluster.Registry, self string) func(context.Context) (schedpolicy.Peers, error) {
+	return func(ctx context.Context) (schedpolicy.Peers, error) {
+		members, err := reg.Members(ctx)
+		if err != nil {
+			return schedpolicy.Peers{}, err
+		}
+		var p schedpolicy.Peers
+		for _, m := range members {
+			if !m.Alive || m.GetName() == self || !slices.Contains(m.GetTypes(), config.NodeTypeReplication) {
+				continue
+			}
+			p.N++
+			if !m.GetDraining() {
+				p.Free += int(m.GetFreeSlots())
+			}
+		}
+		return p, nil
+	}
 }
 
 // Options tune the scheduler actor.
@@ -55,6 +90,13 @@ type Options struct {
 	Manual bool
 	// Disabled makes the actor do nothing but answer (non-replication nodes).
 	Disabled bool
+	// Slots, if set, is kept at this node's free slots (max_jobs minus the
+	// jobs running here), for the heartbeat to publish.
+	Slots *schedpolicy.FreeSlots
+	// Peers, if set, tells the other live replication nodes' free slots;
+	// a tick with pending jobs asks it, and rotates as
+	// schedpolicy.RotateIn. Nil: the node is alone (schedpolicy.Rotate).
+	Peers func(context.Context) (schedpolicy.Peers, error)
 }
 
 // Tick makes the scheduler reschedule now (the timer sends it every
@@ -70,6 +112,8 @@ type TickDone struct {
 	Running int
 	// Stopped are the jobs to stop (rotation).
 	Stopped []string
+	// Peers is what the decision knew of the other live nodes.
+	Peers schedpolicy.Peers
 }
 
 // PolicyChanged is published on the node's event stream when max_jobs or
@@ -96,8 +140,9 @@ type JobExited struct{ ID string }
 type WokenWaiting struct{ N int }
 
 type pendingCount struct {
-	n   int
-	err error
+	n     int
+	peers schedpolicy.Peers
+	err   error
 }
 
 type entry struct {
@@ -138,6 +183,7 @@ type schedActor struct {
 func (a *schedActor) Receive(ctx actor.Context) {
 	switch m := ctx.Message().(type) {
 	case *actor.Started:
+		a.setSlots()
 		c, cancel := context.WithCancel(context.Background())
 		a.cancel = cancel
 		if !a.o.Manual && !a.o.Disabled {
@@ -149,8 +195,10 @@ func (a *schedActor) Receive(ctx actor.Context) {
 		}
 	case *JobStarted:
 		a.running[m.ID] = &entry{continuous: m.Continuous, started: a.o.Clock.Now()}
+		a.setSlots()
 	case *JobExited:
 		delete(a.running, m.ID)
+		a.setSlots()
 	case *WokenWaiting:
 		a.woken = m.N
 	case Tick, *Tick:
@@ -202,9 +250,17 @@ func (a *schedActor) setConfig(system *actor.ActorSystem, m *messages.SetConfigR
 			actors.ErrInvalidRequest, got.MaxJobs, got.MaxChurn, err)
 	}
 	p = a.store.Policy()
+	a.setSlots()
 	a.log.Info().Int("max_jobs", p.MaxJobs).Int("max_churn", p.MaxChurn).Msg("scheduler: config changed")
 	system.EventStream.Publish(&PolicyChanged{})
 	return &messages.SetConfigResponse{MaxJobs: uint32(p.MaxJobs), MaxChurn: uint32(p.MaxChurn)}
+}
+
+// setSlots publishes this node's free slots (Options.Slots).
+func (a *schedActor) setSlots() {
+	if a.o.Slots != nil && !a.o.Disabled {
+		a.o.Slots.Set(a.store.Policy().MaxJobs - len(a.running))
+	}
 }
 
 func toU32(m map[string]int) map[string]uint32 {
@@ -245,8 +301,16 @@ func (a *schedActor) tick(ctx actor.Context) {
 		} else if n > 0 {
 			a.log.Info().Int("removed", n).Msg("scheduler: removed stale job control requests")
 		}
-		n, err := store.PendingCount(c, limit)
-		system.Root.Send(self, pendingCount{n: n, err: err})
+		pc := pendingCount{}
+		pc.n, pc.err = store.PendingCount(c, limit)
+		if pc.err == nil && pc.n > 0 && a.o.Peers != nil {
+			// Without the peers' slots, no rotation: pending jobs the
+			// other nodes would take are no reason to stop jobs here.
+			if pc.peers, pc.err = a.o.Peers(c); pc.err != nil {
+				pc.err = fmt.Errorf("scheduler: read the other nodes' free slots: %w", pc.err)
+			}
+		}
+		system.Root.Send(self, pc)
 	}()
 }
 
@@ -269,14 +333,14 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 		}
 		running = append(running, schedpolicy.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
 	}
-	d := schedpolicy.Rotate(running, pc.n+a.woken, p, now)
+	d := schedpolicy.RotateIn(running, pc.n+a.woken, pc.peers, p, now)
 	for _, id := range d.Stop {
 		e := a.running[id]
 		e.stopping, e.stopAt = true, now
 	}
 	a.rotated += int64(len(d.Stop))
 	if len(d.Stop) > 0 {
-		a.log.Debug().Int("pending", pc.n).Int("running", len(running)).Strs("stopped", d.Stop).Msg("scheduler: rotated")
+		a.log.Debug().Int("pending", pc.n).Int("peers", pc.peers.N).Int("peers_free", pc.peers.Free).Int("running", len(running)).Strs("stopped", d.Stop).Msg("scheduler: rotated")
 	}
-	ctx.ActorSystem().EventStream.Publish(&TickDone{Pending: pc.n, Running: len(running), Stopped: d.Stop})
+	ctx.ActorSystem().EventStream.Publish(&TickDone{Pending: pc.n, Running: len(running), Stopped: d.Stop, Peers: pc.peers})
 }

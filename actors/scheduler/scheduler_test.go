@@ -10,11 +10,13 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/jobserver"
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
@@ -28,6 +30,7 @@ import (
 // node is a scheduler + job server on a real queue over sqlite, with a fake
 // clock and a fake replication engine.
 type node struct {
+	db     *sqlite.DB
 	store  *repjob.Store
 	clock  *schedpolicy.FakeClock
 	system *actor.ActorSystem
@@ -51,6 +54,13 @@ func engine(crash map[string]bool) func(ctx context.Context, p replicate.Params,
 
 func startNode(t *testing.T, p schedpolicy.Policy, crash map[string]bool) *node {
 	t.Helper()
+	return startNodeWith(t, p, crash, nil)
+}
+
+// startNodeWith starts a node whose scheduler options opts changes (its
+// clock and manual ticks are set first), given the store.
+func startNodeWith(t *testing.T, p schedpolicy.Policy, crash map[string]bool, opts func(*scheduler.Options, *sqlite.DB, *schedpolicy.FakeClock)) *node {
+	t.Helper()
 	db, err := sqlite.Open(context.Background(), filepath.Join(t.TempDir(), "s.db"), sqlite.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +75,7 @@ func startNode(t *testing.T, p schedpolicy.Policy, crash map[string]bool) *node 
 	cfg.Couchrep.NodeName = "n1"
 	cfg.CouchDB.UUID = "u"
 	deps := actors.Deps{Config: cfg, Logger: zerolog.Nop(), System: system, Store: db, Jobs: q, RepJobs: store}
-	n := &node{store: store, clock: clock, system: system, jobs: jobserver.NewRegistry(), events: make(chan any, 10000)}
+	n := &node{db: db, store: store, clock: clock, system: system, jobs: jobserver.NewRegistry(), events: make(chan any, 10000)}
 	sub := system.EventStream.Subscribe(func(e any) {
 		switch e.(type) {
 		case *scheduler.TickDone, *messages.ReplicationJobEvent:
@@ -74,6 +84,10 @@ func startNode(t *testing.T, p schedpolicy.Policy, crash map[string]bool) *node 
 	})
 	t.Cleanup(func() { system.EventStream.Unsubscribe(sub) })
 	n.sched = actor.NewPID(system.Address(), actors.RootName+"/"+scheduler.Name)
+	so := scheduler.Options{Clock: clock, Manual: true}
+	if opts != nil {
+		opts(&so, db, clock)
+	}
 	js := jobserver.Spec(deps, jobserver.Wiring{Scheduler: n.sched}, n.jobs, jobserver.Options{
 		NoJitter: true,
 		// The fake engine makes no HTTP requests: no connection_pool needed.
@@ -82,7 +96,7 @@ func startNode(t *testing.T, p schedpolicy.Policy, crash map[string]bool) *node 
 	sup, err := supervisor.Start(context.Background(), system, actors.RootName, supervisor.Spec{
 		Strategy: supervisor.RestForOne, MaxRestarts: 10, Period: time.Second,
 		Children: []supervisor.ChildSpec{
-			{Name: scheduler.Name, Props: scheduler.Props(store, zerolog.Nop(), scheduler.Options{Clock: clock, Manual: true})},
+			{Name: scheduler.Name, Props: scheduler.Props(store, zerolog.Nop(), so)},
 			js,
 		},
 	})
@@ -189,6 +203,79 @@ func TestRotationRespectsMaxJobsAndChurn(t *testing.T) {
 	st := n.status(t)
 	if st.Rotated != int64(6*p.MaxChurn) {
 		t.Fatalf("rotated %d", st.Rotated)
+	}
+}
+
+// TestRotationOnlyBeyondClusterSlots: a full node with a live peer rotates
+// only for the pending jobs beyond the peer's free slots, as the peer's
+// membership record (its heartbeat) tells them; the node publishes its own
+// free slots for the peer; once the peer is gone it rotates as CouchDB.
+// Without the rule, the first tick stops max_churn jobs that the peer
+// would have had room for.
+func TestRotationOnlyBeyondClusterSlots(t *testing.T) {
+	p := schedpolicy.DefaultPolicy()
+	p.MaxJobs, p.MaxChurn, p.Interval = 3, 2, time.Minute
+	slots := &schedpolicy.FreeSlots{}
+	var reg *cluster.Registry
+	n := startNodeWith(t, p, nil, func(o *scheduler.Options, db *sqlite.DB, clock *schedpolicy.FakeClock) {
+		reg = cluster.New(db, cluster.Options{Clock: clock.Now})
+		o.Slots, o.Peers = slots, scheduler.PeersFrom(reg, "n1")
+	})
+	ctx := context.Background()
+	if free, ok := slots.Get(); !ok || free != p.MaxJobs {
+		t.Fatalf("free slots of an empty node: %d %v, want %d", free, ok, p.MaxJobs)
+	}
+	for i := range 5 {
+		if _, err := n.store.AddTransient(ctx, fmt.Appendf(nil, `{"source":"http://a/c%d","target":"http://b/t","continuous":true}`, i), "u"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n.waitRunning(t, 3, p.MaxJobs)
+	if free, _ := slots.Get(); free != 0 {
+		t.Fatalf("free slots of a full node: %d", free)
+	}
+	peer := func(free uint32, types ...string) {
+		t.Helper()
+		if err := reg.Heartbeat(ctx, &messages.NodeRecord{Name: "n2", Types: types, Incarnation: "i2",
+			HeartbeatIntervalMs: p.Interval.Milliseconds(), FreeSlots: proto.Uint32(free)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	repl := config.NodeTypeReplication
+	tests := []struct {
+		name      string
+		peer      func()
+		wantPeers schedpolicy.Peers
+		wantStops int
+	}{
+		{"peer's free slots cover the 2 pending", func() { peer(2, repl) }, schedpolicy.Peers{N: 1, Free: 2}, 0},
+		{"peer has room for more", func() { peer(7, repl) }, schedpolicy.Peers{N: 1, Free: 7}, 0},
+		{"one pending beyond the peer's slot", func() { peer(1, repl) }, schedpolicy.Peers{N: 1, Free: 1}, 1},
+		{"an api_frontend node is no peer", func() { peer(5, config.NodeTypeAPIFrontend) }, schedpolicy.Peers{}, 2},
+		{"peer full", func() { peer(0, repl) }, schedpolicy.Peers{N: 1}, 2},
+		{"peer drained", func() {
+			peer(5, repl)
+			if err := reg.SetDraining(ctx, "n2", true); err != nil {
+				t.Fatal(err)
+			}
+		}, schedpolicy.Peers{N: 1}, 2},
+		// No heartbeat for three intervals: n2 is gone, n1 is alone.
+		{"peer dead", func() { n.clock.Advance(3 * p.Interval) }, schedpolicy.Peers{}, 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n.clock.Advance(p.Interval)
+			tc.peer()
+			d := n.tick(t)
+			if d.Pending != 2 || d.Running != 3 || d.Peers != tc.wantPeers || len(d.Stopped) != tc.wantStops {
+				t.Fatalf("tick: pending %d running %d peers %+v stopped %v; want 2, 3, %+v, %d stopped",
+					d.Pending, d.Running, d.Peers, d.Stopped, tc.wantPeers, tc.wantStops)
+			}
+			for _, id := range d.Stopped {
+				waitStopped(t, n, id, n.clock.Now())
+			}
+			n.waitRunning(t, 3, p.MaxJobs)
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package schedpolicy
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,8 +45,25 @@ func stopOrder(a, b RunningJob) int {
 	return 0
 }
 
+// Peers is what a node knows of the other live replication nodes of its
+// cluster when it decides a rotation (their membership records: each
+// heartbeat carries the node's free slots).
+type Peers struct {
+	// N is how many other live replication nodes there are.
+	N int
+	// Free is the sum of their free slots (a drained node has none).
+	Free int
+}
+
 // Rotate decides which of this node's running jobs to stop, as CouchDB's
-// reschedule (stop_excess_jobs, then rotate_jobs):
+// reschedule (stop_excess_jobs, then rotate_jobs), for a node alone: it is
+// RotateIn with no peers.
+func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision {
+	return RotateIn(running, pending, Peers{}, p, now)
+}
+
+// RotateIn decides which of this node's running jobs to stop, as CouchDB's
+// reschedule (stop_excess_jobs, then rotate_jobs), in a cluster:
 //
 //   - above MaxJobs, the excess is stopped: continuous jobs first, one-shot
 //     jobs only if there are not enough continuous ones;
@@ -56,9 +74,18 @@ func stopOrder(a, b RunningJob) int {
 //   - in both cases the longest-running jobs go first;
 //   - Start is the number of free slots after the stops.
 //
+// With peers (other live replication nodes sharing the queue), the pending
+// jobs are the whole cluster's: a node rotates only when its own slots are
+// all taken, and only min(pending - peers' free slots, running, MaxChurn -
+// excess) jobs. A node with free slots takes pending jobs rather than stop
+// its own (the jobs it stopped went back to the queue it accepts from:
+// they would run again at once, and on this node), and pending jobs that
+// other nodes' free slots will take are no reason to rotate. With no peers
+// this is CouchDB's rule exactly.
+//
 // It is O(r log r) in the number r of running jobs and independent of the
 // number of pending jobs.
-func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision {
+func RotateIn(running []RunningJob, pending int, peers Peers, p Policy, now time.Time) Decision {
 	var cont, oneshot []RunningJob
 	for _, j := range running {
 		if j.Continuous {
@@ -83,8 +110,8 @@ func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision
 
 	left := len(running) - len(stop)
 	churn := max(0, p.MaxChurn-excess)
-	if slots := p.MaxJobs - left; slots >= 0 {
-		k := min(pending-slots, left, churn)
+	if slots := p.MaxJobs - left; slots >= 0 && (peers.N == 0 || slots == 0) {
+		k := min(pending-slots-max(0, peers.Free), left, churn)
 		for _, j := range cont {
 			if k <= 0 {
 				break
@@ -97,4 +124,19 @@ func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision
 		}
 	}
 	return Decision{Stop: stop, Start: max(0, p.MaxJobs-(len(running)-len(stop)))}
+}
+
+// FreeSlots is a node's count of free job slots: its scheduler sets it as
+// jobs start and exit, its heartbeat publishes it to the other nodes
+// (RotateIn's Peers). Safe for concurrent use; the zero value knows
+// nothing yet.
+type FreeSlots struct{ v atomic.Int64 } // free + 1; 0: unknown
+
+// Set records n free slots (negative counts as none).
+func (f *FreeSlots) Set(n int) { f.v.Store(int64(max(0, n)) + 1) }
+
+// Get returns the free slots last set, and false if none were.
+func (f *FreeSlots) Get() (int, bool) {
+	v := f.v.Load()
+	return int(v - 1), v > 0
 }
