@@ -333,7 +333,6 @@ type tokenSource struct {
 	retryAt  time.Time // no renewal before (after a failure)
 	forcedAt time.Time // the last renewal a 401 forced
 	lastUse  time.Time
-	renewals int // tests
 }
 
 // newTokenSource returns the shared source of a's token under o, or an
@@ -449,7 +448,6 @@ func (s *tokenSource) renewLocked() <-chan struct{} {
 // finishLocked records a renewal's outcome (s.mu is held).
 func (s *tokenSource) finishLocked(t token, err error) {
 	now := s.now()
-	s.renewals++
 	if err == nil && t.expired(now) {
 		err = fmt.Errorf("%w: %s: the token obtained has already expired (at %s)", ErrCredentials, s.field, t.expires.UTC().Format(time.RFC3339))
 	}
