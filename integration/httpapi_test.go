@@ -179,9 +179,8 @@ func TestHTTPAPIContinuousPendingAndCancel(t *testing.T) {
 	src.PutDocs(t, srcDB, map[string]any{"_id": "live", "n": 1})
 	deadline := time.Now().Add(time.Minute)
 	for {
-		var doc map[string]any
-		if st := api(t, strings.TrimPrefix(strings.TrimSuffix(tgt.URL, "/"), "http://"), "GET", "/tgt/live", ""); st.status == 200 {
-			_ = json.Unmarshal(st.body, &doc)
+		// tgtDB: prefixed, with credentials, on the CouchDB of make test-couchdb.
+		if st, _ := getDoc(t, tgtDB, "live", ""); st == http.StatusOK {
 			break
 		}
 		if time.Now().After(deadline) {

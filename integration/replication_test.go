@@ -404,7 +404,7 @@ func TestReplicationTargetRateLimited(t *testing.T) {
 	s.CreateDB(t, "tgt")
 	proxy := newProxy(t, s.URL)
 	proxy.tooMany.Store(true)
-	res := run(t, params(t, map[string]any{"source": src, "target": proxy.URL + "/tgt/", "worker_batch_size": 50}))
+	res := run(t, params(t, map[string]any{"source": src, "target": dbVia(s, proxy.URL, "tgt"), "worker_batch_size": 50}))
 	if res.Stats.DocsWritten != 300 {
 		t.Errorf("docs_written = %d, want 300", res.Stats.DocsWritten)
 	}

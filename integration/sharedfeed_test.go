@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"reflect"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,7 +108,7 @@ func TestSharedFeedEquivalence(t *testing.T) {
 	s := testserver.StartPouchDB(t)
 	src := s.CreateDB(t, "src")
 	proxy := newRequestCounter(t, s.URL)
-	psrc := proxy.URL + "/src/"
+	psrc := dbVia(s, proxy.URL, "src")
 	hub := sharedfeed.New(sharedfeed.Options{Buffer: 2})
 
 	const docs = 16
@@ -289,8 +289,9 @@ func TestSharedFeedFailure(t *testing.T) {
 	s1.CreateDB(t, "src")
 	src2 := s2.CreateDB(t, "src")
 	tgt := ts.CreateDB(t, "tgt")
-	cut := newCutter(t, strings.TrimSuffix(strings.TrimPrefix(s1.URL, "http://"), "/"))
-	src1 := "http://" + cut.addr + "/src/"
+	s1u, _ := url.Parse(s1.URL)
+	cut := newCutter(t, s1u.Host)
+	src1 := dbVia(s1, "http://"+cut.addr, "src")
 	hub := sharedfeed.New(sharedfeed.Options{})
 
 	const perSource = 4
