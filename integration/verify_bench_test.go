@@ -19,15 +19,18 @@ import (
 // revisions) with `couchrepd verify`, and reads the source's
 // _changes?style=all_docs once beside it: the goal is a verify within
 // 1.5x of that read, in bounded memory (the verify process's peak RSS).
-// Against PouchDB Server, or the CouchDB of COUCHREP_TEST_COUCH_URL.
+// Against two PouchDB Servers, or the CouchDB of COUCHREP_TEST_COUCH_URL.
 // Run it under `flock /work/bigrun.lock`.
 func BenchmarkVerify(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("COUCHREP_VERIFY_BENCH_DOCS")); err == nil && v > 0 {
 		n = v
 	}
-	s := testserver.StartPouchDB(b)
-	src, tgt := s.CreateDB(b, "vbsrc"), s.CreateDB(b, "vbtgt")
+	// Source and target on two servers, as a copy usually is: one PouchDB
+	// Server process is single-threaded, and would serve the verify's
+	// _revs_diff to the target between the source's _changes pages.
+	s, t := testserver.StartPouchDB(b), testserver.StartPouchDB(b)
+	src, tgt := s.CreateDB(b, "vbsrc"), t.CreateDB(b, "vbtgt")
 	seedStart := time.Now()
 	const chunk = 5000
 	for i := 0; i < n; i += chunk {
@@ -38,7 +41,7 @@ func BenchmarkVerify(b *testing.B) {
 			docs = append(docs, testserver.Doc(id, []string{"1-" + hex.EncodeToString(h[:])}, map[string]any{"n": j, "name": "document " + id}))
 		}
 		s.PutRevs(b, src, docs...)
-		s.PutRevs(b, tgt, docs...)
+		t.PutRevs(b, tgt, docs...)
 	}
 	b.Logf("seeded %d documents into both databases in %s", n, time.Since(seedStart).Round(time.Second))
 
