@@ -70,6 +70,15 @@ func (s *Server) AddAdmin(t testing.TB, user, pass string) {
 		config = "_node/_local/_config/" // CouchDB 2 and later
 	}
 	s.Do(t, http.MethodPut, s.URL+config+"admins/"+url.PathEscape(user), b, http.StatusOK)
+	if s.external { // a server others use keeps no admin of a test's
+		admin, pass := s.adminUser, s.adminPass
+		t.Cleanup(func() {
+			s.mu.Lock()
+			s.adminUser, s.adminPass = admin, pass
+			s.mu.Unlock()
+			_, _, _ = s.do(http.MethodDelete, s.URL+config+"admins/"+url.PathEscape(user), nil)
+		})
+	}
 	s.mu.Lock()
 	s.adminUser, s.adminPass = user, pass
 	s.mu.Unlock()
