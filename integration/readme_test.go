@@ -501,9 +501,15 @@ func TestReadmeExamples(t *testing.T) {
 	// pouchdb-server drives _replicator itself; move its replicator away
 	// (CouchDB users stop theirs as docs/takeover.md says).
 	plainReplicatorDB(t, src, false)
+	// docs/replicate.md's expiring credentials: a fake IAM endpoint that
+	// takes $IBM_API_KEY.
+	const apiKey = "readme-ibm-cloud-api-key"
+	iam := testserver.StartIAM(t, time.Hour, apiKey)
 	vars := map[string]string{
-		"SOURCE": strings.TrimSuffix(src.URL, "/"),
-		"TARGET": strings.TrimSuffix(tgt.URL, "/"),
+		"SOURCE":      strings.TrimSuffix(src.URL, "/"),
+		"TARGET":      strings.TrimSuffix(tgt.URL, "/"),
+		"IAM":         iam.URL,
+		"IBM_API_KEY": apiKey,
 	}
 	// The node as the README starts it (watching $SOURCE, creating its
 	// _replicator), with short timings so the examples run quickly.
