@@ -142,3 +142,26 @@ func TestLagPausedAndFailuresViews(t *testing.T) {
 		}
 	}
 }
+
+// TestPausedOneShotAnswers: POST /_replicate of a one-shot replication an
+// operator paused answers 409 at once instead of waiting for a resume.
+func TestPausedOneShotAnswers(t *testing.T) {
+	e := newEnv(t, nil)
+	ctx := context.Background()
+	body := `{"source":"http://127.0.0.1:1/a","target":"http://127.0.0.1:1/b"}`
+	res, err := e.store.AddTransient(ctx, []byte(body), "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Pause(ctx, res.JobID, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan reply, 1)
+	go func() { done <- e.post(body) }()
+	select {
+	case r := <-done:
+		assertError(t, r, 409, "conflict", "is paused")
+	case <-time.After(30 * time.Second):
+		t.Fatal("POST /_replicate of a paused one-shot is still waiting")
+	}
+}

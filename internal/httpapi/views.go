@@ -64,12 +64,17 @@ func (s *Server) replicate(w http.ResponseWriter, r *http.Request, _ string) err
 	// A one-shot replication answers when it completes, or with the error
 	// of its first crash; as in CouchDB, a transient job that crashed is
 	// then removed rather than retried behind the caller's back.
-	job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.State.Terminal() || j.State == repjob.StateCrashing })
+	job, err := s.store.Wait(ctx, jobID, func(j *Job) bool { return j.State.Terminal() || j.State == repjob.StateCrashing || j.Paused() })
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
 			return errorf(http.StatusNotFound, "not_found", "replication %s was cancelled", jobID)
 		}
 		return err
+	}
+	if job.Paused() && !job.State.Terminal() {
+		// couchrep's own: an operator paused the job (couchrepctl job
+		// pause); waiting would last until someone resumes it.
+		return errorf(http.StatusConflict, "conflict", "replication %s is paused: `couchrepctl job resume %s` runs it again", jobID, jobID)
 	}
 	if job.State != repjob.StateCompleted {
 		if job.State == repjob.StateCrashing {
