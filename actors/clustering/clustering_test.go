@@ -12,11 +12,11 @@ import (
 
 	"github.com/couchrep/couchrep/actors"
 	"github.com/couchrep/couchrep/actors/clustering"
+	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/kv"
 	"github.com/couchrep/couchrep/internal/kv/sqlite"
-	"github.com/couchrep/couchrep/internal/cluster"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"

@@ -46,7 +46,12 @@
 // (messages.ShareAccount) and the queue's frontier live in the store, next to
 // the jobs, and are read and written inside the same transactions that add,
 // start, resubmit, finish and remove jobs, so that every node sharing the
-// store agrees on them. Shares come from [replicator.shares] (SetShares
+// store agrees on them. A charge (a job's run, a quantum reserved at
+// enqueue, a refund) is an atomic add to the key's SHARE_CHARGES counter,
+// read without a conflict: the job ends of one _replicator database never
+// abort each other on its account (a crash storm's hundreds a second did).
+// An enqueue finding the account record a minute old folds the counter into
+// it (share.Account.Fold). Shares come from [replicator.shares] (SetShares
 // changes them at run time).
 //
 // # Following jobs
@@ -74,6 +79,7 @@
 //
 //	(REPIDS, rep_id)               = job_id
 //	(SHARES, key)                  = ShareAccount
+//	(SHARE_CHARGES, key)           = int64 LE, virtual µs charged since (atomic adds)
 //	(FRONTIER)                     = uint64, big-endian
 //	(CHANGES, versionstamp, id)    = ""    newest state change of job id
 //	(LAST_CHANGE, id)              = versionstamp of that entry

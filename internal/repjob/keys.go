@@ -1,8 +1,10 @@
 package repjob
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -24,12 +26,14 @@ const (
 	tagExpire       = 7
 	tagControl      = 8
 	tagControlWatch = 9
+	// tagShareCharges is 15: 10-14 are the listing's (listing.go).
+	tagShareCharges = 15
 )
 
 type keys struct {
-	repIDs, shares, changes, lastChange, expire, control, controlWatch tuple.Subspace
-	sched, docs, listed, counts                                        tuple.Subspace
-	frontier, changesWatch, listingBuilt                               []byte
+	repIDs, shares, charges, changes, lastChange, expire, control, controlWatch tuple.Subspace
+	sched, docs, listed, counts                                                 tuple.Subspace
+	frontier, changesWatch, listingBuilt                                        []byte
 }
 
 func newKeys(prefix []byte) keys {
@@ -37,6 +41,7 @@ func newKeys(prefix []byte) keys {
 	return keys{
 		repIDs:       root.Sub(tagRepIDs),
 		shares:       root.Sub(tagShares),
+		charges:      root.Sub(tagShareCharges),
 		changes:      root.Sub(tagChanges),
 		lastChange:   root.Sub(tagLastChange),
 		expire:       root.Sub(tagExpire),
@@ -56,6 +61,7 @@ func (k keys) count(name string) []byte { return k.counts.Pack(tuple.Tuple{name}
 
 func (k keys) repIDKey(repID string) []byte { return k.repIDs.Pack(tuple.Tuple{repID}) }
 func (k keys) shareKey(key string) []byte   { return k.shares.Pack(tuple.Tuple{key}) }
+func (k keys) chargesKey(key string) []byte { return k.charges.Pack(tuple.Tuple{key}) }
 func (k keys) lastChangeKey(id string) []byte {
 	return k.lastChange.Pack(tuple.Tuple{id})
 }
@@ -119,17 +125,37 @@ func (l ledger) accepted(prio uint64) error {
 	return nil
 }
 
-func (l ledger) account(key string) (share.Account, error) {
-	b, err := l.tx.Get(l.s.k.shareKey(key))
-	if err != nil || b == nil {
-		return share.Account{}, err
+// foldEvery is how old an account's stored record gets before an enqueue
+// folds the charges summed since into it (ledger.enqueue).
+const foldEvery = time.Minute
+
+// account reads key's stored account and the virtual time charged to it
+// since (the CHARGES counter), both without a read conflict unless
+// conflict: a job end or enqueue of the key in a transaction of its own
+// never aborts another.
+func (l ledger) account(key string, conflict bool) (share.Account, int64, error) {
+	snap := l.tx.Snapshot()
+	get := snap.Get
+	if conflict {
+		get = l.tx.Get
 	}
-	m := &messages.ShareAccount{}
-	if err := proto.Unmarshal(b, m); err != nil {
-		return share.Account{}, fmt.Errorf("repjob: decode share account %q: %w", key, err)
+	b, err := get(l.s.k.shareKey(key))
+	if err != nil {
+		return share.Account{}, 0, err
 	}
-	_, a := share.AccountFromProto(m)
-	return a, nil
+	var a share.Account
+	if b != nil {
+		m := &messages.ShareAccount{}
+		if err := proto.Unmarshal(b, m); err != nil {
+			return share.Account{}, 0, fmt.Errorf("repjob: decode share account %q: %w", key, err)
+		}
+		_, a = share.AccountFromProto(m)
+	}
+	d, err := snap.Get(l.s.k.chargesKey(key))
+	if err != nil {
+		return share.Account{}, 0, err
+	}
+	return a, kv.Int64LE(d), nil
 }
 
 func (l ledger) put(key string, a share.Account) error {
@@ -141,35 +167,64 @@ func (l ledger) put(key string, a share.Account) error {
 	return nil
 }
 
-// enqueue reserves a quantum for a job of key and returns its priority.
+// enqueue reserves a quantum for a job of key and returns its priority:
+// the account's finish time with the charges since folded in
+// (share.Account.Fold), plus the quantum. The reservation is an atomic
+// add to the key's CHARGES counter, so that the job ends of one
+// _replicator database (hundreds a second in a crash storm: each crash
+// charges its run and enqueues the job again) do not abort each other on
+// its account. Jobs of one key enqueued at once may get the same
+// deadline. Once the stored account is foldEvery old, the enqueue folds
+// the counter into it: that write conflicts with another fold only (its
+// read of the account is a conflicting one), and moves the counter down by
+// what it folded, keeping the adds that commit meanwhile.
 func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
 	f, err := l.frontierFloor()
 	if err != nil {
 		return 0, err
 	}
-	a, err := l.account(key)
+	a, d, err := l.account(key, false)
 	if err != nil {
 		return 0, err
 	}
-	a, prio := a.Enqueue(l.p, l.s.sharesOf(key), f, now)
-	return prio, l.put(key, a)
+	if now.Sub(a.UpdatedAt) >= foldEvery {
+		// Read again, the account with a conflict (before the counter:
+		// a fold committed in between aborts this one).
+		if a, d, err = l.account(key, true); err != nil {
+			return 0, err
+		}
+		a = a.Fold(l.p, f, d, now)
+		if err := l.put(key, a); err != nil {
+			return 0, err
+		}
+		if d != 0 {
+			l.tx.Add(l.s.k.chargesKey(key), -d)
+		}
+		d = 0
+	}
+	c := l.p.ReserveCost(l.s.sharesOf(key))
+	l.tx.Add(l.s.k.chargesKey(key), c)
+	return satAdd(a.Fold(l.p, f, d, now).Finish, uint64(c)), nil
+}
+
+func satAdd(a, b uint64) uint64 {
+	if a > math.MaxUint64-b {
+		return math.MaxUint64
+	}
+	return a + b
 }
 
 // charge records that a job of key ran for ran beyond its reserved quantum
-// (negative: a refund).
+// (negative: a refund): an atomic add to the key's CHARGES counter, folded
+// into its account by a later enqueue (no read, no conflict).
 func (l ledger) charge(key string, ran time.Duration, now time.Time) error {
-	if ran == 0 {
-		return nil
+	switch {
+	case ran > 0:
+		l.tx.Add(l.s.k.chargesKey(key), share.Cost(ran, l.s.sharesOf(key)))
+	case ran < 0:
+		l.tx.Add(l.s.k.chargesKey(key), -share.Cost(-ran, l.s.sharesOf(key)))
 	}
-	f, err := l.frontierFloor()
-	if err != nil {
-		return err
-	}
-	a, err := l.account(key)
-	if err != nil {
-		return err
-	}
-	return l.put(key, a.Charge(l.p, l.s.sharesOf(key), f, ran, now))
+	return nil
 }
 
 // chargeRun settles a run that started at started: the first quantum was
@@ -220,4 +275,42 @@ func (s *Store) noteChange(tx kv.Tx, id string, known *Record) error {
 	}
 	tx.Add(s.k.changesWatch, 1)
 	return s.relist(tx, id, known)
+}
+
+// ShareAccount is key's fair-share account as of now: its stored record
+// with the charges since folded in (share.Account.Fold), as the next
+// enqueue of a job of key sees it; read only.
+func (s *Store) ShareAccount(ctx context.Context, key string) (share.Account, error) {
+	if err := s.Init(ctx); err != nil {
+		return share.Account{}, err
+	}
+	var a share.Account
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		f, err := s.frontierTx(tx)
+		if err != nil {
+			return err
+		}
+		b, err := tx.Get(s.k.shareKey(key))
+		if err != nil {
+			return err
+		}
+		a = share.Account{}
+		if b != nil {
+			m := &messages.ShareAccount{}
+			if err := proto.Unmarshal(b, m); err != nil {
+				return fmt.Errorf("repjob: decode share account %q: %w", key, err)
+			}
+			_, a = share.AccountFromProto(m)
+		}
+		d, err := tx.Get(s.k.chargesKey(key))
+		if err != nil {
+			return err
+		}
+		a = a.Fold(s.shareParams(), f, kv.Int64LE(d), s.now())
+		return nil
+	})
+	if err != nil {
+		return share.Account{}, fmt.Errorf("repjob: read share account %q: %w", key, err)
+	}
+	return a, nil
 }

@@ -142,6 +142,50 @@ func (a Account) Enqueue(p Params, shares int, frontier uint64, now time.Time) (
 	return Account{Finish: f, UpdatedAt: now}, f
 }
 
+// Cost is what running for ran costs a key with the given shares, in
+// virtual microseconds: what Charge adds to its finish time (Enqueue adds
+// Cost(p.Quantum)); saturated at MaxInt64, so that it fits a counter kept
+// with atomic adds (Fold).
+func Cost(ran time.Duration, shares int) int64 {
+	c := cost(ran, shares)
+	if c > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(c)
+}
+
+// ReserveCost is what Enqueue adds for one job of a key with the given
+// shares: Cost of one quantum.
+func (p Params) ReserveCost(shares int) int64 { return Cost(p.quantum(), shares) }
+
+// Fold returns the account after delta virtual microseconds were charged
+// (positive) or refunded (negative) since it was written: the sum of the
+// Costs of Charges and Enqueues run one after another, kept in a counter of
+// atomic adds so that concurrent job ends of one key do not conflict. The
+// debt above the frontier decays as in Effective (once, for the account as
+// written); the frontier is the floor of the sum, not of the account as
+// written: the frontier rises as the key's own reserved jobs are accepted,
+// and raising the account to it before adding those reservations would
+// count them twice. So a sequence of Charges and Enqueues folded at once
+// is those Charges and Enqueues one after another whenever none of them
+// took the account below the frontier (a refund of more than it was
+// ahead by is kept here, where Charge would forget it at the floor).
+func (a Account) Fold(p Params, frontier uint64, delta int64, now time.Time) Account {
+	f := a.Finish
+	if f > frontier {
+		f = a.Effective(p, frontier, now)
+	}
+	switch {
+	case delta >= 0:
+		f = satAdd(f, uint64(delta))
+	case uint64(-delta) > f:
+		f = 0
+	default:
+		f -= uint64(-delta)
+	}
+	return Account{Finish: max(f, frontier), UpdatedAt: now}
+}
+
 // Proto is the account as the stored record of key.
 func (a Account) Proto(key string) *messages.ShareAccount {
 	m := &messages.ShareAccount{Key: key, Finish: a.Finish}

@@ -231,3 +231,86 @@ func TestTwoKeysConverge(t *testing.T) {
 		})
 	}
 }
+
+// TestFoldIsChargeAndEnqueueSummed: folding the summed Costs of a sequence
+// of Charges and Enqueues (as the job store keeps them, in a counter of
+// atomic adds) gives the account those Charges and Enqueues give one after
+// another, at one frontier: the arithmetic of the shares is the same.
+func TestFoldIsChargeAndEnqueueSummed(t *testing.T) {
+	p := share.Params{Quantum: time.Minute, HalfLife: time.Hour}
+	type op struct {
+		enqueue bool
+		ran     time.Duration
+	}
+	tests := []struct {
+		name     string
+		shares   int
+		start    share.Account
+		frontier uint64
+		ops      []op
+	}{
+		{"charges", 100, share.Account{}, 0, []op{{ran: time.Second}, {ran: time.Minute}, {ran: 3 * time.Hour}}},
+		{"enqueues and a refund", 50, share.Account{}, 0, []op{{enqueue: true}, {enqueue: true}, {ran: -time.Minute}}},
+		{"a crash storm: enqueue, short run, enqueue", 200, share.Account{Finish: 5e9, UpdatedAt: t0},
+			1e9, []op{{enqueue: true}, {ran: -59 * time.Second}, {enqueue: true}, {ran: -59 * time.Second}, {enqueue: true}}},
+		{"at the frontier", 100, share.Account{Finish: 7e9, UpdatedAt: t0}, 7e9,
+			[]op{{enqueue: true}, {ran: time.Minute}, {enqueue: true}}},
+		{"decayed debt, then charged", 1000, share.Account{Finish: 9e12, UpdatedAt: t0.Add(-3 * time.Hour)}, 1e12,
+			[]op{{ran: 10 * time.Minute}, {enqueue: true}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			now := t0
+			seq, delta := tc.start, int64(0)
+			for i, o := range tc.ops {
+				if o.enqueue {
+					var prio uint64
+					seq, prio = seq.Enqueue(p, tc.shares, tc.frontier, now)
+					delta += p.ReserveCost(tc.shares)
+					if got := tc.start.Fold(p, tc.frontier, delta, now).Finish; got != prio {
+						t.Errorf("op %d: priority %d, folded %d", i, prio, got)
+					}
+					continue
+				}
+				seq = seq.Charge(p, tc.shares, tc.frontier, o.ran, now)
+				if o.ran < 0 {
+					delta -= share.Cost(-o.ran, tc.shares)
+				} else {
+					delta += share.Cost(o.ran, tc.shares)
+				}
+			}
+			if got := tc.start.Fold(p, tc.frontier, delta, now); got != seq {
+				t.Errorf("folded %+v, one after another %+v", got, seq)
+			}
+		})
+	}
+}
+
+// TestFoldFloorsTheSum: the frontier is the floor of the account with its
+// charges summed, not of the account before them: reservations of a key
+// whose jobs were accepted (the frontier rose to their deadlines) count
+// once.
+func TestFoldFloorsTheSum(t *testing.T) {
+	p := share.Params{Quantum: time.Minute, HalfLife: -1}
+	c := p.ReserveCost(100)
+	tests := []struct {
+		name     string
+		start    share.Account
+		frontier uint64
+		delta    int64
+		want     uint64
+	}{
+		{"three reserved jobs accepted", share.Account{}, uint64(3 * c), 3 * c, uint64(3 * c)},
+		{"the frontier beyond them", share.Account{}, uint64(5 * c), 3 * c, uint64(5 * c)},
+		{"below the frontier, charged beyond it", share.Account{Finish: 10}, 1000, 5000, 5010},
+		{"a refund never below zero", share.Account{Finish: 10}, 0, -50, 0},
+		{"nor below the frontier", share.Account{Finish: 5000}, 1000, -4500, 1000},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.start.Fold(p, tc.frontier, tc.delta, t0).Finish; got != tc.want {
+				t.Errorf("Fold = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
