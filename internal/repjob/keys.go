@@ -174,8 +174,8 @@ func (l ledger) put(key string, a share.Account) error {
 // _replicator database (hundreds a second in a crash storm: each crash
 // charges its run and enqueues the job again) do not abort each other on
 // its account. Jobs of one key enqueued at once may get the same
-// deadline. Once the stored account is foldEvery old, the enqueue folds
-// the counter into it: that write conflicts with another fold only (its
+// deadline. Once the stored account is foldEvery old, or more than a
+// quantum behind the frontier, the enqueue folds the counter into it: that write conflicts with another fold only (its
 // read of the account is a conflicting one), and moves the counter down by
 // what it folded, keeping the adds that commit meanwhile.
 func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
@@ -187,7 +187,12 @@ func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	if now.Sub(a.UpdatedAt) >= foldEvery {
+	c := l.p.ReserveCost(l.s.sharesOf(key))
+	// Folded when a minute old, or when it fell more than a quantum
+	// behind the frontier: the counter would keep that lag as credit
+	// (share.Account.Lag). A key refunding a crashed run's unused quantum
+	// stays within one; one idle for long gets folded once.
+	if now.Sub(a.UpdatedAt) >= foldEvery || a.Lag(l.p, f, d, now) > uint64(c) {
 		// Read again, the account with a conflict (before the counter:
 		// a fold committed in between aborts this one).
 		if a, d, err = l.account(key, true); err != nil {
@@ -202,7 +207,6 @@ func (l ledger) enqueue(key string, now time.Time) (uint64, error) {
 		}
 		d = 0
 	}
-	c := l.p.ReserveCost(l.s.sharesOf(key))
 	l.tx.Add(l.s.k.chargesKey(key), c)
 	return satAdd(a.Fold(l.p, f, d, now).Finish, uint64(c)), nil
 }

@@ -171,6 +171,24 @@ func (p Params) ReserveCost(shares int) int64 { return Cost(p.quantum(), shares)
 // took the account below the frontier (a refund of more than it was
 // ahead by is kept here, where Charge would forget it at the floor).
 func (a Account) Fold(p Params, frontier uint64, delta int64, now time.Time) Account {
+	return Account{Finish: max(a.sum(p, frontier, delta, now), frontier), UpdatedAt: now}
+}
+
+// Lag is how far the account with delta summed falls below the frontier
+// (0 when it does not): time the key did not use while others ran, which
+// Fold forgives but a counter of atomic adds does not forget. A caller
+// keeping the charges in such a counter folds the account once the lag is
+// more than a quantum's cost, so that a key never banks more than that.
+func (a Account) Lag(p Params, frontier uint64, delta int64, now time.Time) uint64 {
+	if f := a.sum(p, frontier, delta, now); f < frontier {
+		return frontier - f
+	}
+	return 0
+}
+
+// sum is the account with delta added, the debt above the frontier
+// decayed, not floored.
+func (a Account) sum(p Params, frontier uint64, delta int64, now time.Time) uint64 {
 	f := a.Finish
 	if f > frontier {
 		f = a.Effective(p, frontier, now)
@@ -183,7 +201,7 @@ func (a Account) Fold(p Params, frontier uint64, delta int64, now time.Time) Acc
 	default:
 		f -= uint64(-delta)
 	}
-	return Account{Finish: max(f, frontier), UpdatedAt: now}
+	return f
 }
 
 // Proto is the account as the stored record of key.

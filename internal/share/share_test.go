@@ -311,6 +311,15 @@ func TestFoldFloorsTheSum(t *testing.T) {
 			if got := tc.start.Fold(p, tc.frontier, tc.delta, t0).Finish; got != tc.want {
 				t.Errorf("Fold = %d, want %d", got, tc.want)
 			}
+			// The lag is what the floor added.
+			sum := int64(tc.start.Finish) + tc.delta
+			wantLag := uint64(0)
+			if sum < int64(tc.frontier) {
+				wantLag = tc.frontier - uint64(max(sum, 0))
+			}
+			if got := tc.start.Lag(p, tc.frontier, tc.delta, t0); got != wantLag {
+				t.Errorf("Lag = %d, want %d", got, wantLag)
+			}
 		})
 	}
 }
