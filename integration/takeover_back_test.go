@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -60,7 +61,24 @@ func TestTakeoverGoingBack(t *testing.T) {
 	if _, status, _ := srv.Request("GET", srv.URL+"_replicator/backup", nil); status != 404 {
 		t.Fatalf("%s/_replicator/backup exists (%d): remove it first", redactedRoot(srv), status)
 	}
+	// On a cluster the guide turns the replicator on on every node; its
+	// example shows the one it talks to (_local): the others are done here.
+	var local struct{ Name string }
+	var members struct {
+		ClusterNodes []string `json:"cluster_nodes"`
+	}
+	srv.GetJSON(t, srv.URL+"_node/_local", &local)
+	srv.GetJSON(t, srv.URL+"_membership", &members)
+	var others []string
+	for _, m := range members.ClusterNodes {
+		if m != local.Name {
+			others = append(others, srv.URL+"_node/"+url.PathEscape(m)+"/_config/replicator/max_jobs")
+		}
+	}
 	t.Cleanup(func() {
+		for _, u := range others {
+			_, _, _ = srv.Request("PUT", u, []byte(`"0"`))
+		}
 		if b, status, _ := srv.Request("GET", srv.URL+"_replicator/backup", nil); status == 200 {
 			rev := strings.Split(strings.Split(string(b), `"_rev":"`)[1], `"`)[0]
 			_, _, _ = srv.Request("DELETE", srv.URL+"_replicator/backup?rev="+rev, nil)
@@ -95,6 +113,9 @@ func TestTakeoverGoingBack(t *testing.T) {
 	env := append(os.Environ(), "LC_ALL=C")
 	for k, v := range vars {
 		env = append(env, k+"="+v)
+	}
+	for _, u := range others {
+		srv.Do(t, "PUT", u, []byte(`"500"`), 200)
 	}
 	start := time.Now()
 	for _, ex := range exs {
