@@ -70,15 +70,35 @@ func withCouchJWT(t *testing.T, s *testserver.Server, secret []byte, fn func()) 
 		{"chttpd", "authentication_handlers", "{chttpd_auth, cookie_authentication_handler}, {chttpd_auth, jwt_authentication_handler}, {chttpd_auth, default_authentication_handler}"},
 	}
 	nodes := couchNodes(t, s)
+	var local struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(s.Do(t, http.MethodGet, s.URL+"_node/_local", nil, http.StatusOK), &local); err != nil {
+		t.Fatal(err)
+	}
 	restart := func() {
+		// The node answering last: the others are asked through it.
+		order := []string{}
 		for _, n := range nodes {
+			if n != local.Name {
+				order = append(order, n)
+			}
+		}
+		for _, n := range append(order, local.Name) {
 			// The answer may not come: the node stops its listener.
 			_, _, _ = s.Request(http.MethodPost, s.URL+"_node/"+url.PathEscape(n)+"/_restart", nil)
 		}
 		time.Sleep(500 * time.Millisecond) // the restart begins; what follows waits on /_up
-		waitUntil(t, "CouchDB up after a restart", 2*time.Minute, func() bool {
+		waitUntil(t, "CouchDB up after a restart, every node back", 2*time.Minute, func() bool {
 			_, status, err := s.Request(http.MethodGet, s.URL+"_up", nil)
-			return err == nil && status == http.StatusOK
+			if err != nil || status != http.StatusOK {
+				return false
+			}
+			b, status, err := s.Request(http.MethodGet, s.URL+"_membership", nil)
+			var m struct {
+				AllNodes []string `json:"all_nodes"`
+			}
+			return err == nil && status == http.StatusOK && json.Unmarshal(b, &m) == nil && len(m.AllNodes) == len(nodes)
 		})
 	}
 	type old struct {
