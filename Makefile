@@ -55,6 +55,8 @@ test-short: ## the fast unit tests only (go test -short)
 # stopped mid-way. Without COUCH_URL the first node is the server of the
 # other tests. COUCH_CONFIG_LOCK names a file the tests that change the
 # server's _config (put back at once) hold an exclusive flock on meanwhile.
+# TestCouchDBJWTBearerCommand turns on the JWT handler, which CouchDB reads
+# at start: it restarts every node twice (about 2.5 minutes under the lock).
 # TestTakeoverGoingBack (docs/takeover.md's way back) turns CouchDB's
 # replicator on for about a minute and off again (under that lock), with the
 # databases src, copy and _replicator/backup.
