@@ -2,6 +2,7 @@ package couch
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/md5"
 	"crypto/rand"
@@ -231,21 +232,64 @@ func (d Doc) FollowsBody(stubs []AttachmentStub, send map[string]bool) ([]byte, 
 	return body, parts, nil
 }
 
-// InlineBody is the document's JSON with the data of every attachment
-// inline: data[name] are its identity (decoded) bytes, sent base64 as
-// "data" (the target computes their digest, and may store them encoded
-// as it likes). For a JSON write of a document whose multipart write
+// InlineBody is the document's JSON with the data of its attachments
+// inline: data[name] are an attachment's identity (decoded) bytes, sent
+// base64 as "data" (the target computes their digest, and may store them
+// encoded as it likes); an attachment without data stays a stub the
+// target must have. For a JSON write of a document whose multipart write
 // stalled or was refused. Every other member is kept as is.
 func (d Doc) InlineBody(stubs []AttachmentStub, data map[string][]byte) ([]byte, error) {
-	for _, s := range stubs {
-		if _, ok := data[s.Name]; !ok {
-			return nil, fmt.Errorf("document %q: no data for attachment %q", d.ID, s.Name)
-		}
-	}
 	return d.withAttachments(stubs, func(s AttachmentStub, m map[string]any) {
+		b, ok := data[s.Name]
+		if !ok {
+			if s.Digest != "" {
+				m["digest"] = s.Digest
+			}
+			if s.encoded() {
+				m["encoding"] = s.Encoding
+				m["encoded_length"] = s.EncodedLength
+			}
+			m["stub"] = true
+			return
+		}
 		delete(m, "length")
-		m["data"] = data[s.Name] // []byte: base64 in JSON
+		m["data"] = b // []byte: base64 in JSON
 	})
+}
+
+// InlinedBody is InlineBody for a document whose attachments came as
+// parts (Attachments, the "follows" stubs of Body): their data decoded
+// (gzip) and inline, the other stubs kept. ok is false when the decoded
+// data would exceed max bytes.
+func (d Doc) InlinedBody(max int64) (body []byte, ok bool, err error) {
+	stubs, err := d.Stubs()
+	if err != nil {
+		return nil, false, err
+	}
+	data := make(map[string][]byte, len(d.Attachments))
+	left := max
+	for _, a := range d.Attachments {
+		b := a.Data
+		switch a.Encoding {
+		case "", "identity":
+		case "gzip":
+			zr, err := gzip.NewReader(bytes.NewReader(a.Data))
+			if err != nil {
+				return nil, false, fmt.Errorf("document %q: attachment %q: %w", d.ID, a.Name, err)
+			}
+			if b, err = io.ReadAll(io.LimitReader(zr, left+1)); err != nil {
+				return nil, false, fmt.Errorf("document %q: attachment %q: %w", d.ID, a.Name, err)
+			}
+		default:
+			return nil, false, nil // an encoding this cannot decode: multipart only
+		}
+		if left -= int64(len(b)); left < 0 {
+			return nil, false, nil
+		}
+		data[a.Name] = b
+	}
+	body, err = d.InlineBody(stubs, data)
+	return body, err == nil, err
 }
 
 // withAttachments is d's JSON with _attachments made from stubs, each

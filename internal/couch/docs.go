@@ -737,10 +737,21 @@ func buffersBody(pieces [][]byte) func() io.Reader {
 // Errors match ErrForbidden, ErrUnauthorized, ErrTooLarge, ErrMissingStub
 // (refetch the doc with attachment data), ...
 func (d *DB) PutDoc(ctx context.Context, doc Doc) error {
+	return d.putDoc(ctx, doc, false)
+}
+
+// PutDocOnce is PutDoc in one attempt: a stall, a timeout, a lost
+// connection or a 5xx is returned at once instead of being retried, for a
+// caller that has another way to write the document.
+func (d *DB) PutDocOnce(ctx context.Context, doc Doc) error {
+	return d.putDoc(ctx, doc, true)
+}
+
+func (d *DB) putDoc(ctx context.Context, doc Doc, once bool) error {
 	if len(doc.Attachments) == 0 {
-		return d.putJSON(ctx, doc.ID, doc.Body, false)
+		return d.putJSON(ctx, doc.ID, doc.Body, once)
 	}
-	r := &request{method: http.MethodPut, path: escapeDocID(doc.ID), query: "new_edits=false"}
+	r := &request{method: http.MethodPut, path: escapeDocID(doc.ID), query: "new_edits=false", noRetry: once}
 	boundary := newBoundary()
 	pieces := make([][]byte, 0, 3+2*len(doc.Attachments))
 	pieces = append(pieces, jsonPartHead(boundary), doc.Body)

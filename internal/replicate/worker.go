@@ -284,7 +284,44 @@ func (w *worker) write(ctx context.Context, d couch.Doc) error {
 	if err := w.settle(); err != nil {
 		return err
 	}
-	return w.counted(d, w.r.tgt.PutDoc(ctx, d))
+	return w.counted(d, w.putParts(ctx, d))
+}
+
+// putParts PUTs d, whose attachments came as parts, as multipart; as
+// JSON with their data inline when that multipart PUT stalls or is
+// refused, or first while the run's multipart PUTs do (writeStreamed).
+func (w *worker) putParts(ctx context.Context, d couch.Doc) error {
+	body, ok, err := d.InlinedBody(inlineFallbackBytes)
+	if err != nil || !ok {
+		return w.r.tgt.PutDoc(ctx, d)
+	}
+	inline := couch.Doc{ID: d.ID, Rev: d.Rev, Body: body}
+	if w.r.now().UnixNano() < w.r.inlineUntil.Load() {
+		if err := w.r.tgt.PutDoc(ctx, inline); !errors.Is(err, couch.ErrTooLarge) {
+			return err
+		}
+		return w.r.tgt.PutDoc(ctx, d)
+	}
+	err = w.r.tgt.PutDocOnce(ctx, d)
+	if ctx.Err() != nil || !divertable(err) {
+		return err
+	}
+	w.multipartDiverted(d, err)
+	if err := w.r.tgt.PutDoc(ctx, inline); !errors.Is(err, couch.ErrTooLarge) {
+		return err
+	}
+	return w.r.tgt.PutDoc(ctx, d)
+}
+
+// multipartDiverted records that d's multipart PUT stalled or was
+// refused: for inlineAfterStall the run writes documents with
+// attachments as JSON first.
+func (w *worker) multipartDiverted(d couch.Doc, err error) {
+	until := w.r.now().Add(inlineAfterStall)
+	if w.r.inlineUntil.Swap(until.UnixNano()) < w.r.now().UnixNano() {
+		w.r.log.Warn().Str("doc_id", d.ID).Err(err).Dur("for", inlineAfterStall).
+			Msg("replication: a multipart attachment write stalled or was refused; writing documents with attachments as JSON, their data inline")
+	}
 }
 
 // inlineAttachmentBytes is the most attachment data one document may
@@ -460,11 +497,7 @@ func (w *worker) writeStreamed(ctx context.Context, d couch.Doc, attsSince []str
 		err = put(inline)
 	}
 	if inline && ctx.Err() == nil && divertable(err) {
-		until := w.r.now().Add(inlineAfterStall)
-		if w.r.inlineUntil.Swap(until.UnixNano()) < w.r.now().UnixNano() {
-			w.r.log.Warn().Str("doc_id", d.ID).Err(err).Dur("for", inlineAfterStall).
-				Msg("replication: a multipart attachment write stalled or was refused; writing documents with attachments as JSON, their data inline")
-		}
+		w.multipartDiverted(d, err)
 		ierr := w.putInline(ctx, d, stubs)
 		if !errors.Is(ierr, couch.ErrTooLarge) {
 			return w.inlineOutcome(ctx, d, ierr)
