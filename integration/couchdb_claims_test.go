@@ -216,6 +216,50 @@ func TestCouchDBAnswers(t *testing.T) {
 		s.Do(t, http.MethodPut, closed+"_security", map[string]any{"members": map[string]any{"names": []string{"john"}}}, http.StatusOK)
 		wantBody(t, couchRequest(t, http.MethodGet, joe(closed), "", nil), http.StatusForbidden, couchNotAllowedDB)
 	})
+	t.Run("POST /_replicate of another user's replication (internal/httpapi TestUsersOwnJobs, repjob TestAddTransientAs)", func(t *testing.T) {
+		joe := addCouchUser(t, s, "rjoe", "erly")
+		ann := addCouchUser(t, s, "rann", "ann-pw")
+		src := s.CreateDB(t, "answers-rep")
+		body := mustJSON(map[string]any{"source": src, "target": s.DBURL("answers-rep-tgt"), "continuous": true})
+		first := couchRequest(t, http.MethodPost, joe(s.URL)+"_replicate", "application/json", body)
+		var started struct {
+			OK      bool   `json:"ok"`
+			LocalID string `json:"_local_id"`
+		}
+		if first.status != http.StatusAccepted || json.Unmarshal(first.body, &started) != nil || started.LocalID == "" {
+			t.Fatalf("joe's POST /_replicate: %s, want 202", first)
+		}
+		t.Cleanup(func() {
+			couchRequest(t, http.MethodPost, s.URL+"_replicate", "application/json",
+				mustJSON(map[string]any{"replication_id": started.LocalID, "cancel": true}))
+		})
+		// Another user who is not an admin: check_authorization's 401.
+		wantBody(t, couchRequest(t, http.MethodPost, ann(s.URL)+"_replicate", "application/json", body),
+			http.StatusUnauthorized, `{"error":"unauthorized","reason":"You are not a server admin."}`)
+		// An admin's POST of the same body: 202, the same id, joe's job
+		// stays (existing_replication ignores the user).
+		wantBody(t, couchRequest(t, http.MethodPost, s.URL+"_replicate", "application/json", body),
+			http.StatusAccepted, mustJSONString(map[string]any{"ok": true, "_local_id": started.LocalID}))
+		var jobs struct {
+			Jobs []struct {
+				ID   string `json:"id"`
+				User string `json:"user"`
+			} `json:"jobs"`
+		}
+		s.GetJSON(t, s.URL+"_scheduler/jobs", &jobs)
+		n := 0
+		for _, j := range jobs.Jobs {
+			if j.ID == started.LocalID {
+				n++
+				if !strings.HasPrefix(j.User, "couchrep-test-rjoe-") {
+					t.Errorf("the job's user is %q, want joe's", j.User)
+				}
+			}
+		}
+		if n != 1 {
+			t.Errorf("%d jobs of %s in _scheduler/jobs, want 1", n, started.LocalID)
+		}
+	})
 	t.Run("_session (internal/couch TestSessionCookies, httpapi users)", func(t *testing.T) {
 		admin, _ := url.Parse(s.URL)
 		pass, _ := admin.User.Password()
