@@ -333,7 +333,7 @@ func (a *schedActor) decide(ctx actor.Context, pc pendingCount) {
 		}
 		running = append(running, schedpolicy.RunningJob{ID: id, Continuous: e.continuous, Started: e.started})
 	}
-	d := schedpolicy.RotateIn(running, pc.n+a.woken, pc.peers, p, now)
+	d := schedpolicy.RotateIn(running, pc.n, a.woken, pc.peers, p, now)
 	for _, id := range d.Stop {
 		e := a.running[id]
 		e.stopping, e.stopAt = true, now

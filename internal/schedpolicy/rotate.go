@@ -59,7 +59,7 @@ type Peers struct {
 // reschedule (stop_excess_jobs, then rotate_jobs), for a node alone: it is
 // RotateIn with no peers.
 func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision {
-	return RotateIn(running, pending, Peers{}, p, now)
+	return RotateIn(running, pending, 0, Peers{}, p, now)
 }
 
 // RotateIn decides which of this node's running jobs to stop, as CouchDB's
@@ -80,12 +80,15 @@ func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision
 // excess) jobs. A node with free slots takes pending jobs rather than stop
 // its own (the jobs it stopped went back to the queue it accepts from:
 // they would run again at once, and on this node), and pending jobs that
-// other nodes' free slots will take are no reason to rotate. With no peers
-// this is CouchDB's rule exactly.
+// other nodes' free slots will take are no reason to rotate. Woken jobs
+// (hibernated parked jobs of this node waiting for one of its slots) count
+// as pending jobs but need this node's slots: the peers' free slots do not
+// serve them. With no peers this is CouchDB's rule exactly, pending and
+// woken counted alike.
 //
 // It is O(r log r) in the number r of running jobs and independent of the
 // number of pending jobs.
-func RotateIn(running []RunningJob, pending int, peers Peers, p Policy, now time.Time) Decision {
+func RotateIn(running []RunningJob, pending, woken int, peers Peers, p Policy, now time.Time) Decision {
 	var cont, oneshot []RunningJob
 	for _, j := range running {
 		if j.Continuous {
@@ -111,7 +114,10 @@ func RotateIn(running []RunningJob, pending int, peers Peers, p Policy, now time
 	left := len(running) - len(stop)
 	churn := max(0, p.MaxChurn-excess)
 	if slots := p.MaxJobs - left; slots >= 0 && (peers.N == 0 || slots == 0) {
-		k := min(pending-slots-max(0, peers.Free), left, churn)
+		// Woken jobs take this node's free slots first; the queue's
+		// pending jobs the rest and the peers' free slots.
+		beyond := max(0, woken-slots) + max(0, pending-max(0, slots-woken)-max(0, peers.Free))
+		k := min(beyond, left, churn)
 		for _, j := range cont {
 			if k <= 0 {
 				break

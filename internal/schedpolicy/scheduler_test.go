@@ -86,28 +86,32 @@ func TestRotateInCluster(t *testing.T) {
 		name      string
 		running   []schedpolicy.RunningJob
 		pending   int
+		woken     int
 		peers     schedpolicy.Peers
 		wantStop  []string
 		wantStart int
 	}{
-		{"alone, free slots, pending beyond them: CouchDB rotates", full[:2], 5, schedpolicy.Peers{}, []string{"b", "a"}, 3},
-		{"peers, free slots, pending beyond them: no rotation", full[:2], 5, schedpolicy.Peers{N: 1}, nil, 1},
-		{"peers, one free slot, much pending: no rotation", full[:2], 1000, schedpolicy.Peers{N: 2, Free: 0}, nil, 1},
-		{"peers, full, peers' free slots cover pending: no rotation", full, 4, schedpolicy.Peers{N: 2, Free: 4}, nil, 0},
-		{"peers, full, pending one beyond peers' slots", full, 5, schedpolicy.Peers{N: 2, Free: 4}, []string{"b"}, 1},
-		{"peers, full, peers full: max_churn", full, 10, schedpolicy.Peers{N: 1}, []string{"b", "c"}, 2},
-		{"peers, full, nothing pending", full, 0, schedpolicy.Peers{N: 1}, nil, 0},
-		{"peers, above max_jobs: the excess still stops", append(full[:3:3], c("d", 0)), 0, schedpolicy.Peers{N: 1, Free: 9}, []string{"d"}, 0},
-		{"peers, above max_jobs, churn left: rotation after the excess", append(full[:3:3], c("d", 0)), 20, schedpolicy.Peers{N: 1}, []string{"d", "b"}, 1},
+		{"alone, free slots, pending beyond them: CouchDB rotates", full[:2], 5, 0, schedpolicy.Peers{}, []string{"b", "a"}, 3},
+		{"alone, woken and pending count alike", full[:2], 1, 1, schedpolicy.Peers{}, []string{"b"}, 2},
+		{"peers, free slots, pending beyond them: no rotation", full[:2], 5, 0, schedpolicy.Peers{N: 1}, nil, 1},
+		{"peers, one free slot, much pending: no rotation", full[:2], 1000, 0, schedpolicy.Peers{N: 2, Free: 0}, nil, 1},
+		{"peers, full, peers' free slots cover pending: no rotation", full, 4, 0, schedpolicy.Peers{N: 2, Free: 4}, nil, 0},
+		{"peers, full, pending one beyond peers' slots", full, 5, 0, schedpolicy.Peers{N: 2, Free: 4}, []string{"b"}, 1},
+		{"peers, full, peers full: max_churn", full, 10, 0, schedpolicy.Peers{N: 1}, []string{"b", "c"}, 2},
+		{"peers, full, nothing pending", full, 0, 0, schedpolicy.Peers{N: 1}, nil, 0},
+		{"peers, full, a woken job: peers' slots do not serve it", full, 0, 1, schedpolicy.Peers{N: 1, Free: 9}, []string{"b"}, 1},
+		{"peers, full, woken and pending: peers take the pending", full, 3, 1, schedpolicy.Peers{N: 1, Free: 3}, []string{"b"}, 1},
+		{"peers, above max_jobs: the excess still stops", append(full[:3:3], c("d", 0)), 0, 0, schedpolicy.Peers{N: 1, Free: 9}, []string{"d"}, 0},
+		{"peers, above max_jobs, churn left: rotation after the excess", append(full[:3:3], c("d", 0)), 20, 0, schedpolicy.Peers{N: 1}, []string{"d", "b"}, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			d := schedpolicy.RotateIn(tc.running, tc.pending, tc.peers, p, at(120))
+			d := schedpolicy.RotateIn(tc.running, tc.pending, tc.woken, tc.peers, p, at(120))
 			if !slices.Equal(d.Stop, tc.wantStop) || d.Start != tc.wantStart {
 				t.Errorf("RotateIn = stop %v start %d, want stop %v start %d", d.Stop, d.Start, tc.wantStop, tc.wantStart)
 			}
 			if tc.peers == (schedpolicy.Peers{}) {
-				if r := schedpolicy.Rotate(tc.running, tc.pending, p, at(120)); !slices.Equal(r.Stop, d.Stop) || r.Start != d.Start {
+				if r := schedpolicy.Rotate(tc.running, tc.pending+tc.woken, p, at(120)); !slices.Equal(r.Stop, d.Stop) || r.Start != d.Start {
 					t.Errorf("Rotate = %+v, RotateIn with no peers = %+v", r, d)
 				}
 			}
