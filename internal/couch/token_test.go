@@ -93,9 +93,10 @@ func TestIAMTokenSharedAndRenewed(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // request pacing, not synchronisation
 	}
-	// 2.5 s of 1 s tokens renewed at 0.8 s: 3 renewals after the first.
-	if got := iam.Exchanges(); got < 3 || got > 5 {
-		t.Fatalf("%d exchanges in 2.5 s of 1 s tokens, want 3-5", got)
+	// 2.5 s of 1 s tokens renewed at 0.8 s: 3 renewals after the first
+	// (2 on a machine too busy to keep the pace); 8 DBs, not 8 times that.
+	if got := iam.Exchanges(); got < 3 || got > 6 {
+		t.Fatalf("%d exchanges in 2.5 s of 1 s tokens, want 3-6", got)
 	}
 	if r := db.refused.Load(); r != 0 {
 		t.Fatalf("%d requests refused across renewals", r)
@@ -165,7 +166,7 @@ func TestIAMTokenRefused(t *testing.T) {
 			if strings.Contains(err.Error(), key) {
 				t.Errorf("error %q holds the API key", err)
 			}
-			if took := time.Since(start); took > 5*time.Second {
+			if took := time.Since(start); took > 10*time.Second {
 				t.Errorf("the failure took %s", took)
 			}
 			for range 5 {
@@ -209,8 +210,8 @@ func TestBearerCommand(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // request pacing
 	}
-	if n := iam.Issued(); n < 3 || n > 5 {
-		t.Fatalf("the command ran %d times in 2.5 s of 1 s tokens, want 3-5", n)
+	if n := iam.Issued(); n < 3 || n > 6 {
+		t.Fatalf("the command ran %d times in 2.5 s of 1 s tokens, want 3-6", n)
 	}
 
 	for _, tc := range []struct {
@@ -227,7 +228,7 @@ func TestBearerCommand(t *testing.T) {
 		if !errors.Is(err, ErrCredentials) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: %v, want %q", tc.argv, err, tc.want)
 		}
-		if took := time.Since(start); took > 5*time.Second {
+		if took := time.Since(start); took > 10*time.Second {
 			t.Errorf("%v took %s", tc.argv, took)
 		}
 	}
