@@ -59,8 +59,9 @@ func Spec(deps actors.Deps) supervisor.ChildSpec {
 // PeersFrom returns a Peers function reading the other live replication
 // nodes' free slots from their membership records (cluster.Registry.Members:
 // one read of the node records, so a tick's cost grows with the nodes, not
-// with the jobs). A drained node, or one whose record carries no free
-// slots (no scheduler published them yet), counts as having none.
+// with the jobs). A drained node has no free slots and takes no part in
+// rotation; one whose record carries no free slots (no scheduler published
+// them yet) counts as full.
 func PeersFrom(reg *cluster.Registry, self string) func(context.Context) (schedpolicy.Peers, error) {
 	return func(ctx context.Context) (schedpolicy.Peers, error) {
 		members, err := reg.Members(ctx)
@@ -73,8 +74,15 @@ func PeersFrom(reg *cluster.Registry, self string) func(context.Context) (schedp
 				continue
 			}
 			p.N++
-			if !m.GetDraining() {
+			switch {
+			case m.GetDraining():
+			case m.GetFreeSlots() > 0:
 				p.Free += int(m.GetFreeSlots())
+			default:
+				p.Full++
+				if m.GetName() < self {
+					p.FullBefore++
+				}
 			}
 		}
 		return p, nil

@@ -252,7 +252,8 @@ func TestRotationOnlyBeyondClusterSlots(t *testing.T) {
 		{"peer has room for more", func() { peer(7, repl) }, schedpolicy.Peers{N: 1, Free: 7}, 0},
 		{"one pending beyond the peer's slot", func() { peer(1, repl) }, schedpolicy.Peers{N: 1, Free: 1}, 1},
 		{"an api_frontend node is no peer", func() { peer(5, config.NodeTypeAPIFrontend) }, schedpolicy.Peers{}, 2},
-		{"peer full", func() { peer(0, repl) }, schedpolicy.Peers{N: 1}, 2},
+		// Both full: they split the 2 pending jobs (n1 sorts first).
+		{"peer full", func() { peer(0, repl) }, schedpolicy.Peers{N: 1, Full: 1}, 1},
 		{"peer drained", func() {
 			peer(5, repl)
 			if err := reg.SetDraining(ctx, "n2", true); err != nil {

@@ -53,6 +53,11 @@ type Peers struct {
 	N int
 	// Free is the sum of their free slots (a drained node has none).
 	Free int
+	// Full is how many of them have no free slot (drained ones not
+	// counted), and FullBefore how many of those sort before this node
+	// by name: the full nodes share the rotation for the queue's pending
+	// jobs rather than each rotate for all of them.
+	Full, FullBefore int
 }
 
 // Rotate decides which of this node's running jobs to stop, as CouchDB's
@@ -76,8 +81,10 @@ func Rotate(running []RunningJob, pending int, p Policy, now time.Time) Decision
 //
 // With peers (other live replication nodes sharing the queue), the pending
 // jobs are the whole cluster's: a node rotates only when its own slots are
-// all taken, and only min(pending - peers' free slots, running, MaxChurn -
-// excess) jobs. A node with free slots takes pending jobs rather than stop
+// all taken, and only for the pending jobs beyond the peers' free slots,
+// split among the full nodes (Peers.Full: each rotating for all of them
+// would stop as many jobs too many per full node, and those would run
+// again at once), bounded by running and MaxChurn - excess. A node with free slots takes pending jobs rather than stop
 // its own (the jobs it stopped went back to the queue it accepts from:
 // they would run again at once, and on this node), and pending jobs that
 // other nodes' free slots will take are no reason to rotate. Woken jobs
@@ -115,9 +122,19 @@ func RotateIn(running []RunningJob, pending, woken int, peers Peers, p Policy, n
 	churn := max(0, p.MaxChurn-excess)
 	if slots := p.MaxJobs - left; slots >= 0 && (peers.N == 0 || slots == 0) {
 		// Woken jobs take this node's free slots first; the queue's
-		// pending jobs the rest and the peers' free slots.
-		beyond := max(0, woken-slots) + max(0, pending-max(0, slots-woken)-max(0, peers.Free))
-		k := min(beyond, left, churn)
+		// pending jobs the rest and the peers' free slots; the full nodes
+		// (this one among them when it has peers) split the rest, the
+		// remainder going to the first by name.
+		queued := max(0, pending-max(0, slots-woken)-max(0, peers.Free))
+		if peers.N > 0 && queued > 0 {
+			nodes := 1 + max(0, peers.Full)
+			share := queued / nodes
+			if max(0, peers.FullBefore) < queued%nodes {
+				share++
+			}
+			queued = share
+		}
+		k := min(max(0, woken-slots)+queued, left, churn)
 		for _, j := range cont {
 			if k <= 0 {
 				break
