@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -373,14 +372,12 @@ func TestExpiringCredentials(t *testing.T) {
 	})
 }
 
-// TestExpiringCredentialsLong is the full run: 60-second tokens, a
-// continuous job for 5 minutes (4+ renewals). Opt-in (it takes 5 minutes):
-// COUCHREP_TEST_LONG_CREDENTIALS=1, under flock /work/bigrun.lock.
+// TestExpiringCredentialsLong is the full run, part of make test:
+// 60-second tokens, continuous jobs for 5 minutes (4+ renewals of the IAM
+// token and of the command's), at the real lifetimes a token endpoint
+// gives (TestExpiringCredentials runs the same with 3 s tokens).
 func TestExpiringCredentialsLong(t *testing.T) {
 	skipShort(t)
-	if os.Getenv("COUCHREP_TEST_LONG_CREDENTIALS") == "" {
-		t.Skip("5-minute run: set COUCHREP_TEST_LONG_CREDENTIALS=1 (TestExpiringCredentials runs the same with 3 s tokens)")
-	}
 	lifetime := 60 * time.Second
 	e := startCredsEnv(t, lifetime)
 	e.renewals(t, lifetime, 5*time.Minute)
