@@ -84,6 +84,11 @@ func leaves(t testing.TB, s *testserver.Server, db string) map[string][]map[stri
 
 // verify checks that target holds exactly the source's leaves (only for
 // the given ids when ids is non-nil).
+//
+// On a CouchDB cluster the target's _changes reads one copy per range,
+// which may not yet have a write the replication's quorum (2 of 3)
+// acknowledged: there it reads again until the copies agree, or a minute
+// passed, and reports the last read.
 func verify(t testing.TB, s, ts *testserver.Server, src, tgt string, ids []string) {
 	t.Helper()
 	want := leaves(t, s, src)
@@ -95,6 +100,12 @@ func verify(t testing.TB, s, ts *testserver.Server, src, tgt string, ids []strin
 		want = sub
 	}
 	got := leaves(t, ts, tgt)
+	if ts.Clustered(t) {
+		for deadline := time.Now().Add(time.Minute); !sameLeaves(want, got) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond) // polling the copies' catching up
+			got = leaves(t, ts, tgt)
+		}
+	}
 	for id, w := range want {
 		if !reflect.DeepEqual(w, got[id]) {
 			t.Errorf("doc %q differs:\n source %v\n target %v", id, w, got[id])
@@ -105,6 +116,19 @@ func verify(t testing.TB, s, ts *testserver.Server, src, tgt string, ids []strin
 			t.Errorf("target has unexpected doc %q", id)
 		}
 	}
+}
+
+// sameLeaves tells whether got holds exactly want's documents and leaves.
+func sameLeaves(want, got map[string][]map[string]any) bool {
+	if len(want) != len(got) {
+		return false
+	}
+	for id, w := range want {
+		if !reflect.DeepEqual(w, got[id]) {
+			return false
+		}
+	}
+	return true
 }
 
 func history(prefix string, n int) []string {

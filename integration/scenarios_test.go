@@ -50,6 +50,17 @@ type scenarioResult struct {
 	DocWriteFailures *int64 `json:"doc_write_failures"`
 }
 
+// counts prints the doc_ids answer's counters (nil: absent).
+func (r scenarioResult) counts() string {
+	f := func(p *int64) string {
+		if p == nil {
+			return "absent"
+		}
+		return fmt.Sprint(*p)
+	}
+	return f(r.DocsRead) + ", " + f(r.DocsWritten) + ", " + f(r.DocWriteFailures)
+}
+
 type scenarioHistory struct {
 	SessionID        string          `json:"session_id"`
 	StartTime        string          `json:"start_time"`
@@ -585,9 +596,9 @@ func TestScenarioDocIDs(t *testing.T) {
 			rev = s.PutAttachment(t, src, c.conflictID, rev, "readme.txt", "text/plain", att1)
 			s.PutAttachment(t, src, c.conflictID, rev, "data.dat", "application/binary", att2)
 			rep := map[string]any{"source": src, "target": tgt, "doc_ids": []string{c.conflictID}}
-			r, _ := runScenario(t, rep)
+			r, res := runScenario(t, rep)
 			if r.DocsRead == nil || *r.DocsRead != 1 || *r.DocsWritten != 1 || *r.DocWriteFailures != 0 {
-				t.Errorf("update: docs_read %v, docs_written %v, doc_write_failures %v; want 1, 1, 0", r.DocsRead, r.DocsWritten, r.DocWriteFailures)
+				t.Errorf("update: docs_read, docs_written, doc_write_failures %s; want 1, 1, 0 (%s)", r.counts(), res.Body)
 			}
 			_, cp := getDoc(t, tgt, c.conflictID, "conflicts=true")
 			if cp["integer"] != float64(666) || !strings.HasPrefix(fmt.Sprint(cp["_rev"]), "4-") || cp["_conflicts"] != nil {
@@ -608,9 +619,9 @@ func TestScenarioDocIDs(t *testing.T) {
 			_, cp = getDoc(t, tgt, c.conflictID, "")
 			cp["integer"] = cp["integer"].(float64) + 1
 			putDoc(t, s, tgt, cp)
-			r, _ = runScenario(t, rep)
+			r, res = runScenario(t, rep)
 			if r.DocsRead == nil || *r.DocsRead != 2 || *r.DocsWritten != 2 || *r.DocWriteFailures != 0 {
-				t.Errorf("conflict: docs_read %v, docs_written %v, doc_write_failures %v; want 2, 2, 0", r.DocsRead, r.DocsWritten, r.DocWriteFailures)
+				t.Errorf("conflict: docs_read, docs_written, doc_write_failures %s; want 2, 2, 0 (%s)", r.counts(), res.Body)
 			}
 			_, cp = getDoc(t, tgt, c.conflictID, "conflicts=true")
 			cs, _ := cp["_conflicts"].([]any)

@@ -138,7 +138,7 @@ func TestPouchDBChanges(t *testing.T) {
 	// sequence as a full read's last_seq where a range has one copy; on a
 	// CouchDB cluster each read encodes the copies it read (opaque, not
 	// comparable between reads).
-	cluster := clustered(t, s)
+	cluster := s.Clustered(t)
 	if !cluster && !end.Equal(lastSeq(t, src)) {
 		t.Fatalf("since %s: last_seq %s, a full read's %s", last, end, lastSeq(t, src))
 	}
@@ -184,21 +184,6 @@ func rowsSince(t *testing.T, d *couch.DB, since couch.Seq) int {
 		t.Fatalf("changes since %s: %v", since, err)
 	}
 	return n
-}
-
-// clustered tells whether s is a CouchDB cluster (GET /_membership lists
-// more than one node), whose sequences are opaque per read: each names the
-// shard copies it was read from.
-func clustered(t *testing.T, s *testserver.Server) bool {
-	t.Helper()
-	if !s.External() {
-		return false
-	}
-	var m struct {
-		ClusterNodes []string `json:"cluster_nodes"`
-	}
-	s.GetJSON(t, s.URL+"_membership", &m)
-	return len(m.ClusterNodes) > 1
 }
 
 // lastSeq returns the feed's last_seq.

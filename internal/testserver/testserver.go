@@ -250,6 +250,23 @@ func redactURL(raw string) string {
 // (COUCHREP_TEST_COUCH_URL).
 func (s *Server) External() bool { return s.external }
 
+// Clustered reports whether the server is a CouchDB cluster (GET
+// /_membership lists more than one node). Its _changes and _all_docs read
+// one copy of each shard range, which may not yet have a write another
+// client's quorum (2 of 3) acknowledged, and its sequences are opaque per
+// read (they name the copies read).
+func (s *Server) Clustered(t testing.TB) bool {
+	t.Helper()
+	if !s.external {
+		return false
+	}
+	var m struct {
+		ClusterNodes []string `json:"cluster_nodes"`
+	}
+	s.GetJSON(t, s.URL+"_membership", &m)
+	return len(m.ClusterNodes) > 1
+}
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago, for
 // a server that takes its port on the command line.
 func FreePort() (int, error) {
@@ -543,6 +560,9 @@ func (s *Server) PutDocs(t testing.TB, dbURL string, docs ...map[string]any) []s
 func (s *Server) PutAttachment(t testing.TB, dbURL, id, rev, name, contentType string, data []byte) string {
 	t.Helper()
 	u := dbURL + url.PathEscape(id) + "/" + url.PathEscape(name) + "?rev=" + url.QueryEscape(rev)
+	if s.external {
+		u += "&w=3" // every copy, as bulkDocs
+	}
 	req, err := http.NewRequest(http.MethodPut, u, bytes.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
@@ -555,7 +575,7 @@ func (s *Server) PutAttachment(t testing.TB, dbURL, id, rev, name, contentType s
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusCreated {
+	if resp.StatusCode != http.StatusCreated && !(s.external && resp.StatusCode == http.StatusAccepted) {
 		t.Fatalf("testserver: PUT %s: status %d: %s", redactURL(u), resp.StatusCode, b)
 	}
 	var r struct{ Rev string }
