@@ -284,7 +284,16 @@ func TestPouchDBReplicateByHand(t *testing.T) {
 	if err != nil || len(res) != 0 {
 		t.Fatalf("BulkDocs = %+v, %v", res, err)
 	}
-	if got := leaves(t, tgt); fmt.Sprint(got) != fmt.Sprint(want) {
+	got := leaves(t, tgt)
+	if s.Clustered(t) {
+		// _changes reads one copy per range; the write was acknowledged by
+		// 2 of 3: read again until the copies agree (a minute at most).
+		for deadline := time.Now().Add(time.Minute); fmt.Sprint(got) != fmt.Sprint(want) && time.Now().Before(deadline); {
+			time.Sleep(100 * time.Millisecond) // polling the copies' catching up
+			got = leaves(t, tgt)
+		}
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("target leaves %v\nwant %v", got, want)
 	}
 	again, err := tgt.RevsDiff(ctx, want)
