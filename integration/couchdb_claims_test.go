@@ -42,7 +42,7 @@ const (
 // (make test-couchdb COUCH_CONFIG_LOCK=…).
 const ConfigLockEnv = "COUCHREP_TEST_COUCH_CONFIG_LOCK"
 
-// withCouchConfig sets section/key of the CouchDB node of s to value,
+// withCouchConfig sets section/key of every node of the CouchDB of s to value,
 // runs fn and puts the old value back (deleting the key if it had none),
 // holding the config lock if there is one.
 func withCouchConfig(t *testing.T, s *testserver.Server, section, key, value string, fn func()) {
@@ -58,21 +58,33 @@ func withCouchConfig(t *testing.T, s *testserver.Server, section, key, value str
 		}
 		defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
 	}
-	u := s.URL + "_node/_local/_config/" + section + "/" + key
-	b, status, err := s.Request(http.MethodGet, u, nil)
-	had := err == nil && status == http.StatusOK
-	var old string
-	if had {
-		_ = json.Unmarshal(b, &old)
+	// Every node of a cluster: a _node/_local change is one node's, and
+	// CouchDB may run the job that needs it (a _replicate) on another.
+	var members struct {
+		ClusterNodes []string `json:"cluster_nodes"`
 	}
-	s.Do(t, http.MethodPut, u, value, http.StatusOK)
-	defer func() {
+	nodes := []string{"_local"}
+	if b, status, err := s.Request(http.MethodGet, s.URL+"_membership", nil); err == nil && status == http.StatusOK &&
+		json.Unmarshal(b, &members) == nil && len(members.ClusterNodes) > 0 {
+		nodes = members.ClusterNodes
+	}
+	for _, node := range nodes {
+		u := s.URL + "_node/" + url.PathEscape(node) + "/_config/" + section + "/" + key
+		b, status, err := s.Request(http.MethodGet, u, nil)
+		had := err == nil && status == http.StatusOK
+		var old string
 		if had {
-			s.Do(t, http.MethodPut, u, old, http.StatusOK)
-		} else {
-			s.Do(t, http.MethodDelete, u, nil, http.StatusOK)
+			_ = json.Unmarshal(b, &old)
 		}
-	}()
+		s.Do(t, http.MethodPut, u, value, http.StatusOK)
+		defer func() {
+			if had {
+				s.Do(t, http.MethodPut, u, old, http.StatusOK)
+			} else {
+				s.Do(t, http.MethodDelete, u, nil, http.StatusOK)
+			}
+		}()
+	}
 	fn()
 }
 
