@@ -35,7 +35,11 @@ run: build ## run one node on the embedded store in ./.data (HTTP API on 127.0.0
 	$(BIN)/couchrepd --config $(CURDIR)/couchrep.ini --data $(DATA)
 
 test: proto-check lint testdeps build ## everything CI runs: generated code, lint, all tests
-	$(GO) test -count=1 -timeout 25m $(GOTESTFLAGS) ./...
+	@out=$$(mktemp); { $(GO) test -count=1 -timeout 25m $(GOTESTFLAGS) ./... 2>&1; echo $$? > $$out.rc; } | tee $$out; \
+	  rc=$$(cat $$out.rc); if [ "$$rc" != 0 ]; then \
+	    echo; echo "=== make test failed (exit $$rc); the failures, each with its first lines (node logs: $${COUCHREP_TEST_LOGS:-/tmp/couchrep-test-logs}):"; \
+	    grep -E -A8 -- '^[[:space:]]*--- FAIL|^panic:|^FAIL[[:space:]]' $$out | cut -c1-240 | head -150; fi; \
+	  rm -f $$out $$out.rc; exit $$rc
 
 test-short: ## the fast unit tests only (go test -short)
 	$(GO) test -short -count=1 ./...

@@ -137,7 +137,7 @@ func startNode(t testing.TB, o nodeOptions) *nodeProc {
 	t.Cleanup(func() {
 		n.kill()
 		if t.Failed() {
-			t.Logf("couchrepd %s logs:\n%s", o.name, n.logs.String())
+			t.Log(failedNodeLogs(t, o.name, n.logs.String()))
 		}
 	})
 	deadline := time.Now().Add(30 * time.Second)
@@ -155,6 +155,32 @@ func startNode(t testing.TB, o nodeOptions) *nodeProc {
 			t.Fatalf("couchrepd not ready after 30s:\n%s", n.logs.String())
 		}
 	}
+}
+
+// failedNodeLogs keeps a failed test's node logs whole in a file under
+// $COUCHREP_TEST_LOGS (default: the system's temporary directory) and
+// returns their last lines and the file's path: CI shows the tail of the
+// output, and a node's full log would push the test's own failure
+// messages (printed before it) out of sight.
+func failedNodeLogs(t testing.TB, node, logs string) string {
+	const tail = 40
+	dir := os.Getenv("COUCHREP_TEST_LOGS")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "couchrep-test-logs")
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + node + ".log"
+	path := filepath.Join(dir, name)
+	saved := "kept whole in " + path
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		saved = "not saved: " + err.Error()
+	} else if err := os.WriteFile(path, []byte(logs), 0o644); err != nil {
+		saved = "not saved: " + err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(logs, "\n"), "\n")
+	if len(lines) > tail {
+		lines = lines[len(lines)-tail:]
+	}
+	return fmt.Sprintf("couchrepd %s logs (%s), the last %d lines:\n%s", node, saved, len(lines), strings.Join(lines, "\n"))
 }
 
 // kill sends SIGKILL (if still running) and waits for the exit.
