@@ -795,7 +795,9 @@ type ReplicationJobEvent struct {
 	Stats     *ReplicationStats      `protobuf:"bytes,8,opt,name=stats,proto3" json:"stats,omitempty"`
 	Node      string                 `protobuf:"bytes,9,opt,name=node,proto3" json:"node,omitempty"`
 	Timestamp *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=timestamp,proto3" json:"timestamp,omitempty"`
-	// True for a progress report (stats only) rather than a state change.
+	// True for a progress report (stats only) rather than a state change. A
+	// progress report without stats: the job hibernated (parked, without an
+	// actor); its stats are its record's.
 	Progress bool `protobuf:"varint,11,opt,name=progress,proto3" json:"progress,omitempty"`
 	// Whether the job is continuous (rotated) or one-shot (never rotated).
 	Continuous bool `protobuf:"varint,12,opt,name=continuous,proto3" json:"continuous,omitempty"`

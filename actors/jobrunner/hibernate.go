@@ -5,11 +5,13 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
+	"github.com/couchrep/couchrep/messages"
 )
 
 // Hibernation: a parked job whose node keeps it (Options.Hibernate, the
@@ -137,15 +139,27 @@ func (pk *parker) give(w park.Wake) {
 
 // hibernate hands the parked job to Options.Hibernate: true means the
 // registry has it and the actor must exit without touching the run; false
-// (no registry, or a stop on its way) that the actor keeps it.
-func (a *jobActor) hibernate(h *Hibernated) bool {
+// (no registry, or a stop on its way) that the actor keeps it. A job handed
+// over publishes a progress event without stats on system's event stream
+// (nil: none): the node's live view of its stats (httpapi's) drops them,
+// the record has them (the park's checkpoint wrote them), and a hibernated
+// job keeps nothing there.
+func (a *jobActor) hibernate(system *actor.ActorSystem, h *Hibernated) bool {
 	a.mu.Lock()
 	stopping := a.stopReason != ""
 	a.mu.Unlock()
 	if stopping || a.o.Hibernate == nil || h.Wake == nil {
 		return false
 	}
-	return a.o.Hibernate(h)
+	id := h.Run.ID()
+	if !a.o.Hibernate(h) {
+		return false
+	}
+	if system != nil {
+		system.EventStream.Publish(&messages.ReplicationJobEvent{JobId: id, State: repjob.StateRunning.Proto(),
+			Node: a.o.Node, Timestamp: timestamppb.Now(), Progress: true})
+	}
+	return true
 }
 
 // adopt puts a job accepted with a parked record straight to sleep: its
@@ -167,7 +181,7 @@ func (a *jobActor) adopt(ctx context.Context, system *actor.ActorSystem, p repli
 		return false, nil
 	}
 	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck, Unchecked: true}
-	if a.hibernate(h) {
+	if a.hibernate(system, h) {
 		a.log.Debug().Dur("first_recheck", h.Recheck).Msg("replication job: adopted parked; asleep without a look")
 		return true, nil
 	}
@@ -240,7 +254,7 @@ func (a *jobActor) wakeUp(ctx context.Context, system *actor.ActorSystem, self *
 		// The look read the source (or the watch vouched for it): checked,
 		// unless it could not look (no seq recorded).
 		h := &Hibernated{Run: run, Wake: pk.take(), Recheck: next, Period: p.ParkRecheck}
-		if a.hibernate(h) {
+		if a.hibernate(system, h) {
 			a.log.Debug().Bool("recheck", rs.Recheck).Msg("replication job: looked while parked; nothing moved, asleep again")
 			return nil
 		}

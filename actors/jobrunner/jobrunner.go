@@ -548,7 +548,7 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 				return false // lost: the job's context is canceled
 			}
 			h := &Hibernated{Run: a.run, Wake: pk.take(), Recheck: park.Jitter(p.ParkRecheck), Period: p.ParkRecheck}
-			if !a.hibernate(h) {
+			if !a.hibernate(system, h) {
 				pk.give(h.Wake)
 				return false
 			}

@@ -81,9 +81,21 @@ func TestHibernation(t *testing.T) {
 	}
 	s.lease = true // hibernated jobs are held under the node's lease
 	n := s.startNode(t, "n1", true, 1)
+	// A job that hibernates says so with a progress event without stats
+	// (the node's live view of its stats drops them: httpapi.ObserveLive).
+	var slept sync.Map
+	sub := n.system.EventStream.Subscribe(func(evt any) {
+		if e, ok := evt.(*messages.ReplicationJobEvent); ok && e.GetProgress() && e.GetStats() == nil {
+			slept.Store(e.GetJobId(), true)
+		}
+	})
+	defer n.system.EventStream.Unsubscribe(sub)
 
 	ids := []string{s.add(t, n, 0), s.add(t, n, 1), s.add(t, n, 2)}
 	waitFor(t, "three jobs hibernated", func() bool { return n.reg.Hibernated() == 3 })
+	for _, id := range ids {
+		waitFor(t, "the hibernation's event of "+id, func() bool { _, ok := slept.Load(id); return ok })
+	}
 	if got := n.reg.Running(); got > 1 {
 		t.Errorf("%d slots taken with every job parked", got)
 	}
