@@ -32,11 +32,32 @@ const ownLogCap = 512
 // remembered (transactions reading across it use the general check).
 const ownLogMaxKeys = 4096
 
+// ownLogMaxBytes bounds the keys ownLog holds, all commits together (a
+// key's bytes and its slice header; a range's two bounds): the oldest
+// commits are forgotten first. Without it the log of a node that just
+// started thousands of jobs held its last 512 commits' keys for as long
+// as it stayed idle (a few hundred bytes a job at 4,000 parked jobs).
+const ownLogMaxBytes = 256 << 10
+
 // ownCommits is the leader's memory of this process's recent commits.
 // Only the goroutine leading (db.leading) touches it.
 type ownCommits struct {
 	byVersion map[int64]*touchedKeys
 	order     []int64 // versions in commit order, oldest first
+	bytes     int     // the keys' size in byVersion (touchedKeys.size)
+}
+
+// size is what t's keys and ranges hold, for ownLogMaxBytes.
+func (t *touchedKeys) size() int {
+	const header = 24 // a []byte's
+	n := 0
+	for _, k := range t.keys {
+		n += header + len(k)
+	}
+	for _, r := range t.ranges {
+		n += 2*header + len(r.Begin) + len(r.End)
+	}
+	return n
 }
 
 func (o *ownCommits) add(version int64, t *touchedKeys) {
@@ -46,9 +67,15 @@ func (o *ownCommits) add(version int64, t *touchedKeys) {
 	if len(t.keys) > ownLogMaxKeys || len(t.ranges) > ownLogMaxKeys {
 		return
 	}
+	size := t.size()
+	if size > ownLogMaxBytes {
+		return
+	}
 	o.byVersion[version] = t
 	o.order = append(o.order, version)
-	if len(o.order) > ownLogCap {
+	o.bytes += size
+	for len(o.order) > ownLogCap || o.bytes > ownLogMaxBytes {
+		o.bytes -= o.byVersion[o.order[0]].size()
 		delete(o.byVersion, o.order[0])
 		o.order = append(o.order[:0], o.order[1:]...)
 	}
