@@ -113,17 +113,43 @@ type Lease struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
-	mu        sync.Mutex
-	kicks     map[string]func()
+	mu sync.Mutex
+	// watches are the leased jobs' callbacks (Job.Watch), called from
+	// Renew (kick) and once the lease is lost (lost: lostAll, the one
+	// context.AfterFunc of the lease, not one per job).
+	watches   map[string]jobWatch
+	lost      bool              // lostAll ran
+	watchN    uint64            // numbers the watches: a stale stop removes nothing
 	abandoned map[string][]byte // job id -> lock: runs the worker gave up on (Job.Abandon)
+}
+
+// jobWatch is a leased job's callbacks (Job.Watch), n its number.
+type jobWatch struct {
+	kick, lost func()
+	n          uint64
+}
+
+// lostAll calls every watched job's lost callback: the lease is lost.
+func (l *Lease) lostAll() {
+	l.mu.Lock()
+	l.lost = true
+	fns := make([]func(), 0, len(l.watches))
+	for _, w := range l.watches {
+		fns = append(fns, w.lost)
+	}
+	l.mu.Unlock()
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 // OpenLease starts a lease for jobs of typ.
 func (q *Queue) OpenLease(ctx context.Context, typ string) (*Lease, error) {
 	var b [12]byte
 	_, _ = rand.Read(b[:])
-	l := &Lease{q: q, typ: typ, id: hex.EncodeToString(b[:]), kicks: map[string]func(){}, abandoned: map[string][]byte{}}
+	l := &Lease{q: q, typ: typ, id: hex.EncodeToString(b[:]), watches: map[string]jobWatch{}, abandoned: map[string][]byte{}}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	context.AfterFunc(l.ctx, l.lostAll)
 	err := q.db.Transact(kv.WithPriority(ctx), func(tx kv.Tx) error {
 		if err := q.checkType(tx, typ); err != nil {
 			return err
@@ -252,8 +278,8 @@ func (l *Lease) Renew(ctx context.Context) error {
 	}
 	var fns []func()
 	for _, id := range kicked {
-		if fn := l.kicks[id]; fn != nil {
-			fns = append(fns, fn)
+		if w, ok := l.watches[id]; ok && w.kick != nil {
+			fns = append(fns, w.kick)
 		}
 	}
 	l.mu.Unlock()
@@ -303,13 +329,21 @@ func (j *Job) Watch(onKick, onLost func()) (stop func(), leased bool) {
 		return func() {}, false
 	}
 	l.mu.Lock()
-	l.kicks[j.id] = onKick
+	lost := l.lost
+	l.watchN++
+	n := l.watchN
+	if !lost {
+		l.watches[j.id] = jobWatch{kick: onKick, lost: onLost, n: n}
+	}
 	l.mu.Unlock()
-	stopLost := context.AfterFunc(l.ctx, onLost)
+	if lost {
+		go onLost()
+	}
 	return func() {
-		stopLost()
 		l.mu.Lock()
-		delete(l.kicks, j.id)
+		if w, ok := l.watches[j.id]; ok && w.n == n {
+			delete(l.watches, j.id)
+		}
 		l.mu.Unlock()
 	}, true
 }

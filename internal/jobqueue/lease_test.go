@@ -97,6 +97,17 @@ func TestLease(t *testing.T) {
 			t.Fatalf("a kick was delivered twice")
 		}
 
+		// A job watched again (a parked job hibernated after it ran): the
+		// older watch's stop, called late, leaves the newer one in place.
+		for id := range held {
+			if id != removed && id != finished {
+				stale := stops[id]
+				stops[id], _ = held[id].Watch(func() { kicked <- id }, func() { lost <- id })
+				stale()
+				break
+			}
+		}
+
 		// No renewal for a whole timeout: the two jobs still held go back.
 		if n, err := m.Check(b.ctx, t0.Add(5*time.Minute)); err != nil || n != 0 {
 			t.Fatalf("check a minute after the last sample: re-enqueued %d (%v), want 0", n, err)
@@ -122,6 +133,23 @@ func TestLease(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("a watcher did not hear that the lease was lost")
 			}
+		}
+		select {
+		case id := <-lost:
+			t.Fatalf("job %s heard twice that the lease was lost", id)
+		default:
+		}
+		// A watch of a job of a lease already lost hears it at once.
+		for id := range held {
+			if id != removed && id != finished {
+				held[id].Watch(func() {}, func() { lost <- id })
+				break
+			}
+		}
+		select {
+		case <-lost:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a watch after the lease was lost did not hear it")
 		}
 		if _, err := b.q.Accept(b.ctx, typA, AcceptOptions{Lease: l}); !errors.Is(err, ErrLeaseLost) {
 			t.Fatalf("accept under an expired lease: %v", err)
