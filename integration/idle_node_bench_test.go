@@ -40,7 +40,10 @@ import (
 // safety net's rechecks cost once jobs have been parked for long);
 // COUCHREP_IDLE_NODE_PROFILE=file writes the window's CPU profile,
 // COUCHREP_IDLE_NODE_TRACE=file its runtime trace (go tool trace shows
-// every goroutine wake-up; the tracer's own cost is then in the number).
+// every goroutine wake-up; the tracer's own cost is then in the number);
+// COUCHREP_IDLE_NODE_HEAP=file measures, once all are parked, what they
+// hold per job after a full collection (live heap, heap in use, RSS) and
+// writes the heap profile (-test.memprofilerate=1 for an exact one).
 //
 //	go test -run '^$' -bench IdleNode -benchtime 1x -timeout 30m ./integration/
 func BenchmarkIdleNode(b *testing.B) {
@@ -129,6 +132,7 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 	if err := store.Init(ctx); err != nil {
 		b.Fatal(err)
 	}
+	memBefore := measureMem()
 	for i := range n {
 		if pu != nil {
 			pu.writeDocs(b, fanOut)
@@ -168,6 +172,28 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 		time.Sleep(time.Second) // the store: poll
 	}
 	b.Logf("users=%d jobs=%d: all parked %s after the adds", n, jobs, time.Since(start).Round(time.Millisecond))
+	if heap := os.Getenv("COUCHREP_IDLE_NODE_HEAP"); heap != "" {
+		// What the parked jobs hold, per job after a full collection,
+		// against the node before the jobs; and the heap profile (its
+		// sample rate is -test.memprofilerate's: 1 for an exact one).
+		mem := measureMem()
+		per := func(a, b uint64) float64 { return (float64(a) - float64(b)) / float64(jobs) }
+		b.ReportMetric(per(mem.heapAlloc, memBefore.heapAlloc), "heap-live-B/job")
+		b.ReportMetric(per(mem.heapInuse, memBefore.heapInuse), "heap-inuse-B/job")
+		b.ReportMetric(per(mem.rss, memBefore.rss), "RSS-B/job")
+		b.Logf("users=%d jobs=%d parked: heap live %d -> %d (%.0f B/job), in use %d -> %d (%.0f B/job), stacks %d -> %d, runtime %d -> %d, RSS %d -> %d (%.0f B/job), goroutines %d -> %d",
+			n, jobs, memBefore.heapAlloc, mem.heapAlloc, per(mem.heapAlloc, memBefore.heapAlloc), memBefore.heapInuse, mem.heapInuse,
+			per(mem.heapInuse, memBefore.heapInuse), memBefore.stackInuse, mem.stackInuse, memBefore.runtime, mem.runtime,
+			memBefore.rss, mem.rss, per(mem.rss, memBefore.rss), memBefore.goroutines, mem.goroutines)
+		f, err := os.Create(heap)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
 	// The parks' own store writes are behind the activity monitor (it
 	// looks at each job's last write once, an activity timeout later):
 	// the window starts after that.

@@ -163,6 +163,8 @@ func benchPerUserMemory(b *testing.B, n int) {
 //     node: CPU of couchrepd and of the server (pouchdb-server, or
 //     CouchDB's beam.smp; % of one core), the requests a test server
 //     served, then RSS and open fds of couchrepd;
+//   - with COUCHREP_PERUSER_HEAP=file, the node's heap profile after the
+//     idle minute ([admin] pprof), written to file;
 //   - write → target latency: COUCHREP_PERUSER_WRITES (default 100)
 //     writes, one at a time, each to a random user database, timed from
 //     the PUT until a GET of the document at the central database
@@ -199,7 +201,12 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	if fanOut {
 		p.jobs = 2 * n
 	}
-	p.node, p.addr = scaleNode(b, p.jobs, "COUCHREP_COUCHREP_WATCH="+strings.TrimSuffix(p.repSrv.URL, "/"))
+	env := []string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.repSrv.URL, "/")}
+	heap := os.Getenv("COUCHREP_PERUSER_HEAP")
+	if heap != "" {
+		env = append(env, "COUCHREP_ADMIN_PPROF=true")
+	}
+	p.node, p.addr = scaleNode(b, p.jobs, env...)
 	nodePID, srvPID, srvName := p.node.cmd.Process.Pid, p.serverPID(), p.serverName()
 	if srvPID == 0 {
 		b.Fatalf("%s process not found", srvName)
@@ -238,6 +245,11 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	nodeFDs, srvFDs := procFDs(nodePID), procFDs(srvPID)
 	mem1 := goMetrics(b, p.addr)
 	store := storeBytes(p.node.dataDir)
+	if heap != "" {
+		// The node's heap profile after the idle minute (pprof on its
+		// admin endpoint): what the parked jobs hold.
+		saveURL(b, "http://"+p.node.admin+"/debug/pprof/heap?gc=1", heap)
+	}
 	b.Logf("users=%d: couchrepd's job store (SQLite, WAL included): %.1f MB, %.0f bytes a job", n, float64(store)/(1<<20), float64(store)/float64(p.jobs))
 	b.Logf("users=%d: idle 60 s (after %s; %.0f of %d jobs parked): couchrepd %.2f%% of a core, %s %.2f%%, %d requests served (test server only: %d feeds open, peak %d); "+
 		"RSS couchrepd %.1f MB, %s %.1f MB; fds couchrepd %d, %s %d; load %s -> %s",
@@ -292,6 +304,26 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		b.Errorf("%d of %d jobs running at the end", r, p.jobs)
 	}
 	b.Logf("%s; load %s", msg, loadAvg())
+}
+
+// saveURL writes what a GET of u answers to file.
+func saveURL(tb testing.TB, u, file string) {
+	resp, err := http.Get(u)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		tb.Fatalf("GET %s: %d", u, resp.StatusCode)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		tb.Fatal(err)
+	}
 }
 
 // storeBytes is the size of the node's SQLite job store in dataDir: the

@@ -33,6 +33,7 @@ import (
 
 	"github.com/couchrep/couchrep"
 	"github.com/couchrep/couchrep/actors/httpserver"
+	"github.com/couchrep/couchrep/internal/admin"
 	"github.com/couchrep/couchrep/internal/buildinfo"
 	"github.com/couchrep/couchrep/internal/config"
 	"github.com/couchrep/couchrep/internal/httpapi"
@@ -275,6 +276,9 @@ func startAdmin(cfg config.Config, node *couchrep.Node, logger zerolog.Logger) (
 	mux := http.NewServeMux()
 	path, handler := node.AdminHandler(cfg.Admin.Token)
 	mux.Handle(path, handler)
+	if cfg.Admin.Pprof {
+		mux.Handle(admin.PprofPath, admin.Pprof(cfg.Admin.Token))
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

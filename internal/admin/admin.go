@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 
@@ -53,6 +54,32 @@ type Options struct {
 func Handler(r Requester, opts Options) (string, http.Handler) {
 	return messagesconnect.NewAdminServiceHandler(&service{r: r, classify: opts.Classify, verify: opts.Verify, token: opts.Token},
 		connect.WithInterceptors(guard(opts.Token)))
+}
+
+// PprofPath is where Pprof's handler is mounted.
+const PprofPath = "/debug/pprof/"
+
+// Pprof returns the handler of Go's profiles (net/http/pprof: heap,
+// goroutine, profile, trace, ...) for the admin endpoint ([admin] pprof),
+// mounted at PprofPath; with token set every request must carry it as the
+// admin service's do, else it gets 401.
+func Pprof(token string) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc(PprofPath, pprof.Index)
+	mux.HandleFunc(PprofPath+"cmdline", pprof.Cmdline)
+	mux.HandleFunc(PprofPath+"profile", pprof.Profile)
+	mux.HandleFunc(PprofPath+"symbol", pprof.Symbol)
+	mux.HandleFunc(PprofPath+"trace", pprof.Trace)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if token != "" {
+			got := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+			if subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+				http.Error(w, ErrUnauthenticated.Error(), http.StatusUnauthorized)
+				return
+			}
+		}
+		mux.ServeHTTP(w, req)
+	})
 }
 
 // guard rejects requests without the token or speaking another protocol

@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -49,5 +50,44 @@ func TestErrorsAreRedacted(t *testing.T) {
 	}
 	if strings.Contains(got.Error(), "s3cr3t") || !strings.Contains(got.Error(), "http://bob:*****@h:5984/db/") {
 		t.Fatalf("admin error shows a credential: %v", got)
+	}
+}
+
+// TestPprof: [admin] pprof serves Go's profiles on the admin endpoint, and
+// only with the admin token when one is set.
+func TestPprof(t *testing.T) {
+	tests := []struct {
+		name, token, sent string
+		want              int
+	}{
+		{name: "no token", want: http.StatusOK},
+		{name: "token sent", token: "s3cret", sent: "Bearer s3cret", want: http.StatusOK},
+		{name: "token missing", token: "s3cret", want: http.StatusUnauthorized},
+		{name: "token wrong", token: "s3cret", sent: "Bearer nope", want: http.StatusUnauthorized},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(Pprof(tc.token))
+			defer srv.Close()
+			req, _ := http.NewRequest(http.MethodGet, srv.URL+PprofPath+"heap?debug=1", nil)
+			if tc.sent != "" {
+				req.Header.Set("Authorization", tc.sent)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("GET heap: %d, want %d", resp.StatusCode, tc.want)
+			}
+			if tc.want == http.StatusOK && !strings.Contains(string(body), "heap profile") {
+				t.Fatalf("GET heap: not a heap profile: %.200s", body)
+			}
+			if strings.Contains(string(body), "s3cret") {
+				t.Fatal("the answer shows the token")
+			}
+		})
 	}
 }

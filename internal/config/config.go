@@ -440,6 +440,9 @@ type Admin struct {
 	// Token is the admin endpoint's shared secret (token). It is required
 	// when AdminBind is not a loopback address.
 	Token string
+	// Pprof serves Go's profiles (net/http/pprof) under /debug/pprof/ on
+	// the admin endpoint (pprof; off by default), behind Token when set.
+	Pprof bool
 }
 
 // Default returns the configuration with CouchDB's defaults where CouchDB

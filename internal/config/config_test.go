@@ -72,6 +72,7 @@ func TestDefaultsMatchCouchDB(t *testing.T) {
 		"log.level":                                "info",
 		"log.format":                               "auto",
 		"admin.token":                              "",
+		"admin.pprof":                              "false",
 		"couchrep.store":                           "",
 		"couchrep.data_dir":                        ".data",
 		"couchrep.node_name":                       "",

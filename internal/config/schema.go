@@ -158,6 +158,7 @@ var schema = []*setting{
 
 	// [admin]
 	{section: SectionAdmin, key: "token", v: stringValue{p: func(c *Config) *string { return &c.Admin.Token }, ok: nonBlank, optional: true, what: "a secret token"}},
+	{section: SectionAdmin, key: "pprof", v: boolValue{p: func(c *Config) *bool { return &c.Admin.Pprof }}},
 }
 
 // maxBackoffCap is CouchDB's upper bound for max_backoff_penalty_sec
