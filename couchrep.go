@@ -243,6 +243,7 @@ func Start(ctx context.Context, cfg Config, opts ...Option) (*Node, error) {
 		Competition: docproc.NewCompetition(),
 		Timers:      timerwheel.New(),
 		Slots:       &schedpolicy.FreeSlots{},
+		Held:        n.jobs.Held,
 	}
 	n.deps.RepJobs = repjob.NewFromConfig(n.deps.Jobs, store, cfg, n.log)
 	if shared.Replaced != "" {

@@ -57,6 +57,11 @@ type Deps struct {
 	// clustering actor's heartbeat publishes it for the other nodes'
 	// schedulers (schedpolicy.RotateIn); nil outside a node.
 	Slots *schedpolicy.FreeSlots
+	// Held tells how many jobs the node holds (its job registry: running
+	// and hibernated parked jobs); the clustering actor's heartbeat
+	// publishes it for the other nodes' accept loops
+	// (schedpolicy.AcceptShare); nil outside a node.
+	Held func() int
 }
 
 // NodeName is the node's name, as recorded in the jobs it runs.

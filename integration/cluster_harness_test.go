@@ -146,7 +146,11 @@ func startCluster(t testing.TB, cfg clusterConfig, types ...[]string) *testClust
 		level := cmp.Or(cfg.LogLevel, "info")
 		c.nodes = append(c.nodes, &clusterNode{name: name, types: ty,
 			opts: nodeOptions{name: name, dataDir: data, store: c.storePath, env: env, extra: []string{"--log-level", level}}})
-		if os.Getenv("COUCHREP_HARNESS_ECHO") != "" {
+		if d := os.Getenv("COUCHREP_HARNESS_LOGDIR"); d != "" {
+			// Kept after the run (the test's directory is removed): a
+			// benchmark's node logs, to explain its findings.
+			c.nodes[i].opts.logFile = filepath.Join(d, name+".log")
+		} else if os.Getenv("COUCHREP_HARNESS_ECHO") != "" {
 			c.nodes[i].opts.logFile = filepath.Join(data, "node.log")
 		}
 	}

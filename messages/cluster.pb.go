@@ -99,7 +99,12 @@ type NodeRecord struct {
 	// wrote the heartbeat; unset on a node that runs no scheduler. A full
 	// node's scheduler rotates only for the pending jobs beyond the live
 	// nodes' free slots (schedpolicy.RotateIn).
-	FreeSlots     *uint32 `protobuf:"varint,12,opt,name=free_slots,json=freeSlots,proto3,oneof" json:"free_slots,omitempty"`
+	FreeSlots *uint32 `protobuf:"varint,12,opt,name=free_slots,json=freeSlots,proto3,oneof" json:"free_slots,omitempty"`
+	// The jobs the node holds (running, parked ones included) when it wrote
+	// the heartbeat; unset on a node that runs no jobs. The accept loops
+	// take their share of the pending jobs so that the nodes hold about as
+	// many each (schedpolicy.AcceptShare).
+	HeldJobs      *uint32 `protobuf:"varint,13,opt,name=held_jobs,json=heldJobs,proto3,oneof" json:"held_jobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +223,13 @@ func (x *NodeRecord) GetFreeSlots() uint32 {
 	return 0
 }
 
+func (x *NodeRecord) GetHeldJobs() uint32 {
+	if x != nil && x.HeldJobs != nil {
+		return *x.HeldJobs
+	}
+	return 0
+}
+
 // ClusterEvent is published on a node's event stream when the membership it
 // sees changes (unstable) and when it stayed unchanged for the quiet period
 // (stable).
@@ -296,7 +308,7 @@ var File_couchrep_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbe\x03\n" +
+	"\x19couchrep/v1/cluster.proto\x12\vcouchrep.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x03\n" +
 	"\n" +
 	"NodeRecord\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
@@ -313,8 +325,11 @@ const file_couchrep_v1_cluster_proto_rawDesc = "" +
 	" \x01(\x03R\x03pid\x12\x1a\n" +
 	"\bdraining\x18\v \x01(\bR\bdraining\x12\"\n" +
 	"\n" +
-	"free_slots\x18\f \x01(\rH\x00R\tfreeSlots\x88\x01\x01B\r\n" +
-	"\v_free_slots\"\xe2\x01\n" +
+	"free_slots\x18\f \x01(\rH\x00R\tfreeSlots\x88\x01\x01\x12 \n" +
+	"\theld_jobs\x18\r \x01(\rH\x01R\bheldJobs\x88\x01\x01B\r\n" +
+	"\v_free_slotsB\f\n" +
+	"\n" +
+	"_held_jobs\"\xe2\x01\n" +
 	"\fClusterEvent\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.couchrep.v1.ClusterEvent.KindR\x04kind\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x18\n" +

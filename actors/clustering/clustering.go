@@ -215,6 +215,11 @@ func (a *clustering) record() *messages.NodeRecord {
 			rec.FreeSlots = proto.Uint32(uint32(free))
 		}
 	}
+	// The jobs it holds: the other nodes' accept loops take their share
+	// of the pending jobs (schedpolicy.AcceptShare).
+	if a.deps.Held != nil {
+		rec.HeldJobs = proto.Uint32(uint32(max(0, a.deps.Held())))
+	}
 	return rec
 }
 

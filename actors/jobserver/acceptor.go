@@ -186,6 +186,7 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 	}
 	maxJobs := func() int { return store.Policy().MaxJobs }
 	retry := pause.Backoff{Min: minRetry, Max: maxRetry}
+	fair := &fairShare{reg: a.srv.cluster, self: a.deps.NodeName(), now: time.Now}
 	for ctx.Err() == nil {
 		release, err := a.reg.acquire(ctx, maxJobs)
 		if err != nil {
@@ -199,7 +200,23 @@ func (a *acceptor) loop(ctx context.Context, system *actor.ActorSystem, jobsSup 
 		releases := append([]func(){release}, a.reg.tryAcquire(maxJobs, acceptBatch-1)...)
 		var runs []*repjob.Run
 		if len(releases) > 1 {
-			runs, err = store.AcceptMany(ctx, false, len(releases))
+			// At most this node's share of the pending jobs: the nodes
+			// of a cluster take a burst in about equal parts.
+			share := fair.next(ctx, a.reg.Held(), len(releases)+max(0, maxJobs()-a.reg.Running()))
+			runs, err = store.AcceptMany(ctx, false, len(releases), share)
+			switch {
+			case errors.Is(err, jobqueue.ErrOverShare):
+				for _, r := range releases {
+					r()
+				}
+				fair.deferred()
+				if pause.For(ctx, shareRetry) != nil {
+					return
+				}
+				continue
+			case share != nil && (err == nil || errors.Is(err, jobqueue.ErrNotFound)):
+				fair.taken()
+			}
 		}
 		if len(releases) == 1 || errors.Is(err, jobqueue.ErrNotFound) {
 			for _, r := range releases[1:] {

@@ -153,6 +153,14 @@ func (r *Registry) Running() int {
 	return r.taken
 }
 
+// Held returns how many jobs the node holds: with an actor, and
+// hibernated (what its heartbeat publishes, actors.Deps.Held).
+func (r *Registry) Held() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.jobs)
+}
+
 // Hibernated returns how many parked jobs are asleep without an actor.
 func (r *Registry) Hibernated() int {
 	r.mu.Lock()

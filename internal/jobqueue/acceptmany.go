@@ -28,7 +28,9 @@ const maxAcceptMany = 256
 // attempt, which reads the head the winner left). Their records are read
 // in one round trip where the store allows (kv.GetMany). With opts.Wait it waits, as Accept does, for at
 // least one job. n < 2 is Accept. AcceptMany ignores the head keys cached
-// by Accept (it reads the head itself).
+// by Accept (it reads the head itself). With opts.Share it takes at most
+// the worker's share of the pending jobs, and none (ErrOverShare, also
+// with opts.Wait) when the worker holds its share already.
 func (q *Queue) AcceptMany(ctx context.Context, typ string, n int, opts AcceptOptions) ([]*Job, error) {
 	if n < 2 {
 		j, err := q.Accept(ctx, typ, opts)
@@ -122,6 +124,13 @@ func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions) ([
 				return nil, err
 			}
 			continue
+		}
+		if opts.Share != nil && len(jobs) == 0 {
+			// This worker's share of what is pending, judged once per
+			// transaction on the first read of the head.
+			if n = min(n, opts.Share(len(cands))); n <= 0 {
+				return nil, ErrOverShare
+			}
 		}
 		want := n - len(jobs)
 		from := 0

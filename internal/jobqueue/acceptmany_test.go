@@ -188,3 +188,34 @@ func ids(jobs []*Job) []string {
 	}
 	return out
 }
+
+// TestAcceptManyShare: AcceptMany asks Share with the pending jobs it sees
+// and takes at most the share; a share of 0 takes nothing (ErrOverShare,
+// also with Wait) and leaves the jobs pending; no Share takes the batch.
+func TestAcceptManyShare(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		b := setup(t, Options{})
+		for i := range 30 {
+			mustAdd(t, b, fmt.Sprintf("j%02d", i), AddOptions{Priority: uint64(i)})
+		}
+		var asked []int
+		third := func(pending int) int { asked = append(asked, pending); return (pending + 2) / 3 }
+		jobs, err := b.q.AcceptMany(b.ctx, typA, 64, AcceptOptions{Share: third})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(jobs) != 10 || asked[len(asked)-1] != 30 {
+			t.Fatalf("took %d jobs, Share asked with %v; want 10 of 30 pending", len(jobs), asked)
+		}
+		for _, wait := range []bool{false, true} {
+			_, err = b.q.AcceptMany(b.ctx, typA, 64, AcceptOptions{Wait: wait, Share: func(int) int { return 0 }})
+			if !errors.Is(err, ErrOverShare) {
+				t.Fatalf("share 0 (wait %v): %v, want ErrOverShare", wait, err)
+			}
+		}
+		jobs, err = b.q.AcceptMany(b.ctx, typA, 64, AcceptOptions{})
+		if err != nil || len(jobs) != 20 {
+			t.Fatalf("without Share: took %d jobs (%v), want the 20 left", len(jobs), err)
+		}
+	})
+}

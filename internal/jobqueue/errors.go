@@ -8,6 +8,10 @@ var (
 	// ErrNotFound means the job (or, from Accept without waiting, any
 	// eligible pending job) does not exist.
 	ErrNotFound = errors.New("jobqueue: not found")
+	// ErrOverShare is returned by AcceptMany when jobs are pending but
+	// the worker holds its share of them already (AcceptOptions.Share):
+	// the other workers are to take them.
+	ErrOverShare = errors.New("jobqueue: pending jobs are other workers' share")
 	// ErrExists is returned by Add for an id already in use, unless
 	// AddOptions.Replace is set.
 	ErrExists = errors.New("jobqueue: job already exists")

@@ -32,6 +32,14 @@ type AcceptOptions struct {
 	// the worker alive instead of the job's own Updates (see Lease). Accept
 	// fails with ErrLeaseLost if the lease expired.
 	Lease *Lease
+	// Share, if set, bounds what AcceptMany takes to this worker's share
+	// of the pending jobs (so that the nodes of a cluster accept about as
+	// many each, schedpolicy.AcceptShare): given how many eligible pending
+	// jobs the transaction sees (when that is the whole window of the
+	// queue head AcceptMany reads, there may be more), it returns how many
+	// this worker may take; 0 or less: none, and AcceptMany fails with
+	// ErrOverShare. Accept ignores it.
+	Share func(pending int) int
 }
 
 // Job is a job accepted by a worker: it carries the worker lock, and its

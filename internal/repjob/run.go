@@ -75,8 +75,10 @@ func (s *Store) Accept(ctx context.Context, wait bool) (*Run, error) {
 // (jobqueue.Queue.AcceptMany): what an accept loop with many free slots
 // uses when many jobs are pending at once (a node's start, or a dead
 // node's jobs back in the queue). With wait it waits for at least one.
+// share, if not nil, bounds the batch to the node's share of the pending
+// jobs (jobqueue.AcceptOptions.Share; none: jobqueue.ErrOverShare).
 // Call Start on each.
-func (s *Store) AcceptMany(ctx context.Context, wait bool, n int) ([]*Run, error) {
+func (s *Store) AcceptMany(ctx context.Context, wait bool, n int, share func(pending int) int) ([]*Run, error) {
 	if n < 2 {
 		r, err := s.Accept(ctx, wait)
 		if err != nil {
@@ -93,7 +95,7 @@ func (s *Store) AcceptMany(ctx context.Context, wait bool, n int) ([]*Run, error
 		if err != nil {
 			return nil, fmt.Errorf("repjob: accept: %w", err)
 		}
-		jobs, err = s.q.AcceptMany(ctx, JobType, n, jobqueue.AcceptOptions{Wait: wait, Lease: lease})
+		jobs, err = s.q.AcceptMany(ctx, JobType, n, jobqueue.AcceptOptions{Wait: wait, Lease: lease, Share: share})
 		if errors.Is(err, jobqueue.ErrLeaseLost) && lease != nil && wait {
 			s.leaseLost(lease) // as Accept does
 			continue
