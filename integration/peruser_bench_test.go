@@ -162,9 +162,11 @@ func benchPerUserMemory(b *testing.B, n int) {
 //     says how many had), over 60 s with no writes and no scrape of the
 //     node: CPU of couchrepd and of the server (pouchdb-server, or
 //     CouchDB's beam.smp; % of one core), the requests a test server
-//     served, then RSS and open fds of couchrepd;
+//     (or the counting proxy) served, then RSS and open fds of couchrepd;
 //   - with COUCHREP_PERUSER_HEAP=file, the node's heap profile after the
-//     idle minute ([admin] pprof), written to file;
+//     idle minute ([admin] pprof), written to file; with
+//     COUCHREP_PERUSER_CPU=file its CPU profile of the start, from the
+//     _bulk_docs on for COUCHREP_PERUSER_CPU_SECONDS (default 90);
 //   - write → target latency: COUCHREP_PERUSER_WRITES (default 100)
 //     writes, one at a time, each to a random user database, timed from
 //     the PUT until a GET of the document at the central database
@@ -202,8 +204,8 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		p.jobs = 2 * n
 	}
 	env := []string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.repSrv.URL, "/")}
-	heap := os.Getenv("COUCHREP_PERUSER_HEAP")
-	if heap != "" {
+	heap, cpuProf := os.Getenv("COUCHREP_PERUSER_HEAP"), os.Getenv("COUCHREP_PERUSER_CPU")
+	if heap != "" || cpuProf != "" {
 		env = append(env, "COUCHREP_ADMIN_PPROF=true")
 	}
 	p.node, p.addr = scaleNode(b, p.jobs, env...)
@@ -212,18 +214,32 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		b.Fatalf("%s process not found", srvName)
 	}
 	nodeCPU0, srvCPU0 := procCPU(nodePID), procCPU(srvPID)
+	profiled := make(chan error, 1)
+	if cpuProf != "" {
+		// The node's CPU profile from the _bulk_docs on (pprof on its
+		// admin endpoint): where the start's time goes.
+		secs := envInt(b, "COUCHREP_PERUSER_CPU_SECONDS", 90)
+		go func() {
+			profiled <- fetchToFile(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.node.admin, secs), cpuProf)
+		}()
+	} else {
+		profiled <- nil
+	}
 	b.StartTimer()
 	p.writeDocs(b, fanOut)
 	running := p.waitRunning(b, 30*time.Minute)
 	b.StopTimer()
 	started := p.waitStarted(b, 5*time.Second, 30*time.Minute)
+	if err := <-profiled; err != nil {
+		b.Errorf("CPU profile: %v", err)
+	}
 	startNodeCPU, startSrvCPU := procCPU(nodePID)-nodeCPU0, procCPU(srvPID)-srvCPU0
 	startReqs := p.requests(b, true)
 	startFDs := procFDs(nodePID)
 	sent := metricSum(b, p.addr, metricPrefix("couchrep_replication_requests_total"))
 	b.Logf("users=%d jobs=%d: _bulk_docs answered in %s; all running %s after it, started at the source after %s; "+
 		"CPU from the _bulk_docs to started: couchrepd %s, %s %s; the node's jobs sent %.0f requests (%.1f a job); "+
-		"server (test server only): %d requests, peak %d in flight at once (feeds apart), peak %d feeds; couchrepd fds %d; load %s",
+		"server (test server, or the node's through the counting proxy): %d requests, peak %d in flight at once (feeds apart), peak %d feeds; couchrepd fds %d; load %s",
 		n, p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), started.Round(time.Millisecond),
 		startNodeCPU.Round(time.Millisecond), srvName, startSrvCPU.Round(time.Millisecond), sent, sent/float64(p.jobs),
 		startReqs.Total, startReqs.Peak, startReqs.PeakFeeds, startFDs, loadAvg())
@@ -278,7 +294,7 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	b.ReportMetric(sent/float64(p.jobs), "start-requests/job")
 	b.ReportMetric(float64(startNodeCPU.Milliseconds())/float64(p.jobs), "start-node-cpu-ms/job")
 	b.ReportMetric(float64(startSrvCPU.Milliseconds())/float64(p.jobs), "start-server-cpu-ms/job")
-	if !p.external {
+	if !p.external || p.proxy != nil {
 		b.ReportMetric(float64(startReqs.Peak), "server-peak-inflight")
 	}
 	b.ReportMetric(nodeIdle, "node-idle-%cpu")
@@ -286,7 +302,7 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	b.ReportMetric(float64(nodeRSS)/(1<<20), "node-RSS-MB")
 	b.ReportMetric(float64(nodeFDs), "node-fds")
 	b.ReportMetric(float64(store)/float64(p.jobs), "store-B/job")
-	if !p.external {
+	if !p.external || p.proxy != nil {
 		b.ReportMetric(float64(reqs1.Feeds), "server-feeds-idle")
 	}
 	b.ReportMetric(parked, "jobs-parked")
@@ -308,22 +324,30 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 
 // saveURL writes what a GET of u answers to file.
 func saveURL(tb testing.TB, u, file string) {
+	if err := fetchToFile(u, file); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// fetchToFile writes the body of GET u to file.
+func fetchToFile(u, file string) error {
 	resp, err := http.Get(u)
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		tb.Fatalf("GET %s: %d", u, resp.StatusCode)
+		return fmt.Errorf("GET %s: %d", u, resp.StatusCode)
 	}
 	f, err := os.Create(file)
 	if err != nil {
-		tb.Fatal(err)
+		return err
 	}
-	defer f.Close()
 	if _, err := io.Copy(f, resp.Body); err != nil {
-		tb.Fatal(err)
+		f.Close()
+		return err
 	}
+	return f.Close()
 }
 
 // storeBytes is the size of the node's SQLite job store in dataDir: the
@@ -375,7 +399,7 @@ func BenchmarkPerUserStart(b *testing.B) {
 		defer cancel()
 		cfg := couchrep.DefaultConfig()
 		cfg.Couchrep.HTTPBind, cfg.Couchrep.AdminBind = "127.0.0.1:0", "127.0.0.1:0"
-		cfg.Couchrep.Watch = []string{strings.TrimSuffix(p.srv.URL, "/")}
+		cfg.Couchrep.Watch = []string{strings.TrimSuffix(p.repSrv.URL, "/")}
 		fanOut := os.Getenv("COUCHREP_PERUSER_BENCH_FANOUT") != ""
 		cfg.Replicator.MaxJobs = n + 10
 		if fanOut {
@@ -424,6 +448,11 @@ func BenchmarkPerUserStart(b *testing.B) {
 		// shared feed, the parked fan-out jobs' wake-only watch).
 		deadline = time.Now().Add(10 * time.Minute)
 		ownFeeds := 3
+		if p.external {
+			// Through the counting proxy: the source server's _db_updates
+			// feed (the _replicator feeds are the other server's).
+			ownFeeds = 1
+		}
 		if fanOut {
 			ownFeeds++
 		}

@@ -60,6 +60,19 @@ type perUser struct {
 	// tag makes the benchmark's document ids unique to this run (user
 	// databases kept from an earlier run hold that run's documents).
 	tag string
+	// proxy counts the node's requests to an external server (its jobs'
+	// sources and targets are addressed through it); nil on a test
+	// server (which counts them itself) or with COUCHREP_PERUSER_COUNT=0.
+	proxy *inflightProxy
+}
+
+// nodeURL is u (a database URL on srv) as the node's jobs address it:
+// through the counting proxy, if any.
+func (p *perUser) nodeURL(t testing.TB, u string) string {
+	if p.proxy == nil {
+		return u
+	}
+	return p.proxy.via(t, u)
 }
 
 // userDB is the URL of user's database.
@@ -158,8 +171,9 @@ func startPerUser(t testing.TB, n int, fanOut bool, env ...string) *perUser {
 // _replicator documents go to a PouchDB Server of their own: the CouchDB's
 // own _replicator databases are seen by its replicator (max_jobs 0 keeps
 // it from running them, not from parsing and scheduling them) and by any
-// other node watching that CouchDB. Its requests are not counted
-// (serverRequests is PouchDB Server's).
+// other node watching that CouchDB. The node reaches that CouchDB through
+// a counting proxy in this process (inflightProxy; not with
+// COUCHREP_PERUSER_COUNT=0), whose counts are the node's requests.
 func newPerUserServer(t testing.TB, n int) *perUser {
 	t.Helper()
 	p := &perUser{users: make([]string, n), tag: strconv.FormatInt(time.Now().UnixNano()/1e6, 36)}
@@ -186,6 +200,9 @@ func newPerUserServer(t testing.TB, n int) *perUser {
 				deleteDBs(t, p.srv, p.userDBs())
 			}
 		})
+		if os.Getenv("COUCHREP_PERUSER_COUNT") != "0" {
+			p.proxy = startInflightProxy(t, p.srv.URL)
+		}
 		start := time.Now()
 		createDBs(t, p.srv, p.userDBs(), true)
 		t.Logf("per-user: %d user databases on %s (prefix %q) ready in %s", n, p.srv.URL, p.prefix, time.Since(start).Round(time.Millisecond))
@@ -220,12 +237,13 @@ func (p *perUser) writeDocs(t testing.TB, fanOut bool) {
 		p.jobs *= 2
 	}
 	docs := make([]json.RawMessage, 0, p.jobs)
+	central := p.nodeURL(t, p.central)
 	for _, u := range p.users {
-		db := p.userDB(u)
-		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"in-%s","source":%q,"target":%q,"continuous":true}`, u, db, p.central)))
+		db := p.nodeURL(t, p.userDB(u))
+		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"in-%s","source":%q,"target":%q,"continuous":true}`, u, db, central)))
 		if fanOut {
 			docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"out-%s","source":%q,"target":%q,"continuous":true,"selector":{"owner":%q}}`,
-				u, p.central, db, u)))
+				u, central, db, u)))
 		}
 	}
 	start := time.Now()
@@ -295,13 +313,31 @@ func forEachDB(t testing.TB, srv *testserver.Server, urls []string, method strin
 func (p *perUser) waitRunning(t testing.TB, timeout time.Duration) time.Duration {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
+	var logged time.Time
 	for {
-		running := runningJobsTB(t, p.addr)
-		if running >= p.jobs {
+		var running, records float64 // one scrape
+		metricSum(t, p.addr, func(line string) bool {
+			if !strings.HasPrefix(line, "couchrep_replication_jobs{") {
+				return false
+			}
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			records += v
+			if strings.Contains(line, `state="running"`) {
+				running += v
+			}
+			return false
+		})
+		if int(running) >= p.jobs {
 			return time.Since(p.written)
 		}
+		if time.Since(logged) >= 5*time.Second {
+			logged = time.Now()
+			t.Logf("%s after the _bulk_docs: %.0f jobs in the store, %.0f running; server %+v",
+				time.Since(p.written).Round(100*time.Millisecond), records, running, p.requests(t, false))
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d jobs running %s after the _bulk_docs", running, p.jobs, time.Since(p.written).Round(time.Second))
+			t.Fatalf("%.0f of %d jobs running %s after the _bulk_docs", running, p.jobs, time.Since(p.written).Round(time.Second))
 		}
 		select {
 		case <-p.node.exited:
@@ -381,11 +417,15 @@ type serverRequests struct {
 }
 
 // requests reads the server's request counts; reset starts new peaks. On
-// an external CouchDB nothing is counted: all zero.
+// an external CouchDB they are the counting proxy's (the node's requests
+// only), or all zero without one.
 func (p *perUser) requests(t testing.TB, reset bool) serverRequests {
 	t.Helper()
 	var r serverRequests
 	if p.external {
+		if p.proxy != nil {
+			r = p.proxy.counts(reset)
+		}
 		return r
 	}
 	u := p.srv.URL + "_couchrep_requests"
