@@ -323,6 +323,7 @@ func (r *Registry) exitedFunc(e *entry) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
+			defer r.exitSeen(e, exit) // after the close
 			defer close(exit)
 			r.mu.Lock()
 			if e.inc != inc {
@@ -348,6 +349,24 @@ func (r *Registry) exitedFunc(e *entry) func() {
 			}
 		})
 	}
+}
+
+// exited is the actorExit of an entry whose actor exited: a hibernated
+// job keeps no channel of its own for it.
+var exited = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// exitSeen drops e's actorExit, exit, closed: the shared closed channel
+// says the same.
+func (r *Registry) exitSeen(e *entry, exit chan struct{}) {
+	r.mu.Lock()
+	if e.actorExit == exit {
+		e.actorExit = exited
+	}
+	r.mu.Unlock()
 }
 
 // spawned records that e's actor runs: a stop asked for meanwhile is sent

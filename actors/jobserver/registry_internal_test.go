@@ -66,3 +66,44 @@ func TestWokenJobYieldsAWaitingAcceptLoop(t *testing.T) {
 		}
 	}
 }
+
+// TestActorExitChannelDropped: once an entry's actor has exited, the entry
+// keeps the shared closed channel, not one of its own (a hibernated job's
+// entry holds no channel for its exited actor); a later incarnation gets a
+// channel of its own again, and a stale exit leaves it alone.
+func TestActorExitChannelDropped(t *testing.T) {
+	r := NewRegistry()
+	e, exitedFn := r.add("job", 1, true, nil, nil)
+	own := e.actorExit
+	e.mu.Lock()
+	e.state = asleep // hibernated: the exit leaves the entry in place
+	e.mu.Unlock()
+	exitedFn()
+	select {
+	case <-own:
+	default:
+		t.Fatal("the actor's exit channel was not closed")
+	}
+	r.mu.Lock()
+	got := e.actorExit
+	r.mu.Unlock()
+	if got != exited {
+		t.Fatal("the entry kept its own closed exit channel")
+	}
+	if r.lookup("job") != e {
+		t.Fatal("a hibernated job's entry left the registry at its actor's exit")
+	}
+	// The next incarnation (a wake-up) has a channel of its own.
+	r.mu.Lock()
+	e.inc++
+	next := make(chan struct{})
+	e.actorExit = next
+	r.mu.Unlock()
+	r.exitSeen(e, own) // a stale exit
+	r.mu.Lock()
+	got = e.actorExit
+	r.mu.Unlock()
+	if got != next {
+		t.Fatal("a stale exit replaced the current incarnation's channel")
+	}
+}

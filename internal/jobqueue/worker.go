@@ -76,6 +76,17 @@ func (j *Job) DropData() {
 	if j.info != nil && j.info.Data != nil {
 		info := *j.info
 		info.Data = nil
+		// The strings the record's decode made, shared where the job
+		// and its queue have them: fewer objects kept per parked job.
+		if info.Type == j.typ {
+			info.Type = j.typ
+		}
+		if info.ID == j.id {
+			info.ID = j.id
+		}
+		if info.WorkerNode == j.q.node {
+			info.WorkerNode = j.q.node
+		}
 		j.info = &info
 	}
 }
