@@ -145,19 +145,29 @@ var opcodes = map[string]opcode{"$and": opAnd, "$or": opOr, "$not": opNot, "$eq"
 	"$elemMatch": opElemMatch, "$allMatch": opAllMatch, "$keyMapMatch": opKeyMapMatch,
 	"$beginsWith": opBeginsWith, "$default": opDefault}
 
+// node is one operator of a compiled selector. Its operand is in arg
+// (the value compared, the list of $in/$nin/$all, the bool of $exists,
+// the string of $type/$beginsWith, the *regexp.Regexp of $regex): a node
+// is 96 bytes, and a per-user selector job holds two for as long as it
+// lives.
 type node struct {
 	op   opcode
+	id   bool    // the field is _id: compared byte by byte (cmp_raw)
 	kids []*node // $and, $or
 	kid  *node   // $not, $elemMatch, $allMatch, $keyMapMatch; a field's condition
 	path []string
-	id   bool // the field is _id: compared byte by byte (cmp_raw)
 	arg  any
-	args []any
-	b    bool
-	s    string
-	re   *regexp.Regexp
-	d, r int64
+	d, r int64 // $mod's divisor and remainder, $size's length
 }
+
+// list is the operand of $in, $nin and $all.
+func (n *node) list() []any { l, _ := n.arg.([]any); return l }
+
+// flag is the operand of $exists.
+func (n *node) flag() bool { b, _ := n.arg.(bool); return b }
+
+// str is the operand of $type and $beginsWith.
+func (n *node) str() string { s, _ := n.arg.(string); return s }
 
 func compile(v any) (*node, error) {
 	obj := v.(Object)
@@ -204,11 +214,11 @@ func compile(v any) (*node, error) {
 	case opEq, opNe, opLt, opLte, opGt, opGte:
 		n.arg = a
 	case opIn, opNin, opAll:
-		n.args = a.([]any)
+		n.arg = a.([]any)
 	case opExists:
-		n.b = a.(bool)
+		n.arg = a.(bool)
 	case opType, opBeginsWith:
-		n.s = a.(string)
+		n.arg = a.(string)
 	case opMod:
 		l := a.([]any)
 		n.d, n.r = l[0].(Number).I, l[1].(Number).I
@@ -220,7 +230,7 @@ func compile(v any) (*node, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: $regex %s: %w", ErrUnsupported, text(a), err)
 		}
-		n.re = re
+		n.arg = re
 	case opSize:
 		n.d = a.(Number).I
 	}
@@ -330,11 +340,11 @@ func match(n *node, v any, raw bool) bool {
 		return !match(n.kid, v, raw)
 	case opAll:
 		vals, ok := v.([]any)
-		if len(n.args) == 0 || !ok {
+		if len(n.list()) == 0 || !ok {
 			return false
 		}
 		has := true
-		for _, a := range n.args {
+		for _, a := range n.list() {
 			member := false
 			for _, x := range vals {
 				if exactEqual(a, x) {
@@ -350,8 +360,8 @@ func match(n *node, v any, raw bool) bool {
 		if has {
 			return true
 		}
-		if len(n.args) == 1 {
-			if l, ok := n.args[0].([]any); ok {
+		if len(n.list()) == 1 {
+			if l, ok := n.list()[0].([]any); ok {
 				return termEqual(l, vals)
 			}
 		}
@@ -363,7 +373,7 @@ func match(n *node, v any, raw bool) bool {
 		sub, res := getField(v, n.path)
 		switch res {
 		case notFound:
-			return n.kid.op == opExists && !n.kid.b
+			return n.kid.op == opExists && !n.kid.flag()
 		case badPath:
 			return false
 		}
@@ -414,33 +424,33 @@ func match(n *node, v any, raw bool) bool {
 	case opGt:
 		return cmpWith(raw, v, n.arg) > 0
 	case opIn:
-		return in(n.args, v, raw)
+		return in(n.list(), v, raw)
 	case opNin:
-		if len(n.args) == 0 {
+		if len(n.list()) == 0 {
 			return true
 		}
 		if _, ok := v.([]any); ok {
-			return !in(n.args, v, raw)
+			return !in(n.list(), v, raw)
 		}
-		for _, a := range n.args {
+		for _, a := range n.list() {
 			if eqWith(raw, v, a) {
 				return false
 			}
 		}
 		return true
 	case opExists:
-		return n.b
+		return n.flag()
 	case opType:
-		return n.s == typeName(v)
+		return n.str() == typeName(v)
 	case opMod:
 		x, ok := v.(Number)
 		return ok && x.Int && x.I%n.d == n.r
 	case opBeginsWith:
 		s, ok := v.(string)
-		return ok && strings.HasPrefix(s, n.s)
+		return ok && strings.HasPrefix(s, n.str())
 	case opRegex:
 		s, ok := v.(string)
-		return ok && n.re.MatchString(s)
+		return ok && n.arg.(*regexp.Regexp).MatchString(s)
 	case opSize:
 		vals, ok := v.([]any)
 		return ok && int64(len(vals)) == n.d

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 )
 
 // valueCase is one value of x and whether {"x": sel} matches {"x": value}.
@@ -351,4 +352,12 @@ func FuzzMatch(f *testing.F) {
 			t.Fatalf("round trip of %s: %v", doc, err)
 		}
 	})
+}
+
+// TestNodeSize: a compiled operator stays at 96 bytes (a per-user selector
+// job holds two as long as it lives, parked or not).
+func TestNodeSize(t *testing.T) {
+	if s := unsafe.Sizeof(node{}); s > 96 {
+		t.Fatalf("node is %d bytes, want at most 96", s)
+	}
 }
