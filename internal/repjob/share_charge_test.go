@@ -126,3 +126,59 @@ func TestConcurrentJobEndsChargeWithoutConflicts(t *testing.T) {
 		}
 	})
 }
+
+// TestLaggingAccountBanksAtMostOneQuantum: the account charged with atomic
+// adds is floored at the frontier only when an enqueue folds it; a key
+// whose summed account fell more than one quantum behind the frontier (its
+// one job crashed at once, its unused quantum refunded, while another
+// key's ten jobs moved the frontier ten quanta on) is folded at its next
+// enqueue, so that the credit it keeps is at most one quantum of its own:
+// its job's new deadline is a quantum past the frontier, not behind it.
+func TestLaggingAccountBanksAtMostOneQuantum(t *testing.T) {
+	storetest.Each(t, func(t *testing.T) {
+		ctx := context.Background()
+		e := newEnv(t, nil)
+		add := func(db string, i int) {
+			t.Helper()
+			if _, err := e.store.AddPersistent(ctx, repjob.PersistentDoc{Server: "http://c", DB: db, DocID: fmt.Sprint("d", i),
+				Body: body(fmt.Sprintf("http://a/%s%d", db[:1], i), "http://b/central", `,"continuous":true`)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		add("x/_replicator", 0)
+		for i := range 10 {
+			add("y/_replicator", i)
+		}
+		var x *repjob.Run
+		for range 11 {
+			run, err := e.store.Accept(ctx, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := run.Start(ctx, "n1"); err != nil {
+				t.Fatal(err)
+			}
+			if run.Record().GetShareKey() == "x/_replicator" {
+				x = run
+			}
+		}
+		ahead, qc, err := e.store.ShareLag(ctx, "x/_replicator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ahead > -8*qc {
+			t.Fatalf("x before its crash: %d ahead of the frontier, want about 9 quanta (%d) behind", ahead, 9*qc)
+		}
+		if _, err := x.Crash(ctx, "could not open source"); err != nil {
+			t.Fatal(err)
+		}
+		ahead, _, err = e.store.ShareLag(ctx, "x/_replicator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Folded at the frontier, then one quantum reserved.
+		if ahead != qc {
+			t.Fatalf("x after its crash: %d ahead of the frontier, want one quantum (%d)", ahead, qc)
+		}
+	})
+}
