@@ -406,6 +406,9 @@ func (a *acceptor) hibernation(system *actor.ActorSystem, jobServer *actor.PID) 
 		spawn: func(ctx context.Context, e *entry, run *repjob.Run, rs *jobrunner.Resume) error {
 			return a.spawn(ctx, system, jobsSup, e, run, rs, a.reg.exitedFunc(e))
 		},
+		pid: func(id string) *actor.PID {
+			return actor.NewPID(jobsSup.Address, jobsSup.Id+"/"+jobrunner.Name(id))
+		},
 		maxJobs:  func() int { return a.deps.RepJobs.Policy().MaxJobs },
 		rechecks: a.w.Rechecks,
 		timers:   a.deps.Timers,

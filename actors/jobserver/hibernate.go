@@ -66,6 +66,7 @@ func (r *Registry) hibernate(e *entry, h *jobrunner.Hibernated) bool {
 	}
 	r.hibernated++
 	r.tell(&scheduler.JobExited{ID: e.id})
+	e.pid = nil // its actor exits; a wake-up's gets it again (hibernation.pid)
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -175,6 +176,9 @@ func (r *Registry) respawn(ctx context.Context, e *entry, recheck bool) {
 	r.hibernated--
 	e.inc++
 	e.spawned, e.stopReason, e.release, e.actorExit = false, "", release, make(chan struct{})
+	if hib.pid != nil {
+		e.pid = hib.pid(e.id)
+	}
 	r.tell(&scheduler.JobStarted{ID: e.id, Continuous: e.continuous})
 	system := r.system
 	r.mu.Unlock()

@@ -64,7 +64,9 @@ type Registry struct {
 type hibernation struct {
 	// spawn starts the actor of e's run for a wake-up; release gives the
 	// slot it took back once the actor has exited.
-	spawn    func(ctx context.Context, e *entry, run *repjob.Run, rs *jobrunner.Resume) error
+	spawn func(ctx context.Context, e *entry, run *repjob.Run, rs *jobrunner.Resume) error
+	// pid is the PID of job id's actor (a hibernated job keeps none).
+	pid      func(id string) *actor.PID
 	maxJobs  func() int
 	rechecks *park.Rechecks
 	timers   *timerwheel.Wheel

@@ -33,4 +33,11 @@ func TestDropData(t *testing.T) {
 	if !same(info.ID, j.id) || !same(info.Type, j.typ) || !same(info.WorkerNode, b.q.node) {
 		t.Fatal("the dropped info keeps strings of its own")
 	}
+	// The next call on the job has it all again.
+	if err := j.Update(b.ctx, []byte("payload 3")); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.Info(); string(got.Data) != "payload 3" || got.AcceptCount != before.AcceptCount || got.Version <= before.Version {
+		t.Fatalf("info after the next update: %+v", *got)
+	}
 }

@@ -51,6 +51,15 @@ type Job struct {
 	lock  []byte
 	info  *JobInfo
 	lease *Lease // the lease holding the job, if any
+	// kept is what Info answers once DropData dropped info (nil then):
+	// a parked job keeps these few fields, not a whole JobInfo.
+	kept keptInfo
+}
+
+// keptInfo is the part of a JobInfo a Job keeps after DropData.
+type keptInfo struct {
+	priority, acceptCount uint64
+	state                 State
 }
 
 // Type returns the job type.
@@ -65,29 +74,26 @@ func (j *Job) Lock() []byte { return bytes.Clone(j.lock) }
 // Info returns the job as of the last successful call on it (Accept,
 // Update...). ResubmitRequested and CancelRequested there tell the worker
 // what users asked for.
-func (j *Job) Info() *JobInfo { return j.info }
+//
+// After DropData it has only the job's identity, state, priority and
+// accept count (built anew at each call) until the next call on the job.
+func (j *Job) Info() *JobInfo {
+	if j.info == nil {
+		return &JobInfo{Type: j.typ, ID: j.id, State: j.kept.state, Priority: j.kept.priority,
+			AcceptCount: j.kept.acceptCount, WorkerNode: j.q.node}
+	}
+	return j.info
+}
 
 // DropData forgets the job's data as last read or written (JobInfo.Data):
 // a worker that keeps a job for long without working on it (a parked
-// replication) holds its lock, not its payload. Info's Data is nil until
-// the next call on the job; not safe for concurrent use with the job's
-// other calls.
+// replication) holds its lock, not its payload: Info answers only the
+// job's identity, state, priority and accept count until the next call on
+// the job. Not safe for concurrent use with the job's other calls.
 func (j *Job) DropData() {
-	if j.info != nil && j.info.Data != nil {
-		info := *j.info
-		info.Data = nil
-		// The strings the record's decode made, shared where the job
-		// and its queue have them: fewer objects kept per parked job.
-		if info.Type == j.typ {
-			info.Type = j.typ
-		}
-		if info.ID == j.id {
-			info.ID = j.id
-		}
-		if info.WorkerNode == j.q.node {
-			info.WorkerNode = j.q.node
-		}
-		j.info = &info
+	if j.info != nil {
+		j.kept = keptInfo{priority: j.info.Priority, acceptCount: j.info.AcceptCount, state: j.info.State}
+		j.info = nil
 	}
 }
 
