@@ -42,6 +42,24 @@ type parkProxy struct {
 	drop   atomic.Bool    // drop _db_updates rows
 	probes map[string]int // GET /db by database
 	reqs   map[string]int // every request to a database, by database
+	// dbsInfo: each POST /_dbs_info, its keys and the answer's status
+	dbsInfo []dbsInfoReq
+}
+
+// dbsInfoReq is one POST /_dbs_info the proxy passed.
+type dbsInfoReq struct {
+	keys, status int
+}
+
+// statusRecorder keeps the status of an answer.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
 }
 
 func newParkProxy(t *testing.T, target string) *parkProxy {
@@ -76,6 +94,19 @@ func newParkProxy(t *testing.T, target string) *parkProxy {
 			p.mu.Lock()
 			p.probes[parts[0]]++
 			p.mu.Unlock()
+		case len(parts) == 1 && r.Method == http.MethodPost && parts[0] == "_dbs_info":
+			b, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(b))
+			var body struct {
+				Keys []string `json:"keys"`
+			}
+			_ = json.Unmarshal(b, &body)
+			rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+			rp.ServeHTTP(rec, r)
+			p.mu.Lock()
+			p.dbsInfo = append(p.dbsInfo, dbsInfoReq{keys: len(body.Keys), status: rec.status})
+			p.mu.Unlock()
+			return
 		}
 		rp.ServeHTTP(w, r)
 	}))
@@ -177,10 +208,26 @@ func newParkNodeRigConf(t *testing.T, s *testserver.Server, users int, conf stri
 	return r
 }
 
+// sourceURL is db's URL through the proxy (with the server's credentials
+// and, on a server the tests did not start, the test's prefix).
+func (r *parkNodeRig) sourceURL(db string) string {
+	r.t.Helper()
+	u, err := url.Parse(r.s.DBURL(db))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	px, err := url.Parse(r.px.URL)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	u.Scheme, u.Host = px.Scheme, px.Host
+	return u.String()
+}
+
 // start adds the continuous replication of db into central.
 func (r *parkNodeRig) start(db string) string {
 	r.t.Helper()
-	body := fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true%s}`, r.px.URL+"/"+db, r.s.DBURL("central"), r.extra)
+	body := fmt.Sprintf(`{"source":%q,"target":%q,"continuous":true%s}`, r.sourceURL(db), r.s.DBURL("central"), r.extra)
 	rep := api(r.t, r.addr, "POST", "/_replicate", body)
 	if rep.status != http.StatusAccepted {
 		r.t.Fatalf("POST /_replicate: %d %s", rep.status, rep.body)
@@ -362,6 +409,109 @@ func TestParkingFallback(t *testing.T) {
 	}
 	s.PutDocs(t, s.DBURL("user-0"), map[string]any{"_id": "user-0-live"})
 	r.awaitCentral("user-0-live")
+}
+
+// dbsInfoSince returns the POST /_dbs_info requests after the first n.
+func (p *parkProxy) dbsInfoSince(n int) []dbsInfoReq {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]dbsInfoReq(nil), p.dbsInfo[min(n, len(p.dbsInfo)):]...)
+}
+
+// probesOf returns the GET /db requests to each of dbs so far.
+func (p *parkProxy) probesOf(dbs ...string) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]int, len(dbs))
+	for i, db := range dbs {
+		out[i] = p.probes[db]
+	}
+	return out
+}
+
+// TestParkedRechecksBatched: the safety net of parked jobs (every
+// _db_updates row dropped on the way, park_recheck 2 s) reads the sources'
+// update_seq in batches: on a server with POST /_dbs_info (Apache CouchDB
+// 3.4.3, make test-couchdb) one request answers several jobs and no job
+// sends its own GET /db; on one without (PouchDB Server answers 404) the
+// node asks once, then sends a GET /db per recheck. Either way a write to
+// a parked job's database reaches the target, and the other jobs do not
+// wake.
+func TestParkedRechecksBatched(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDBWithDBUpdates(t)
+	const users = 8
+	r := newParkNodeRig(t, s, users, "2")
+	r.px.drop.Store(true)
+	var firsts []string
+	for _, db := range r.users {
+		firsts = append(firsts, db+"-first")
+	}
+	r.awaitCentral(firsts...)
+	r.awaitParked(r.users...)
+	names := make([]string, len(r.users))
+	for i, db := range r.users {
+		u, err := url.Parse(r.sourceURL(db))
+		if err != nil {
+			t.Fatal(err)
+		}
+		names[i] = strings.Trim(u.Path, "/")
+	}
+	from := len(r.px.dbsInfoSince(0))
+	probes0 := r.px.probesOf(names...)
+	feeds0 := r.px.feedsOf(names...)
+	sum := func(xs []int) (n int) {
+		for _, x := range xs {
+			n += x
+		}
+		return n
+	}
+	// Every job rechecks within 1.5 park_recheck and a gather of half of
+	// it: 5 s; wait for two of every job's on a loaded machine.
+	deadline := time.Now().Add(time.Minute)
+	var batched, keys, singles int
+	var reqs []dbsInfoReq
+	for {
+		reqs = r.px.dbsInfoSince(from)
+		batched, keys = 0, 0
+		for _, q := range reqs {
+			if q.status == http.StatusOK {
+				batched++
+				keys += q.keys
+			}
+		}
+		singles = sum(r.px.probesOf(names...)) - sum(probes0)
+		if keys+singles >= 2*users {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after a minute: POST /_dbs_info %v, %d GET /db: fewer than two rechecks a job", reqs, singles)
+		}
+		time.Sleep(100 * time.Millisecond) // the proxy's counts: poll
+	}
+	t.Logf("rechecks: POST /_dbs_info %v (%d answered, %d keys), %d GET /db", reqs, batched, keys, singles)
+	if s.External() {
+		// Apache CouchDB: batched. A look alone in its gather window goes
+		// as a GET /db; most do not.
+		if batched == 0 || keys <= batched || singles >= keys {
+			t.Errorf("CouchDB: POST /_dbs_info %v (%d answered, %d keys), %d GET /db: want batches of several jobs, most rechecks in them",
+				reqs, batched, keys, singles)
+		}
+	} else {
+		// PouchDB Server: 404, asked once; then a GET /db per recheck.
+		if len(reqs) != 1 || reqs[0].status != http.StatusNotFound || singles < 2*users {
+			t.Errorf("PouchDB Server: POST /_dbs_info %v, %d GET /db: want one answered 404, then a GET /db per recheck", reqs, singles)
+		}
+	}
+	if feeds := r.px.feedsOf(names...); sum(feeds) != sum(feeds0) {
+		t.Errorf("continuous feeds per db %v → %v: a job woke though nothing moved", feeds0, feeds)
+	}
+	s.PutDocs(t, s.DBURL(r.users[0]), map[string]any{"_id": r.users[0] + "-second"})
+	r.awaitCentral(r.users[0] + "-second")
+	r.awaitParked(r.users...)
+	if feeds := r.px.feedsOf(names...); feeds[0] != feeds0[0]+1 || sum(feeds[1:]) != sum(feeds0[1:]) {
+		t.Errorf("continuous feeds per db %v → %v: want one more on %s alone", feeds0, feeds, r.users[0])
+	}
 }
 
 // TestParkingSafetyNet: with every _db_updates row dropped on the way (a

@@ -46,6 +46,11 @@ type Hibernated struct {
 	// reads the source, even where Wake could answer itself (a shared
 	// feed's watch).
 	Unchecked bool
+	// Seq is the seq the job is parked at (its checkpoint, compacted:
+	// replicate.CompactSeq), nil when unknown: a recheck that reads the
+	// source's update_seq without an actor (the job server's batched
+	// looks) compares it with replicate.SeqPast.
+	Seq couch.Seq
 }
 
 // Resume is the wake-up a job actor is respawned for (Options.Resume).
@@ -180,7 +185,8 @@ func (a *jobActor) adopt(ctx context.Context, system *actor.ActorSystem, p repli
 		a.log.Debug().Msg("replication job: accepted parked, but cannot park now; running")
 		return false, nil
 	}
-	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck, Unchecked: true}
+	h := &Hibernated{Run: a.run, Wake: w, Recheck: park.AdoptJitter(p.ParkRecheck), Period: p.ParkRecheck, Unchecked: true,
+		Seq: replicate.CompactSeq(couch.Seq(a.run.Record().GetStats().GetCheckpointedSourceSeq()))}
 	if a.hibernate(system, h) {
 		a.log.Debug().Dur("first_recheck", h.Recheck).Msg("replication job: adopted parked; asleep without a look")
 		return true, nil
@@ -253,7 +259,8 @@ func (a *jobActor) wakeUp(ctx context.Context, system *actor.ActorSystem, self *
 		}
 		// The look read the source (or the watch vouched for it): checked,
 		// unless it could not look (no seq recorded).
-		h := &Hibernated{Run: run, Wake: pk.take(), Recheck: next, Period: p.ParkRecheck}
+		h := &Hibernated{Run: run, Wake: pk.take(), Recheck: next, Period: p.ParkRecheck,
+			Seq: replicate.CompactSeq(couch.Seq(rec.GetStats().GetCheckpointedSourceSeq()))}
 		if a.hibernate(system, h) {
 			a.log.Debug().Bool("recheck", rs.Recheck).Msg("replication job: looked while parked; nothing moved, asleep again")
 			return nil

@@ -543,11 +543,12 @@ func (a *jobActor) replicate(ctx context.Context, system *actor.ActorSystem, sel
 		// A run that parks hands the job to the registry: the progress
 		// writer stops first (the registry watches the lease after it),
 		// then the actor exits without touching the run.
-		pk.hibernate = func() bool {
+		pk.hibernate = func(seq couch.Seq) bool {
 			if pw.stop() {
 				return false // lost: the job's context is canceled
 			}
-			h := &Hibernated{Run: a.run, Wake: pk.take(), Recheck: park.Jitter(p.ParkRecheck), Period: p.ParkRecheck}
+			h := &Hibernated{Run: a.run, Wake: pk.take(), Recheck: park.Jitter(p.ParkRecheck), Period: p.ParkRecheck,
+				Seq: replicate.CompactSeq(seq)}
 			if !a.hibernate(system, h) {
 				pk.give(h.Wake)
 				return false

@@ -49,7 +49,7 @@ type parker struct {
 	// hibernate, if set, hands the parked job to the node's registry
 	// (Options.Hibernate) instead of sleeping in the actor; false: it
 	// sleeps here.
-	hibernate func() bool
+	hibernate func(seq couch.Seq) bool
 }
 
 // parking returns the job's parker, or nil when the job never parks: not
@@ -243,7 +243,7 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 		pk.resume(ctx, res, start, done)
 		return
 	}
-	if pk.hibernate != nil && pk.hibernate() {
+	if pk.hibernate != nil && pk.hibernate(parked.Seq()) {
 		return
 	}
 	(&sleeper{pk: pk, ctx: ctx, wake: wake, parked: parked, res: res, start: start, done: done}).sleep()

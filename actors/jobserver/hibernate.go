@@ -6,8 +6,10 @@ import (
 
 	"github.com/couchrep/couchrep/actors/jobrunner"
 	"github.com/couchrep/couchrep/actors/scheduler"
+	"github.com/couchrep/couchrep/internal/couch"
 	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/internal/timerwheel"
 )
 
@@ -70,7 +72,7 @@ func (r *Registry) hibernate(e *entry, h *jobrunner.Hibernated) bool {
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.state, e.hib, e.unwatch = asleep, h, unwatch
+	e.state, e.hib, e.unwatch, e.look = asleep, h, unwatch, 0
 	d := h.Recheck
 	if d <= 0 {
 		d = time.Until(e.recheckAt)
@@ -116,16 +118,97 @@ func (r *Registry) relay(e *entry, w interface{ C() <-chan struct{} }) {
 }
 
 // signal is a wake-up of e (recheck: its timer's); it returns at once.
+// A recheck of a job parked on its server's _db_updates is a batched look
+// (lookLocked): no actor unless its source moved.
 func (r *Registry) signal(e *entry, recheck bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	switch e.state {
 	case asleep:
+		if recheck && e.look == 0 {
+			if w := lookable(e.hib); w != nil {
+				r.lookLocked(e, w)
+				return
+			}
+		}
+		if e.look != 0 && recheck {
+			return // its look is under way
+		}
 		r.wakeLocked(e, recheck)
 	case waking, withActor:
 		if !recheck {
 			e.again = true
 		}
+	}
+}
+
+// lookWake is a wake-up source whose job's recheck reads its database's
+// info on a server without an actor (a *dbupdates.Watch): a source that
+// answers itself (a shared feed's watch, Moved) is not one.
+type lookWake interface {
+	Server() park.Server
+	DB() string
+}
+
+// lookable is h's source when its recheck can be a batched look: its
+// parked seq is known and its source is a lookWake.
+func lookable(h *jobrunner.Hibernated) lookWake {
+	if h == nil || len(h.Seq) == 0 {
+		return nil
+	}
+	if _, self := h.Wake.(interface{ Moved(couch.Seq) bool }); self {
+		return nil
+	}
+	w, _ := h.Wake.(lookWake)
+	return w
+}
+
+// lookLocked starts e's batched recheck (e.mu held; e asleep): the node's
+// batcher (park.Rechecks.Look, at the node's pace, one POST /_dbs_info for
+// up to 100 jobs of a server) reads its source's info, and looked decides.
+func (r *Registry) lookLocked(e *entry, w lookWake) {
+	e.look++
+	if e.look == 0 {
+		e.look = 1
+	}
+	n, h := e.look, e.hib
+	go func() {
+		r.mu.Lock()
+		hib := r.hib
+		r.mu.Unlock()
+		timers := hib.timers
+		if timers == nil {
+			timers = timerwheel.Default()
+		}
+		hib.rechecks.Look(w.Server(), w.DB(), h.Period, func(info couch.DBInfo, err error) {
+			r.looked(e, h, n, timers, info, err)
+		})
+	}()
+}
+
+// looked is the answer of e's batched recheck n (of its hibernation h), as
+// a recheck's GET /db would have answered the job's actor: nothing past
+// its parked seq, it sleeps on (its next recheck armed); its update_seq
+// past it, the job wakes for a look at its changes (Parked.Changed, as a
+// _db_updates signal wakes it); an error (its database deleted, the server
+// unreachable), it wakes for a recheck of its own, which meets the same
+// and reports it as a run does.
+func (r *Registry) looked(e *entry, h *jobrunner.Hibernated, n uint32, timers *timerwheel.Wheel, info couch.DBInfo, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state != asleep || e.hib != h || e.look != n {
+		return
+	}
+	e.look = 0
+	d := park.Jitter(h.Period)
+	e.recheckAt = time.Now().Add(d)
+	switch {
+	case err != nil:
+		r.wakeLocked(e, true)
+	case replicate.SeqPast(info.UpdateSeq, h.Seq):
+		r.wakeLocked(e, false)
+	default:
+		e.timer = timers.AfterFunc(d, func() { r.signal(e, true) })
 	}
 }
 

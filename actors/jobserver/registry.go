@@ -117,6 +117,9 @@ type entry struct {
 	again       bool
 	cancelWake  context.CancelFunc
 	wakeRecheck bool
+	// look numbers the batched recheck under way (0: none): its answer
+	// counts only while it is the entry's latest and the job still sleeps.
+	look uint32
 }
 
 // NewRegistry returns an empty registry.

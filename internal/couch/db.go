@@ -79,24 +79,123 @@ type DBInfo struct {
 // matching ErrNotFound. Like CouchDB's replicator it requires update_seq
 // and instance_start_time in the answer.
 func (d *DB) Info(ctx context.Context) (DBInfo, error) {
-	r := &request{method: http.MethodGet}
-	body, err := getJSON[struct {
-		DBName            string          `json:"db_name"`
-		UpdateSeq         Seq             `json:"update_seq"`
-		DocCount          int64           `json:"doc_count"`
-		DocDelCount       int64           `json:"doc_del_count"`
-		InstanceStartTime json.RawMessage `json:"instance_start_time"`
-	}](ctx, d, r, d.lim.MaxBodyBytes, "response body")
+	return d.info(ctx, &request{method: http.MethodGet})
+}
+
+// InfoOf reads the info of the database name of d's server (GET /{name}
+// at its root), as Info reads d's: d is any client of the server (a
+// _db_updates feed's, at its root).
+func (d *DB) InfoOf(ctx context.Context, name string) (DBInfo, error) {
+	return d.info(ctx, &request{method: http.MethodGet, path: url.PathEscape(name), root: true})
+}
+
+// dbInfoBody is a database info as GET /db and POST /_dbs_info give it.
+type dbInfoBody struct {
+	DBName            string          `json:"db_name"`
+	UpdateSeq         Seq             `json:"update_seq"`
+	DocCount          int64           `json:"doc_count"`
+	DocDelCount       int64           `json:"doc_del_count"`
+	InstanceStartTime json.RawMessage `json:"instance_start_time"`
+}
+
+func (b dbInfoBody) info() (DBInfo, error) {
+	if b.UpdateSeq == nil || b.InstanceStartTime == nil {
+		return DBInfo{}, fmt.Errorf("database info lacks update_seq or instance_start_time")
+	}
+	return DBInfo{
+		DBName: b.DBName, UpdateSeq: b.UpdateSeq, DocCount: b.DocCount, DocDelCount: b.DocDelCount,
+		InstanceStartTime: scalarString(b.InstanceStartTime),
+	}, nil
+}
+
+func (d *DB) info(ctx context.Context, r *request) (DBInfo, error) {
+	body, err := getJSON[dbInfoBody](ctx, d, r, d.lim.MaxBodyBytes, "response body")
 	if err != nil {
 		return DBInfo{}, err
 	}
-	if body.UpdateSeq == nil || body.InstanceStartTime == nil {
-		return DBInfo{}, badResponse(r, d, fmt.Errorf("database info lacks update_seq or instance_start_time"))
+	info, err := body.info()
+	if err != nil {
+		return DBInfo{}, badResponse(r, d, err)
 	}
-	return DBInfo{
-		DBName: body.DBName, UpdateSeq: body.UpdateSeq, DocCount: body.DocCount, DocDelCount: body.DocDelCount,
-		InstanceStartTime: scalarString(body.InstanceStartTime),
-	}, nil
+	return info, nil
+}
+
+// MaxDBsInfoKeys is the most databases one POST /_dbs_info may name:
+// CouchDB 3.4.3 answers 400 too_many_keys beyond ([chttpd]
+// max_db_number_for_dbs_info_req, 100).
+const MaxDBsInfoKeys = 100
+
+// DBsInfoResult is one database's line of a POST /_dbs_info answer: its
+// info (what GET /db gives), or Err — matching ErrNotFound for a database
+// that does not exist (CouchDB's {"key": db, "error": "not_found"}).
+type DBsInfoResult struct {
+	Info DBInfo
+	Err  error
+}
+
+// DBsInfo reads the infos of the databases names of d's server in one
+// request, POST /_dbs_info {"keys": names} at its root (CouchDB 2.2 and
+// later; at most MaxDBsInfoKeys names), in the order of names. A server
+// without it answers with an error status (PouchDB Server: 404
+// no_db_file), returned as an *HTTPError; a CouchDB 3 answers 401 to
+// credentials that are not a server admin's. A database the answer does
+// not name gets an error.
+func (d *DB) DBsInfo(ctx context.Context, names []string) ([]DBsInfoResult, error) {
+	if len(names) > MaxDBsInfoKeys {
+		return nil, fmt.Errorf("couch: _dbs_info: %d databases, at most %d a request", len(names), MaxDBsInfoKeys)
+	}
+	b, err := json.Marshal(struct {
+		Keys []string `json:"keys"`
+	}{names})
+	if err != nil {
+		return nil, err
+	}
+	body, n := bytesBody(b)
+	r := &request{method: http.MethodPost, path: "_dbs_info", root: true, body: body, bodyLen: n, contentType: "application/json"}
+	rows, err := getJSON[[]struct {
+		Key   string          `json:"key"`
+		Info  *dbInfoBody     `json:"info"`
+		Error json.RawMessage `json:"error"`
+	}](ctx, d, r, d.lim.MaxBodyBytes, "_dbs_info answer")
+	if err != nil {
+		return nil, err
+	}
+	byName := make(map[string]int, len(names))
+	for i, name := range names {
+		byName[name] = i
+	}
+	out := make([]DBsInfoResult, len(names))
+	seen := make([]bool, len(names))
+	for _, row := range rows {
+		i, ok := byName[row.Key]
+		if !ok || seen[i] {
+			continue
+		}
+		seen[i] = true
+		switch {
+		case row.Info != nil:
+			info, err := row.Info.info()
+			if err != nil {
+				err = badResponse(r, d, fmt.Errorf("%q: %w", row.Key, err))
+			}
+			out[i] = DBsInfoResult{Info: info, Err: err}
+		default:
+			name := scalarString(row.Error)
+			dbr := &request{method: http.MethodGet, path: url.PathEscape(row.Key), root: true}
+			he := &HTTPError{Method: http.MethodPost, URL: dbr.redactedURL(d), Status: http.StatusInternalServerError, ErrorName: name,
+				Reason: "in the answer of POST " + r.redactedURL(d)}
+			if name == "not_found" {
+				he.Status = http.StatusNotFound
+			}
+			out[i] = DBsInfoResult{Err: he}
+		}
+	}
+	for i, ok := range seen {
+		if !ok {
+			out[i] = DBsInfoResult{Err: badResponse(r, d, fmt.Errorf("_dbs_info answer lacks %q", names[i]))}
+		}
+	}
+	return out, nil
 }
 
 // Create creates the database (PUT /{db}/?params, e.g. q=4&n=1, CouchDB's

@@ -108,6 +108,57 @@ func TestPouchDBInfoAndCreate(t *testing.T) {
 	}
 }
 
+// TestPouchDBDBsInfo: POST /_dbs_info (DBsInfo) answers each database as
+// GET /db (InfoOf, Info) does — update_seq, db_name — and a missing one
+// with an error matching ErrNotFound, in the order asked, on Apache
+// CouchDB 3.4.3 (make test-couchdb); more than MaxDBsInfoKeys are refused
+// before a request. PouchDB Server has no _dbs_info: 404 (the batched
+// rechecks' cue to fall back to GET /db).
+func TestPouchDBDBsInfo(t *testing.T) {
+	s, src := pouchSource(t)
+	ctx := context.Background()
+	s.CreateDB(t, "other")
+	s.PutDocs(t, s.DBURL("other"), map[string]any{"_id": "x"})
+	name := func(dbURL string) string {
+		u, err := url.Parse(dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Trim(u.Path, "/")
+	}
+	names := []string{name(s.DBURL("other")), name(s.DBURL("missing")), name(s.DBURL("source"))}
+	res, err := src.DBsInfo(ctx, names)
+	if !s.External() {
+		var he *couch.HTTPError
+		if !errors.As(err, &he) || he.Status != http.StatusNotFound {
+			t.Fatalf("PouchDB Server: DBsInfo = %v, %v; want a 404", res, err)
+		}
+		return
+	}
+	if err != nil || len(res) != 3 {
+		t.Fatalf("DBsInfo = %+v, %v", res, err)
+	}
+	for i, n := range names {
+		one, err := src.InfoOf(ctx, n)
+		if i == 1 {
+			if !errors.Is(res[i].Err, couch.ErrNotFound) || !errors.Is(err, couch.ErrNotFound) {
+				t.Errorf("missing %s: DBsInfo %+v, InfoOf %v: want not found from both", n, res[i], err)
+			}
+			continue
+		}
+		if err != nil || res[i].Err != nil || res[i].Info.DBName != n || one.DBName != n ||
+			!res[i].Info.UpdateSeq.Equal(one.UpdateSeq) || res[i].Info.InstanceStartTime != one.InstanceStartTime {
+			t.Errorf("%s: DBsInfo %+v, InfoOf %+v, %v: want the same info", n, res[i], one, err)
+		}
+	}
+	if info, err := src.Info(ctx); err != nil || !info.UpdateSeq.Equal(res[2].Info.UpdateSeq) {
+		t.Errorf("Info %+v, %v; DBsInfo's update_seq %s", info, err, res[2].Info.UpdateSeq)
+	}
+	if _, err := src.DBsInfo(ctx, make([]string, couch.MaxDBsInfoKeys+1)); err == nil {
+		t.Error("DBsInfo of 101 databases: no error")
+	}
+}
+
 func TestPouchDBChanges(t *testing.T) {
 	s, src := pouchSource(t)
 	ctx := context.Background()

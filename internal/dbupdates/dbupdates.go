@@ -76,6 +76,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/couchrep/couchrep/internal/couch"
+	"github.com/couchrep/couchrep/internal/park"
 	"github.com/couchrep/couchrep/internal/pause"
 	"github.com/couchrep/couchrep/internal/redact"
 )
@@ -439,6 +440,36 @@ func (w *Watch) Err() error {
 // DB is the watched database's name.
 func (w *Watch) DB() string { return w.db }
 
+// Server is the watched database's server as the rechecks of parked jobs
+// read it (park.Rechecks.Look): the feed's client, at the server's root,
+// with the feed's credentials and connection settings; its Key is the
+// feed's. A request while the feed has no client (it ended) fails.
+func (w *Watch) Server() park.Server { return w.f }
+
+// errNoClient: the feed is not (or no longer) connected to its server.
+var errNoClient = errors.New("dbupdates: the feed has no client of its server")
+
+// Key is the feed's Server.Key (park.Server).
+func (f *feed) Key() string { return f.srv.Key }
+
+// DBsInfo is POST /_dbs_info on the feed's server (park.Server).
+func (f *feed) DBsInfo(ctx context.Context, dbs []string) ([]couch.DBsInfoResult, error) {
+	db := f.client.Load()
+	if db == nil {
+		return nil, errNoClient
+	}
+	return db.DBsInfo(ctx, dbs)
+}
+
+// InfoOf is GET /db on the feed's server (park.Server).
+func (f *feed) InfoOf(ctx context.Context, name string) (couch.DBInfo, error) {
+	db := f.client.Load()
+	if db == nil {
+		return couch.DBInfo{}, errNoClient
+	}
+	return db.InfoOf(ctx, name)
+}
+
 // Close ends the watch; the feed closes with its last one. Closing twice is
 // harmless.
 func (w *Watch) Close() {
@@ -479,6 +510,9 @@ type feed struct {
 	// written before).
 	ready    chan struct{}
 	readyErr error
+	// client is the feed's client of its server while run has one (for
+	// the rechecks' requests, park.Server).
+	client atomic.Pointer[couch.DB]
 
 	mu    sync.Mutex
 	byDB  map[string][]*Watch
@@ -680,6 +714,8 @@ func (f *feed) run() {
 		return
 	}
 	defer release()
+	f.client.Store(db)
+	defer f.client.Store(nil)
 	since, err := f.probe(db)
 	if err != nil {
 		if f.ctx.Err() != nil {

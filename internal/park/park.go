@@ -61,6 +61,10 @@ const DefaultRate = 5
 // loading the servers. Safe for concurrent use.
 type Rechecks struct {
 	gap time.Duration
+	// gather bounds a look's wait for others of its server (Look);
+	// zero is DefaultGather.
+	gather time.Duration
+	b      batcher
 
 	mu   sync.Mutex
 	next time.Time // the earliest time the next recheck may go
@@ -73,6 +77,14 @@ func NewRechecks(perSecond float64) *Rechecks {
 		perSecond = DefaultRate
 	}
 	return &Rechecks{gap: time.Duration(float64(time.Second) / perSecond)}
+}
+
+// SetGather sets the longest a look waits for others of its server to
+// join its batch (Look; DefaultGather when d <= 0). For tests.
+func (r *Rechecks) SetGather(d time.Duration) {
+	r.b.mu.Lock()
+	r.gather = d
+	r.b.mu.Unlock()
 }
 
 // Wait blocks until the node may send one more recheck, or ctx is done
