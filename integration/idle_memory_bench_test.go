@@ -62,12 +62,30 @@ func TestIdleFeedServerProcess(t *testing.T) {
 // _global_changes for a server where nothing happens: since=now at once,
 // a continuous feed with heartbeats and no row (GET /_idle_db_updates
 // counts those open).
+//
+// POST /_dbs_info answers as CouchDB 3 does (each database's GET /db
+// answer), or, with COUCHREP_IDLE_COUCH_NO_DBS_INFO=1 in its environment,
+// 404 as PouchDB Server does; GET /_idle_rechecks counts the GET /db and
+// POST /_dbs_info requests and the databases they named ("gets posts
+// keys").
 type idleCouch struct {
-	open    atomic.Int64
-	dbUpdts atomic.Int64
+	open      atomic.Int64
+	dbUpdts   atomic.Int64
+	noDBsInfo bool
+	gets      atomic.Int64
+	posts     atomic.Int64
+	keys      atomic.Int64
 }
 
-func newIdleCouch() *idleCouch { return &idleCouch{} }
+func newIdleCouch() *idleCouch {
+	return &idleCouch{noDBsInfo: os.Getenv("COUCHREP_IDLE_COUCH_NO_DBS_INFO") == "1"}
+}
+
+// idleDBInfo is what the fake answers for database name.
+func idleDBInfo(name string) string {
+	return fmt.Sprintf(`{"db_name":%q,"doc_count":0,"doc_del_count":0,"update_seq":"0-g1AAAAB","purge_seq":"0-g1AAAAB",`+
+		`"instance_start_time":"0","sizes":{"file":16692,"external":0,"active":0}}`, name)
+}
 
 func (c *idleCouch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
@@ -79,11 +97,32 @@ func (c *idleCouch) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "%d\n", c.dbUpdts.Load())
 	case r.URL.Path == "/_db_updates":
 		c.dbUpdates(w, r)
+	case r.URL.Path == "/_idle_rechecks":
+		fmt.Fprintf(w, "%d %d %d\n", c.gets.Load(), c.posts.Load(), c.keys.Load())
+	case r.URL.Path == "/_dbs_info" && r.Method == http.MethodPost && !c.noDBsInfo:
+		var body struct {
+			Keys []string `json:"keys"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil || len(body.Keys) > 100 {
+			w.WriteHeader(http.StatusBadRequest)
+			io.WriteString(w, `{"error":"bad_request","reason":"keys"}`)
+			return
+		}
+		c.posts.Add(1)
+		c.keys.Add(int64(len(body.Keys)))
+		io.WriteString(w, "[")
+		for i, k := range body.Keys {
+			if i > 0 {
+				io.WriteString(w, ",")
+			}
+			fmt.Fprintf(w, `{"key":%q,"info":%s}`, k, idleDBInfo(k))
+		}
+		io.WriteString(w, "]")
 	case r.URL.Path == "/":
 		io.WriteString(w, `{"couchdb":"Welcome","version":"3.3.3","uuid":"85fb71bf700c17267fef77535820e371"}`)
 	case len(parts) == 1 && (r.Method == http.MethodGet || r.Method == http.MethodHead):
-		fmt.Fprintf(w, `{"db_name":%q,"doc_count":0,"doc_del_count":0,"update_seq":"0-g1AAAAB","purge_seq":"0-g1AAAAB",`+
-			`"instance_start_time":"0","sizes":{"file":16692,"external":0,"active":0}}`, parts[0])
+		c.gets.Add(1)
+		io.WriteString(w, idleDBInfo(parts[0]))
 	case len(parts) == 1 && r.Method == http.MethodPut:
 		w.WriteHeader(http.StatusPreconditionFailed)
 		io.WriteString(w, `{"error":"file_exists","reason":"The database could not be created, the file already exists."}`)

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime/metrics"
@@ -223,11 +224,18 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 	}
 	load0 := loadAvg()
 	gc0 := gcMetrics()
+	rc0 := idleRechecks(b, base, pu == nil)
 	cpu0 := cpuTime()
 	b.StartTimer()
 	time.Sleep(window) // the measurement window itself
 	b.StopTimer()
 	cpu := cpuTime() - cpu0
+	if rc := idleRechecks(b, base, pu == nil); pu == nil {
+		gets, posts, keys := rc[0]-rc0[0], rc[1]-rc0[1], rc[2]-rc0[2]
+		b.Logf("rechecks in the window: %d GET /db, %d POST /_dbs_info naming %d databases: %d a second",
+			gets, posts, keys, int64(float64(gets+keys)/window.Seconds()))
+		b.ReportMetric(float64(gets+keys)/window.Seconds(), "rechecks/s")
+	}
 	gc1 := gcMetrics()
 	if prefix != "" {
 		pprof.StopCPUProfile()
@@ -238,4 +246,22 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 	b.Logf("users=%d jobs=%d: idle %s: CPU %s = %.2f%% of a core (GC %.0f ms in %d cycles, %.1f MB allocated, live heap %.1f MB); load %s -> %s",
 		n, jobs, window, cpu.Round(time.Millisecond), pct, (gc1.cpu-gc0.cpu)*1000, gc1.cycles-gc0.cycles,
 		float64(gc1.allocs-gc0.allocs)/(1<<20), float64(gc1.live)/(1<<20), load0, loadAvg())
+}
+
+// idleRechecks reads the idle fake's counts of GET /db, POST /_dbs_info and
+// the databases those named (zeros for another source).
+func idleRechecks(b *testing.B, base string, fake bool) [3]int64 {
+	var out [3]int64
+	if !fake {
+		return out
+	}
+	resp, err := http.Get(strings.TrimSuffix(base, "/") + "/_idle_rechecks")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := fmt.Fscan(resp.Body, &out[0], &out[1], &out[2]); err != nil {
+		b.Fatal(err)
+	}
+	return out
 }
