@@ -72,6 +72,32 @@ func (m *Metrics) withLiveAll(jobs []*Job) []*Job {
 	return jobs
 }
 
+// liveOverlay drops the live stats of the jobs jobs (every job in the
+// store, by id) does not show running on the node that reported them, as
+// pruneLive does, and returns, for each job this node runs with live
+// stats, its summary and the summary with them ([0], [1]).
+func (m *Metrics) liveOverlay(jobs map[string]*Job) [][2]*Job {
+	l := &m.live
+	l.mu.Lock()
+	var ids []string
+	for id, e := range l.m {
+		if j := jobs[id]; j == nil || j.State != repjob.StateRunning || j.Node != e.node {
+			delete(l.m, id)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	l.mu.Unlock()
+	var out [][2]*Job
+	for _, id := range ids {
+		j := jobs[id]
+		if lj := m.withLive(j); lj != j {
+			out = append(out, [2]*Job{j, lj})
+		}
+	}
+	return out
+}
+
 // pruneLive drops the live stats of jobs that all, every job in the store,
 // does not show running on the node that reported them: a job actor that
 // died without a last event (killed) leaves its entry until then.

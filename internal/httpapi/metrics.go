@@ -204,10 +204,17 @@ type summaryLister interface {
 	ListSummaries(ctx context.Context) ([]*Job, error)
 }
 
+// summaryChanger is a Store that tells what changed since its last answer
+// (RepjobStore.SummaryChanges): a scrape then reads only that.
+type summaryChanger interface {
+	SummaryChanges(ctx context.Context) (SummaryDelta, error)
+}
+
 // jobsCollector reads the store at scrape time.
 type jobsCollector struct {
 	store Store
 	m     *Metrics
+	agg   jobsAgg
 }
 
 var (
@@ -239,73 +246,82 @@ func (c *jobsCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	list := c.store.List
-	if s, ok := c.store.(summaryLister); ok {
-		list = s.ListSummaries // every job at every scrape: no parse of its document
+	a := &c.agg
+	a.mu.Lock() // one scrape at a time: the kept sums are the collector's
+	defer a.mu.Unlock()
+	var d SummaryDelta
+	var err error
+	if s, ok := c.store.(summaryChanger); ok {
+		d, err = s.SummaryChanges(ctx)
+	} else {
+		list := c.store.List
+		if s, ok := c.store.(summaryLister); ok {
+			list = s.ListSummaries // no parse of every job's document
+		}
+		d.Full = true
+		d.Jobs, err = list(ctx)
 	}
-	jobs, err := list(ctx)
 	if err != nil {
+		if a.jobs == nil || d.Full {
+			a.jobs = nil // the next scrape lists every job again
+		}
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return
 	}
-	c.m.pruneLive(jobs)
-	jobs = c.m.withLiveAll(jobs)
-	c.collectShares(ch, jobs)
-	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
-	type key struct{ kind, server, db, state string }
-	counts := map[key]int{}
-	// Transient jobs always have series, so that an empty store shows 0.
-	written := map[key]int64{{kind: "transient"}: 0}
-	pending := map[key]int64{{kind: "transient"}: 0}
-	parked := map[key]int{}
-	paused := map[key]int{}
-	lag := map[key]float64{}
-	now := time.Now()
-	for _, j := range jobs {
-		k := key{kind: "persistent", server: j.Server, db: j.Database}
-		if j.Transient {
-			k = key{kind: "transient"}
-		}
-		if j.Stats != nil {
-			written[k] += j.Stats.DocsWritten
-		} else if _, ok := written[k]; !ok {
-			written[k] = 0
-		}
-		if j.Parked() {
-			parked[k]++
-		}
-		if j.Paused() {
-			paused[k]++
-		}
-		lag[k] = max(lag[k], j.Lag(now).Seconds())
-		if j.State == repjob.StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
-			pending[k] += *j.Stats.ChangesPending
-		} else if _, ok := pending[k]; !ok {
-			pending[k] = 0
-		}
-		k.state = j.State.String()
-		counts[k]++
+	if d.Full || a.jobs == nil {
+		a.reset()
 	}
-	// Every live state appears for every database seen, so that a state
-	// dropping to zero is a 0 and not a vanished series.
-	for k := range written {
+	for _, id := range d.Removed {
+		a.set(id, nil)
+	}
+	for _, j := range d.Jobs {
+		a.set(j.JobID, j)
+	}
+	// This node's running jobs with their live stats, for this scrape.
+	live := c.m.liveOverlay(a.jobs)
+	for _, p := range live {
+		a.apply(p[0], -1)
+		a.apply(p[1], 1)
+	}
+	defer func() {
+		for _, p := range live {
+			a.apply(p[1], -1)
+			a.apply(p[0], 1)
+		}
+	}()
+	var weights map[string]int
+	if cl, _ := c.m.node.clusterAndCheck(); cl != nil {
+		weights = cl.Shares()
+	}
+	for _, sh := range a.sharesOf(weights) {
+		ch <- prometheus.MustNewConstMetric(shareWeightDesc, prometheus.GaugeValue, float64(sh.Weight), sh.Database)
+		ch <- prometheus.MustNewConstMetric(shareUsageDesc, prometheus.GaugeValue, sh.Usage, sh.Database)
+		ch <- prometheus.MustNewConstMetric(shareEntitledDesc, prometheus.GaugeValue, sh.Entitled, sh.Database)
+	}
+	ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 0)
+	now := time.Now()
+	emit := func(k aggKey, v *aggVals) {
+		// Every live state appears for every database seen, so that a
+		// state dropping to zero is a 0 and not a vanished series.
 		for _, st := range []repjob.State{repjob.StatePending, repjob.StateRunning, repjob.StateCrashing} {
-			kk := key{k.kind, k.server, k.db, st.String()}
-			if _, ok := counts[kk]; !ok {
-				counts[kk] = 0
+			if v.states[st.String()] == 0 {
+				ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, 0, k.kind, k.server, k.db, st.String())
 			}
 		}
+		for st, n := range v.states {
+			ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db, st)
+		}
+		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(v.written), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(v.parked), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, float64(v.paused), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, v.lag(now), k.kind, k.server, k.db)
+		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(v.pending), k.kind, k.server, k.db)
 	}
-	for k, n := range counts {
-		ch <- prometheus.MustNewConstMetric(jobsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db, k.state)
+	// Transient jobs always have series, so that an empty store shows 0.
+	if _, ok := a.keys[aggKey{kind: "transient"}]; !ok {
+		emit(aggKey{kind: "transient"}, &aggVals{})
 	}
-	for k, n := range written {
-		ch <- prometheus.MustNewConstMetric(storeDocsDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
-		ch <- prometheus.MustNewConstMetric(parkedDesc, prometheus.GaugeValue, float64(parked[k]), k.kind, k.server, k.db)
-		ch <- prometheus.MustNewConstMetric(pausedDesc, prometheus.GaugeValue, float64(paused[k]), k.kind, k.server, k.db)
-		ch <- prometheus.MustNewConstMetric(lagDesc, prometheus.GaugeValue, lag[k], k.kind, k.server, k.db)
-	}
-	for k, n := range pending {
-		ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(n), k.kind, k.server, k.db)
+	for k, v := range a.keys {
+		emit(k, v)
 	}
 }

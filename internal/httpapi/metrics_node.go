@@ -345,16 +345,3 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(clusterNodesDesc, prometheus.GaugeValue, float64(down), "down")
 	ch <- prometheus.MustNewConstMetric(drainingDesc, prometheus.GaugeValue, draining)
 }
-
-// collectShares reports the fair-share view of jobs (the status page's).
-func (c *jobsCollector) collectShares(ch chan<- prometheus.Metric, jobs []*Job) {
-	var weights map[string]int
-	if cl, _ := c.m.node.clusterAndCheck(); cl != nil {
-		weights = cl.Shares()
-	}
-	for _, sh := range shareUsage(jobs, weights) {
-		ch <- prometheus.MustNewConstMetric(shareWeightDesc, prometheus.GaugeValue, float64(sh.Weight), sh.Database)
-		ch <- prometheus.MustNewConstMetric(shareUsageDesc, prometheus.GaugeValue, sh.Usage, sh.Database)
-		ch <- prometheus.MustNewConstMetric(shareEntitledDesc, prometheus.GaugeValue, sh.Entitled, sh.Database)
-	}
-}

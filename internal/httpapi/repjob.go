@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
@@ -23,6 +24,8 @@ type RepjobStore struct {
 	// summaries is ListSummaries' last listing, kept while the store's
 	// job generation (repjob.Store.Generation) stays the same.
 	summaries summaryCache
+	// changes is SummaryChanges' state.
+	changes summaryChanges
 }
 
 // summaryMaxAge bounds how long ListSummaries keeps a listing whose
@@ -250,4 +253,130 @@ func jobFromRecord(r *repjob.Record, body bool) *Job {
 		}
 	}
 	return j
+}
+
+// summaryChanges is what SummaryChanges remembers between two calls: the
+// store's generation shard by shard, the newest change seen, and the job
+// ids it knows by shard.
+type summaryChanges struct {
+	mu      sync.Mutex
+	at      time.Time // the last full listing
+	shards  map[int64]int64
+	since   string
+	byShard map[int64]map[string]struct{}
+}
+
+// SummaryDelta is what changed in the store since the last SummaryChanges.
+type SummaryDelta struct {
+	// Full: Jobs is every job (the first call, or the listing was older
+	// than summaryMaxAge): whatever was known before is forgotten.
+	Full bool
+	// Jobs are the jobs written or added since (every job when Full), as
+	// ListSummaries gives them.
+	Jobs []*Job
+	// Removed are the ids of jobs gone since.
+	Removed []string
+}
+
+// SummaryChanges answers what changed among the jobs since its last call
+// (one caller: the /metrics collector), reading only those: the store's
+// generation shard by shard (repjob.Store.GenerationShards: at most 256
+// keys) tells which known jobs may have been written, the changes index
+// (repjob.Store.ChangedIDs) which were added, and their records are read
+// again (repjob.Store.GetSome). A scrape of a node at rest reads the
+// shards; one after a job's progress write reads that job and the few
+// others of its shard. The whole listing is read again every
+// summaryMaxAge (a node of an older version bumps other shards).
+func (a *RepjobStore) SummaryChanges(ctx context.Context) (SummaryDelta, error) {
+	c := &a.changes
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	shards, err := a.store.GenerationShards(ctx)
+	if err != nil {
+		return SummaryDelta{}, err
+	}
+	if c.byShard == nil || time.Since(c.at) >= summaryMaxAge {
+		at := time.Now()
+		head, err := a.store.ChangesHead(ctx)
+		if err != nil {
+			return SummaryDelta{}, err
+		}
+		recs, err := a.store.List(ctx, repjob.Filter{})
+		if err != nil {
+			return SummaryDelta{}, err
+		}
+		d := SummaryDelta{Full: true, Jobs: make([]*Job, len(recs))}
+		byShard := map[int64]map[string]struct{}{}
+		for i, r := range recs {
+			d.Jobs[i] = jobFromRecord(r, false)
+			addShard(byShard, d.Jobs[i].JobID)
+		}
+		c.at, c.shards, c.since, c.byShard = at, shards, head, byShard
+		return d, nil
+	}
+	ids := map[string]bool{}
+	moved := false
+	for shard, v := range shards {
+		if c.shards[shard] == v {
+			continue
+		}
+		moved = true
+		for id := range c.byShard[shard] {
+			ids[id] = true
+		}
+	}
+	if !moved {
+		return SummaryDelta{}, nil // nothing written since
+	}
+	since := c.since
+	for {
+		changed, next, err := a.store.ChangedIDs(ctx, since, 1000)
+		if err != nil {
+			return SummaryDelta{}, err
+		}
+		for _, id := range changed {
+			ids[id] = true
+		}
+		since = next
+		if len(changed) < 1000 {
+			break
+		}
+	}
+	list := make([]string, 0, len(ids))
+	for id := range ids {
+		list = append(list, id)
+	}
+	slices.Sort(list)
+	recs, err := a.store.GetSome(ctx, list)
+	if err != nil {
+		return SummaryDelta{}, err
+	}
+	var d SummaryDelta
+	for _, id := range list {
+		r, ok := recs[id]
+		if !ok {
+			if m := c.byShard[jobqueue.GenerationShard(id)]; m != nil {
+				if _, known := m[id]; known {
+					delete(m, id)
+					d.Removed = append(d.Removed, id)
+				}
+			}
+			continue
+		}
+		j := jobFromRecord(r, false)
+		addShard(c.byShard, j.JobID)
+		d.Jobs = append(d.Jobs, j)
+	}
+	c.shards, c.since = shards, since
+	return d, nil
+}
+
+func addShard(byShard map[int64]map[string]struct{}, id string) {
+	s := jobqueue.GenerationShard(id)
+	m := byShard[s]
+	if m == nil {
+		m = map[string]struct{}{}
+		byShard[s] = m
+	}
+	m[id] = struct{}{}
 }

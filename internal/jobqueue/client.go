@@ -279,6 +279,36 @@ func (q *Queue) Generation(ctx context.Context, typ string) (int64, error) {
 	return g, nil
 }
 
+// GenerationShardsOf reads the generation counter of typ shard by shard
+// (GenerationShard: shard → value; shards never written are absent), in
+// one read of at most GenerationShards keys: a reader that listed the jobs
+// after reading it re-reads, when it changes, only the jobs of the shards
+// whose value moved (and the jobs added meanwhile). Generation is their
+// sum.
+func (q *Queue) GenerationShardsOf(ctx context.Context, typ string) (map[int64]int64, error) {
+	out := map[int64]int64{}
+	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		clear(out)
+		sub := q.keys.generation.Sub(typ)
+		begin, end := sub.Range()
+		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{})
+		for it.Next() {
+			t, err := sub.Unpack(it.KeyValue().Key)
+			if err != nil || len(t) != 1 {
+				continue
+			}
+			if shard, ok := t[0].(int64); ok {
+				out[shard] += kv.Int64LE(it.KeyValue().Value)
+			}
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobqueue: generation shards of %q: %w", typ, err)
+	}
+	return out, nil
+}
+
 // RunningByNode counts the running jobs of typ per worker node, from one
 // read transaction. It reads of each record only its state and worker node
 // (the protobuf fields, not a decode of the record and its data): what a

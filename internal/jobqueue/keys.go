@@ -42,16 +42,25 @@ func newKeys(prefix []byte) keys {
 	}
 }
 
-// generationShards spreads the generation counter of a type over keys, so
+// GenerationShards spreads the generation counter of a type over keys, so
 // that no one key is written by every job write (a hot key on
-// FoundationDB).
-const generationShards = 16
+// FoundationDB), and so that a reader can tell which jobs may have changed
+// (GenerationShardsOf: the jobs of the shards whose counter moved). It was
+// 16: a record written by a node of that version bumps a shard of its own
+// numbering, which a reader holding a listing for a bounded time only
+// (Generation) tolerates.
+const GenerationShards = 256
+
+// GenerationShard is the generation counter shard job id's writes bump.
+func GenerationShard(id string) int64 {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	return int64(h.Sum32() % GenerationShards)
+}
 
 // generationKey is the generation counter shard job id's writes bump.
 func (k keys) generationKey(typ, id string) []byte {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
-	return k.generation.Pack(tuple.Tuple{typ, int64(h.Sum32() % generationShards)})
+	return k.generation.Pack(tuple.Tuple{typ, GenerationShard(id)})
 }
 
 func (k keys) dataKey(typ, id string) []byte { return k.data.Pack(tuple.Tuple{typ, id}) }

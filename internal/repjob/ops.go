@@ -585,6 +585,107 @@ func (s *Store) Generation(ctx context.Context) (int64, error) {
 	return s.q.Generation(ctx, JobType)
 }
 
+// GenerationShards is Generation shard by shard
+// (jobqueue.Queue.GenerationShardsOf): a listing taken after reading it is
+// current but for the jobs of the shards whose value moved since
+// (jobqueue.GenerationShard of the job id) and the jobs added since
+// (ChangedIDs).
+func (s *Store) GenerationShards(ctx context.Context) (map[int64]int64, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	return s.q.GenerationShardsOf(ctx, JobType)
+}
+
+// GetSome reads the records of ids in one transaction: the ones that exist,
+// by id.
+func (s *Store) GetSome(ctx context.Context, ids []string) (map[string]*Record, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	out := make(map[string]*Record, len(ids))
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		clear(out)
+		for _, id := range ids {
+			r, err := s.GetTx(tx, id)
+			switch {
+			case errors.Is(err, ErrNotFound):
+			case err != nil:
+				return err
+			default:
+				out[id] = r
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("repjob: read jobs: %w", err)
+	}
+	return out, nil
+}
+
+// ChangesHead is the seq of the newest change (Changes): "" when none.
+func (s *Store) ChangesHead(ctx context.Context) (string, error) {
+	if err := s.Init(ctx); err != nil {
+		return "", err
+	}
+	var seq string
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		seq = ""
+		begin, end := s.k.changes.Range()
+		it := tx.Snapshot().GetRange(begin, end, kv.RangeOptions{Limit: 1, Reverse: true})
+		for it.Next() {
+			seq = hex.EncodeToString(it.KeyValue().Key[len(s.k.changes.Bytes()):])
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return "", fmt.Errorf("repjob: read changes: %w", err)
+	}
+	return seq, nil
+}
+
+// ChangedIDs is Changes without the records: the ids of up to limit jobs
+// (0: 1000) whose newest state change comes after since, and the seq to
+// pass next time.
+func (s *Store) ChangedIDs(ctx context.Context, since string, limit int) ([]string, string, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, since, err
+	}
+	if limit <= 0 {
+		limit = 1000
+	}
+	begin, end := s.k.changes.Range()
+	if since != "" {
+		raw, err := hex.DecodeString(since)
+		if err != nil {
+			return nil, since, fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
+		}
+		begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+	}
+	var ids []string
+	next := since
+	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		ids, next = ids[:0], since
+		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: limit})
+		for it.Next() {
+			key := it.KeyValue().Key
+			t, err := s.k.changes.Unpack(key)
+			if err != nil || len(t) != 2 {
+				continue
+			}
+			id, _ := t[1].(string)
+			ids = append(ids, id)
+			next = hex.EncodeToString(key[len(s.k.changes.Bytes()):])
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, since, fmt.Errorf("repjob: read changes: %w", err)
+	}
+	return ids, next, nil
+}
+
 // RunningByNode counts the running jobs per worker node, reading of each
 // job only its queue state and node (jobqueue.Queue.RunningByNode).
 func (s *Store) RunningByNode(ctx context.Context) (map[string]int, error) {
