@@ -122,6 +122,10 @@ type Options struct {
 	// Startup, if set, admits the engine's start-up
 	// (replicate.Options.Startup).
 	Startup func(ctx context.Context, server string) (release func(), err error)
+	// StartupRequests, if set, admits each request of a job in its
+	// start-up (replicate.Options.StartupRequests) and of a parked job's
+	// look at its source.
+	StartupRequests couch.Gate
 	// DBUpdates, if set, is the node's hub of _db_updates feeds
 	// ([replicator] use_db_updates): a continuous job of a whole source
 	// database (replicate.ParksOnDBUpdates) parks after idle_park_after
@@ -623,6 +627,7 @@ func (a *jobActor) engineOptions(p replicate.Params) replicate.Options {
 	o.Endpoints = a.o.Endpoints
 	o.Feeds, o.FeedTransport = a.o.Feeds, a.o.Transport
 	o.Startup = a.o.Startup
+	o.StartupRequests = a.o.StartupRequests
 	o.Infos = a.o.Infos
 	if a.lease != nil {
 		o.Clients = leaseClients{a}

@@ -441,6 +441,9 @@ func (pk *parker) moved(ctx context.Context, parked *replicate.Parked, recheck, 
 	}
 	c, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
+	if g := pk.a.o.StartupRequests; g != nil && pk.a.o.Startup != nil {
+		c = couch.WithGate(c, g)
+	}
 	look := parked.Changed
 	if recheck {
 		look = parked.Moved

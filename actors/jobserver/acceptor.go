@@ -362,6 +362,7 @@ func (a *acceptor) spawn(ctx context.Context, system *actor.ActorSystem, jobsSup
 		MissingDocRetry:     a.deps.Config.Replicator.MissingDocRetry,
 		Feeds:               a.w.Feeds,
 		Startup:             a.reg.startup.Acquire,
+		StartupRequests:     a.reg.startup.Request,
 		Infos:               a.reg.infos,
 		DBUpdates:           a.w.DBUpdates,
 		Rechecks:            a.w.Rechecks,

@@ -529,7 +529,7 @@ func (d *DB) send(ctx context.Context, r *request, dl *deadline) (*http.Response
 	case d.ep.Username != "" || d.ep.Password != "":
 		req.SetBasicAuth(d.ep.Username, d.ep.Password)
 	}
-	resp, err := d.client.Do(req)
+	resp, err := d.gatedDo(ctx, req)
 	return resp, epoch, err
 }
 

@@ -139,6 +139,12 @@ type Options struct {
 	// start-up is through (the infos, the checkpoints and, for a run on
 	// a shared feed, its catch-up), or when it ends.
 	Startup func(ctx context.Context, server string) (release func(), err error)
+	// StartupRequests, if set with Startup, admits each request the run
+	// sends while it holds its start-up slot (the infos, checkpoints and
+	// catch-up; a feed until its headers): at most startup_concurrency
+	// in flight per server (startlimit.Limiter.Request), however many
+	// requests each starting job sends at once.
+	StartupRequests couch.Gate
 	// Infos, when set, shares the answers of GET /db and GET / among the
 	// node's runs that start together (InfoShare): one read of a central
 	// database's info for the jobs starting in the same second.
@@ -201,6 +207,9 @@ type Replication struct {
 	// document with attachments as JSON with their data inline, without
 	// trying a multipart PUT first (one stalled or was refused).
 	inlineUntil atomic.Int64
+	// startedUp: the run's start-up is over, its requests pass
+	// Options.StartupRequests no more.
+	startedUp atomic.Bool
 
 	// timerFired, if set, is told what each call of the run's timer
 	// function found due (tests).
@@ -389,6 +398,7 @@ type batch struct {
 // checkpoint and returns with a nil error. Failures return a wrapped
 // sentinel error with a reason a user can read.
 func (r *Replication) Run(ctx context.Context) (Result, error) {
+	ctx = r.gated(ctx)
 	st, err := r.prepare(ctx)
 	if err != nil {
 		r.closeIdle()
@@ -406,6 +416,7 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 // with a shallow stack and keeps it while it waits on the changes feed,
 // which keeps an idle continuous replication cheap (see runState.main).
 func (r *Replication) Start(ctx context.Context, done func(Result, error)) {
+	ctx = r.gated(ctx)
 	st, err := r.prepare(ctx)
 	if err != nil {
 		r.closeIdle()
@@ -438,6 +449,22 @@ func (r *Replication) closeIdle() {
 	}
 }
 
+// gated is ctx with the run's start-up gate (Options.StartupRequests): its
+// requests pass it until the start-up is over (runState.startupDone), then
+// go out at once.
+func (r *Replication) gated(ctx context.Context) context.Context {
+	if r.o.Startup == nil || r.o.StartupRequests == nil {
+		return ctx
+	}
+	gate := r.o.StartupRequests
+	return couch.WithGate(ctx, func(c context.Context, server string) (func(), error) {
+		if r.startedUp.Load() {
+			return nil, nil
+		}
+		return gate(c, server)
+	})
+}
+
 // prepare waits for a start-up slot (Options.Startup), opens the
 // endpoints, computes the replication id and reads the checkpoints:
 // everything before the changes feed.
@@ -448,7 +475,10 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 		if err != nil {
 			return nil, err
 		}
-		release = sync.OnceFunc(rel)
+		release = sync.OnceFunc(func() {
+			r.startedUp.Store(true)
+			rel()
+		})
 	}
 	st, err := r.open(ctx)
 	if err != nil {

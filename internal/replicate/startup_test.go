@@ -84,3 +84,60 @@ func TestStartupSlot(t *testing.T) {
 		}
 	})
 }
+
+// TestStartupRequests: while a run holds its start-up slot, every request
+// it sends passes Options.StartupRequests (its infos and checkpoints at
+// least; each admission ended once its answer is read); once the slot is
+// given back its requests go out without it.
+func TestStartupRequests(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(map[bool]string{false: "feed of its own", true: "shared feed"}[shared], func(t *testing.T) {
+			f, _ := continuousSource(t)
+			progress, o := progressOptions()
+			if shared {
+				o.Feeds = sharedfeed.New(sharedfeed.Options{})
+			}
+			var (
+				mu                   sync.Mutex
+				released             bool
+				admitted, held, late int
+			)
+			o.Startup = func(context.Context, string) (func(), error) {
+				return func() {
+					mu.Lock()
+					released = true
+					mu.Unlock()
+				}, nil
+			}
+			o.StartupRequests = func(_ context.Context, server string) (func(), error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if released {
+					late++
+				}
+				admitted++
+				held++
+				return sync.OnceFunc(func() {
+					mu.Lock()
+					held--
+					mu.Unlock()
+				}), nil
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			New(fakeParams(t, `,"continuous":true`, f.URL+"/src", f.URL+"/tgt"), o).Start(ctx, func(_ Result, err error) { done <- err })
+			awaitWritten(t, progress, done, 1) // past its start-up: its writes went out
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if admitted < 3 || held != 0 || late != 0 {
+				t.Errorf("%d requests admitted (want at least the infos and checkpoints: 3), %d still held (want 0), %d asked after the start-up (want 0)",
+					admitted, held, late)
+			}
+		})
+	}
+}

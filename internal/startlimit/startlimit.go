@@ -8,7 +8,10 @@
 // send ten thousand such bursts to one server at the same moment. The
 // limiter queues the jobs of each server, first come first served, and
 // lets n of them start at a time; the others wait (running, to every view)
-// until one is through its start-up.
+// until one is through its start-up. The requests of the jobs starting
+// (each sends a few at once) pass a second bound, Request: at most n of
+// them in flight per server, so that the server never has more than n
+// start-up requests of the node at once.
 package startlimit
 
 import (
@@ -22,7 +25,8 @@ import (
 type Limiter struct {
 	mu      sync.Mutex
 	n       int
-	servers map[string]*queue
+	servers map[string]*queue // jobs starting, per server
+	reqs    map[string]*queue // their requests in flight, per server
 }
 
 // server is one server's jobs starting and waiting.
@@ -40,7 +44,7 @@ type waiter struct {
 // New returns a limiter letting n jobs start at once per server; n <= 0
 // limits nothing.
 func New(n int) *Limiter {
-	return &Limiter{n: n, servers: map[string]*queue{}}
+	return &Limiter{n: n, servers: map[string]*queue{}, reqs: map[string]*queue{}}
 }
 
 // SetLimit changes n (a configuration reload); waiters the new limit
@@ -52,8 +56,10 @@ func (l *Limiter) SetLimit(n int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.n = n
-	for key, s := range l.servers {
-		l.admit(key, s)
+	for _, m := range []map[string]*queue{l.servers, l.reqs} {
+		for key, s := range m {
+			l.admit(m, key, s)
+		}
 	}
 }
 
@@ -86,64 +92,82 @@ func (l *Limiter) Acquire(ctx context.Context, server string) (release func(), e
 	if l == nil {
 		return func() {}, nil
 	}
+	return l.acquire(ctx, l.servers, server)
+}
+
+// Request waits until a request of a job in its start-up may be sent to
+// server (a key from ServerOf: scheme and host): at most n such requests
+// in flight per server, first come first served. It returns the function
+// that ends the request (idempotent), or ctx's error if ctx ended first.
+// A job holds its start-up slot (Acquire) while its requests take these:
+// a request waits for nothing else while it holds one, so neither bound
+// waits on the other. It has the shape of couch.Gate.
+func (l *Limiter) Request(ctx context.Context, server string) (release func(), err error) {
+	if l == nil {
+		return func() {}, nil
+	}
+	return l.acquire(ctx, l.reqs, server)
+}
+
+func (l *Limiter) acquire(ctx context.Context, m map[string]*queue, server string) (release func(), err error) {
 	l.mu.Lock()
 	if l.n <= 0 {
 		l.mu.Unlock()
 		return func() {}, nil
 	}
-	s := l.servers[server]
+	s := m[server]
 	if s == nil {
 		s = &queue{}
-		l.servers[server] = s
+		m[server] = s
 	}
 	if s.busy < l.n && len(s.waiting) == 0 {
 		s.busy++
 		l.mu.Unlock()
-		return l.releaser(server), nil
+		return l.releaser(m, server), nil
 	}
 	w := &waiter{ready: make(chan struct{})}
 	s.waiting = append(s.waiting, w)
 	l.mu.Unlock()
 	select {
 	case <-w.ready:
-		return l.releaser(server), nil
+		return l.releaser(m, server), nil
 	case <-ctx.Done():
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		if w.granted {
 			// The slot came as ctx ended: pass it on.
-			l.release(server)
+			l.release(m, server)
 		} else {
 			s.waiting = remove(s.waiting, w)
-			l.drop(server, s)
+			l.drop(m, server, s)
 		}
 		return nil, context.Cause(ctx)
 	}
 }
 
-func (l *Limiter) releaser(server string) func() {
+func (l *Limiter) releaser(m map[string]*queue, server string) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			l.mu.Lock()
-			l.release(server)
+			l.release(m, server)
 			l.mu.Unlock()
 		})
 	}
 }
 
-// release gives a slot of server back; l.mu is held.
-func (l *Limiter) release(server string) {
-	s := l.servers[server]
+// release gives a slot of server in m back; l.mu is held.
+func (l *Limiter) release(m map[string]*queue, server string) {
+	s := m[server]
 	if s == nil {
 		return
 	}
 	s.busy--
-	l.admit(server, s)
+	l.admit(m, server, s)
 }
 
 // admit hands free slots of s to its first waiters; l.mu is held.
-func (l *Limiter) admit(server string, s *queue) {
+func (l *Limiter) admit(m map[string]*queue, server string, s *queue) {
 	for len(s.waiting) > 0 && (l.n <= 0 || s.busy < l.n) {
 		w := s.waiting[0]
 		s.waiting[0] = nil
@@ -152,13 +176,13 @@ func (l *Limiter) admit(server string, s *queue) {
 		w.granted = true
 		close(w.ready)
 	}
-	l.drop(server, s)
+	l.drop(m, server, s)
 }
 
 // drop forgets s once nothing holds or waits for it; l.mu is held.
-func (l *Limiter) drop(server string, s *queue) {
+func (l *Limiter) drop(m map[string]*queue, server string, s *queue) {
 	if s.busy <= 0 && len(s.waiting) == 0 {
-		delete(l.servers, server)
+		delete(m, server)
 	}
 }
 

@@ -166,3 +166,56 @@ func TestServerOf(t *testing.T) {
 		}
 	}
 }
+
+// TestLimiterRequests: Request bounds the start-up requests in flight per
+// server to the same n, apart from the jobs' slots: n jobs holding their
+// slots do not keep their requests from going out, and a request waits
+// only for another request.
+func TestLimiterRequests(t *testing.T) {
+	l := New(2)
+	var jobs []func()
+	for range 2 {
+		rel, err := l.Acquire(context.Background(), "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		jobs = append(jobs, rel)
+	}
+	r1, err := l.Request(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := l.Request(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another server's requests are not held up by a's.
+	rb, err := l.Request(context.Background(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan func(), 1)
+	go func() {
+		if rel, err := l.Request(ctx, "a"); err == nil {
+			got <- rel
+		}
+	}()
+	mustWait(t, got, "a third request at a")
+	r1()
+	r1() // idempotent
+	r3 := mustGet(t, got, "the third request after one ended")
+	for _, rel := range append(jobs, r2, r3, rb) {
+		rel()
+	}
+	if st := l.Stats(); st != (Stats{}) {
+		t.Errorf("stats %+v, want none", st)
+	}
+	l.SetLimit(0)
+	for range 10 {
+		if _, err := l.Request(context.Background(), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
