@@ -139,11 +139,12 @@ type Options struct {
 	// start-up is through (the infos, the checkpoints and, for a run on
 	// a shared feed, its catch-up), or when it ends.
 	Startup func(ctx context.Context, server string) (release func(), err error)
-	// StartupRequests, if set with Startup, admits each request the run
-	// sends while it holds its start-up slot (the infos, checkpoints and
-	// catch-up; a feed until its headers): at most startup_concurrency
-	// in flight per server (startlimit.Limiter.Request), however many
-	// requests each starting job sends at once.
+	// StartupRequests, if set with Startup, admits each of the run's
+	// start-up requests while it holds its start-up slot (the infos,
+	// checkpoints and filter code; the catch-up of a run on a shared
+	// feed): at most startup_concurrency in flight per server
+	// (startlimit.Limiter.Request), however many requests each starting
+	// job sends at once.
 	StartupRequests couch.Gate
 	// Infos, when set, shares the answers of GET /db and GET / among the
 	// node's runs that start together (InfoShare): one read of a central
@@ -398,7 +399,6 @@ type batch struct {
 // checkpoint and returns with a nil error. Failures return a wrapped
 // sentinel error with a reason a user can read.
 func (r *Replication) Run(ctx context.Context) (Result, error) {
-	ctx = r.gated(ctx)
 	st, err := r.prepare(ctx)
 	if err != nil {
 		r.closeIdle()
@@ -416,7 +416,6 @@ func (r *Replication) Run(ctx context.Context) (Result, error) {
 // with a shallow stack and keeps it while it waits on the changes feed,
 // which keeps an idle continuous replication cheap (see runState.main).
 func (r *Replication) Start(ctx context.Context, done func(Result, error)) {
-	ctx = r.gated(ctx)
 	st, err := r.prepare(ctx)
 	if err != nil {
 		r.closeIdle()
@@ -451,7 +450,11 @@ func (r *Replication) closeIdle() {
 
 // gated is ctx with the run's start-up gate (Options.StartupRequests): its
 // requests pass it until the start-up is over (runState.startupDone), then
-// go out at once.
+// go out at once. Only the start-up's own requests are made with it (open:
+// the infos, checkpoints and filter code; the catch-up of a run on a
+// shared feed), never the workers': a worker streaming an attachment holds
+// its GET open while it PUTs, and two admissions held at once by one
+// request could wait on each other.
 func (r *Replication) gated(ctx context.Context) context.Context {
 	if r.o.Startup == nil || r.o.StartupRequests == nil {
 		return ctx
@@ -480,7 +483,7 @@ func (r *Replication) prepare(ctx context.Context) (*runState, error) {
 			rel()
 		})
 	}
-	st, err := r.open(ctx)
+	st, err := r.open(r.gated(ctx))
 	if err != nil {
 		release()
 		return nil, err

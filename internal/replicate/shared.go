@@ -263,7 +263,7 @@ func (cr *changesReader) join(ctx context.Context, src sharedfeed.Source) error 
 		caught = true
 		cr.s.feedRead(couch.FeedEnd{LastSeq: cr.since}, true)
 	} else {
-		caught, err = cr.catchUp(ctx)
+		caught, err = cr.catchUp(r.gated(ctx))
 	}
 	cr.s.startupDone() // caught up, or failed: the start-up is over either way
 	if !caught {

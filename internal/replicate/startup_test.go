@@ -85,9 +85,9 @@ func TestStartupSlot(t *testing.T) {
 	})
 }
 
-// TestStartupRequests: while a run holds its start-up slot, every request
-// it sends passes Options.StartupRequests (its infos and checkpoints at
-// least; each admission ended once its answer is read); once the slot is
+// TestStartupRequests: a run's start-up requests pass
+// Options.StartupRequests (its infos and checkpoints at least; each
+// admission ended once its answer is read); once its start-up slot is
 // given back its requests go out without it.
 func TestStartupRequests(t *testing.T) {
 	for _, shared := range []bool{false, true} {
