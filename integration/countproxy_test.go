@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -50,6 +51,19 @@ func startInflightProxy(t testing.TB, target string) *inflightProxy {
 			r.Out.Header["X-Forwarded-For"] = nil // as a direct client
 		},
 		FlushInterval: -1, // feeds stream
+		// A failed exchange with the server is counted (the node sees a
+		// 502 and retries as it would a reset connection); the first few
+		// are logged, by method and path.
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			p.mu.Lock()
+			p.c.Errors++
+			n := p.c.Errors
+			p.mu.Unlock()
+			if n <= 5 {
+				log.Printf("counting proxy: %s %s: %v", r.Method, r.URL.Path, err)
+			}
+			w.WriteHeader(http.StatusBadGateway)
+		},
 		Transport: &http.Transport{
 			Proxy:               nil,
 			MaxIdleConns:        4096,

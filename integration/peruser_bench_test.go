@@ -239,10 +239,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	sent := metricSum(b, p.addr, metricPrefix("couchrep_replication_requests_total"))
 	b.Logf("users=%d jobs=%d: _bulk_docs answered in %s; all running %s after it, started at the source after %s; "+
 		"CPU from the _bulk_docs to started: couchrepd %s, %s %s; the node's jobs sent %.0f requests (%.1f a job); "+
-		"server (test server, or the node's through the counting proxy): %d requests, peak %d in flight at once (feeds apart), peak %d feeds; couchrepd fds %d; load %s",
+		"server (test server, or the node's through the counting proxy): %d requests (%d failed at the proxy), peak %d in flight at once (feeds apart), peak %d feeds; couchrepd fds %d; load %s",
 		n, p.jobs, p.took.Round(time.Millisecond), running.Round(time.Millisecond), started.Round(time.Millisecond),
 		startNodeCPU.Round(time.Millisecond), srvName, startSrvCPU.Round(time.Millisecond), sent, sent/float64(p.jobs),
-		startReqs.Total, startReqs.Peak, startReqs.PeakFeeds, startFDs, loadAvg())
+		startReqs.Total, startReqs.Errors, startReqs.Peak, startReqs.PeakFeeds, startFDs, loadAvg())
 
 	time.Sleep(settle) // the measured system settles (idle jobs park): a pause, not a wait for an event
 	// Before the window: a scrape of /metrics costs the node CPU.

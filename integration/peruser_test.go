@@ -414,6 +414,9 @@ type serverRequests struct {
 	Feeds     int `json:"feeds"`
 	PeakFeeds int `json:"peak_feeds"`
 	Total     int `json:"total"`
+	// Errors: exchanges with the server that failed (the counting
+	// proxy's; count-requests.js has none).
+	Errors int `json:"errors"`
 }
 
 // requests reads the server's request counts; reset starts new peaks. On

@@ -123,8 +123,8 @@ type Options struct {
 	// (replicate.Options.Startup).
 	Startup func(ctx context.Context, server string) (release func(), err error)
 	// StartupRequests, if set, admits each request of a job in its
-	// start-up (replicate.Options.StartupRequests) and of a parked job's
-	// look at its source.
+	// start-up and of its checkpoints (replicate.Options.StartupRequests)
+	// and of a parked job's look at its source.
 	StartupRequests couch.Gate
 	// DBUpdates, if set, is the node's hub of _db_updates feeds
 	// ([replicator] use_db_updates): a continuous job of a whole source

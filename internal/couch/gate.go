@@ -12,8 +12,8 @@ import (
 // "http://127.0.0.1:5984") and returns the function that ends it; a nil
 // release admits the request without counting it. A node's start-up limit
 // ([replicator] startup_concurrency, internal/startlimit) is one: the
-// requests of the jobs going through their start-up, at most n in flight
-// per server.
+// requests of the jobs going through their start-up and of checkpoints, at
+// most n in flight per server.
 type Gate func(ctx context.Context, server string) (release func(), err error)
 
 type gateKey struct{}

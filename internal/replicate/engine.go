@@ -142,9 +142,12 @@ type Options struct {
 	// StartupRequests, if set with Startup, admits each of the run's
 	// start-up requests while it holds its start-up slot (the infos,
 	// checkpoints and filter code; the catch-up of a run on a shared
-	// feed): at most startup_concurrency in flight per server
-	// (startlimit.Limiter.Request), however many requests each starting
-	// job sends at once.
+	// feed) and each request of its checkpoints (_ensure_full_commit,
+	// the _local writes): at most startup_concurrency in flight per
+	// server (startlimit.Limiter.Request), however many requests each
+	// starting job sends at once and however many jobs checkpoint
+	// together (the jobs started in one second checkpoint in the same
+	// tick of the timer wheel, and park together).
 	StartupRequests couch.Gate
 	// Infos, when set, shares the answers of GET /db and GET / among the
 	// node's runs that start together (InfoShare): one read of a central
@@ -446,6 +449,15 @@ func (r *Replication) closeIdle() {
 	for _, tr := range r.ownTrs {
 		tr.CloseIdleConnections()
 	}
+}
+
+// paced is ctx with the node's bound on the requests of a checkpoint
+// (Options.StartupRequests), during the start-up and after it.
+func (r *Replication) paced(ctx context.Context) context.Context {
+	if r.o.Startup == nil || r.o.StartupRequests == nil {
+		return ctx
+	}
+	return couch.WithGate(ctx, r.o.StartupRequests)
 }
 
 // gated is ctx with the run's start-up gate (Options.StartupRequests): its
@@ -1258,6 +1270,7 @@ func (s *runState) checkpoint(ctx context.Context) (err error) {
 	if !r.p.UseCheckpoints || seqOrZero(through).Equal(seqOrZero(s.committed)) {
 		return nil
 	}
+	ctx = r.paced(ctx)
 	c := newCheckpoint(s.session, s.startSeq, through, s.startTime, r.now(), r.ctr.snapshot(), s.history, r.p.DocIDs != nil)
 	body, err := json.Marshal(c)
 	if err != nil {

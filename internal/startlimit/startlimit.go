@@ -9,9 +9,10 @@
 // limiter queues the jobs of each server, first come first served, and
 // lets n of them start at a time; the others wait (running, to every view)
 // until one is through its start-up. The requests of the jobs starting
-// (each sends a few at once) pass a second bound, Request: at most n of
-// them in flight per server, so that the server never has more than n
-// start-up requests of the node at once.
+// (each sends a few at once) and of every job's checkpoints (the jobs
+// started in one second checkpoint together, and park together) pass a
+// second bound, Request: at most n of them in flight per server, so that
+// the server never has more than n such requests of the node at once.
 package startlimit
 
 import (
@@ -95,9 +96,10 @@ func (l *Limiter) Acquire(ctx context.Context, server string) (release func(), e
 	return l.acquire(ctx, l.servers, server)
 }
 
-// Request waits until a request of a job in its start-up may be sent to
-// server (a key from ServerOf: scheme and host): at most n such requests
-// in flight per server, first come first served. It returns the function
+// Request waits until a request of a job in its start-up, or of a
+// checkpoint, may be sent to server (a key from ServerOf: scheme and
+// host): at most n such requests in flight per server, first come first
+// served. It returns the function
 // that ends the request (idempotent), or ctx's error if ctx ended first.
 // A job holds its start-up slot (Acquire) while its requests take these:
 // a request waits for nothing else while it holds one, so neither bound
