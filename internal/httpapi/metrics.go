@@ -262,9 +262,8 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 		d.Jobs, err = list(ctx)
 	}
 	if err != nil {
-		if a.jobs == nil || d.Full {
-			a.jobs = nil // the next scrape lists every job again
-		}
+		// The sums stay as they were: the store answers the same changes
+		// (or the whole listing) next time.
 		ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
 		return
 	}
