@@ -148,6 +148,7 @@ func (a *supervisorActor) Receive(ctx actor.Context) {
 			a.inst.unregister()
 		}
 	case *actor.Terminated:
+		dropStaleChild(ctx)
 		a.onTerminated(ctx, msg.Who)
 	case *childAck:
 		a.onAck(ctx, msg.cell, msg.child)
@@ -784,4 +785,19 @@ func contains(cs []*child, c *child) bool {
 		}
 	}
 	return false
+}
+
+// dropStaleChild clears the slot protoactor's set of an actor's children
+// left behind when it removed the child that just terminated (it does so
+// before the Terminated message is handled): PIDSet.Remove shortens its
+// slice without clearing the freed slot, and the *PID there caches its
+// process, so every child removed last kept its whole dead actor (props,
+// state) alive until a new child overwrote the slot: after thousands of
+// children exited (a node's jobs hibernating) nearly all of them, ~1.8 KB
+// a job at 20,000 jobs. Only this actor touches its own children set.
+func dropStaleChild(ctx actor.Context) {
+	kids := ctx.Children()
+	if n := len(kids); n < cap(kids) {
+		kids[:n+1][n] = nil
+	}
 }
