@@ -27,6 +27,7 @@ package clustering
 
 import (
 	"context"
+	"maps"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -130,47 +131,83 @@ type clustering struct {
 	running runningCount
 }
 
-// runningCount is a count of the running jobs per node and the job
-// generation read before it was taken.
+// runningCount is a count of the running jobs per node, kept job by job
+// (runningJobs).
 type runningCount struct {
 	mu     sync.Mutex
-	gen    int64
-	at     time.Time
+	f      *repjob.Follower
+	nodeOf map[string]string // job id → its node while it runs, "" otherwise
 	byNode map[string]uint32 // nil: none
 }
 
-// runningMaxAge bounds how long a count whose generation did not change
-// is kept (a node of an older version writes records without changing
-// it).
+// runningMaxAge bounds how long the count is kept without reading every
+// job again (a node of an older version writes records without bumping
+// the generation shards this one reads).
 const runningMaxAge = 5 * time.Minute
 
-// runningJobs counts the running jobs of every node. Counting reads every
-// job record (its state and node: repjob.Store.RunningByNode), so the count
-// is kept while no record was written since
-// (repjob.Store.Generation): on an idle node, a scrape of /metrics or the
-// status page reads a few keys. The map is shared: callers must not change
-// it.
+// runningJobs counts the running jobs of every node. It reads every job
+// record once (its state and node: repjob.Store.JobNodes), then only the
+// jobs written or added since (repjob.Follower: the store's generation
+// shard by shard), so a scrape of /metrics or the status page of a node at
+// rest reads a few keys, and one after a job's write that job and the few
+// of its shard. The map is shared: callers must not change it.
 func (a *clustering) runningJobs(ctx context.Context) (map[string]uint32, error) {
 	c := &a.running
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	gen, err := a.deps.RepJobs.Generation(ctx)
+	if c.f == nil {
+		c.f = a.deps.RepJobs.NewFollower(runningMaxAge)
+	}
+	full, ids, err := c.f.Next(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if c.byNode != nil && gen == c.gen && time.Since(c.at) < runningMaxAge {
+	if full {
+		nodes, err := a.deps.RepJobs.JobNodes(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c.f.Reset()
+		running := map[string]uint32{}
+		for id, node := range nodes {
+			c.f.Seen(id)
+			if node != "" {
+				running[node]++
+			}
+		}
+		c.f.Commit()
+		c.nodeOf, c.byNode = nodes, running
+		return running, nil
+	}
+	if len(ids) == 0 {
+		c.f.Commit()
 		return c.byNode, nil
 	}
-	at := time.Now()
-	counts, err := a.deps.RepJobs.RunningByNode(ctx)
+	nodes, err := a.deps.RepJobs.JobNodesOf(ctx, ids)
 	if err != nil {
 		return nil, err
 	}
-	running := make(map[string]uint32, len(counts))
-	for node, n := range counts {
-		running[node] = uint32(n)
+	running := maps.Clone(c.byNode)
+	for _, id := range ids {
+		if old := c.nodeOf[id]; old != "" {
+			if running[old]--; running[old] == 0 {
+				delete(running, old)
+			}
+		}
+		node, ok := nodes[id]
+		if !ok {
+			c.f.Gone(id)
+			delete(c.nodeOf, id)
+			continue
+		}
+		c.f.Seen(id)
+		c.nodeOf[id] = node
+		if node != "" {
+			running[node]++
+		}
 	}
-	c.gen, c.at, c.byNode = gen, at, running
+	c.f.Commit()
+	c.byNode = running
 	return running, nil
 }
 

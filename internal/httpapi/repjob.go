@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/couchrep/couchrep/internal/jobqueue"
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/internal/replicate"
 	"github.com/couchrep/couchrep/messages"
@@ -255,15 +254,10 @@ func jobFromRecord(r *repjob.Record, body bool) *Job {
 	return j
 }
 
-// summaryChanges is what SummaryChanges remembers between two calls: the
-// store's generation shard by shard, the newest change seen, and the job
-// ids it knows by shard.
+// summaryChanges is what SummaryChanges remembers between two calls.
 type summaryChanges struct {
-	mu      sync.Mutex
-	at      time.Time // the last full listing
-	shards  map[int64]int64
-	since   string
-	byShard map[int64]map[string]struct{}
+	mu sync.Mutex
+	f  *repjob.Follower
 }
 
 // SummaryDelta is what changed in the store since the last SummaryChanges.
@@ -291,92 +285,47 @@ func (a *RepjobStore) SummaryChanges(ctx context.Context) (SummaryDelta, error) 
 	c := &a.changes
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	shards, err := a.store.GenerationShards(ctx)
+	if c.f == nil {
+		c.f = a.store.NewFollower(summaryMaxAge)
+	}
+	full, ids, err := c.f.Next(ctx)
 	if err != nil {
 		return SummaryDelta{}, err
 	}
-	if c.byShard == nil || time.Since(c.at) >= summaryMaxAge {
-		at := time.Now()
-		head, err := a.store.ChangesHead(ctx)
-		if err != nil {
-			return SummaryDelta{}, err
-		}
+	if full {
 		recs, err := a.store.List(ctx, repjob.Filter{})
 		if err != nil {
 			return SummaryDelta{}, err
 		}
+		c.f.Reset()
 		d := SummaryDelta{Full: true, Jobs: make([]*Job, len(recs))}
-		byShard := map[int64]map[string]struct{}{}
 		for i, r := range recs {
 			d.Jobs[i] = jobFromRecord(r, false)
-			addShard(byShard, d.Jobs[i].JobID)
+			c.f.Seen(d.Jobs[i].JobID)
 		}
-		c.at, c.shards, c.since, c.byShard = at, shards, head, byShard
+		c.f.Commit()
 		return d, nil
 	}
-	ids := map[string]bool{}
-	moved := false
-	for shard, v := range shards {
-		if c.shards[shard] == v {
-			continue
-		}
-		moved = true
-		for id := range c.byShard[shard] {
-			ids[id] = true
-		}
+	if len(ids) == 0 {
+		c.f.Commit()
+		return SummaryDelta{}, nil
 	}
-	if !moved {
-		return SummaryDelta{}, nil // nothing written since
-	}
-	since := c.since
-	for {
-		changed, next, err := a.store.ChangedIDs(ctx, since, 1000)
-		if err != nil {
-			return SummaryDelta{}, err
-		}
-		for _, id := range changed {
-			ids[id] = true
-		}
-		since = next
-		if len(changed) < 1000 {
-			break
-		}
-	}
-	list := make([]string, 0, len(ids))
-	for id := range ids {
-		list = append(list, id)
-	}
-	slices.Sort(list)
-	recs, err := a.store.GetSome(ctx, list)
+	recs, err := a.store.GetSome(ctx, ids)
 	if err != nil {
 		return SummaryDelta{}, err
 	}
 	var d SummaryDelta
-	for _, id := range list {
+	for _, id := range ids {
 		r, ok := recs[id]
 		if !ok {
-			if m := c.byShard[jobqueue.GenerationShard(id)]; m != nil {
-				if _, known := m[id]; known {
-					delete(m, id)
-					d.Removed = append(d.Removed, id)
-				}
+			if c.f.Gone(id) {
+				d.Removed = append(d.Removed, id)
 			}
 			continue
 		}
-		j := jobFromRecord(r, false)
-		addShard(c.byShard, j.JobID)
-		d.Jobs = append(d.Jobs, j)
+		c.f.Seen(id)
+		d.Jobs = append(d.Jobs, jobFromRecord(r, false))
 	}
-	c.shards, c.since = shards, since
+	c.f.Commit()
 	return d, nil
-}
-
-func addShard(byShard map[int64]map[string]struct{}, id string) {
-	s := jobqueue.GenerationShard(id)
-	m := byShard[s]
-	if m == nil {
-		m = map[string]struct{}{}
-		byShard[s] = m
-	}
-	m[id] = struct{}{}
 }

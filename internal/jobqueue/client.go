@@ -309,6 +309,69 @@ func (q *Queue) GenerationShardsOf(ctx context.Context, typ string) (map[int64]i
 	return out, nil
 }
 
+// JobNodes is RunningByNode by job: every job of typ, with its worker node
+// while it runs ("" when it does not), from one read transaction.
+func (q *Queue) JobNodes(ctx context.Context, typ string) (map[string]string, error) {
+	out := map[string]string{}
+	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		clear(out)
+		if err := q.checkType(tx, typ); err != nil {
+			return err
+		}
+		sub := q.keys.data.Sub(typ)
+		begin, end := sub.Range()
+		it := tx.GetRange(begin, end, kv.RangeOptions{})
+		for it.Next() {
+			t, err := sub.Unpack(it.KeyValue().Key)
+			if err != nil || len(t) != 1 {
+				continue
+			}
+			id, _ := t[0].(string)
+			node, running := runningNode(it.KeyValue().Value)
+			if !running {
+				node = ""
+			}
+			out[id] = node
+		}
+		return it.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobqueue: nodes of %q jobs: %w", typ, err)
+	}
+	return out, nil
+}
+
+// JobNodesOf is JobNodes for the jobs ids (those that do not exist are
+// absent), in one transaction.
+func (q *Queue) JobNodesOf(ctx context.Context, typ string, ids []string) (map[string]string, error) {
+	out := make(map[string]string, len(ids))
+	err := q.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+		clear(out)
+		keys := make([][]byte, len(ids))
+		for i, id := range ids {
+			keys[i] = q.keys.dataKey(typ, id)
+		}
+		vals, err := kv.GetMany(tx, keys)
+		if err != nil {
+			return err
+		}
+		for i, v := range vals {
+			if v != nil {
+				node, running := runningNode(v)
+				if !running {
+					node = ""
+				}
+				out[ids[i]] = node
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("jobqueue: nodes of %q jobs: %w", typ, err)
+	}
+	return out, nil
+}
+
 // RunningByNode counts the running jobs of typ per worker node, from one
 // read transaction. It reads of each record only its state and worker node
 // (the protobuf fields, not a decode of the record and its data): what a

@@ -686,6 +686,24 @@ func (s *Store) ChangedIDs(ctx context.Context, since string, limit int) ([]stri
 	return ids, next, nil
 }
 
+// JobNodes is every job with its worker node while it runs ("" when it
+// does not), reading of each record only its state and node
+// (jobqueue.Queue.JobNodes).
+func (s *Store) JobNodes(ctx context.Context) (map[string]string, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	return s.q.JobNodes(ctx, JobType)
+}
+
+// JobNodesOf is JobNodes for the jobs ids (absent: no such job).
+func (s *Store) JobNodesOf(ctx context.Context, ids []string) (map[string]string, error) {
+	if err := s.Init(ctx); err != nil {
+		return nil, err
+	}
+	return s.q.JobNodesOf(ctx, JobType, ids)
+}
+
 // RunningByNode counts the running jobs per worker node, reading of each
 // job only its queue state and node (jobqueue.Queue.RunningByNode).
 func (s *Store) RunningByNode(ctx context.Context) (map[string]int, error) {
