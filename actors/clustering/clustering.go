@@ -27,11 +27,11 @@ package clustering
 
 import (
 	"context"
-	"maps"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
