@@ -194,7 +194,7 @@ func TestFairShareEndToEnd(t *testing.T) {
 	skipShort(t)
 	const (
 		perDB  = 50
-		warmUp = 5  // intervals before the first window
+		warmUp = 5 // intervals before the first window
 		// window is the intervals of a measurement window: at least two
 		// fair cycles of the slowest database, so that every job must run
 		// in it. The slowest database runs 1/7 of the 20 slots in either
