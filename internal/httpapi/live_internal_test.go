@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/couchrep/couchrep/internal/repjob"
+	"github.com/couchrep/couchrep/internal/schedpolicy"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -70,4 +71,26 @@ func TestLiveStats(t *testing.T) {
 			t.Fatalf("%d entries left after the job stopped running", len(m.live.m))
 		}
 	})
+}
+
+// TestSummaryOfKeepsWhatTheSumsRead: the collector keeps of each job only
+// what its sums and the live overlay read (not its history, endpoints or
+// write failures), and the summary answers the same Lag, Parked and
+// Paused as the job.
+func TestSummaryOfKeepsWhatTheSumsRead(t *testing.T) {
+	now := time.Now()
+	pending := int64(7)
+	j := &Job{JobID: "j1", Server: "http://s/", Database: "_replicator", State: repjob.StateRunning, Node: "n1",
+		LastStarted: now.Add(-time.Hour), ParkedSince: now.Add(-time.Minute), Source: "http://s/a/", Target: "http://s/b/",
+		History: schedpolicy.History{{}},
+		Stats: &messages.ReplicationStats{DocsWritten: 12, ChangesPending: &pending, BehindSince: timestamppb.New(now.Add(-30 * time.Second)),
+			WriteFailures: []*messages.DocWriteFailure{{}}}}
+	s := summaryOf(j)
+	if s.History != nil || s.Source != "" || s.Target != "" || len(s.Stats.GetWriteFailures()) != 0 {
+		t.Fatalf("summary keeps more than the sums read: %+v", s)
+	}
+	if s.Lag(now) != j.Lag(now) || s.Parked() != j.Parked() || s.Paused() != j.Paused() || aggKeyOf(s) != aggKeyOf(j) ||
+		s.Stats.GetDocsWritten() != 12 || s.JobID != j.JobID || s.Node != j.Node || !s.LastStarted.Equal(j.LastStarted) {
+		t.Fatalf("summary %+v answers otherwise than job %+v", s, j)
+	}
 }
