@@ -169,3 +169,77 @@ func TestHibernation(t *testing.T) {
 		t.Error("the drained hibernated job's wake-up source was not closed")
 	}
 }
+
+// lookWake is a wake-up source parked on a server's _db_updates (as a
+// *dbupdates.Watch): its job's recheck reads the server's update_seq of db
+// without an actor (park.Rechecks.Look through Server).
+type lookWake struct {
+	c      chan struct{}
+	srv    *seqServer
+	mu     sync.Mutex
+	notify func()
+}
+
+func (w *lookWake) C() <-chan struct{} { return w.c }
+func (w *lookWake) Close()             {}
+func (w *lookWake) OnSignal(f func())  { w.mu.Lock(); w.notify = f; w.mu.Unlock() }
+
+func (w *lookWake) Server() park.Server { return w.srv }
+func (w *lookWake) DB() string          { return "db" }
+
+// seqServer answers every database's info with its update_seq, and counts
+// the reads.
+type seqServer struct {
+	seq   atomic.Value // string
+	reads atomic.Int32
+}
+
+func (s *seqServer) Key() string { return "k" }
+func (s *seqServer) DBsInfo(ctx context.Context, dbs []string) ([]couch.DBsInfoResult, error) {
+	out := make([]couch.DBsInfoResult, len(dbs))
+	for i := range dbs {
+		info, err := s.InfoOf(ctx, dbs[i])
+		out[i] = couch.DBsInfoResult{Info: info, Err: err}
+	}
+	return out, nil
+}
+func (s *seqServer) InfoOf(context.Context, string) (couch.DBInfo, error) {
+	s.reads.Add(1)
+	return couch.DBInfo{UpdateSeq: couch.Seq(s.seq.Load().(string)), InstanceStartTime: "0"}, nil
+}
+
+// TestHibernatedRecheckWithoutActor: a hibernated job parked on its
+// server's _db_updates rechecks (park_recheck 1 s) by reading its source's
+// update_seq through the node's batcher, without an actor: while it stays
+// at the parked seq the job sleeps on (its recheck armed again, no run);
+// once it moved, the job wakes and runs.
+func TestHibernatedRecheckWithoutActor(t *testing.T) {
+	s := newShared(t)
+	s.parkRecheck = time.Second
+	srv := &seqServer{}
+	srv.seq.Store(`"1-abc"`)
+	var runs atomic.Int32
+	s.jobOptions = func(o *jobrunner.Options) {
+		o.Wake = func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) {
+			return &lookWake{c: make(chan struct{}, 1), srv: srv}, nil
+		}
+		o.Engine = func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error) {
+			if runs.Add(1) > 1 {
+				<-ctx.Done() // woken: it runs until stopped
+				return replicate.Result{}, nil
+			}
+			return replicate.Result{Stats: replicate.Stats{CheckpointedSourceSeq: couch.Seq(`"1-abc"`)},
+				Parked: replicate.NewParked(couch.Seq(`"1-abc"`), time.Now(), func(context.Context) (bool, error) { return false, nil })}, nil
+		}
+	}
+	s.lease = true
+	n := s.startNode(t, "n1", true, 1)
+	s.add(t, n, 0)
+	waitFor(t, "the job hibernated", func() bool { return n.reg.Hibernated() == 1 })
+	waitFor(t, "two rechecks", func() bool { return srv.reads.Load() >= 2 })
+	if got := runs.Load(); got != 1 || n.reg.Hibernated() != 1 {
+		t.Fatalf("after %d rechecks that found nothing: %d runs, %d hibernated; want 1 and 1", srv.reads.Load(), got, n.reg.Hibernated())
+	}
+	srv.seq.Store(`"2-def"`)
+	waitFor(t, "the job woken and running", func() bool { return runs.Load() == 2 })
+}

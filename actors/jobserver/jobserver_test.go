@@ -50,6 +50,8 @@ type shared struct {
 	// lease: each node holds its jobs under a lease (repjob.Store.KeepLease),
 	// as couchrepd does.
 	lease bool
+	// parkRecheck, if set, is the nodes' [replicator] park_recheck.
+	parkRecheck time.Duration
 }
 
 func newShared(t *testing.T) *shared {
@@ -99,6 +101,9 @@ func (s *shared) startNode(t *testing.T, name string, replicates bool, maxJobs i
 		cfg.Couchrep.NodeTypes = append(cfg.Couchrep.NodeTypes, config.NodeTypeReplication)
 	}
 	cfg.CouchDB.UUID = "u"
+	if s.parkRecheck > 0 {
+		cfg.Replicator.ParkRecheck = s.parkRecheck
+	}
 	p := schedpolicy.DefaultPolicy()
 	p.MaxJobs = maxJobs
 	q := jobqueue.New(s.db, jobqueue.Options{NodeName: name})
