@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -92,5 +94,21 @@ func TestSummaryOfKeepsWhatTheSumsRead(t *testing.T) {
 	if s.Lag(now) != j.Lag(now) || s.Parked() != j.Parked() || s.Paused() != j.Paused() || aggKeyOf(s) != aggKeyOf(j) ||
 		s.Stats.GetDocsWritten() != 12 || s.JobID != j.JobID || s.Node != j.Node || !s.LastStarted.Equal(j.LastStarted) {
 		t.Fatalf("summary %+v answers otherwise than job %+v", s, j)
+	}
+}
+
+// TestKeptJobsShareNames: the collector's kept jobs share one copy of each
+// server, database and node name (thousands of per-user jobs, a few names).
+func TestKeptJobsShareNames(t *testing.T) {
+	var a jobsAgg
+	a.reset()
+	for _, id := range []string{"j1", "j2"} {
+		a.set(id, &Job{JobID: id, Server: strings.Clone("http://s/"), Database: strings.Clone("_replicator"),
+			Node: strings.Clone("n1"), State: repjob.StateRunning})
+	}
+	j1, j2 := a.jobs["j1"], a.jobs["j2"]
+	same := func(x, y string) bool { return unsafe.StringData(x) == unsafe.StringData(y) }
+	if !same(j1.Server, j2.Server) || !same(j1.Database, j2.Database) || !same(j1.Node, j2.Node) {
+		t.Fatal("kept jobs hold copies of their names of their own")
 	}
 }

@@ -41,8 +41,11 @@ type shareVals struct {
 
 // jobsAgg is the collector's state.
 type jobsAgg struct {
-	mu     sync.Mutex
-	jobs   map[string]*Job
+	mu   sync.Mutex
+	jobs map[string]*Job
+	// names interns the servers, databases and nodes of the kept jobs:
+	// a few values shared by thousands of jobs.
+	names  map[string]string
 	keys   map[aggKey]*aggVals
 	shares map[string]*shareVals
 }
@@ -136,10 +139,29 @@ func (a *jobsAgg) set(id string, j *Job) {
 	}
 	if j != nil {
 		j = summaryOf(j)
+		j.Server, j.Database, j.Node = a.intern(j.Server), a.intern(j.Database), a.intern(j.Node)
 		a.jobs[id] = j
 		a.apply(j, 1)
 	}
 }
+
+// intern returns the kept copy of s (a server, database or node name).
+func (a *jobsAgg) intern(s string) string {
+	if s == "" {
+		return ""
+	}
+	if v, ok := a.names[s]; ok {
+		return v
+	}
+	if a.names == nil || len(a.names) >= maxInterned {
+		a.names = map[string]string{} // bounded: a store of many servers starts over
+	}
+	a.names[s] = s
+	return s
+}
+
+// maxInterned bounds jobsAgg.names.
+const maxInterned = 4096
 
 // summaryOf is what the collector keeps of j between scrapes: the fields
 // its sums and this node's live overlay read (Job.Lag, Parked, Paused,
