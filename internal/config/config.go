@@ -248,8 +248,10 @@ type Replicator struct {
 	UseDBUpdates bool
 	// StartupConcurrency is how many jobs of a node go through their
 	// start-up (infos, checkpoints, catch-up) at once against one source
-	// server; the others wait their turn, running (startup_concurrency,
-	// 20; a couchrep key; 0: no limit).
+	// server, and how many of their start-up requests and of the node's
+	// checkpoint requests it has in flight at once per server; the others
+	// wait their turn, running (startup_concurrency, 20; a couchrep key;
+	// 0: no limit).
 	StartupConcurrency int
 	// IdleParkAfter parks a continuous replication that has had no change
 	// for this long (idle_park_after, 60 s; 0 never parks; a couchrep key):
