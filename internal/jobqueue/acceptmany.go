@@ -125,9 +125,13 @@ func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions) ([
 			}
 			continue
 		}
-		if opts.Share != nil && len(jobs) == 0 {
+		if opts.Share != nil && len(jobs) == 0 && len(cands) < window {
 			// This worker's share of what is pending, judged once per
-			// transaction on the first read of the head.
+			// transaction on the first read of the head. A full window
+			// (16 n jobs or more pending) is not bounded: the count is
+			// only a floor there, and with the peers' held jobs a few
+			// seconds old it made a node that accepted faster than its
+			// peers' last heartbeats wait while thousands were pending.
 			if n = min(n, opts.Share(len(cands))); n <= 0 {
 				return nil, ErrOverShare
 			}

@@ -191,7 +191,8 @@ func ids(jobs []*Job) []string {
 
 // TestAcceptManyShare: AcceptMany asks Share with the pending jobs it sees
 // and takes at most the share; a share of 0 takes nothing (ErrOverShare,
-// also with Wait) and leaves the jobs pending; no Share takes the batch.
+// also with Wait) and leaves the jobs pending, unless the pending jobs fill
+// the window AcceptMany reads; no Share takes the batch.
 func TestAcceptManyShare(t *testing.T) {
 	storetest.Each(t, func(t *testing.T) {
 		b := setup(t, Options{})
@@ -213,9 +214,23 @@ func TestAcceptManyShare(t *testing.T) {
 				t.Fatalf("share 0 (wait %v): %v, want ErrOverShare", wait, err)
 			}
 		}
+		// AcceptMany of 2 reads a window of 32 keys: 20 pending do not
+		// fill it, Share bounds the batch.
+		if _, err := b.q.AcceptMany(b.ctx, typA, 2, AcceptOptions{Share: func(int) int { return 0 }}); !errors.Is(err, ErrOverShare) {
+			t.Fatalf("share 0, 20 pending, window 32: %v, want ErrOverShare", err)
+		}
+		// 40 pending fill the window: no bound (the count is only a
+		// floor).
+		for i := range 20 {
+			mustAdd(t, b, fmt.Sprintf("k%02d", i), AddOptions{Priority: uint64(100 + i)})
+		}
+		jobs, err = b.q.AcceptMany(b.ctx, typA, 2, AcceptOptions{Share: func(int) int { return 0 }})
+		if err != nil || len(jobs) != 2 {
+			t.Fatalf("share 0, 40 pending, window 32 full: took %d jobs (%v), want 2 (no bound)", len(jobs), err)
+		}
 		jobs, err = b.q.AcceptMany(b.ctx, typA, 64, AcceptOptions{})
-		if err != nil || len(jobs) != 20 {
-			t.Fatalf("without Share: took %d jobs (%v), want the 20 left", len(jobs), err)
+		if err != nil || len(jobs) != 38 {
+			t.Fatalf("without Share: took %d jobs (%v), want the 38 left", len(jobs), err)
 		}
 	})
 }

@@ -35,10 +35,11 @@ type AcceptOptions struct {
 	// Share, if set, bounds what AcceptMany takes to this worker's share
 	// of the pending jobs (so that the nodes of a cluster accept about as
 	// many each, schedpolicy.AcceptShare): given how many eligible pending
-	// jobs the transaction sees (when that is the whole window of the
-	// queue head AcceptMany reads, there may be more), it returns how many
-	// this worker may take; 0 or less: none, and AcceptMany fails with
-	// ErrOverShare. Accept ignores it.
+	// jobs the transaction sees, it returns how many this worker may take;
+	// 0 or less: none, and AcceptMany fails with ErrOverShare. It is not
+	// asked when the window of the queue head AcceptMany reads is full
+	// (16 n jobs or more pending: the batch is not bounded). Accept ignores
+	// it.
 	Share func(pending int) int
 }
 
