@@ -98,16 +98,20 @@ func TestConcurrentJobEndsChargeWithoutConflicts(t *testing.T) {
 		for err := range errs {
 			t.Fatal(err)
 		}
-		// PostgreSQL retries conflicts only: none. The embedded store
+		// PostgreSQL retries conflicts only: none (a read and write of
+		// the account retried 366-407 times here). The embedded store
 		// also runs an attempt again when a transaction's reads through
 		// its warm writer connection cannot go on in one state (another
 		// commit wrote a key it had read, the account's counter among
-		// them: sqlite/read.go): rarely, and without a conflict. A read
-		// and write of the account retried 26-100 times here on SQLite
-		// and 366-407 times on PostgreSQL.
+		// them: sqlite/read.go), without a conflict; how often depends on
+		// how the commits interleave (3-10 on a quiet machine, 17 at a
+		// load of 23), but the attempt after such a one reads from a
+		// reader's snapshot and can only fail on a conflict: at most one
+		// retry a transaction. PostgreSQL is the backend that tells a
+		// conflict-free charge from a hot key.
 		allowed := int64(0)
 		if strings.HasSuffix(t.Name(), "/sqlite") {
-			allowed = n / 4
+			allowed = n
 		}
 		if got := db.retries() - retries; got > allowed {
 			t.Errorf("%d concurrent crashes of one database's jobs: %d transactions, %d retries, want at most %d",
