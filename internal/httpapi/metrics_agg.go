@@ -1,13 +1,10 @@
 package httpapi
 
 import (
-	"slices"
-	"sort"
 	"sync"
 	"time"
 
 	"github.com/couchrep/couchrep/internal/repjob"
-	"github.com/couchrep/couchrep/internal/share"
 	"github.com/couchrep/couchrep/messages"
 )
 
@@ -189,46 +186,14 @@ func (v *aggVals) lag(now time.Time) float64 {
 
 // sharesOf is shareUsage from the kept counts.
 func (a *jobsAgg) sharesOf(weights map[string]int) []statusShare {
-	byDB := make(map[string]*statusShare, len(a.shares)+len(weights))
-	get := func(db string) *statusShare {
-		if sh, ok := byDB[db]; ok {
-			return sh
-		}
-		sh := &statusShare{Database: db, Weight: share.DefaultShares, Servers: []string{}}
-		if w, ok := weights[db]; ok {
-			sh.Weight = w
-		}
-		byDB[db] = sh
-		return sh
-	}
-	for db := range weights {
-		get(db)
-	}
-	running, activeWeight := 0, 0
+	t := newShareTable(weights, len(a.shares))
 	for db, v := range a.shares {
-		sh := get(db)
+		sh := t.row(db)
 		for s := range v.servers {
 			sh.Servers = append(sh.Servers, s)
 		}
 		sh.Running, sh.Waiting = v.running, v.waiting
-		running += v.running
+		t.running += v.running
 	}
-	out := make([]statusShare, 0, len(byDB))
-	for _, sh := range byDB {
-		if sh.Running+sh.Waiting > 0 {
-			activeWeight += sh.Weight
-		}
-	}
-	for _, sh := range byDB {
-		if running > 0 {
-			sh.Usage = float64(sh.Running) / float64(running)
-		}
-		if activeWeight > 0 && sh.Running+sh.Waiting > 0 {
-			sh.Entitled = float64(sh.Weight) / float64(activeWeight)
-		}
-		slices.Sort(sh.Servers)
-		out = append(out, *sh)
-	}
-	sort.Slice(out, func(x, y int) bool { return out[x].Database < out[y].Database })
-	return out
+	return t.rows()
 }

@@ -279,47 +279,69 @@ func statusJobOf(j *Job, sm *jobSamples) statusJob {
 // of the running persistent jobs it has (usage) and the fraction its weight
 // entitles it to among the databases that have work (entitled).
 func shareUsage(jobs []*Job, weights map[string]int) []statusShare {
-	byDB := map[string]*statusShare{}
-	get := func(db string) *statusShare {
-		if sh, ok := byDB[db]; ok {
-			return sh
-		}
-		sh := &statusShare{Database: db, Weight: share.DefaultShares, Servers: []string{}}
-		if w, ok := weights[db]; ok {
-			sh.Weight = w
-		}
-		byDB[db] = sh
-		return sh
-	}
-	for db := range weights {
-		get(db)
-	}
-	running, activeWeight := 0, 0
+	t := newShareTable(weights, 0)
 	for _, j := range jobs {
 		if j.Transient {
 			continue
 		}
-		sh := get(j.Database)
+		sh := t.row(j.Database)
 		if j.Server != "" && !slices.Contains(sh.Servers, j.Server) {
 			sh.Servers = append(sh.Servers, j.Server)
 		}
 		switch j.State {
 		case repjob.StateRunning:
 			sh.Running++
-			running++
+			t.running++
 		case repjob.StatePending, repjob.StateCrashing:
 			sh.Waiting++
 		}
 	}
-	out := make([]statusShare, 0, len(byDB))
-	for _, sh := range byDB {
+	return t.rows()
+}
+
+// shareTable builds the fair-share view (shareUsage, jobsAgg.sharesOf):
+// a row per _replicator database with work or a configured weight.
+type shareTable struct {
+	byDB    map[string]*statusShare
+	weights map[string]int
+	running int // running persistent jobs, all databases
+}
+
+func newShareTable(weights map[string]int, n int) *shareTable {
+	t := &shareTable{byDB: make(map[string]*statusShare, n+len(weights)), weights: weights}
+	for db := range weights {
+		t.row(db)
+	}
+	return t
+}
+
+// row is db's row, made with its weight on first use.
+func (t *shareTable) row(db string) *statusShare {
+	if sh, ok := t.byDB[db]; ok {
+		return sh
+	}
+	sh := &statusShare{Database: db, Weight: share.DefaultShares, Servers: []string{}}
+	if w, ok := t.weights[db]; ok {
+		sh.Weight = w
+	}
+	t.byDB[db] = sh
+	return sh
+}
+
+// rows are the rows by database name, with each one's usage (its fraction
+// of the running jobs) and entitlement (its weight's fraction among the
+// databases with work).
+func (t *shareTable) rows() []statusShare {
+	activeWeight := 0
+	for _, sh := range t.byDB {
 		if sh.Running+sh.Waiting > 0 {
 			activeWeight += sh.Weight
 		}
 	}
-	for _, sh := range byDB {
-		if running > 0 {
-			sh.Usage = float64(sh.Running) / float64(running)
+	out := make([]statusShare, 0, len(t.byDB))
+	for _, sh := range t.byDB {
+		if t.running > 0 {
+			sh.Usage = float64(sh.Running) / float64(t.running)
 		}
 		if activeWeight > 0 && sh.Running+sh.Waiting > 0 {
 			sh.Entitled = float64(sh.Weight) / float64(activeWeight)

@@ -645,6 +645,20 @@ func (s *Store) ChangesHead(ctx context.Context) (string, error) {
 	return seq, nil
 }
 
+// changesRange is the range of the changes index after since (a seq
+// Changes or ChangedIDs returned; "" the whole index).
+func (s *Store) changesRange(since string) (begin, end []byte, err error) {
+	begin, end = s.k.changes.Range()
+	if since != "" {
+		raw, err := hex.DecodeString(since)
+		if err != nil {
+			return nil, nil, fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
+		}
+		begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+	}
+	return begin, end, nil
+}
+
 // ChangedIDs is Changes without the records: the ids of up to limit jobs
 // (0: 1000) whose newest state change comes after since, and the seq to
 // pass next time.
@@ -655,17 +669,13 @@ func (s *Store) ChangedIDs(ctx context.Context, since string, limit int) ([]stri
 	if limit <= 0 {
 		limit = 1000
 	}
-	begin, end := s.k.changes.Range()
-	if since != "" {
-		raw, err := hex.DecodeString(since)
-		if err != nil {
-			return nil, since, fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
-		}
-		begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+	begin, end, err := s.changesRange(since)
+	if err != nil {
+		return nil, since, err
 	}
 	var ids []string
 	next := since
-	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+	err = s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
 		ids, next = ids[:0], since
 		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: limit})
 		for it.Next() {
@@ -847,16 +857,12 @@ func (s *Store) Changes(ctx context.Context, since string, limit int) ([]Change,
 	if limit <= 0 {
 		limit = 1000
 	}
-	begin, end := s.k.changes.Range()
-	if since != "" {
-		raw, err := hex.DecodeString(since)
-		if err != nil {
-			return nil, since, fmt.Errorf("repjob: bad changes seq %q: %w", since, err)
-		}
-		begin = append(append(bytes.Clone(s.k.changes.Bytes()), raw...), 0x00)
+	begin, end, err := s.changesRange(since)
+	if err != nil {
+		return nil, since, err
 	}
 	var ids []Change
-	err := s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
+	err = s.db.ReadTransact(ctx, func(tx kv.ReadTx) error {
 		ids = ids[:0]
 		it := tx.GetRange(begin, end, kv.RangeOptions{Limit: limit})
 		for it.Next() {
