@@ -33,6 +33,9 @@ type fakeFeed struct {
 	// it is closed.
 	holdInfo chan struct{}
 	infos    atomic.Int32
+	// failAfter, when set, holds a failing feed request's 400 until it is
+	// closed (so that a test can join the feed before it fails).
+	failAfter chan struct{}
 }
 
 func (ff *fakeFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -49,6 +52,13 @@ func (ff *fakeFeed) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case r.URL.Path == "/db/_changes":
 		ff.includeDocs <- r.URL.Query().Get("include_docs") == "true"
 		if ff.failChanges.Load() {
+			if ff.failAfter != nil {
+				select {
+				case <-ff.failAfter:
+				case <-r.Context().Done():
+					return
+				}
+			}
 			w.WriteHeader(http.StatusBadRequest)
 			fmt.Fprint(w, `{"error":"bad_request","reason":"no"}`)
 			return
@@ -236,7 +246,8 @@ func TestFilters(t *testing.T) {
 // and mark the last one.
 func TestWatchFailure(t *testing.T) {
 	ff := &fakeFeed{release: make(chan struct{}), includeDocs: make(chan bool, 10), holdInfo: make(chan struct{}),
-		rows: []string{row(31, "b9", []string{"1-b"}, `{"_id":"b9","_rev":"1-b","owner":"bob"}`)}}
+		failAfter: make(chan struct{}),
+		rows:      []string{row(31, "b9", []string{"1-b"}, `{"_id":"b9","_rev":"1-b","owner":"bob"}`)}}
 	ff.failChanges.Store(true)
 	hub := sharedfeed.New(sharedfeed.Options{})
 	ctx := context.Background()
@@ -251,6 +262,10 @@ func TestWatchFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Close()
+	// The feed fails once the watch has joined it: on a loaded machine
+	// the 400 could otherwise end it before Watch, which would then start
+	// the next feed itself and wait on its held info request.
+	close(ff.failAfter)
 	var herr *couch.HTTPError
 	if _, err := sub.Next(ctx); !errors.As(err, &herr) || herr.Status != http.StatusBadRequest {
 		t.Errorf("subscription: %v, want the feed's 400", err)
