@@ -130,6 +130,10 @@ func (r *Registry) signal(e *entry, recheck bool) {
 				r.lookLocked(e, w)
 				return
 			}
+			if m := answering(e.hib); m != nil {
+				r.askLocked(e, m)
+				return
+			}
 		}
 		if e.look != 0 && recheck {
 			return // its look is under way
@@ -163,6 +167,49 @@ func lookable(h *jobrunner.Hibernated) lookWake {
 	return w
 }
 
+// movedWake is a wake-up source that answers a recheck itself, from what
+// it has seen (a shared feed's watch: replicate.FeedWake.Moved, the rows
+// the node's one feed of the source read), without a request.
+type movedWake interface {
+	Moved(couch.Seq) bool
+}
+
+// answering is h's source when its recheck is answered by the source
+// itself, without an actor: its parked seq is known and the job was
+// checked since it was taken (an adopted job, Unchecked, looks at its
+// source once, with an actor).
+func answering(h *jobrunner.Hibernated) movedWake {
+	if h == nil || len(h.Seq) == 0 || h.Unchecked {
+		return nil
+	}
+	m, _ := h.Wake.(movedWake)
+	return m
+}
+
+// askLocked is e's recheck when its wake-up source answers it (e.mu
+// held; e asleep): no actor, no request, so not paced by the node's
+// park.Rechecks either (which paces requests: a node of 100,000 parked
+// selector jobs at park_recheck 1800 s asks ~56 a second, and woke an
+// actor for each, paced at 5 a second, the others waiting in a goroutine
+// each). Nothing past its parked seq, it sleeps on; else it wakes as a
+// signal wakes it.
+func (r *Registry) askLocked(e *entry, m movedWake) {
+	e.look++
+	if e.look == 0 {
+		e.look = 1
+	}
+	n, h := e.look, e.hib
+	go func() { // r.mu is taken before e.mu: the wheel is read without e.mu
+		r.mu.Lock()
+		timers := r.hib.timers
+		r.mu.Unlock()
+		if timers == nil {
+			timers = timerwheel.Default()
+		}
+		r.answered(e, h, n, timers, nil, m.Moved(h.Seq))
+	}()
+}
+
 // lookLocked starts e's batched recheck (e.mu held; e asleep): the node's
 // batcher (park.Rechecks.Look, at the node's pace, one POST /_dbs_info for
 // up to 100 jobs of a server) reads its source's info, and looked decides.
@@ -194,6 +241,13 @@ func (r *Registry) lookLocked(e *entry, w lookWake) {
 // unreachable), it wakes for a recheck of its own, which meets the same
 // and reports it as a run does.
 func (r *Registry) looked(e *entry, h *jobrunner.Hibernated, n uint32, timers *timerwheel.Wheel, info couch.DBInfo, err error) {
+	r.answered(e, h, n, timers, err, err == nil && replicate.SeqPast(info.UpdateSeq, h.Seq))
+}
+
+// answered ends e's recheck n (of its hibernation h) without an actor: an
+// error wakes it for a recheck of its own, a source moved past its parked
+// seq wakes it as a signal does, else its next recheck is armed.
+func (r *Registry) answered(e *entry, h *jobrunner.Hibernated, n uint32, timers *timerwheel.Wheel, err error, moved bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.state != asleep || e.hib != h || e.look != n {
@@ -205,7 +259,7 @@ func (r *Registry) looked(e *entry, h *jobrunner.Hibernated, n uint32, timers *t
 	switch {
 	case err != nil:
 		r.wakeLocked(e, true)
-	case replicate.SeqPast(info.UpdateSeq, h.Seq):
+	case moved:
 		r.wakeLocked(e, false)
 	default:
 		e.timer = timers.AfterFunc(d, func() { r.signal(e, true) })

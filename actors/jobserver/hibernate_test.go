@@ -243,3 +243,55 @@ func TestHibernatedRecheckWithoutActor(t *testing.T) {
 	srv.seq.Store(`"2-def"`)
 	waitFor(t, "the job woken and running", func() bool { return runs.Load() == 2 })
 }
+
+// TestHibernatedRecheckAnsweredByItsWatch: a hibernated job whose wake-up
+// source answers for its source (a shared feed's watch: Moved, from the
+// rows the node's feed read) rechecks (park_recheck 1 s) without an actor
+// — no JobStarted, so not paced at the node's 5 requests a second either
+// (100,000 parked selector jobs at 1800 s ask ~56 rechecks a second) —
+// while Moved says no; once it says yes, the recheck wakes the job and it
+// runs.
+func TestHibernatedRecheckAnsweredByItsWatch(t *testing.T) {
+	s := newShared(t)
+	s.parkRecheck = time.Second
+	w := &testWake{c: make(chan struct{}, 1)}
+	var runs atomic.Int32
+	s.jobOptions = func(o *jobrunner.Options) {
+		o.Wake = func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) { return w, nil }
+		o.Engine = func(ctx context.Context, p replicate.Params, o replicate.Options) (replicate.Result, error) {
+			if runs.Add(1) > 1 {
+				<-ctx.Done() // woken: it runs until stopped
+				return replicate.Result{}, nil
+			}
+			return replicate.Result{Stats: replicate.Stats{CheckpointedSourceSeq: couch.Seq(`1`)},
+				Parked: replicate.NewParked(couch.Seq(`1`), time.Now(), func(context.Context) (bool, error) { return false, nil })}, nil
+		}
+	}
+	s.lease = true
+	n := s.startNode(t, "n1", true, 1)
+	s.add(t, n, 0)
+	waitFor(t, "the job hibernated", func() bool { return n.reg.Hibernated() == 1 })
+	// The first actor's start (and its exit once it hibernated).
+	waitFor(t, "the first actor's start", func() bool {
+		select {
+		case m := <-n.sched:
+			_, ok := m.(*scheduler.JobStarted)
+			return ok
+		default:
+			return false
+		}
+	})
+	waitFor(t, "three rechecks", func() bool { return w.lookedAt() >= 3 })
+	for len(n.sched) > 0 {
+		if m := <-n.sched; m != nil {
+			if _, ok := m.(*scheduler.JobStarted); ok {
+				t.Fatalf("an actor started for a recheck its watch answers (%d rechecks, %d runs)", w.lookedAt(), runs.Load())
+			}
+		}
+	}
+	if got := runs.Load(); got != 1 || n.reg.Hibernated() != 1 {
+		t.Fatalf("after %d rechecks that found nothing: %d runs, %d hibernated; want 1 and 1", w.lookedAt(), got, n.reg.Hibernated())
+	}
+	w.moved.Store(true)
+	waitFor(t, "the job woken by a recheck and running", func() bool { return runs.Load() == 2 })
+}
