@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"runtime/trace"
@@ -243,9 +244,9 @@ func benchIdleNode(b *testing.B, n int, fanOut bool, window time.Duration) {
 	pct := float64(cpu) / float64(window) * 100
 	b.ReportMetric(pct, "idle-%cpu")
 	b.ReportMetric(gc1.cpu-gc0.cpu, "gc-cpu-s")
-	b.Logf("users=%d jobs=%d: idle %s: CPU %s = %.2f%% of a core (GC %.0f ms in %d cycles, %.1f MB allocated, live heap %.1f MB); load %s -> %s",
+	b.Logf("users=%d jobs=%d: idle %s: CPU %s = %.2f%% of a core (GC %.0f ms in %d cycles, %.1f MB allocated, live heap %.1f MB); goroutines at its end %d; load %s -> %s",
 		n, jobs, window, cpu.Round(time.Millisecond), pct, (gc1.cpu-gc0.cpu)*1000, gc1.cycles-gc0.cycles,
-		float64(gc1.allocs-gc0.allocs)/(1<<20), float64(gc1.live)/(1<<20), load0, loadAvg())
+		float64(gc1.allocs-gc0.allocs)/(1<<20), float64(gc1.live)/(1<<20), runtime.NumGoroutine(), load0, loadAvg())
 }
 
 // idleRechecks reads the idle fake's counts of GET /db, POST /_dbs_info and
