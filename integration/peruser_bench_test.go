@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -205,9 +206,9 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	}
 	env := []string{"COUCHREP_COUCHREP_WATCH=" + strings.TrimSuffix(p.repSrv.URL, "/")}
 	heap, cpuProf := os.Getenv("COUCHREP_PERUSER_HEAP"), os.Getenv("COUCHREP_PERUSER_CPU")
-	if heap != "" || cpuProf != "" {
-		env = append(env, "COUCHREP_ADMIN_PPROF=true")
-	}
+	// pprof on the admin endpoint: the runtime's memory breakdown after
+	// the idle minute (runtimeMemory), and the profiles asked for.
+	env = append(env, "COUCHREP_ADMIN_PPROF=true")
 	p.node, p.addr = scaleNode(b, p.jobs, env...)
 	nodePID, srvPID, srvName := p.node.cmd.Process.Pid, p.serverPID(), p.serverName()
 	if srvPID == 0 {
@@ -274,6 +275,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	b.Logf("users=%d: couchrepd's Go memory after the idle minute: %s; in it, it allocated %.1f MB and ran %.0f GCs",
 		n, goMemory(mem1), (mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
 		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"])
+	rt := runtimeMemory(b, p.node.admin)
+	b.Logf("users=%d: couchrepd's RSS %.1f MiB (peak %.1f MiB) after the idle minute, the runtime's view (MiB): %s",
+		n, float64(nodeRSS)/(1<<20), float64(procPeakRSS(nodePID))/(1<<20), rt)
+	b.ReportMetric(float64(procPeakRSS(nodePID))/(1<<20), "node-peak-RSS-MB")
 
 	client := &http.Client{Timeout: time.Minute}
 	rng := rand.New(rand.NewPCG(26, uint64(n)))
@@ -320,6 +325,57 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		b.Errorf("%d of %d jobs running at the end", r, p.jobs)
 	}
 	b.Logf("%s; load %s", msg, loadAvg())
+}
+
+// memStatFields are the runtime.MemStats fields runtimeMemory reports:
+// where a Go process's mapped memory is.
+var memStatFields = []string{"HeapAlloc", "HeapInuse", "HeapIdle", "HeapReleased", "StackInuse",
+	"MSpanInuse", "MCacheInuse", "BuckHashSys", "GCSys", "OtherSys", "Sys", "NextGC", "NumGC"}
+
+// runtimeMemory reads the node's runtime.MemStats from the trailer of its
+// heap profile in text form (/debug/pprof/heap?debug=1, [admin] pprof on
+// its admin endpoint) and describes it in MiB: the live heap (HeapAlloc),
+// the heap's spans in use (the gap to the live heap is fragmentation:
+// free slots in spans that hold a live object), freed spans kept mapped
+// (HeapIdle - HeapReleased), stacks, the span and GC metadata the runtime
+// never returns (MSpanInuse, GCSys) and the rest (OtherSys).
+func runtimeMemory(tb testing.TB, admin string) string {
+	resp, err := http.Get("http://" + admin + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		tb.Errorf("runtime memory: %v", err)
+		return "unknown"
+	}
+	defer resp.Body.Close()
+	v := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		// "# HeapInuse = 123"
+		f := strings.Fields(sc.Text())
+		if len(f) == 4 && f[0] == "#" && f[2] == "=" {
+			v[f[1]], _ = strconv.ParseFloat(f[3], 64)
+		}
+	}
+	if len(v) == 0 {
+		tb.Errorf("runtime memory: no MemStats in the heap profile (status %d)", resp.StatusCode)
+		return "unknown"
+	}
+	mib := func(k string) float64 { return v[k] / (1 << 20) }
+	var parts []string
+	for _, k := range memStatFields {
+		if k == "NumGC" {
+			parts = append(parts, fmt.Sprintf("%s %.0f", k, v[k]))
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s %.1f", k, mib(k)))
+	}
+	return fmt.Sprintf("%s; idle not released %.1f, heap in use / live %.2f",
+		strings.Join(parts, ", "), mib("HeapIdle")-mib("HeapReleased"), v["HeapInuse"]/max(v["HeapAlloc"], 1))
+}
+
+// procPeakRSS is the peak resident set of process pid (VmHWM).
+func procPeakRSS(pid int) uint64 {
+	return statusBytes(fmt.Sprintf("/proc/%d/status", pid), "VmHWM:")
 }
 
 // saveURL writes what a GET of u answers to file.
