@@ -376,6 +376,35 @@ func TestParkingWakesOnDBUpdates(t *testing.T) {
 	r.awaitCentral("user-0-second")
 }
 
+// TestParkingQuietStart: a continuous job that finds nothing to replicate
+// when it starts (an empty user database) parks within seconds, not after
+// idle_park_after (an hour here), while a job that replicated a document
+// keeps its feed; a write to the parked job's database wakes it through
+// _db_updates and reaches the central database.
+func TestParkingQuietStart(t *testing.T) {
+	skipShort(t)
+	s := testserver.StartPouchDBWithDBUpdates(t)
+	r := newParkNodeRigConf(t, s, 1, "[replicator]\nstartup_jitter = 0\nidle_park_after = 3600\npark_recheck = 3600\n")
+	r.awaitCentral("user-0-first")
+	s.CreateDB(t, "empty-0")
+	r.jobs["empty-0"] = r.start("empty-0")
+	deadline := time.Now().Add(time.Minute)
+	for !parkedJob(r.schedJobs()[r.jobs["empty-0"]]) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job of an empty database not parked after a minute: %v", r.schedJobs())
+		}
+		time.Sleep(50 * time.Millisecond) // another process's state: poll
+	}
+	if j := r.schedJobs()[r.jobs["user-0"]]; j["state"] != "running" || parkedJob(j) {
+		t.Errorf("the job that replicated a document: %v, want running with its feed (idle_park_after is an hour)", j)
+	}
+	if n := r.px.feedsOf("empty-0")[0]; n > 1 {
+		t.Errorf("%d continuous feeds of the empty database, want at most its start's", n)
+	}
+	s.PutDocs(t, s.DBURL("empty-0"), map[string]any{"_id": "empty-0-first"})
+	r.awaitCentral("empty-0-first")
+}
+
 // TestParkingFallback: on plain PouchDB Server (_db_updates is a 400 stub)
 // no job parks: its feed stays open well past idle_park_after (the feed's
 // heartbeats, one a second, count the time) and a write replicates live.

@@ -39,6 +39,10 @@ type parker struct {
 	// fresh: wake was opened since the job last parked (a change between
 	// the feed's close and the watch's start would not signal it).
 	fresh bool
+	// opened is when wake was opened by this parker (zero: passed in,
+	// open since the job first parked); a change before it does not
+	// signal it.
+	opened time.Time
 	// off: the job's source cannot wake it (unsupported): it no longer
 	// parks, and keeps its feed; until offUntil, if set (a server whose
 	// _db_updates could not be read is asked again once the hub's verdict
@@ -150,7 +154,7 @@ func (pk *parker) ensure(ctx context.Context) bool {
 		}
 		return false
 	}
-	pk.wake, pk.fresh = w, true
+	pk.wake, pk.fresh, pk.opened = w, true, time.Now()
 	return true
 }
 
@@ -214,7 +218,8 @@ const probeTimeout = time.Minute
 // wait parks the job whose engine run ended parked (res.Parked): it
 // records the job parked, looks at the source once if its wake-up source
 // was just opened (a change between the feed's close and the watch's start
-// would not signal it), then leaves the job to sleep. It runs on the
+// would not signal it) or opened after the read that let a quiet run park
+// early (replicate.Parked.Quiet), then leaves the job to sleep. It runs on the
 // engine's last goroutine's successor; sleep is the one that stays.
 func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	done func(replicate.Result, error)) {
@@ -229,6 +234,13 @@ func (pk *parker) wait(ctx context.Context, res replicate.Result, start func(),
 	}
 	pk.mu.Lock()
 	wake, fresh := pk.wake, pk.fresh
+	if at, quiet := parked.Quiet(); quiet && at.Before(pk.opened) {
+		// The run parked as soon as it found nothing to replicate, which
+		// it knew from a read of the source older than the wake-up
+		// source: a change between the two may not have reached its feed
+		// yet and would not signal the wake-up source. Look once.
+		fresh = true
+	}
 	pk.fresh = false
 	pk.mu.Unlock()
 	pk.record(ctx, parked.Since(), res.Stats)

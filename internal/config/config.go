@@ -259,7 +259,9 @@ type Replicator struct {
 	// source to change (the source server's _db_updates feed, and
 	// ParkRecheck), then resumes from its checkpoint. Only jobs without a
 	// filter, doc_ids or selector park, and only where the source server's
-	// _db_updates can be read.
+	// _db_updates can be read. A run that finds nothing to replicate at
+	// start-up parks 2 s after its feed opens, or after this if shorter
+	// (replicate's quietParkAfter).
 	IdleParkAfter time.Duration
 	// ParkRecheck is how often a parked job re-reads its source database's
 	// update_seq, in case an event of _db_updates was lost (park_recheck,

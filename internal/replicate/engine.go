@@ -518,6 +518,7 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 	// round.
 	var (
 		srcInfo, tgtInfo     couch.DBInfo
+		srcInfoSent          time.Time
 		srcErr, tgtErr       error
 		code                 string
 		codeErr              error
@@ -537,10 +538,10 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 		wg.Go(func() { tgtLog, tgtLogErr = r.readCheckpoint(ctx, r.tgt, localID) })
 		return nil
 	}
-	wg.Go(func() { srcInfo, srcErr = r.o.Infos.dbInfo(ctx, p.Source, r.src) })
+	wg.Go(func() { srcInfo, srcInfoSent, srcErr = r.o.Infos.dbInfo(ctx, p.Source, r.src) })
 	wg.Go(func() {
 		if tgtErr = r.createTarget(ctx); tgtErr == nil {
-			tgtInfo, tgtErr = r.o.Infos.dbInfo(ctx, p.Target, r.tgt)
+			tgtInfo, _, tgtErr = r.o.Infos.dbInfo(ctx, p.Target, r.tgt)
 		}
 	})
 	needCode := p.Filter != "" && !strings.HasPrefix(p.Filter, "_") && !p.filterCodeSet
@@ -609,6 +610,11 @@ func (r *Replication) open(ctx context.Context) (*runState, error) {
 		srcStart: srcInfo.InstanceStartTime, tgtStart: tgtInfo.InstanceStartTime,
 		sourceSeq: srcInfo.UpdateSeq, sourceRows: srcInfo.DocCount + srcInfo.DocDelCount,
 		localID: localID, tracker: newSeqTracker(startSeq),
+	}
+	if r.parks() && !SeqPast(srcInfo.UpdateSeq, seqOrZero(startSeq)) {
+		// Nothing to replicate: the source had no change after the start
+		// seq when its info was read (quietParkAfter).
+		st.quietAt = srcInfoSent
 	}
 	return st, nil
 }
@@ -685,8 +691,13 @@ type runState struct {
 	srcStart, tgtStart string
 	sourceSeq          couch.Seq
 	sourceRows         int64 // the source's doc_count + doc_del_count at start-up
-	localID            string
-	lastBody           json.RawMessage
+	// quietAt, when set, is when the source's info was read that showed
+	// no change after the start seq: a run that may park and found nothing
+	// to replicate at start-up parks after quietParkAfter of a working
+	// feed, not idle_park_after, unless it cuts a batch first (quiet).
+	quietAt  time.Time
+	localID  string
+	lastBody json.RawMessage
 
 	mu       sync.Mutex
 	tracker  *seqTracker
@@ -973,7 +984,7 @@ func (s *runState) startTimers(ctx context.Context, abort func(error)) *runTimer
 	tm := &runTimers{s: s, ctx: ctx, abort: abort,
 		nextCkpt: now.Add(s.r.p.CheckpointInterval), nextProg: now.Add(iv), progWait: iv}
 	if s.r.parks() || s.r.parksLater() {
-		tm.nextPark = now.Add(s.r.p.IdleParkAfter)
+		tm.nextPark = now.Add(s.parkAfter())
 	}
 	tm.mu.Lock() // fire uses tm.t under mu
 	tm.t = s.r.timers().AfterFunc(tm.wait(now), tm.fire)

@@ -48,6 +48,7 @@ type infoCall struct {
 	db     couch.DBInfo
 	server couch.ServerInfo
 	err    error
+	sent   time.Time // when the request was sent: the answer is the server's state at or after it
 	at     time.Time // when answered
 }
 
@@ -91,6 +92,7 @@ func (s *InfoShare) share(ctx context.Context, key [sha256.Size]byte, get func(*
 		c = &infoCall{done: make(chan struct{})}
 		s.m[key] = c
 		s.mu.Unlock()
+		c.sent = now
 		get(c)
 		c.at = s.now()
 		close(c.done)
@@ -103,7 +105,7 @@ func (s *InfoShare) share(ctx context.Context, key [sha256.Size]byte, get func(*
 		return nil, ctx.Err()
 	}
 	if c.err != nil {
-		own := &infoCall{}
+		own := &infoCall{sent: s.now()}
 		get(own)
 		return own, own.err
 	}
@@ -126,16 +128,21 @@ func (s *InfoShare) sweep(now time.Time) {
 	}
 }
 
-// dbInfo is db.Info shared through s (nil: db's own request).
-func (s *InfoShare) dbInfo(ctx context.Context, ep EndpointParams, db *couch.DB) (couch.DBInfo, error) {
+// dbInfo is db.Info shared through s (nil: db's own request), and when
+// the request that answered was sent: the info is the database's state at
+// that time or later (a shared answer may be up to InfoShareFor older than
+// the ask).
+func (s *InfoShare) dbInfo(ctx context.Context, ep EndpointParams, db *couch.DB) (couch.DBInfo, time.Time, error) {
 	if s == nil {
-		return db.Info(ctx)
+		sent := time.Now()
+		info, err := db.Info(ctx)
+		return info, sent, err
 	}
 	c, err := s.share(ctx, infoKey("db", ep), func(c *infoCall) { c.db, c.err = db.Info(ctx) })
 	if err != nil {
-		return couch.DBInfo{}, err
+		return couch.DBInfo{}, time.Time{}, err
 	}
-	return c.db, nil
+	return c.db, c.sent, nil
 }
 
 // serverInfo is db.ServerInfo shared through s (nil: db's own request).

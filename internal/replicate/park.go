@@ -53,7 +53,20 @@ type Parked struct {
 	Resume bool
 	// moved, when set, answers Moved (NewParked).
 	moved func(context.Context) (bool, error)
+	// quietAt: the run parked without reading a change (quietParkAfter),
+	// its source known to hold none after seq as of this time.
+	quietAt time.Time
 }
+
+// Quiet reports, for a run that parked without replicating anything (it
+// found nothing to replicate at start-up: quietParkAfter), since when the
+// source was known to hold no change after Seq: the sending of the info
+// request that said so, which may be older than the run (the node's runs
+// share an info read within a second, InfoShare). ok is false for any
+// other park. A change written before the caller's wake-up source opened
+// and after that time may be one the run's feed had not delivered yet
+// when it parked: the caller looks at the source once (Changed).
+func (pk *Parked) Quiet() (since time.Time, ok bool) { return pk.quietAt, !pk.quietAt.IsZero() }
 
 // NewParked returns a Parked at seq since then whose Moved calls moved:
 // for an engine of the caller's own (jobrunner.Options.Engine in tests and
@@ -206,11 +219,40 @@ func (r *Replication) parksLater() bool {
 	return !r.o.Park && r.o.ParkLater != nil && r.p.Continuous && r.p.UseCheckpoints && r.p.IdleParkAfter > 0
 }
 
+// quietParkAfter is how long a run that found nothing to replicate at
+// start-up (its source had no change after its checkpoint) waits with its
+// feed working before it parks, instead of idle_park_after: a node
+// starting thousands of jobs that are up to date (a restart, or new
+// per-user jobs of empty databases) parks each a few seconds after its
+// start rather than holding all their feeds, workers and buffers for a
+// minute; a change read first makes it an ordinary run. Short enough that
+// the start of thousands of jobs never has them all running at once, long
+// enough for a change written just before the start to reach the feed.
+const quietParkAfter = 2 * time.Second
+
+// quiet reports whether the run is still as it started with nothing to
+// replicate: it did (quietAt) and has cut no batch since. s.mu is held.
+func (s *runState) quiet() bool {
+	return !s.quietAt.IsZero() && s.cutSeq == nil
+}
+
+// parkAfter is how long the run waits idle before it parks:
+// idle_park_after, or quietParkAfter while quiet.
+func (s *runState) parkAfter() time.Duration {
+	s.mu.Lock()
+	quiet := s.quiet()
+	s.mu.Unlock()
+	if quiet {
+		return min(s.r.p.IdleParkAfter, quietParkAfter)
+	}
+	return s.r.p.IdleParkAfter
+}
+
 // parkDue is when the run may park, as seen at now: its last activity
-// plus idle_park_after while its feed works and nothing is in flight, else
-// idle_park_after from now (looked at again then).
+// plus idle_park_after (parkAfter) while its feed works and nothing is in
+// flight, else that long from now (looked at again then).
 func (s *runState) parkDue(now time.Time) time.Time {
-	after := s.r.p.IdleParkAfter
+	after := s.parkAfter()
 	s.mu.Lock()
 	bt, inFlight := s.bt, s.tracker.low < s.tracker.next
 	s.mu.Unlock()
@@ -237,6 +279,11 @@ func (s *runState) parked(ctx context.Context) (Result, error) {
 	// referenced: the engine, its target and its state are garbage.
 	res.Parked = &Parked{src: r.src, seq: s.through(), since: r.now(), style: opts.Style, own: r.ownTrs,
 		Resume: s.inFlight() || s.bt != nil && s.bt.dropped}
+	s.mu.Lock()
+	if s.quiet() {
+		res.Parked.quietAt = s.quietAt
+	}
+	s.mu.Unlock()
 	return res, nil
 }
 

@@ -2,6 +2,7 @@ package replicate
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -144,6 +145,9 @@ func TestParkIdleRun(t *testing.T) {
 	if !pk.Seq().Equal(couch.Seq(`"` + seqStr(1) + `"`)) {
 		t.Errorf("parked at %s, want %s", pk.Seq(), seqStr(1))
 	}
+	if at, quiet := pk.Quiet(); quiet {
+		t.Errorf("a run that replicated a document parked quiet (as of %s)", at)
+	}
 	base, _, _ := ID(p, "u")
 	for _, db := range []string{"src", "tgt"} {
 		if ck := f.localDoc(db, base); ck == nil || ck["source_last_seq"] != seqStr(1) {
@@ -206,6 +210,66 @@ func TestParkIdleRun(t *testing.T) {
 	f.mu.Unlock()
 	if !okB {
 		t.Error("b not on the target")
+	}
+}
+
+// TestParkQuietStart: a run that finds nothing to replicate at start-up
+// (an empty source; a source with no change after the checkpoint, as
+// after a restart) parks after quietParkAfter, not idle_park_after (an
+// hour here), and says so (Parked.Quiet, with the time of the info read
+// that showed it); on its own feed and on the shared one.
+func TestParkQuietStart(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("shared=%t", shared), func(t *testing.T) {
+			t.Parallel()
+			testParkQuietStart(t, shared)
+		})
+	}
+}
+
+func testParkQuietStart(t *testing.T, shared bool) {
+	f := newFakeCouch(t)
+	f.addDB("src")
+	f.addDB("tgt")
+	newFeedServer(f, "src")
+	_, o := progressOptions()
+	if shared {
+		o.Feeds = sharedfeed.New(sharedfeed.Options{Logger: zerolog.Nop()})
+	}
+	o.Park = true
+	run := func(idle time.Duration) *Parked {
+		p := fakeParams(t, `,"continuous":true`, f.URL+"/src", f.URL+"/tgt")
+		p.IdleParkAfter = idle
+		done := make(chan parkOutcome, 1)
+		started := time.Now()
+		New(p, o).Start(context.Background(), func(res Result, err error) { done <- parkOutcome{res, err} })
+		pk := awaitParked(t, done)
+		if took := time.Since(started); took > 30*time.Second {
+			t.Errorf("shared feed %t: parked after %s", shared, took)
+		}
+		return pk
+	}
+	// An empty source.
+	began := time.Now()
+	pk := run(time.Hour)
+	if at, quiet := pk.Quiet(); !quiet || at.Before(began) {
+		t.Errorf("shared feed %t: empty source: Quiet() = %s, %t; want a time after %s", shared, at, quiet, began)
+	}
+	// A document: replicated, not quiet (its run parks after its
+	// idle_park_after, short here).
+	f.put("src", map[string]any{"_id": "a"})
+	if _, quiet := run(50 * time.Millisecond).Quiet(); quiet {
+		t.Errorf("shared feed %t: a run that replicated a document parked quiet", shared)
+	}
+	// From that checkpoint, nothing new: quiet again.
+	if _, quiet := run(time.Hour).Quiet(); !quiet {
+		t.Errorf("shared feed %t: a run with nothing after its checkpoint did not park quiet", shared)
+	}
+	f.mu.Lock()
+	_, ok := f.dbs["tgt"].docs["a"]
+	f.mu.Unlock()
+	if !ok {
+		t.Errorf("shared feed %t: a not on the target", shared)
 	}
 }
 
