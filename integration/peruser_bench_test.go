@@ -276,8 +276,12 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 		n, goMemory(mem1), (mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
 		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"])
 	rt := runtimeMemory(b, p.node.admin)
-	b.Logf("users=%d: couchrepd's RSS %.1f MiB (peak %.1f MiB) after the idle minute, the runtime's view (MiB): %s",
+	// On stderr too: a benchmark's log is cut to its first lines, and the
+	// start's progress lines come first.
+	line := fmt.Sprintf("users=%d: couchrepd's RSS %.1f MiB (peak %.1f MiB) after the idle minute, the runtime's view (MiB): %s",
 		n, float64(nodeRSS)/(1<<20), float64(procPeakRSS(nodePID))/(1<<20), rt)
+	b.Log(line)
+	fmt.Fprintln(os.Stderr, line)
 	b.ReportMetric(float64(procPeakRSS(nodePID))/(1<<20), "node-peak-RSS-MB")
 
 	client := &http.Client{Timeout: time.Minute}
