@@ -72,27 +72,37 @@ func (m *Metrics) withLiveAll(jobs []*Job) []*Job {
 	return jobs
 }
 
+// liveJob is a job this node runs with live stats: its kept summary and
+// the summary with them (liveOverlay).
+type liveJob struct {
+	id        string
+	kept, now *jobSum
+}
+
 // liveOverlay drops the live stats of the jobs jobs (every job in the
 // store, by id) does not show running on the node that reported them, as
-// pruneLive does, and returns, for each job this node runs with live
-// stats, its summary and the summary with them ([0], [1]).
-func (m *Metrics) liveOverlay(jobs map[string]*Job) [][2]*Job {
+// pruneLive does, and returns each job this node runs with live stats.
+func (m *Metrics) liveOverlay(jobs map[string]*jobSum) []liveJob {
 	l := &m.live
 	l.mu.Lock()
 	var ids []string
 	for id, e := range l.m {
-		if j := jobs[id]; j == nil || j.State != repjob.StateRunning || j.Node != e.node {
+		if j := jobs[id]; j == nil || j.state != repjob.StateRunning || j.node != e.node {
 			delete(l.m, id)
 			continue
 		}
 		ids = append(ids, id)
 	}
 	l.mu.Unlock()
-	var out [][2]*Job
+	var out []liveJob
 	for _, id := range ids {
-		j := jobs[id]
+		s := jobs[id]
+		j := s.job(id)
 		if lj := m.withLive(j); lj != j {
-			out = append(out, [2]*Job{j, lj})
+			ls := *s
+			live := sumOf(lj)
+			ls.written, ls.pending, ls.hasPending, ls.behindSince = live.written, live.pending, live.hasPending, live.behindSince
+			out = append(out, liveJob{id: id, kept: s, now: &ls})
 		}
 	}
 	return out

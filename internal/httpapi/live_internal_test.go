@@ -75,25 +75,48 @@ func TestLiveStats(t *testing.T) {
 	})
 }
 
-// TestSummaryOfKeepsWhatTheSumsRead: the collector keeps of each job only
-// what its sums and the live overlay read (not its history, endpoints or
-// write failures), and the summary answers the same Lag, Parked and
-// Paused as the job.
-func TestSummaryOfKeepsWhatTheSumsRead(t *testing.T) {
+// TestJobSumAnswersAsTheJob: the collector keeps of each job a 96-byte
+// summary (not its history, endpoints, document or stats message) that
+// answers the sums' questions as the job does (series, lag, parked,
+// paused, documents written, changes pending), and turns back into a Job
+// with what withLive reads.
+func TestJobSumAnswersAsTheJob(t *testing.T) {
 	now := time.Now()
-	pending := int64(7)
-	j := &Job{JobID: "j1", Server: "http://s/", Database: "_replicator", State: repjob.StateRunning, Node: "n1",
-		LastStarted: now.Add(-time.Hour), ParkedSince: now.Add(-time.Minute), Source: "http://s/a/", Target: "http://s/b/",
-		History: schedpolicy.History{{}},
-		Stats: &messages.ReplicationStats{DocsWritten: 12, ChangesPending: &pending, BehindSince: timestamppb.New(now.Add(-30 * time.Second)),
-			WriteFailures: []*messages.DocWriteFailure{{}}}}
-	s := summaryOf(j)
-	if s.History != nil || s.Source != "" || s.Target != "" || len(s.Stats.GetWriteFailures()) != 0 {
-		t.Fatalf("summary keeps more than the sums read: %+v", s)
+	pending, none := int64(7), int64(0)
+	behind := timestamppb.New(now.Add(-30 * time.Second))
+	for _, j := range []*Job{
+		{JobID: "parked", Server: "http://s/", Database: "_replicator", State: repjob.StateRunning, Node: "n1",
+			LastStarted: now.Add(-time.Hour), ParkedSince: now.Add(-time.Minute), Source: "http://s/a/", Target: "http://s/b/",
+			History: schedpolicy.History{{}},
+			Stats: &messages.ReplicationStats{DocsWritten: 12, ChangesPending: &none,
+				WriteFailures: []*messages.DocWriteFailure{{}}}},
+		{JobID: "lagging", Server: "http://s/", Database: "db/_replicator", State: repjob.StateRunning, Node: "n1",
+			LastStarted: now.Add(-time.Hour), Stats: &messages.ReplicationStats{DocsWritten: 3, ChangesPending: &pending, BehindSince: behind}},
+		{JobID: "paused", Transient: true, State: repjob.StatePending, PausedAt: now,
+			Stats: &messages.ReplicationStats{ChangesPending: &pending, BehindSince: behind}},
+		{JobID: "failed", Transient: true, State: repjob.StateFailed},
+	} {
+		s := sumOf(j)
+		key := aggKey{kind: "transient"}
+		if !j.Transient {
+			key = aggKey{kind: "persistent", server: j.Server, db: j.Database}
+		}
+		if aggKeyOf(&s) != key || s.parked != j.Parked() || s.paused != j.Paused() || s.written != j.Stats.GetDocsWritten() ||
+			s.hasPending != (j.Stats.GetChangesPending() != 0 || j.Stats != nil && j.Stats.ChangesPending != nil) ||
+			s.pending != j.Stats.GetChangesPending() {
+			t.Errorf("%s: summary %+v answers otherwise than the job", j.JobID, s)
+		}
+		if lag := lagSince(&s); j.Lag(now) == 0 && !lag.IsZero() || j.Lag(now) != 0 && lag.Sub(behind.AsTime()).Abs() > time.Microsecond {
+			t.Errorf("%s: summary behind since %s, the job's lag %s", j.JobID, lag, j.Lag(now))
+		}
+		back := s.job(j.JobID)
+		if back.JobID != j.JobID || back.State != j.State || back.Node != j.Node || !back.LastStarted.Equal(j.LastStarted) ||
+			back.Lag(now) != j.Lag(now) && j.PausedAt.IsZero() || back.Stats.GetDocsWritten() != j.Stats.GetDocsWritten() {
+			t.Errorf("%s: summary as a job %+v, want %+v", j.JobID, back, j)
+		}
 	}
-	if s.Lag(now) != j.Lag(now) || s.Parked() != j.Parked() || s.Paused() != j.Paused() || aggKeyOf(s) != aggKeyOf(j) ||
-		s.Stats.GetDocsWritten() != 12 || s.JobID != j.JobID || s.Node != j.Node || !s.LastStarted.Equal(j.LastStarted) {
-		t.Fatalf("summary %+v answers otherwise than job %+v", s, j)
+	if size := unsafe.Sizeof(jobSum{}); size > 96 {
+		t.Errorf("a kept summary is %d bytes, want at most 96", size)
 	}
 }
 
@@ -108,7 +131,7 @@ func TestKeptJobsShareNames(t *testing.T) {
 	}
 	j1, j2 := a.jobs["j1"], a.jobs["j2"]
 	same := func(x, y string) bool { return unsafe.StringData(x) == unsafe.StringData(y) }
-	if !same(j1.Server, j2.Server) || !same(j1.Database, j2.Database) || !same(j1.Node, j2.Node) {
+	if !same(j1.server, j2.server) || !same(j1.database, j2.database) || !same(j1.node, j2.node) {
 		t.Fatal("kept jobs hold copies of their names of their own")
 	}
 }

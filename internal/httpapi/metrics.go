@@ -278,14 +278,14 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// This node's running jobs with their live stats, for this scrape.
 	live := c.m.liveOverlay(a.jobs)
-	for _, p := range live {
-		a.apply(p[0], -1)
-		a.apply(p[1], 1)
+	for _, l := range live {
+		a.apply(l.id, l.kept, -1)
+		a.apply(l.id, l.now, 1)
 	}
 	defer func() {
-		for _, p := range live {
-			a.apply(p[1], -1)
-			a.apply(p[0], 1)
+		for _, l := range live {
+			a.apply(l.id, l.now, -1)
+			a.apply(l.id, l.kept, 1)
 		}
 	}()
 	var weights map[string]int

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/couchrep/couchrep/internal/repjob"
 	"github.com/couchrep/couchrep/messages"
 )
@@ -39,7 +41,7 @@ type shareVals struct {
 // jobsAgg is the collector's state.
 type jobsAgg struct {
 	mu   sync.Mutex
-	jobs map[string]*Job
+	jobs map[string]*jobSum
 	// names interns the servers, databases and nodes of the kept jobs:
 	// a few values shared by thousands of jobs.
 	names  map[string]string
@@ -47,29 +49,88 @@ type jobsAgg struct {
 	shares map[string]*shareVals
 }
 
+// jobSum is what the collector keeps of a job between scrapes: what its
+// sums and this node's live overlay read (aggKey, states, documents
+// written, changes pending, parked, paused, behind since; the node and
+// start time withLive compares), in 96 bytes. Not the job's history,
+// endpoints, document, or its stats message (at 20,000 parked jobs a kept
+// *Job with its stats was ~850 bytes of heap each, the largest item of a
+// parked job).
+type jobSum struct {
+	server, database, node string // interned (jobsAgg.intern)
+	// lastStarted, behindSince: unix nanoseconds, 0 for none.
+	lastStarted, behindSince int64
+	written, pending         int64 // pending: when hasPending
+	state                    repjob.State
+	transient, parked        bool
+	paused, hasPending       bool
+}
+
+// sumOf is j's summary.
+func sumOf(j *Job) jobSum {
+	s := jobSum{server: j.Server, database: j.Database, node: j.Node, state: j.State, transient: j.Transient,
+		parked: j.Parked(), paused: j.Paused(), lastStarted: unixNano(j.LastStarted)}
+	if st := j.Stats; st != nil {
+		s.written = st.GetDocsWritten()
+		if st.ChangesPending != nil {
+			s.pending, s.hasPending = *st.ChangesPending, true
+		}
+		if b := st.GetBehindSince(); b != nil {
+			s.behindSince = unixNano(b.AsTime())
+		}
+	}
+	return s
+}
+
+// unixNano is t in unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// job is the summary as a Job of id with the fields withLive reads (state,
+// node, start time, stats).
+func (s *jobSum) job(id string) *Job {
+	j := &Job{JobID: id, State: s.state, Node: s.node, Stats: &messages.ReplicationStats{DocsWritten: s.written}}
+	if s.lastStarted != 0 {
+		j.LastStarted = time.Unix(0, s.lastStarted)
+	}
+	if s.hasPending {
+		n := s.pending
+		j.Stats.ChangesPending = &n
+	}
+	if s.behindSince != 0 {
+		j.Stats.BehindSince = timestamppb.New(time.Unix(0, s.behindSince))
+	}
+	return j
+}
+
 func (a *jobsAgg) reset() {
-	a.jobs = map[string]*Job{}
+	a.jobs = map[string]*jobSum{}
 	a.keys = map[aggKey]*aggVals{}
 	a.shares = map[string]*shareVals{}
 }
 
-func aggKeyOf(j *Job) aggKey {
-	if j.Transient {
+func aggKeyOf(s *jobSum) aggKey {
+	if s.transient {
 		return aggKey{kind: "transient"}
 	}
-	return aggKey{kind: "persistent", server: j.Server, db: j.Database}
+	return aggKey{kind: "persistent", server: s.server, db: s.database}
 }
 
-// lagSince is when job j fell behind (Job.Lag), zero when it is not.
-func lagSince(j *Job) time.Time {
-	if j.Paused() || j.State.Terminal() || j.Stats.GetChangesPending() <= 0 || j.Stats.GetBehindSince() == nil {
+// lagSince is when the job fell behind (Job.Lag), zero when it is not.
+func lagSince(s *jobSum) time.Time {
+	if s.paused || s.state.Terminal() || !s.hasPending || s.pending <= 0 || s.behindSince == 0 {
 		return time.Time{}
 	}
-	return j.Stats.GetBehindSince().AsTime()
+	return time.Unix(0, s.behindSince)
 }
 
-// apply adds (sign 1) or takes away (sign -1) what j contributes.
-func (a *jobsAgg) apply(j *Job, sign int) {
+// apply adds (sign 1) or takes away (sign -1) what job id's summary s
+// contributes.
+func (a *jobsAgg) apply(id string, j *jobSum, sign int) {
 	k := aggKeyOf(j)
 	v := a.keys[k]
 	if v == nil {
@@ -77,68 +138,66 @@ func (a *jobsAgg) apply(j *Job, sign int) {
 		a.keys[k] = v
 	}
 	v.jobs += sign
-	if j.Stats != nil {
-		v.written += int64(sign) * j.Stats.DocsWritten
-	}
-	if j.Parked() {
+	v.written += int64(sign) * j.written
+	if j.parked {
 		v.parked += sign
 	}
-	if j.Paused() {
+	if j.paused {
 		v.paused += sign
 	}
 	if since := lagSince(j); !since.IsZero() {
 		if sign > 0 {
-			v.lagging[j.JobID] = since
+			v.lagging[id] = since
 		} else {
-			delete(v.lagging, j.JobID)
+			delete(v.lagging, id)
 		}
 	}
-	if j.State == repjob.StateRunning && j.Stats != nil && j.Stats.ChangesPending != nil {
-		v.pending += int64(sign) * *j.Stats.ChangesPending
+	if j.state == repjob.StateRunning && j.hasPending {
+		v.pending += int64(sign) * j.pending
 	}
-	st := j.State.String()
+	st := j.state.String()
 	if v.states[st] += sign; v.states[st] == 0 {
 		delete(v.states, st)
 	}
 	if v.jobs == 0 {
 		delete(a.keys, k)
 	}
-	if j.Transient {
+	if j.transient {
 		return
 	}
-	sh := a.shares[j.Database]
+	sh := a.shares[j.database]
 	if sh == nil {
 		sh = &shareVals{servers: map[string]int{}}
-		a.shares[j.Database] = sh
+		a.shares[j.database] = sh
 	}
 	sh.jobs += sign
-	if j.Server != "" {
-		if sh.servers[j.Server] += sign; sh.servers[j.Server] == 0 {
-			delete(sh.servers, j.Server)
+	if j.server != "" {
+		if sh.servers[j.server] += sign; sh.servers[j.server] == 0 {
+			delete(sh.servers, j.server)
 		}
 	}
-	switch j.State {
+	switch j.state {
 	case repjob.StateRunning:
 		sh.running += sign
 	case repjob.StatePending, repjob.StateCrashing:
 		sh.waiting += sign
 	}
 	if sh.jobs == 0 {
-		delete(a.shares, j.Database)
+		delete(a.shares, j.database)
 	}
 }
 
 // set makes j the job's summary (nil: the job is gone).
 func (a *jobsAgg) set(id string, j *Job) {
 	if old := a.jobs[id]; old != nil {
-		a.apply(old, -1)
+		a.apply(id, old, -1)
 		delete(a.jobs, id)
 	}
 	if j != nil {
-		j = summaryOf(j)
-		j.Server, j.Database, j.Node = a.intern(j.Server), a.intern(j.Database), a.intern(j.Node)
-		a.jobs[id] = j
-		a.apply(j, 1)
+		s := sumOf(j)
+		s.server, s.database, s.node = a.intern(s.server), a.intern(s.database), a.intern(s.node)
+		a.jobs[id] = &s
+		a.apply(id, &s, 1)
 	}
 }
 
@@ -159,21 +218,6 @@ func (a *jobsAgg) intern(s string) string {
 
 // maxInterned bounds jobsAgg.names.
 const maxInterned = 4096
-
-// summaryOf is what the collector keeps of j between scrapes: the fields
-// its sums and this node's live overlay read (Job.Lag, Parked, Paused,
-// withLive), not its history, endpoints, document or the rest of its
-// stats (their write failures): at 20,000 parked jobs the kept jobs were
-// ~1 KB each.
-func summaryOf(j *Job) *Job {
-	s := &Job{JobID: j.JobID, Server: j.Server, Database: j.Database, Transient: j.Transient, State: j.State,
-		Node: j.Node, LastStarted: j.LastStarted, ParkedSince: j.ParkedSince, PausedAt: j.PausedAt}
-	if st := j.Stats; st != nil {
-		s.Stats = &messages.ReplicationStats{DocsWritten: st.GetDocsWritten(), ChangesPending: st.ChangesPending,
-			BehindSince: st.GetBehindSince()}
-	}
-	return s
-}
 
 // lag is the series' longest lag as of now.
 func (v *aggVals) lag(now time.Time) float64 {
