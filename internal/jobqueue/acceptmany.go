@@ -46,13 +46,14 @@ func (q *Queue) AcceptMany(ctx context.Context, typ string, n int, opts AcceptOp
 			w    kv.Watch
 			next time.Time
 		)
+		promoted := false // as in Accept
 		err := q.db.Transact(ctx, func(tx kv.Tx) error {
 			if w != nil { // from an attempt that did not commit
 				w.Cancel()
 			}
 			w, next = nil, time.Time{}
 			var err error
-			jobs, err = q.acceptManyTx(tx, typ, n, opts)
+			jobs, err = q.acceptManyTx(tx, typ, n, opts, &promoted)
 			if err != nil || len(jobs) > 0 || !opts.Wait {
 				return err
 			}
@@ -79,12 +80,14 @@ func (q *Queue) AcceptMany(ctx context.Context, typ string, n int, opts AcceptOp
 	}
 }
 
-func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions) ([]*Job, error) {
+// acceptManyTx is one attempt of AcceptMany; promotedBefore is acceptTx's.
+func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions, promotedBefore *bool) ([]*Job, error) {
 	if err := q.checkType(tx, typ); err != nil {
 		return nil, err
 	}
 	now := q.clock()
-	promoted := q.promoteDue(typ, now)
+	promoted := *promotedBefore || q.promoteDue(typ, now)
+	*promotedBefore = promoted
 	if promoted {
 		if err := q.promote(tx, typ, now); err != nil {
 			return nil, err
@@ -119,7 +122,7 @@ func (q *Queue) acceptManyTx(tx kv.Tx, typ string, n int, opts AcceptOptions) ([
 			if promoted || len(jobs) > 0 {
 				return jobs, nil
 			}
-			promoted = true
+			promoted, *promotedBefore = true, true
 			if err := q.promote(tx, typ, now); err != nil {
 				return nil, err
 			}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -877,4 +878,83 @@ func TestRunningByNode(t *testing.T) {
 		}
 		check("one resubmitted", map[string]int{"n1": 1})
 	})
+}
+
+// conflictOnce is a store whose next transaction, once armed, has its
+// first attempt aborted by a conflict: after that attempt's function ran,
+// another transaction rewrites key (which the attempt read) before it
+// commits.
+type conflictOnce struct {
+	kv.Database
+	armed atomic.Bool
+	key   []byte
+}
+
+func (c *conflictOnce) Transact(ctx context.Context, fn func(kv.Tx) error) error {
+	return c.Database.Transact(ctx, func(tx kv.Tx) error {
+		err := fn(tx)
+		if err == nil && c.armed.CompareAndSwap(true, false) {
+			if werr := c.Database.Transact(ctx, func(tx kv.Tx) error {
+				v, err := tx.Get(c.key)
+				if err == nil {
+					tx.Set(c.key, v)
+				}
+				return err
+			}); werr != nil {
+				return werr
+			}
+		}
+		return err
+	})
+}
+
+// TestAcceptRetryPromotesAgain: an Accept whose attempt promoted the due
+// DELAYED jobs and then lost a conflict promotes them again in its next
+// attempt, and takes the best of them; it used to take the worse job
+// already READY, the promotion counted as done for another promoteEvery
+// (a crash storm on PostgreSQL lost a fifth of its promotions so, and
+// with them the fair share of the busiest database).
+func TestAcceptRetryPromotesAgain(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Accept", true: "AcceptMany"}[many], func(t *testing.T) {
+			storetest.Each(t, func(t *testing.T) {
+				db := &conflictOnce{Database: openTestDB(t)}
+				clock := &fakeClock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+				q := New(db, Options{Clock: clock.Now, NodeName: "node1", AcceptSpread: 1})
+				b := &bundle{db: db, q: q, clock: clock, ctx: t.Context()}
+				if err := q.SetTypeTimeout(b.ctx, typA, time.Minute); err != nil {
+					t.Fatal(err)
+				}
+				mustAdd(t, b, "first", AddOptions{Priority: 50})
+				mustAdd(t, b, "far", AddOptions{Priority: 100})
+				// Crashed, in a 1 ms backoff, the best priority.
+				mustAdd(t, b, "near", AddOptions{Priority: 1, ScheduledAt: clock.Now().Add(time.Millisecond)})
+				if j := mustAccept(t, b); j.ID() != "first" { // promotes (nothing due yet)
+					t.Fatalf("accepted %s, want first", j.ID())
+				}
+				clock.Advance(promoteEvery) // near is due, a promotion too
+				// The attempt promoting near reads its record with a
+				// conflict: another transaction rewrites it meanwhile.
+				db.key = q.keys.dataKey(typA, "near")
+				db.armed.Store(true)
+				var got string
+				if many {
+					// Two jobs: a batch of one is Accept.
+					jobs, err := q.AcceptMany(b.ctx, typA, 2, AcceptOptions{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = jobs[0].ID()
+				} else {
+					got = mustAccept(t, b).ID()
+				}
+				if db.armed.Load() {
+					t.Fatal("no attempt ran into the injected conflict")
+				}
+				if got != "near" {
+					t.Fatalf("accepted %s after a conflict, want near (due, promoted by the attempt that did not commit)", got)
+				}
+			})
+		})
+	}
 }
