@@ -227,6 +227,15 @@ func benchIdleDaemon(b *testing.B, n int) {
 		float64(storeBytes(node.dataDir))/(1<<20))
 	b.Logf("users=%d jobs=%d: RSS %.1f -> %.1f MB: %.0f B a job over the idle node; Go %s", n, jobs,
 		float64(before)/(1<<20), float64(rss)/(1<<20), (float64(rss)-float64(before))/float64(jobs), goMemory(mem1))
+	// What a Prometheus scrape costs the idle node now (its kept sums:
+	// nothing changed since the last; a full listing of every job once
+	// its last is 5 minutes old).
+	for k := range 2 {
+		c0, t0 := procCPU(pid), time.Now()
+		metricSum(b, addr, metricPrefix("couchrep_replication_jobs_parked"))
+		b.Logf("users=%d jobs=%d: idle /metrics scrape %d: %s wall, %s of couchrepd's CPU", n, jobs, k+1,
+			time.Since(t0).Round(time.Millisecond), (procCPU(pid) - c0).Round(time.Millisecond))
+	}
 	if heap != "" {
 		saveURL(b, "http://"+node.admin+"/debug/pprof/heap?gc=1", heap)
 	}
