@@ -26,7 +26,9 @@
 //	(GENERATION, type, shard)             = int64 bumped by every record write (Generation)
 //	(LEASES ... LEASE_KICK, ...)                 a worker process's lease on its jobs (see Lease)
 //
-// Accept promotes due DELAYED entries to READY, snapshot-reads the first
+// Accept promotes due DELAYED entries to READY (every 100 ms, or when
+// nothing is READY; an attempt that promoted and lost a conflict has its
+// retry promote again), snapshot-reads the first
 // Options.AcceptSpread READY keys (lowest priority first), picks one at
 // random and reads its record with a conflict, so that concurrent
 // acceptors on a real FoundationDB cluster do not all collide on the queue
