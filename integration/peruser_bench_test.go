@@ -354,11 +354,17 @@ func runtimeMemory(tb testing.TB, admin string) string {
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
-		// "# HeapInuse = 123"
+		// "# HeapInuse = 123", or in use / obtained: "# Stack = 123 / 456"
+		// (StackInuse, StackSys), likewise MSpan and MCache.
 		f := strings.Fields(sc.Text())
-		if len(f) == 4 && f[0] == "#" && f[2] == "=" {
-			v[f[1]], _ = strconv.ParseFloat(f[3], 64)
+		if len(f) < 4 || f[0] != "#" || f[2] != "=" {
+			continue
 		}
+		k := f[1]
+		if len(f) == 6 && f[4] == "/" {
+			k += "Inuse"
+		}
+		v[k], _ = strconv.ParseFloat(f[3], 64)
 	}
 	if len(v) == 0 {
 		tb.Errorf("runtime memory: no MemStats in the heap profile (status %d)", resp.StatusCode)
