@@ -278,8 +278,10 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	rt := runtimeMemory(b, p.node.admin)
 	// On stderr too: a benchmark's log is cut to its first lines, and the
 	// start's progress lines come first.
-	line := fmt.Sprintf("users=%d: couchrepd's RSS %.1f MiB (peak %.1f MiB) after the idle minute, the runtime's view (MiB): %s",
-		n, float64(nodeRSS)/(1<<20), float64(procPeakRSS(nodePID))/(1<<20), rt)
+	status := fmt.Sprintf("/proc/%d/status", nodePID)
+	line := fmt.Sprintf("users=%d: couchrepd's RSS %.1f MiB (peak %.1f MiB; anonymous %.1f, file-backed %.1f: its binary) after the idle minute, the runtime's view (MiB): %s",
+		n, float64(nodeRSS)/(1<<20), float64(procPeakRSS(nodePID))/(1<<20),
+		float64(statusBytes(status, "RssAnon:"))/(1<<20), float64(statusBytes(status, "RssFile:"))/(1<<20), rt)
 	b.Log(line)
 	fmt.Fprintln(os.Stderr, line)
 	b.ReportMetric(float64(procPeakRSS(nodePID))/(1<<20), "node-peak-RSS-MB")
