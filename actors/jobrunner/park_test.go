@@ -100,6 +100,9 @@ type parkRig struct {
 	// so does blockFrom for the runs from that one on (1 is the first).
 	block     atomic.Bool
 	blockFrom atomic.Int32
+	// quiet, when set (unix nanoseconds), makes each parked run a quiet
+	// one as of then (replicate.Parked.Quiet).
+	quiet atomic.Int64
 }
 
 func newParkRig(t *testing.T, wake func(context.Context, replicate.Params, replicate.Options) (park.Wake, error), recheck ...time.Duration) *parkRig {
@@ -168,6 +171,9 @@ func newParkRigWith(t *testing.T, wake func(context.Context, replicate.Params, r
 			return r.moved.Load(), nil
 		})
 		pk.Resume = r.resume.Swap(false)
+		if q := r.quiet.Load(); q != 0 {
+			pk.MarkQuiet(time.Unix(0, q))
+		}
 		return replicate.Result{Stats: st, Parked: pk}, nil
 	}
 	if setup != nil {
@@ -299,6 +305,45 @@ func TestParkWakeResumes(t *testing.T) {
 			if w.closed.Load() == 0 {
 				t.Error("the wake-up source was not closed")
 			}
+		})
+	}
+}
+
+// TestParkQuietLooksOnce: a run that parked as soon as it found nothing
+// to replicate (replicate.Parked.Quiet) knew it from a read of its source;
+// when that read is older than the job's wake-up source (a change between
+// the two would signal nothing), the job looks at its source once as it
+// parks; when it is newer, it sleeps without a look.
+func TestParkQuietLooksOnce(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		at    time.Time
+		looks int32
+	}{
+		{"read before the wake-up source opened", time.Unix(1, 0), 1},
+		{"read after it", time.Now().Add(time.Hour), 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := newFakeWake()
+			r := newParkRigWith(t, func(context.Context, replicate.Params, replicate.Options) (park.Wake, error) {
+				return notifyingWake{w}, nil
+			}, func(r *parkRig) { r.quiet.Store(c.at.UnixNano()) })
+			if !r.run() {
+				t.Fatal("the first run may not park")
+			}
+			r.parked()
+			for r.probes.Load() < c.looks {
+				if r.ctx.Err() != nil {
+					t.Fatalf("%d looks at the source, want %d", r.probes.Load(), c.looks)
+				}
+				time.Sleep(time.Millisecond) // the look is the actor's goroutine's: poll
+			}
+			// Asleep: no goroutine of the job, so no look under way.
+			awaitNoGoroutine(t, "actors/jobrunner.")
+			if n := r.probes.Load(); n != c.looks {
+				t.Errorf("%d looks at the source, want %d", n, c.looks)
+			}
+			r.noRun()
 		})
 	}
 }

@@ -75,6 +75,11 @@ func NewParked(seq couch.Seq, since time.Time, moved func(context.Context) (bool
 	return &Parked{seq: seq, since: since, moved: moved}
 }
 
+// MarkQuiet makes pk a quiet run's, its source known to hold no change
+// after Seq as of at (Quiet): for an engine of the caller's own, as
+// NewParked.
+func (pk *Parked) MarkQuiet(at time.Time) { pk.quietAt = at }
+
 // Seq is the seq the job is parked at: every change up to it is
 // replicated and checkpointed.
 func (pk *Parked) Seq() couch.Seq { return seqOrZero(pk.seq) }
