@@ -144,6 +144,7 @@ func benchIdleDaemon(b *testing.B, n int) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
+	cpuStart := procCPU(pid)
 	b.StartTimer()
 	took, err := submitReplicate(ctx, addr, jobs, 8, func(i int) string {
 		u := fmt.Sprintf("u%06d", i/2)
@@ -156,8 +157,8 @@ func benchIdleDaemon(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("users=%d jobs=%d: submitted in %s (%.0f a second); RSS %d MB; load %s", n, jobs, took.Round(time.Millisecond),
-		float64(jobs)/took.Seconds(), procRSS(pid)>>20, loadAvg())
+	b.Logf("users=%d jobs=%d: submitted in %s (%.0f a second); couchrepd CPU so far %s; RSS %d MB; load %s", n, jobs, took.Round(time.Millisecond),
+		float64(jobs)/took.Seconds(), (procCPU(pid) - cpuStart).Round(time.Millisecond), procRSS(pid)>>20, loadAvg())
 	deadline := time.Now().Add(40 * time.Minute)
 	parked := 0.0
 	for {
@@ -184,8 +185,10 @@ func benchIdleDaemon(b *testing.B, n int) {
 	mu.Lock()
 	startPeak, startPeakAt := peak, peakAt
 	mu.Unlock()
-	b.Logf("users=%d jobs=%d: all parked %s after the first POST; peak RSS %.1f MB at %s; load %s", n, jobs,
-		allParked.Round(time.Second), float64(startPeak)/(1<<20), startPeakAt.Round(time.Second), loadAvg())
+	startCPU := procCPU(pid) - cpuStart
+	b.Logf("users=%d jobs=%d: all parked %s after the first POST; couchrepd CPU meanwhile %s (%.2f ms a job); peak RSS %.1f MB at %s; load %s", n, jobs,
+		allParked.Round(time.Second), startCPU.Round(time.Millisecond), float64(startCPU)/float64(time.Millisecond)/float64(jobs),
+		float64(startPeak)/(1<<20), startPeakAt.Round(time.Second), loadAvg())
 	b.Logf("after the start: %s", daemonMemory(b, client, addr, pid, node.dataDir))
 
 	time.Sleep(settle) // the node settles (the GC governor's idle collection): a pause, not a wait for an event
