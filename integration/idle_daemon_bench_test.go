@@ -60,6 +60,14 @@ func envDuration(tb testing.TB, name string, def time.Duration) time.Duration {
 	return d
 }
 
+// logf logs to the benchmark and to stderr (a benchmark's log is cut
+// to its first lines).
+func logf(b *testing.B, format string, args ...any) {
+	b.Helper()
+	b.Logf(format, args...)
+	fmt.Fprintf(os.Stderr, format+"\n", args...)
+}
+
 func benchIdleDaemon(b *testing.B, n int) {
 	b.StopTimer()
 	jobs := 2 * n
@@ -91,7 +99,7 @@ func benchIdleDaemon(b *testing.B, n int) {
 	time.Sleep(5 * time.Second) // the node settles before the baseline
 	before := procRSS(pid)
 	client := &http.Client{Timeout: 5 * time.Minute}
-	b.Logf("couchrepd before the jobs (max_jobs %d, idle_park_after %s): %s", maxJobs, parkAfter, daemonMemory(b, client, addr, pid, node.dataDir))
+	logf(b, "couchrepd before the jobs (max_jobs %d, idle_park_after %s): %s", maxJobs, parkAfter, daemonMemory(b, client, addr, pid, node.dataDir))
 
 	// The node's RSS every second: its peak, and a stop before the
 	// machine runs out of memory.
@@ -157,7 +165,7 @@ func benchIdleDaemon(b *testing.B, n int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Logf("users=%d jobs=%d: submitted in %s (%.0f a second); couchrepd CPU so far %s; RSS %d MB; load %s", n, jobs, took.Round(time.Millisecond),
+	logf(b, "users=%d jobs=%d: submitted in %s (%.0f a second); couchrepd CPU so far %s; RSS %d MB; load %s", n, jobs, took.Round(time.Millisecond),
 		float64(jobs)/took.Seconds(), (procCPU(pid) - cpuStart).Round(time.Millisecond), procRSS(pid)>>20, loadAvg())
 	deadline := time.Now().Add(40 * time.Minute)
 	parked := 0.0
@@ -168,7 +176,7 @@ func benchIdleDaemon(b *testing.B, n int) {
 		mu.Lock()
 		pk := peak
 		mu.Unlock()
-		b.Logf("%s: %.0f of %d parked, RSS %d MB (peak %d MB); the /metrics scrape %s; load %s",
+		logf(b, "%s: %.0f of %d parked, RSS %d MB (peak %d MB); the /metrics scrape %s; load %s",
 			time.Since(start).Round(time.Second), parked, jobs, procRSS(pid)>>20, pk>>20, time.Since(t0).Round(time.Millisecond), loadAvg())
 		if int(parked) == jobs {
 			break
@@ -186,14 +194,14 @@ func benchIdleDaemon(b *testing.B, n int) {
 	startPeak, startPeakAt := peak, peakAt
 	mu.Unlock()
 	startCPU := procCPU(pid) - cpuStart
-	b.Logf("users=%d jobs=%d: all parked %s after the first POST; couchrepd CPU meanwhile %s (%.2f ms a job); peak RSS %.1f MB at %s; load %s", n, jobs,
+	logf(b, "users=%d jobs=%d: all parked %s after the first POST; couchrepd CPU meanwhile %s (%.2f ms a job); peak RSS %.1f MB at %s; load %s", n, jobs,
 		allParked.Round(time.Second), startCPU.Round(time.Millisecond), float64(startCPU)/float64(time.Millisecond)/float64(jobs),
 		float64(startPeak)/(1<<20), startPeakAt.Round(time.Second), loadAvg())
-	b.Logf("after the start: %s", daemonMemory(b, client, addr, pid, node.dataDir))
+	logf(b, "after the start: %s", daemonMemory(b, client, addr, pid, node.dataDir))
 
 	time.Sleep(settle) // the node settles (the GC governor's idle collection): a pause, not a wait for an event
 	over()
-	b.Logf("after %s settle: %s", settle, daemonMemory(b, client, addr, pid, node.dataDir))
+	logf(b, "after %s settle: %s", settle, daemonMemory(b, client, addr, pid, node.dataDir))
 	mem0 := goMetrics(b, addr)
 	rc0 := idleRechecks(b, base, true)
 	profiled := make(chan error, 1)
@@ -221,14 +229,14 @@ func benchIdleDaemon(b *testing.B, n int) {
 	rss := procRSS(pid)
 	pct := float64(cpu) / float64(window) * 100
 	gets, posts, keys := rc1[0]-rc0[0], rc1[1]-rc0[1], rc1[2]-rc0[2]
-	b.Logf("users=%d jobs=%d: idle %s: couchrepd CPU %s = %.3f%% of a core; %.0f collections, %.1f MB allocated; rechecks at the fake: %d GET /db, %d POST /_dbs_info naming %d databases; RSS %.1f..%.1f MB in the window; load %s -> %s",
+	logf(b, "users=%d jobs=%d: idle %s: couchrepd CPU %s = %.3f%% of a core; %.0f collections, %.1f MB allocated; rechecks at the fake: %d GET /db, %d POST /_dbs_info naming %d databases; RSS %.1f..%.1f MB in the window; load %s -> %s",
 		n, jobs, window, cpu.Round(time.Millisecond), pct,
 		mem1["go_gc_duration_seconds_count"]-mem0["go_gc_duration_seconds_count"],
 		(mem1["go_memstats_alloc_bytes_total"]-mem0["go_memstats_alloc_bytes_total"])/(1<<20),
 		gets, posts, keys, float64(rssMin)/(1<<20), float64(rssMax)/(1<<20), load0, load1)
-	b.Logf("users=%d jobs=%d: after the window: %s; store %.1f MB", n, jobs, daemonMemory(b, client, addr, pid, node.dataDir),
+	logf(b, "users=%d jobs=%d: after the window: %s; store %.1f MB", n, jobs, daemonMemory(b, client, addr, pid, node.dataDir),
 		float64(storeBytes(node.dataDir))/(1<<20))
-	b.Logf("users=%d jobs=%d: RSS %.1f -> %.1f MB: %.0f B a job over the idle node; Go %s", n, jobs,
+	logf(b, "users=%d jobs=%d: RSS %.1f -> %.1f MB: %.0f B a job over the idle node; Go %s", n, jobs,
 		float64(before)/(1<<20), float64(rss)/(1<<20), (float64(rss)-float64(before))/float64(jobs), goMemory(mem1))
 	// What a Prometheus scrape costs the idle node now (its kept sums:
 	// nothing changed since the last; a full listing of every job once
@@ -236,7 +244,7 @@ func benchIdleDaemon(b *testing.B, n int) {
 	for k := range 2 {
 		c0, t0 := procCPU(pid), time.Now()
 		metricSum(b, addr, metricPrefix("couchrep_replication_jobs_parked"))
-		b.Logf("users=%d jobs=%d: idle /metrics scrape %d: %s wall, %s of couchrepd's CPU", n, jobs, k+1,
+		logf(b, "users=%d jobs=%d: idle /metrics scrape %d: %s wall, %s of couchrepd's CPU", n, jobs, k+1,
 			time.Since(t0).Round(time.Millisecond), (procCPU(pid) - c0).Round(time.Millisecond))
 	}
 	if heap != "" {
