@@ -270,6 +270,13 @@ func (c *jobsCollector) Collect(ch chan<- prometheus.Metric) {
 	if d.Full || a.jobs == nil {
 		a.reset()
 	}
+	if d.Each != nil {
+		if err := d.Each(func(j *Job) { a.set(j.JobID, j) }); err != nil {
+			a.jobs = nil // partial: the next scrape starts over (a full listing again)
+			ch <- prometheus.MustNewConstMetric(scrapeErrDesc, prometheus.GaugeValue, 1)
+			return
+		}
+	}
 	for _, id := range d.Removed {
 		a.set(id, nil)
 	}

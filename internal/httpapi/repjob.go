@@ -268,6 +268,15 @@ type SummaryDelta struct {
 	// Jobs are the jobs written or added since (every job when Full), as
 	// ListSummaries gives them.
 	Jobs []*Job
+	// Each, when set (SummaryChanges' full listing, instead of Jobs),
+	// streams every job to yield, one record decoded at a time: a
+	// listing held whole kept every record's history, document and stats
+	// at once (~1 GB of heap at 200,000 parked jobs, which an idle node's
+	// RSS kept after the scrape). Call it once, before the next
+	// SummaryChanges; a job may be yielded twice (the store's read
+	// retried). After an error the jobs yielded are not all of them, and
+	// the next SummaryChanges lists every job again.
+	Each func(yield func(*Job)) error
 	// Removed are the ids of jobs gone since.
 	Removed []string
 }
@@ -293,18 +302,22 @@ func (a *RepjobStore) SummaryChanges(ctx context.Context) (SummaryDelta, error) 
 		return SummaryDelta{}, err
 	}
 	if full {
-		recs, err := a.store.List(ctx, repjob.Filter{})
-		if err != nil {
-			return SummaryDelta{}, err
-		}
-		c.f.Reset()
-		d := SummaryDelta{Full: true, Jobs: make([]*Job, len(recs))}
-		for i, r := range recs {
-			d.Jobs[i] = jobFromRecord(r, false)
-			c.f.Seen(d.Jobs[i].JobID)
-		}
-		c.f.Commit()
-		return d, nil
+		return SummaryDelta{Full: true, Each: func(yield func(*Job)) error {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.f.Reset() // uncommitted (an error): the next call lists every job again
+			err := a.store.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
+				j := jobFromRecord(r, false)
+				c.f.Seen(j.JobID)
+				yield(j)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			c.f.Commit()
+			return nil
+		}}, nil
 	}
 	if len(ids) == 0 {
 		c.f.Commit()
