@@ -1,6 +1,7 @@
 package httpapi_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -109,8 +110,12 @@ func TestMetricsKeptSumsFollowChanges(t *testing.T) {
 	check("after a pause and a removal")
 
 	a := httpapi.NewRepjobStore(st, uuid)
-	// A full listing streams its jobs (Each), one record decoded at a time.
-	d, err := a.SummaryChanges(ctx)
+	// A full listing streams its jobs (Each), one record decoded at a
+	// time, bounded by a bound of its own, not the scrape's (here: its
+	// context canceled before the listing).
+	sctx, scancel := context.WithCancel(ctx)
+	d, err := a.SummaryChanges(sctx)
+	scancel()
 	listed := 0
 	if err == nil && d.Each != nil {
 		err = d.Each(func(*httpapi.Job) { listed++ })

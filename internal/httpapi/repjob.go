@@ -32,6 +32,12 @@ type RepjobStore struct {
 // without changing it).
 const summaryMaxAge = 5 * time.Minute
 
+// fullListingTimeout bounds SummaryChanges' full listing (every job's
+// record, streamed): longer than a scrape's bound (jobsCollector's 5 s),
+// which a listing of hundreds of thousands of jobs can pass; cut short, it
+// would start over at every scrape and never finish.
+const fullListingTimeout = 2 * time.Minute
+
 // summaryCache is a listing of every job and the job generation read
 // before it was taken.
 type summaryCache struct {
@@ -305,6 +311,11 @@ func (a *RepjobStore) SummaryChanges(ctx context.Context) (SummaryDelta, error) 
 		return SummaryDelta{Full: true, Each: func(yield func(*Job)) error {
 			c.mu.Lock()
 			defer c.mu.Unlock()
+			// Bounded by fullListingTimeout, not by the scrape's bound: a
+			// listing cut short starts over at the next scrape, and at
+			// 200,000 jobs one takes 3-4 s on a loaded 2-core machine.
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fullListingTimeout)
+			defer cancel()
 			c.f.Reset() // uncommitted (an error): the next call lists every job again
 			err := a.store.Each(ctx, repjob.Filter{}, func(r *repjob.Record) error {
 				j := jobFromRecord(r, false)
