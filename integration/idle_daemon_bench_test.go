@@ -250,6 +250,12 @@ func benchIdleDaemon(b *testing.B, n int) {
 	if heap != "" {
 		saveURL(b, "http://"+node.admin+"/debug/pprof/heap?gc=1", heap)
 	}
+	mu.Lock()
+	allPeak, allPeakAt := peak, peakAt
+	mu.Unlock()
+	logf(b, "users=%d jobs=%d: peak RSS over the whole run %.1f MB at %s (the start's, to all parked: %.1f MB)", n, jobs,
+		float64(allPeak)/(1<<20), allPeakAt.Round(time.Second), float64(startPeak)/(1<<20))
+	b.ReportMetric(float64(allPeak)/(1<<20), "peak-RSS-MB-run")
 	b.ReportMetric(float64(rss)/(1<<20), "RSS-MB")
 	b.ReportMetric((float64(rss)-float64(before))/float64(jobs), "RSS-B/job")
 	b.ReportMetric(float64(startPeak)/(1<<20), "peak-RSS-MB")
