@@ -143,7 +143,8 @@ func benchPerUserMemory(b *testing.B, n int) {
 // on 2 cores) on one in-memory PouchDB Server with a real _db_updates
 // feed, or on the Apache CouchDB of COUCHREP_TEST_COUCH_URL (see
 // newPerUserServer: prefixed databases, kept between runs with
-// COUCHREP_PERUSER_KEEP_DBS=1), one couchrepd (max_jobs above the jobs,
+// COUCHREP_PERUSER_KEEP_DBS=1), one couchrepd (max_jobs above the jobs, or
+// COUCHREP_PERUSER_MAX_JOBS,
 // [replicator] defaults otherwise), N continuous replications userdb →
 // central plus, unless COUCHREP_PERUSER_FANOUT=0, N fan-out ones central
 // → userdb with the selector {"owner": user}, all written as _replicator
@@ -209,6 +210,12 @@ func benchPerUser(b *testing.B, n int, fanOut bool, settle time.Duration, writes
 	// pprof on the admin endpoint: the runtime's memory breakdown after
 	// the idle minute (runtimeMemory), and the profiles asked for.
 	env = append(env, "COUCHREP_ADMIN_PPROF=true")
+	if mj := envInt(b, "COUCHREP_PERUSER_MAX_JOBS", 0); mj > 0 {
+		// Fewer slots than jobs: the rest wait for the first to park
+		// (quiet starts park at once), as on a node with the default 500.
+		env = append(env, "COUCHREP_REPLICATOR_MAX_JOBS="+strconv.Itoa(mj))
+		b.Logf("per-user: max_jobs %d for %d jobs", mj, p.jobs)
+	}
 	p.node, p.addr = scaleNode(b, p.jobs, env...)
 	nodePID, srvPID, srvName := p.node.cmd.Process.Pid, p.serverPID(), p.serverName()
 	if srvPID == 0 {
